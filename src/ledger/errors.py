@@ -1,0 +1,170 @@
+"""Ledger's error tree and the one table that maps SQLSTATEs to it.
+
+Kernel functions raise Ledger's own SQLSTATEs (``LG001`` ...); PostgreSQL's own
+codes that mean the same thing to a caller (``42501`` insufficient privilege,
+``23514`` check violation, ...) map onto the same classes. Nothing here looks at
+message text: the code decides the class, the message is only shown.
+
+Each class carries a stable problem ``type`` slug (HTTP problem+json), an HTTP
+status and a CLI exit code, so every surface reports an error the same way.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+
+class LedgerError(Exception):
+    """Base of every error Ledger raises on purpose."""
+
+    slug: ClassVar[str] = "ledger-error"
+    http_status: ClassVar[int] = 500
+    exit_code: ClassVar[int] = 1
+
+    def __init__(self, message: str, *, sqlstate: str | None = None, detail: str | None = None):
+        super().__init__(message)
+        self.message = message
+        self.sqlstate = sqlstate
+        self.detail = detail
+
+    @property
+    def problem_type(self) -> str:
+        """The stable URI reference used as ``type`` in problem+json bodies."""
+        return f"/problems/{self.slug}"
+
+
+class StaleLease(LedgerError):
+    """The write carried a generation that is no longer current: stand down."""
+
+    slug = "stale-lease"
+    http_status = 409
+    exit_code = 3
+
+
+class IllegalTransition(LedgerError):
+    """The state machine has no such transition from the campaign's state."""
+
+    slug = "illegal-transition"
+    http_status = 409
+    exit_code = 4
+
+
+class Forbidden(LedgerError):
+    """The acting role or identity may not do this."""
+
+    slug = "forbidden"
+    http_status = 403
+    exit_code = 5
+
+
+class SameIdentity(Forbidden):
+    """A verdict from the identity that made the attempt."""
+
+    slug = "same-identity"
+
+
+class NotFound(LedgerError):
+    """No such campaign, class, verification or side effect."""
+
+    slug = "not-found"
+    http_status = 404
+    exit_code = 6
+
+
+class DuplicateObjective(LedgerError):
+    """The objective is already open under another class or target."""
+
+    slug = "duplicate-objective"
+    http_status = 409
+    exit_code = 7
+
+
+class RepeatedApproach(LedgerError):
+    """The attempt's fingerprint already failed or was rejected: the next one must differ."""
+
+    slug = "repeated-approach"
+    http_status = 409
+    exit_code = 8
+
+
+class InvalidInput(LedgerError):
+    """The arguments are malformed or out of range."""
+
+    slug = "invalid-input"
+    http_status = 422
+    exit_code = 2
+
+
+class ImmutableRecord(LedgerError):
+    """An append-only or migration-only record was asked to change."""
+
+    slug = "immutable-record"
+    http_status = 409
+    exit_code = 9
+
+
+class IdempotencyConflict(LedgerError):
+    """An idempotency key was reused for a different request."""
+
+    slug = "idempotency-conflict"
+    http_status = 422
+    exit_code = 10
+
+
+class Unavailable(LedgerError):
+    """The database cannot be reached (or the schema is not ready)."""
+
+    slug = "unavailable"
+    http_status = 503
+    exit_code = 69  # EX_UNAVAILABLE
+
+
+class ConfigError(LedgerError):
+    """A configuration file or setting is invalid."""
+
+    slug = "config-error"
+    http_status = 500
+    exit_code = 78  # EX_CONFIG
+
+
+#: SQLSTATE -> error class. Ledger's own codes first, then PostgreSQL's.
+SQLSTATES: dict[str, type[LedgerError]] = {
+    "LG001": StaleLease,
+    "LG002": IllegalTransition,
+    "LG003": Forbidden,
+    "LG004": NotFound,
+    "LG005": DuplicateObjective,
+    "LG006": RepeatedApproach,
+    "LG007": InvalidInput,
+    "LG008": SameIdentity,
+    "LG009": ImmutableRecord,
+    "LG010": IdempotencyConflict,
+    "42501": Forbidden,  # insufficient_privilege: the role may not call this
+    "22P02": InvalidInput,  # invalid_text_representation
+    "22007": InvalidInput,  # invalid_datetime_format
+    "22008": InvalidInput,  # datetime_field_overflow
+    "22003": InvalidInput,  # numeric_value_out_of_range
+    "22001": InvalidInput,  # string_data_right_truncation
+    "22023": InvalidInput,  # invalid_parameter_value
+    "22004": InvalidInput,  # null_value_not_allowed
+    "23502": InvalidInput,  # not_null_violation
+    "23503": NotFound,  # foreign_key_violation: refers to something missing
+    "23514": InvalidInput,  # check_violation
+    "22021": InvalidInput,  # character_not_in_repertoire (e.g. NUL bytes)
+    "22P05": InvalidInput,  # untranslatable_character
+    "3D000": Unavailable,  # invalid_catalog_name: the database does not exist
+    "3F000": Unavailable,  # invalid_schema_name: not migrated
+    "42883": Unavailable,  # undefined_function: schema older than this code
+    "42P01": Unavailable,  # undefined_table: not migrated
+}
+
+#: SQLSTATEs worth retrying with backoff (ledger.database does, in one place).
+TRANSIENT_SQLSTATES = frozenset({"40001", "40P01", "55P03", "57P01", "08000", "08003", "08006"})
+
+
+def from_sqlstate(sqlstate: str | None, message: str, detail: str | None = None) -> LedgerError:
+    """Build the Ledger error for a database error's SQLSTATE."""
+    cls = SQLSTATES.get(sqlstate or "", LedgerError)
+    if cls is LedgerError and sqlstate and sqlstate.startswith("08"):
+        cls = Unavailable
+    return cls(message, sqlstate=sqlstate, detail=detail)

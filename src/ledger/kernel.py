@@ -1,0 +1,330 @@
+"""The kernel client: one typed method per ``ledger_api`` function, same names.
+
+A ``Kernel`` acts as whatever role its executor connects as; calling a function
+that role does not own raises ``Forbidden`` (PostgreSQL refuses ``EXECUTE``).
+Errors arrive as the ``ledger.errors`` classes, mapped from SQLSTATEs.
+
+Reads (``campaign``, ``events`` ...) go through the read views and work for every
+role.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import datetime
+from typing import Any
+
+from . import queries
+from .database import Executor
+from .errors import Forbidden, NotFound
+from .models import (
+    Attempt,
+    Campaign,
+    CampaignClass,
+    CampaignDetail,
+    Claim,
+    Event,
+    Observation,
+    ObservationRecorded,
+    Opened,
+    Reaped,
+    SecurityEvent,
+    SideEffect,
+    SideEffectClaim,
+    SideEffectRequested,
+    StateRow,
+    TransitionRow,
+    Verification,
+    VerificationClaim,
+)
+
+
+class Kernel:
+    """Typed access to the write API and the read views."""
+
+    def __init__(self, executor: Executor):
+        self.executor = executor
+
+    def within(self, executor: Executor) -> Kernel:
+        """The same API bound to another executor (e.g. an open transaction)."""
+        return Kernel(executor)
+
+    async def _call(self, function: str, **args: Any) -> list[dict[str, Any]]:
+        return await self.executor.call(function, **args)
+
+    async def _scalar(self, function: str, **args: Any) -> Any:
+        rows = await self._call(function, **args)
+        return next(iter(rows[0].values())) if rows else None
+
+    # --- sensors -------------------------------------------------------------
+
+    async def open_campaign(
+        self,
+        class_: str,
+        objective_key: str,
+        target: str,
+        *,
+        desired_state: dict[str, Any] | None = None,
+        observation: dict[str, Any] | None = None,
+        priority: int = 0,
+        seat: str | None = None,
+        labels: Sequence[str] = (),
+        acceptance: dict[str, Any] | None = None,
+        sensor: str | None = None,
+    ) -> Opened:
+        """Open a campaign for an objective, or return the one already open."""
+        rows = await self._call(
+            "open_campaign", **{"class": class_}, objective_key=objective_key, target=target,
+            desired_state=desired_state or {}, observation=observation or {}, priority=priority,
+            seat=seat, labels=list(labels), acceptance=acceptance, sensor=sensor,
+        )
+        return Opened.model_validate(rows[0])
+
+    async def record_observation(
+        self,
+        sensor: str,
+        objective_key: str,
+        target: str,
+        status: str,
+        started_at: datetime,
+        *,
+        finished_at: datetime | None = None,
+        details: dict[str, Any] | None = None,
+        class_: str | None = None,
+        tick: datetime | None = None,
+        idempotency_key: str | None = None,
+        request_digest: str | None = None,
+        desired_state: dict[str, Any] | None = None,
+        labels: Sequence[str] = (),
+    ) -> ObservationRecorded:
+        """Record an observation and apply what it implies (open, regress, confirm, dismiss)."""
+        rows = await self._call(
+            "record_observation", sensor=sensor, objective_key=objective_key, target=target,
+            status=status, started_at=started_at, finished_at=finished_at,
+            details=details or {}, **{"class": class_}, tick=tick,
+            idempotency_key=idempotency_key, request_digest=request_digest,
+            desired_state=desired_state or {}, labels=list(labels),
+        )
+        return ObservationRecorded.model_validate(rows[0])
+
+    # --- workers -------------------------------------------------------------
+
+    async def claim_campaign(self, worker: str, classes: Sequence[str] | None = None) -> Claim | None:
+        """Lease the next eligible campaign, or ``None`` if there is none."""
+        rows = await self._call("claim_campaign", worker=worker,
+                                classes=list(classes) if classes is not None else None)
+        return Claim.model_validate(rows[0]) if rows else None
+
+    async def heartbeat(self, campaign_id: int, generation: int) -> datetime:
+        """Roll the lease forward; ``StaleLease`` means stand down."""
+        return await self._scalar("heartbeat", campaign_id=campaign_id, generation=generation)
+
+    async def record_attempt(
+        self,
+        campaign_id: int,
+        generation: int,
+        *,
+        base_sha: str | None,
+        candidate_sha: str,
+        fingerprint: str,
+        bundle: dict[str, Any] | None = None,
+        bundle_digest: str | None = None,
+        evidence_location: str | None = None,
+        log_tail: str | None = None,
+    ) -> int:
+        """Record the candidate (leased -> attempted); returns the attempt number."""
+        return await self._scalar(
+            "record_attempt", campaign_id=campaign_id, generation=generation,
+            base_sha=base_sha, candidate_sha=candidate_sha, fingerprint=fingerprint,
+            bundle=bundle, bundle_digest=bundle_digest, evidence_location=evidence_location,
+            log_tail=log_tail,
+        )
+
+    async def fail_attempt(
+        self,
+        campaign_id: int,
+        generation: int,
+        reason: str,
+        *,
+        fingerprint: str | None = None,
+        retry_after_s: float | None = None,
+        drained: bool = False,
+    ) -> str:
+        """Record a failed (or drained) attempt; returns the new state."""
+        return await self._scalar(
+            "fail_attempt", campaign_id=campaign_id, generation=generation, reason=reason,
+            fingerprint=fingerprint, retry_after_s=retry_after_s, drained=drained,
+        )
+
+    async def append_events(self, campaign_id: int, generation: int,
+                            events: Sequence[dict[str, Any]]) -> int:
+        """Append events to the journal, fenced by generation; returns the last seq."""
+        return await self._scalar("append_events", campaign_id=campaign_id,
+                                  generation=generation, events=list(events))
+
+    async def request_side_effect(
+        self,
+        campaign_id: int,
+        generation: int,
+        *,
+        kind: str,
+        target: str,
+        precondition: dict[str, Any],
+        idempotency_key: str,
+        payload: dict[str, Any] | None = None,
+    ) -> SideEffectRequested:
+        """Record an intent (outbox). Outside the class's authority: ``Forbidden``
+        (and a ``security_event`` row that outlives the refusal)."""
+        rows = await self._call(
+            "request_side_effect", campaign_id=campaign_id, generation=generation, kind=kind,
+            target=target, precondition=precondition, idempotency_key=idempotency_key,
+            payload=payload or {},
+        )
+        if rows[0]["status"] == "forbidden":
+            raise Forbidden(f"{kind} on {target} is outside the authority profile of this campaign")
+        return SideEffectRequested.model_validate(rows[0])
+
+    # --- reaper --------------------------------------------------------------
+
+    async def expire_leases(self, grace_s: float = 0.0, limit: int = 100) -> list[Reaped]:
+        """Return leases expired for longer than ``grace_s`` to ready."""
+        rows = await self._call("expire_leases", grace_s=grace_s, limit=limit)
+        return [Reaped.model_validate(r) for r in rows]
+
+    # --- verifiers -----------------------------------------------------------
+
+    async def claim_verification(self, verifier: str, *, model_family: str | None = None,
+                                 lease_s: float = 120.0,
+                                 classes: Sequence[str] | None = None) -> VerificationClaim | None:
+        """Claim an attempted campaign to verify, or ``None``."""
+        rows = await self._call("claim_verification", verifier=verifier,
+                                model_family=model_family, lease_s=lease_s,
+                                classes=list(classes) if classes is not None else None)
+        return VerificationClaim.model_validate(rows[0]) if rows else None
+
+    async def heartbeat_verification(self, verification_id: int, lease_s: float = 120.0) -> datetime:
+        """Extend a verification's lease; ``StaleLease`` if it is no longer current."""
+        return await self._scalar("heartbeat_verification", verification_id=verification_id,
+                                  lease_s=lease_s)
+
+    async def accept(self, verification_id: int, evidence: dict[str, Any] | None = None) -> int | None:
+        """Accept the candidate (attempted -> verified); returns the promotion intent id."""
+        return await self._scalar("accept", verification_id=verification_id, evidence=evidence or {})
+
+    async def reject(self, verification_id: int, reason: str,
+                     evidence: dict[str, Any] | None = None) -> str:
+        """Reject the candidate (attempted -> ready/exhausted); returns the new state."""
+        return await self._scalar("reject", verification_id=verification_id, reason=reason,
+                                  evidence=evidence or {})
+
+    # --- dispatchers ---------------------------------------------------------
+
+    async def claim_side_effect(self, dispatcher: str, *, lease_s: float = 60.0,
+                                kinds: Sequence[str] | None = None) -> SideEffectClaim | None:
+        """Claim the next due intent, or ``None``."""
+        rows = await self._call("claim_side_effect", dispatcher=dispatcher, lease_s=lease_s,
+                                kinds=list(kinds) if kinds is not None else None)
+        return SideEffectClaim.model_validate(rows[0]) if rows else None
+
+    async def complete_side_effect(self, side_effect_id: int, claim_token: int, outcome: str, *,
+                                   result: dict[str, Any] | None = None, error: str | None = None,
+                                   retry_after_s: float = 5.0) -> str:
+        """Record what the read-back showed: done, conflict, retry or failed."""
+        return await self._scalar("complete_side_effect", side_effect_id=side_effect_id,
+                                  claim_token=claim_token, outcome=outcome, result=result or {},
+                                  error=error, retry_after_s=retry_after_s)
+
+    # --- operators -----------------------------------------------------------
+
+    async def abandon(self, campaign_id: int, reason: str = "abandoned by operator",
+                      operator: str | None = None) -> int:
+        """Stop a campaign for good; returns its new generation."""
+        return await self._scalar("abandon", campaign_id=campaign_id, reason=reason,
+                                  operator=operator)
+
+    async def reopen(self, campaign_id: int, operator: str | None = None,
+                     extra_attempts: int | None = None) -> int:
+        """Give an exhausted campaign more attempts."""
+        return await self._scalar("reopen", campaign_id=campaign_id, operator=operator,
+                                  extra_attempts=extra_attempts)
+
+    async def register_class(self, name: str, **settings: Any) -> None:
+        """Create or update a campaign class (see ``ledger_api.register_class``)."""
+        await self._call("register_class", name=name, **settings)
+
+    async def trim_journal(self, older_than_s: float) -> int:
+        """Delete journal deltas of campaigns closed longer ago than ``older_than_s``."""
+        return await self._scalar("trim_journal", older_than_s=older_than_s)
+
+    # --- reads ---------------------------------------------------------------
+
+    async def campaign(self, campaign_id: int) -> Campaign:
+        """One campaign; ``NotFound`` if there is none."""
+        rows = await self.executor.fetch(queries.CAMPAIGN, id=campaign_id)
+        if not rows:
+            raise NotFound(f"campaign {campaign_id} does not exist")
+        return Campaign.model_validate(rows[0])
+
+    async def campaign_detail(self, campaign_id: int) -> CampaignDetail:
+        """A campaign with its attempts, verifications, side effects and observations."""
+        campaign = await self.campaign(campaign_id)
+        fetch = self.executor.fetch
+        return CampaignDetail(
+            campaign=campaign,
+            attempts=[Attempt.model_validate(r)
+                      for r in await fetch(queries.CAMPAIGN_ATTEMPTS, campaign_id=campaign_id)],
+            verifications=[Verification.model_validate(r) for r in
+                           await fetch(queries.CAMPAIGN_VERIFICATIONS, campaign_id=campaign_id)],
+            side_effects=[SideEffect.model_validate(r) for r in
+                          await fetch(queries.CAMPAIGN_SIDE_EFFECTS, campaign_id=campaign_id)],
+            observations=[Observation.model_validate(r) for r in
+                          await fetch(queries.CAMPAIGN_OBSERVATIONS, campaign_id=campaign_id)],
+        )
+
+    async def events(self, campaign_id: int, after: int = 0, limit: int = 1000) -> list[Event]:
+        """Journal events with ``seq > after``, in order."""
+        rows = await self.executor.fetch(queries.EVENTS_AFTER, campaign_id=campaign_id,
+                                         after=after, limit=limit)
+        return [Event.model_validate(r) for r in rows]
+
+    async def campaigns(self, *, states: Sequence[str] | None = None,
+                        classes: Sequence[str] | None = None, target: str | None = None,
+                        objective_key: str | None = None, label: str | None = None,
+                        updated_since: datetime | None = None, search: str | None = None,
+                        cursor: tuple[datetime, int] | None = None,
+                        limit: int = 100) -> list[Campaign]:
+        """A page of campaigns, newest change first; pass the last row's
+        ``(updated_at, id)`` as ``cursor`` for the next page."""
+        params: dict[str, Any] = dict(queries.LIST_DEFAULTS)
+        params.update(
+            states=list(states) if states else None, classes=list(classes) if classes else None,
+            target=target, objective_key=objective_key, label=label,
+            updated_since=updated_since, search=search, limit=limit,
+        )
+        if cursor is not None:
+            params.update(cursor_updated_at=cursor[0], cursor_id=cursor[1])
+        rows = await self.executor.fetch(queries.CAMPAIGNS_PAGE, **params)
+        return [Campaign.model_validate(r) for r in rows]
+
+    async def state_counts(self) -> dict[str, int]:
+        """Campaigns per state (every state, zero included), in machine order."""
+        rows = await self.executor.fetch(queries.STATE_COUNTS)
+        return {r["state"]: r["count"] for r in rows}
+
+    async def states(self) -> list[StateRow]:
+        """The states of the machine, from the database."""
+        return [StateRow.model_validate(r) for r in await self.executor.fetch(queries.STATES)]
+
+    async def transitions(self) -> list[TransitionRow]:
+        """The legal transitions, from the database."""
+        return [TransitionRow.model_validate(r)
+                for r in await self.executor.fetch(queries.TRANSITIONS)]
+
+    async def classes(self) -> list[CampaignClass]:
+        """Registered campaign classes."""
+        return [CampaignClass.model_validate(r) for r in await self.executor.fetch(queries.CLASSES)]
+
+    async def security_events(self, campaign_id: int | None = None) -> list[SecurityEvent]:
+        """Refused writes (of one campaign, or all)."""
+        rows = await self.executor.fetch(queries.SECURITY_EVENTS, campaign_id=campaign_id)
+        return [SecurityEvent.model_validate(r) for r in rows]

@@ -1,0 +1,307 @@
+"""Pydantic models of what the kernel returns and what the read views hold."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+State = Literal["ready", "leased", "attempted", "verified", "exhausted",
+                "confirmed", "dismissed", "abandoned"]
+TERMINAL_STATES: frozenset[str] = frozenset({"confirmed", "dismissed", "abandoned"})
+
+
+class _Row(BaseModel):
+    model_config = ConfigDict(frozen=True, populate_by_name=True)
+
+
+class Campaign(_Row):
+    """One open (or closed) objective: the durable row."""
+
+    id: int
+    class_: str = Field(alias="class")
+    objective_key: str
+    target: str
+    desired_state: dict[str, Any]
+    opening_observation: dict[str, Any]
+    state: State
+    lease_owner: str | None
+    leased_at: datetime | None
+    lease_expires_at: datetime | None
+    generation: int
+    attempt_count: int
+    max_attempts: int
+    next_attempt_at: datetime
+    last_failure_reason: str | None
+    acceptance_criteria: dict[str, Any]
+    evidence_location: str | None
+    seat: str | None
+    priority: int
+    labels: list[str]
+    event_seq: int
+    promoted_at: datetime | None
+    promoted_sha: str | None
+    created_at: datetime
+    updated_at: datetime
+    closed_at: datetime | None
+
+    @property
+    def is_terminal(self) -> bool:
+        """Whether the campaign is closed for good."""
+        return self.state in TERMINAL_STATES
+
+
+class Attempt(_Row):
+    """One claim of a campaign and how it ended."""
+
+    id: int
+    campaign_id: int
+    attempt_no: int
+    generation: int
+    worker: str
+    claimed_at: datetime
+    lease_expires_at: datetime
+    last_heartbeat_at: datetime | None
+    heartbeat_count: int
+    outcome: Literal["running", "attempted", "failed", "lost", "drained", "abandoned"]
+    verdict: Literal["accepted", "rejected"] | None
+    ended_at: datetime | None
+    failure_reason: str | None
+    fingerprint: str | None
+    base_sha: str | None
+    candidate_sha: str | None
+    bundle: dict[str, Any] | None
+    bundle_digest: str | None
+    log_tail: str | None
+
+
+class Event(_Row):
+    """One journal entry; ``seq`` is the resume cursor."""
+
+    campaign_id: int
+    seq: int
+    type: str
+    actor: str
+    generation: int
+    delta: bool
+    payload: dict[str, Any]
+    created_at: datetime
+
+
+class Observation(_Row):
+    """A sensor's reading of a target."""
+
+    id: int
+    sensor: str
+    target: str
+    objective_key: str
+    class_: str | None = Field(alias="class")
+    status: Literal["green", "red"]
+    started_at: datetime
+    finished_at: datetime
+    tick: datetime | None
+    details: dict[str, Any]
+    campaign_id: int | None
+    effect: Literal["opened", "regressed", "confirmed", "dismissed", "recorded"]
+    idempotency_key: str | None
+    recorded_at: datetime
+
+
+class Verification(_Row):
+    """A verifier's check of one attempt."""
+
+    id: int
+    campaign_id: int
+    attempt_id: int
+    generation: int
+    verifier: str
+    model_family: str | None
+    status: Literal["running", "accepted", "rejected", "lost", "abandoned"]
+    claimed_at: datetime
+    lease_expires_at: datetime
+    finished_at: datetime | None
+    reason: str | None
+    evidence: dict[str, Any]
+
+
+class SideEffect(_Row):
+    """An outbox intent and what became of it."""
+
+    id: int
+    campaign_id: int
+    generation: int
+    kind: Literal["git.update_ref", "http.request"]
+    purpose: Literal["promotion", "other"]
+    target: str
+    precondition: dict[str, Any]
+    payload: dict[str, Any]
+    idempotency_key: str
+    requested_by: str
+    requested_role: str
+    state: Literal["pending", "claimed", "done", "conflict", "failed", "cancelled"]
+    claimed_by: str | None
+    lease_expires_at: datetime | None
+    tries: int
+    next_try_at: datetime
+    result: dict[str, Any] | None
+    error: str | None
+    created_at: datetime
+    updated_at: datetime
+    finished_at: datetime | None
+
+
+class SecurityEvent(_Row):
+    """A refused write, kept."""
+
+    id: int
+    at: datetime
+    actor_role: str
+    actor: str
+    campaign_id: int | None
+    action: str
+    target: str
+    reason: str
+    details: dict[str, Any]
+
+
+class CampaignClass(_Row):
+    """What the kernel knows of a campaign class."""
+
+    name: str
+    max_attempts: int
+    lease_seconds: float
+    backoff_base_s: float
+    backoff_factor: float
+    backoff_cap_s: float
+    backoff_jitter: float
+    seat_policy: Literal["none", "target"]
+    authority: dict[str, Any]
+    acceptance: dict[str, Any]
+    promotion: dict[str, Any]
+    verifier: str
+    created_at: datetime
+    updated_at: datetime
+
+
+class StateRow(_Row):
+    """A state of the machine."""
+
+    name: str
+    is_terminal: bool
+    position: int
+    description: str
+
+
+class TransitionRow(_Row):
+    """A legal transition, as the database holds it."""
+
+    name: str
+    from_state: str | None
+    to_state: str
+    owner_role: str
+    db_role: str | None
+    note: str
+
+
+# --- results of kernel calls ------------------------------------------------
+
+
+class Opened(_Row):
+    """Result of ``open_campaign``."""
+
+    campaign_id: int
+    created: bool
+    state: State
+    generation: int
+
+
+class ObservationRecorded(_Row):
+    """Result of ``record_observation``."""
+
+    observation_id: int
+    campaign_id: int | None
+    effect: Literal["opened", "regressed", "confirmed", "dismissed", "recorded"]
+    duplicate: bool
+
+
+class Claim(_Row):
+    """A lease on a campaign: what the worker needs for one attempt."""
+
+    campaign_id: int
+    generation: int
+    attempt_no: int
+    lease_expires_at: datetime
+    class_: str = Field(alias="class")
+    objective_key: str
+    target: str
+    desired_state: dict[str, Any]
+    opening_observation: dict[str, Any]
+    acceptance_criteria: dict[str, Any]
+    attempt_count: int
+    max_attempts: int
+
+
+class Reaped(_Row):
+    """A lease the reaper returned to ready (or exhausted)."""
+
+    campaign_id: int
+    generation: int
+    worker: str
+    state: State
+
+
+class VerificationClaim(_Row):
+    """A verifier's claim of an attempted campaign."""
+
+    verification_id: int
+    campaign_id: int
+    generation: int
+    attempt_id: int
+    attempt_no: int
+    class_: str = Field(alias="class")
+    objective_key: str
+    target: str
+    base_sha: str | None
+    candidate_sha: str | None
+    fingerprint: str | None
+    bundle: dict[str, Any] | None
+    bundle_digest: str | None
+    acceptance_criteria: dict[str, Any]
+    evidence_location: str | None
+    worker: str
+    lease_expires_at: datetime
+
+
+class SideEffectRequested(_Row):
+    """Result of ``request_side_effect`` (a refusal raises ``Forbidden``)."""
+
+    side_effect_id: int
+    status: Literal["requested", "existing"]
+    state: str
+
+
+class SideEffectClaim(_Row):
+    """A dispatcher's claim of an intent."""
+
+    side_effect_id: int
+    claim_token: int
+    campaign_id: int
+    generation: int
+    kind: Literal["git.update_ref", "http.request"]
+    purpose: Literal["promotion", "other"]
+    target: str
+    precondition: dict[str, Any]
+    payload: dict[str, Any]
+    idempotency_key: str
+    tries: int
+
+
+class CampaignDetail(_Row):
+    """A campaign with everything that happened to it."""
+
+    campaign: Campaign
+    attempts: list[Attempt]
+    verifications: list[Verification]
+    side_effects: list[SideEffect]
+    observations: list[Observation]

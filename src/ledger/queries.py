@@ -1,0 +1,248 @@
+"""Every read Ledger makes, in one place.
+
+The tables here are the *read views* of schema ``ledger_api`` (the raw tables in
+``ledger`` are owner-only). Statements are built with SQLAlchemy Core and
+compiled once, at import, to psycopg's ``%(name)s`` form; ``ledger.database``
+runs them. Writes are never here: they are kernel functions (migrations/sql).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from sqlalchemy import (
+    ARRAY,
+    BigInteger,
+    Boolean,
+    Column,
+    DateTime,
+    Float,
+    Integer,
+    MetaData,
+    Table,
+    Text,
+    and_,
+    any_,
+    bindparam,
+    func,
+    literal_column,
+    or_,
+    select,
+)
+from sqlalchemy.dialects import postgresql
+from sqlalchemy.dialects.postgresql import JSONB
+from sqlalchemy.sql import Select
+
+_dialect = postgresql.psycopg.dialect()  # type: ignore[attr-defined]
+metadata = MetaData(schema="ledger_api")
+TS = DateTime(timezone=True)
+
+
+@dataclass(frozen=True)
+class Query:
+    """A compiled read statement and the defaults of its parameters."""
+
+    text: str
+    defaults: dict[str, Any] = field(default_factory=dict)
+
+
+def compile_query(stmt: Select[Any]) -> Query:
+    """Compile a Core statement to psycopg's parameter style."""
+    compiled = stmt.compile(dialect=_dialect)
+    return Query(str(compiled), dict(compiled.params))
+
+
+campaigns = Table(
+    "campaigns", metadata,
+    Column("id", BigInteger, primary_key=True),
+    Column("class", Text), Column("objective_key", Text), Column("target", Text),
+    Column("desired_state", JSONB), Column("opening_observation", JSONB), Column("state", Text),
+    Column("lease_owner", Text), Column("leased_at", TS), Column("lease_expires_at", TS),
+    Column("generation", BigInteger), Column("attempt_count", Integer),
+    Column("max_attempts", Integer), Column("next_attempt_at", TS),
+    Column("last_failure_reason", Text), Column("acceptance_criteria", JSONB),
+    Column("evidence_location", Text), Column("seat", Text), Column("priority", Integer),
+    Column("labels", ARRAY(Text)), Column("event_seq", BigInteger),
+    Column("promoted_at", TS), Column("promoted_sha", Text),
+    Column("created_at", TS), Column("updated_at", TS), Column("closed_at", TS),
+)
+
+attempts = Table(
+    "attempts", metadata,
+    Column("id", BigInteger, primary_key=True), Column("campaign_id", BigInteger),
+    Column("attempt_no", Integer), Column("generation", BigInteger), Column("worker", Text),
+    Column("claimed_at", TS), Column("lease_expires_at", TS), Column("last_heartbeat_at", TS),
+    Column("heartbeat_count", Integer), Column("outcome", Text), Column("verdict", Text),
+    Column("ended_at", TS), Column("failure_reason", Text), Column("fingerprint", Text),
+    Column("base_sha", Text), Column("candidate_sha", Text), Column("bundle", JSONB),
+    Column("bundle_digest", Text), Column("log_tail", Text),
+)
+
+events = Table(
+    "events", metadata,
+    Column("campaign_id", BigInteger, primary_key=True), Column("seq", BigInteger, primary_key=True),
+    Column("type", Text), Column("actor", Text), Column("generation", BigInteger),
+    Column("delta", Boolean), Column("payload", JSONB), Column("created_at", TS),
+)
+
+observations = Table(
+    "observations", metadata,
+    Column("id", BigInteger, primary_key=True), Column("sensor", Text), Column("target", Text),
+    Column("objective_key", Text), Column("class", Text), Column("status", Text),
+    Column("started_at", TS), Column("finished_at", TS), Column("tick", TS),
+    Column("details", JSONB), Column("campaign_id", BigInteger), Column("effect", Text),
+    Column("idempotency_key", Text), Column("recorded_at", TS),
+)
+
+verifications = Table(
+    "verifications", metadata,
+    Column("id", BigInteger, primary_key=True), Column("campaign_id", BigInteger),
+    Column("attempt_id", BigInteger), Column("generation", BigInteger), Column("verifier", Text),
+    Column("model_family", Text), Column("status", Text), Column("claimed_at", TS),
+    Column("lease_expires_at", TS), Column("finished_at", TS), Column("reason", Text),
+    Column("evidence", JSONB),
+)
+
+side_effects = Table(
+    "side_effects", metadata,
+    Column("id", BigInteger, primary_key=True), Column("campaign_id", BigInteger),
+    Column("generation", BigInteger), Column("kind", Text), Column("purpose", Text),
+    Column("target", Text), Column("precondition", JSONB), Column("payload", JSONB),
+    Column("idempotency_key", Text), Column("requested_by", Text), Column("requested_role", Text),
+    Column("state", Text), Column("claimed_by", Text), Column("lease_expires_at", TS),
+    Column("tries", Integer), Column("next_try_at", TS), Column("result", JSONB),
+    Column("error", Text), Column("created_at", TS), Column("updated_at", TS),
+    Column("finished_at", TS),
+)
+
+security_events = Table(
+    "security_events", metadata,
+    Column("id", BigInteger, primary_key=True), Column("at", TS), Column("actor_role", Text),
+    Column("actor", Text), Column("campaign_id", BigInteger), Column("action", Text),
+    Column("target", Text), Column("reason", Text), Column("details", JSONB),
+)
+
+classes = Table(
+    "classes", metadata,
+    Column("name", Text, primary_key=True), Column("max_attempts", Integer),
+    Column("lease_seconds", Float), Column("backoff_base_s", Float), Column("backoff_factor", Float),
+    Column("backoff_cap_s", Float), Column("backoff_jitter", Float), Column("seat_policy", Text),
+    Column("authority", JSONB), Column("acceptance", JSONB), Column("promotion", JSONB),
+    Column("verifier", Text), Column("created_at", TS), Column("updated_at", TS),
+)
+
+states = Table(
+    "states", metadata,
+    Column("name", Text, primary_key=True), Column("is_terminal", Boolean),
+    Column("position", Integer), Column("description", Text),
+)
+
+transitions = Table(
+    "transitions", metadata,
+    Column("name", Text), Column("from_state", Text), Column("to_state", Text),
+    Column("owner_role", Text), Column("db_role", Text), Column("note", Text),
+)
+
+# --- single campaign -------------------------------------------------------
+
+CAMPAIGN = compile_query(select(campaigns).where(campaigns.c.id == bindparam("id")))
+
+CAMPAIGN_ATTEMPTS = compile_query(
+    select(attempts).where(attempts.c.campaign_id == bindparam("campaign_id"))
+    .order_by(attempts.c.attempt_no)
+)
+
+CAMPAIGN_VERIFICATIONS = compile_query(
+    select(verifications).where(verifications.c.campaign_id == bindparam("campaign_id"))
+    .order_by(verifications.c.id)
+)
+
+CAMPAIGN_SIDE_EFFECTS = compile_query(
+    select(side_effects).where(side_effects.c.campaign_id == bindparam("campaign_id"))
+    .order_by(side_effects.c.id)
+)
+
+CAMPAIGN_OBSERVATIONS = compile_query(
+    select(observations).where(observations.c.campaign_id == bindparam("campaign_id"))
+    .order_by(observations.c.id)
+)
+
+# The journal after a cursor, in seq order, a page at a time.
+EVENTS_AFTER = compile_query(
+    select(events)
+    .where(events.c.campaign_id == bindparam("campaign_id"), events.c.seq > bindparam("after"))
+    .order_by(events.c.seq)
+    .limit(bindparam("limit"))
+)
+
+# --- many campaigns --------------------------------------------------------
+
+
+def _list_campaigns() -> Select[Any]:
+    # Every filter is optional: a NULL parameter disables it, so one compiled
+    # statement serves every combination. Order (updated_at DESC, id DESC) is
+    # total, so the (updated_at, id) cursor is deterministic.
+    p = {name: bindparam(name, type_=typ) for name, typ in (
+        ("states", ARRAY(Text)), ("classes", ARRAY(Text)), ("target", Text),
+        ("objective_key", Text), ("label", Text), ("updated_since", TS),
+        ("cursor_updated_at", TS), ("cursor_id", BigInteger), ("search", Text),
+    )}
+    c = campaigns.c
+    return (
+        select(campaigns)
+        .where(
+            or_(p["states"].is_(None), c.state == any_(p["states"])),
+            or_(p["classes"].is_(None), c["class"] == any_(p["classes"])),
+            or_(p["target"].is_(None), c.target == p["target"]),
+            or_(p["objective_key"].is_(None), c.objective_key == p["objective_key"]),
+            or_(p["label"].is_(None), p["label"] == any_(c.labels)),
+            or_(p["updated_since"].is_(None), c.updated_at >= p["updated_since"]),
+            or_(p["search"].is_(None), c.objective_key.icontains(p["search"], autoescape=False)),
+            or_(
+                p["cursor_id"].is_(None),
+                c.updated_at < p["cursor_updated_at"],
+                and_(c.updated_at == p["cursor_updated_at"], c.id < p["cursor_id"]),
+            ),
+        )
+        .order_by(c.updated_at.desc(), c.id.desc())
+        .limit(bindparam("limit"))
+    )
+
+
+CAMPAIGNS_PAGE = compile_query(_list_campaigns())
+LIST_DEFAULTS: dict[str, Any] = {
+    "states": None, "classes": None, "target": None, "objective_key": None, "label": None,
+    "updated_since": None, "cursor_updated_at": None, "cursor_id": None, "search": None,
+}
+
+STATE_COUNTS = compile_query(
+    select(states.c.name.label("state"), states.c.is_terminal,
+           func.count(campaigns.c.id).label("count"))
+    .select_from(states.outerjoin(campaigns, campaigns.c.state == states.c.name))
+    .group_by(states.c.name, states.c.is_terminal, states.c.position)
+    .order_by(states.c.position)
+)
+
+OLDEST_READY = compile_query(
+    select(func.min(campaigns.c.created_at).label("oldest"))
+    .where(campaigns.c.state == "ready")
+)
+
+# --- the contract ----------------------------------------------------------
+
+STATES = compile_query(select(states).order_by(states.c.position))
+TRANSITIONS = compile_query(
+    select(transitions).order_by(transitions.c.name, transitions.c.from_state.nulls_first())
+)
+CLASSES = compile_query(select(classes).order_by(classes.c.name))
+CLASS = compile_query(select(classes).where(classes.c.name == bindparam("name")))
+
+SECURITY_EVENTS = compile_query(
+    select(security_events)
+    .where(or_(bindparam("campaign_id", type_=BigInteger).is_(None),
+               security_events.c.campaign_id == bindparam("campaign_id", type_=BigInteger)))
+    .order_by(security_events.c.id)
+)
+
+DATABASE_NOW = compile_query(select(literal_column("statement_timestamp()").label("now")))

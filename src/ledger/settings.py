@@ -1,0 +1,58 @@
+"""Connection and runtime settings, read from the environment (``LEDGER_*``).
+
+``LEDGER_DATABASE_URL`` names the database and the administrator that migrates
+it. When it is unset, Ledger runs an embedded PostgreSQL 18 in
+``LEDGER_DATA_DIR`` (default: the user's data directory) and uses that; a second
+process finds the same running server.
+
+Runtime roles act through ``SET ROLE`` on that connection unless a role has its
+own login: ``LEDGER_WORKER_DATABASE_URL``, ``LEDGER_VERIFIER_DATABASE_URL`` and
+so on (the login must be a member of the role).
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from pathlib import Path
+
+import platformdirs
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+#: The actors that connect to the database, each as its own role.
+ACTORS = ("reader", "sensor", "worker", "reaper", "verifier", "dispatcher", "operator")
+
+
+class Settings(BaseSettings):
+    """Ledger's settings; every field is ``LEDGER_<NAME>`` in the environment."""
+
+    model_config = SettingsConfigDict(env_prefix="LEDGER_", extra="ignore")
+
+    database_url: str | None = Field(
+        default=None, description="Administrator connection (URL or conninfo); unset: embedded"
+    )
+    reader_database_url: str | None = None
+    sensor_database_url: str | None = None
+    worker_database_url: str | None = None
+    verifier_database_url: str | None = None
+    dispatcher_database_url: str | None = None
+    operator_database_url: str | None = None
+    data_dir: Path = Field(
+        default_factory=lambda: Path(platformdirs.user_data_dir("ledger")),
+        description="Where the embedded server, evidence bundles and worktrees live",
+    )
+    role_prefix: str = Field(default="ledger_", pattern=r"^[a-z][a-z0-9_]{0,30}$")
+    config: Path = Field(default=Path("ledger.toml"), description="Campaign classes and sensors")
+
+    def role_urls(self) -> dict[str, str]:
+        """Per-role logins that were configured, by actor."""
+        urls = {actor: getattr(self, f"{actor}_database_url", None) for actor in ACTORS}
+        if urls.get("reaper") is None and urls.get("worker"):
+            urls["reaper"] = urls["worker"]
+        return {actor: url for actor, url in urls.items() if url}
+
+
+@lru_cache(maxsize=1)
+def get_settings() -> Settings:
+    """The process's settings (read once)."""
+    return Settings()
