@@ -60,11 +60,10 @@ BEGIN
         END LOOP;
     END IF;
 
-    -- The owner creates the two schemas. Runtime roles get no CREATE anywhere and
-    -- no temporary objects: a shadowing object has nowhere to live.
-    EXECUTE format('GRANT CREATE ON DATABASE %I TO %I', current_database(), prefix || 'owner');
-    EXECUTE format('REVOKE TEMPORARY ON DATABASE %I FROM PUBLIC', current_database());
-    EXECUTE format('REVOKE CREATE ON SCHEMA public FROM PUBLIC');
+    -- The administrator creates the two schemas on the owner's behalf, so the
+    -- owner needs no CREATE on the database; then the session acts as the owner.
+    EXECUTE format('CREATE SCHEMA ledger AUTHORIZATION %I', prefix || 'owner');
+    EXECUTE format('CREATE SCHEMA ledger_api AUTHORIZATION %I', prefix || 'owner');
     EXECUTE format('SET ROLE %I', prefix || 'owner');
 END
 $$;
@@ -72,11 +71,8 @@ $$;
 -- From here on the session acts as the owner: everything created below is owned
 -- by it. The runner resets the role when the migration ends.
 
-CREATE SCHEMA ledger;
 COMMENT ON SCHEMA ledger IS 'Ledger tables and internal functions; owner-only.';
 REVOKE ALL ON SCHEMA ledger FROM PUBLIC;
-
-CREATE SCHEMA ledger_api;
 COMMENT ON SCHEMA ledger_api IS 'The narrow API: SECURITY DEFINER functions and read views.';
 REVOKE ALL ON SCHEMA ledger_api FROM PUBLIC;
 
@@ -119,3 +115,22 @@ BEGIN
     RETURN statement_timestamp();
 END
 $$;
+
+-- Runtime roles get no CREATE anywhere and no temporary objects: a shadowing
+-- object has nowhere to live. Database-level privileges are not copied by
+-- CREATE DATABASE ... TEMPLATE, so `ledger migrate` runs this every time, not
+-- only here. Run by the administrator (SECURITY INVOKER).
+CREATE FUNCTION ledger.secure_database() RETURNS void
+    LANGUAGE plpgsql
+    SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    EXECUTE format('REVOKE TEMPORARY ON DATABASE %I FROM PUBLIC', current_database());
+    IF EXISTS (SELECT 1 FROM pg_catalog.pg_namespace WHERE nspname = 'public') THEN
+        REVOKE CREATE ON SCHEMA public FROM PUBLIC;
+    END IF;
+END
+$$;
+
+RESET ROLE;
+SELECT ledger.secure_database();

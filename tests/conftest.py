@@ -1,0 +1,142 @@
+"""Test harness: a real PostgreSQL for every test.
+
+The server is ``LEDGER_TEST_DATABASE_URL`` when set, otherwise a throwaway
+embedded PostgreSQL 18. One template database is migrated per session; every
+test that asks for ``db`` gets its own database copied from it
+(``CREATE DATABASE ... TEMPLATE``), dropped afterwards. Roles are cluster-wide,
+so tests use their own prefix and never assume a pristine cluster.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import psycopg
+import pytest
+from psycopg import sql
+
+from ledger import Database, Kernel, migrations
+from ledger.embedded import server_url, with_database
+
+TEST_PREFIX = os.environ.get("LEDGER_TEST_ROLE_PREFIX", "ledgertest_")
+RUN_TAG = f"{os.getpid()}_{uuid.uuid4().hex[:6]}"
+
+
+# Async tests declare `pytestmark = pytest.mark.anyio`; they run on asyncio.
+
+
+@pytest.fixture(scope="session")
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+@pytest.fixture(scope="session")
+def pg_admin_url() -> Iterator[str]:
+    """An administrator URL of the server under test."""
+    url = os.environ.get("LEDGER_TEST_DATABASE_URL")
+    if url:
+        yield url
+        return
+    data_dir = Path(tempfile.mkdtemp(prefix="ledger-test-pg-"))
+    yield server_url(data_dir, cleanup="delete")
+
+
+def _admin(url: str) -> psycopg.Connection:
+    return psycopg.connect(url, autocommit=True)
+
+
+def create_database(admin_url: str, name: str, template: str | None = None) -> str:
+    """Create a database (optionally from a template); return its URL."""
+    with _admin(admin_url) as conn:
+        stmt = sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name))
+        if template:
+            stmt = sql.SQL("CREATE DATABASE {} TEMPLATE {}").format(
+                sql.Identifier(name), sql.Identifier(template))
+        conn.execute(stmt)
+    return with_database(admin_url, name)
+
+
+def drop_database(admin_url: str, name: str) -> None:
+    """Drop a database, disconnecting whoever is still on it."""
+    with _admin(admin_url) as conn:
+        conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+
+
+@pytest.fixture(scope="session")
+def template_db(pg_admin_url: str) -> Iterator[str]:
+    """A migrated database to copy; the clock may be pinned in it."""
+    name = f"ledgertest_tmpl_{RUN_TAG}"
+    url = create_database(pg_admin_url, name)
+    migrations.upgrade(url, TEST_PREFIX)
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute("UPDATE ledger.meta SET value = 'true' WHERE key = 'clock_pinnable'")
+    yield name
+    drop_database(pg_admin_url, name)
+
+
+@pytest.fixture
+def db_url(pg_admin_url: str, template_db: str) -> Iterator[str]:
+    """A fresh migrated database for this test."""
+    name = f"ledgertest_{RUN_TAG}_{uuid.uuid4().hex[:8]}"
+    url = create_database(pg_admin_url, name, template=template_db)
+    migrations.secure_database(url)
+    yield url
+    drop_database(pg_admin_url, name)
+
+
+@pytest.fixture
+def db(db_url: str) -> Database:
+    """The test's database, with the test role prefix."""
+    return Database(db_url, role_prefix=TEST_PREFIX)
+
+
+@pytest.fixture
+def admin(db: Database) -> Iterator[psycopg.Connection]:
+    """A superuser connection to the test's database, for looking underneath."""
+    conn = db.connect_sync(None)
+    yield conn
+    conn.close()
+
+
+class Actors:
+    """Kernels acting as each role, opened on first use."""
+
+    def __init__(self, db: Database):
+        self.db = db
+        self.sessions: dict[str, object] = {}
+
+    async def __call__(self, actor: str) -> Kernel:
+        if actor not in self.sessions:
+            self.sessions[actor] = await self.db.session(actor, max_size=10).open()
+        return Kernel(self.sessions[actor])  # type: ignore[arg-type]
+
+    def session(self, actor: str):  # type: ignore[no-untyped-def]
+        return self.sessions[actor]
+
+    async def close(self) -> None:
+        for session in self.sessions.values():
+            await session.close()  # type: ignore[attr-defined]
+
+
+@pytest.fixture
+async def actors(db: Database) -> AsyncIterator[Actors]:
+    """``await actors("worker")`` -> a Kernel acting as the worker role."""
+    a = Actors(db)
+    yield a
+    await a.close()
+
+
+TEST_CLASS = "test"
+
+
+@pytest.fixture
+async def test_class(actors: Actors) -> str:
+    """A registered class with no backoff (a failed campaign is ready at once)."""
+    op = await actors("operator")
+    await op.register_class(TEST_CLASS, max_attempts=3, lease_seconds=30, backoff_base_s=0,
+                            backoff_jitter=0)
+    return TEST_CLASS

@@ -1,0 +1,107 @@
+"""Drive campaigns into a given state through the real API (test helper)."""
+
+from __future__ import annotations
+
+import itertools
+from datetime import datetime, timezone
+
+from ledger import Kernel
+
+_ids = itertools.count(1)
+PROMOTING_CLASS = "promoting"
+
+
+def new_key(prefix: str = "objective") -> str:
+    """A fresh objective key."""
+    return f"{prefix}-{next(_ids)}"
+
+
+def fingerprint(n: int) -> str:
+    """A valid, distinct approach fingerprint."""
+    return f"sha256:{n:016x}"
+
+
+def sha(n: int) -> str:
+    """A valid, distinct commit id."""
+    return f"{n:040x}"
+
+
+def now() -> datetime:
+    return datetime.now(timezone.utc)
+
+
+class Driver:
+    """Kernels for every role, and steps that move a campaign along."""
+
+    def __init__(self, actors, class_: str):  # type: ignore[no-untyped-def]
+        self.actors = actors
+        self.class_ = class_
+
+    async def k(self, actor: str) -> Kernel:
+        return await self.actors(actor)
+
+    async def open(self, key: str | None = None, **kw) -> int:  # type: ignore[no-untyped-def]
+        sensor = await self.k("sensor")
+        opened = await sensor.open_campaign(self.class_, key or new_key(), "target-1", **kw)
+        return opened.campaign_id
+
+    async def leased(self, worker: str = "worker-1") -> tuple[int, int]:
+        cid = await self.open()
+        claim = await (await self.k("worker")).claim_campaign(worker, [self.class_])
+        assert claim is not None and claim.campaign_id == cid
+        return cid, claim.generation
+
+    async def attempted(self, n: int = 1) -> tuple[int, int]:
+        cid, gen = await self.leased()
+        await (await self.k("worker")).record_attempt(
+            cid, gen, base_sha=sha(1), candidate_sha=sha(100 + n), fingerprint=fingerprint(n))
+        return cid, gen
+
+    async def verifying(self) -> tuple[int, int]:
+        """An attempted campaign and a verification claimed on it."""
+        cid, _ = await self.attempted()
+        claim = await (await self.k("verifier")).claim_verification("verifier-1", classes=[self.class_])
+        assert claim is not None and claim.campaign_id == cid
+        return cid, claim.verification_id
+
+    async def verified(self) -> int:
+        cid, vid = await self.verifying()
+        await (await self.k("verifier")).accept(vid, {"ok": True})
+        return cid
+
+    async def promoted(self) -> int:
+        """Verified, and its promotion intent done (needs a promoting class)."""
+        cid = await self.verified()
+        dispatcher = await self.k("dispatcher")
+        claim = await dispatcher.claim_side_effect("dispatcher-1")
+        assert claim is not None and claim.campaign_id == cid
+        await dispatcher.complete_side_effect(claim.side_effect_id, claim.claim_token, "done",
+                                              result={"read_back": claim.payload["new"]})
+        return cid
+
+    async def exhausted(self) -> int:
+        """Needs a class with max_attempts=1."""
+        cid, gen = await self.leased()
+        state = await (await self.k("worker")).fail_attempt(cid, gen, "boom")
+        assert state == "exhausted"
+        return cid
+
+
+async def wait_for_lock_waiters(db, application: str, count: int = 1, timeout_s: float = 10.0) -> None:  # type: ignore[no-untyped-def]
+    """Wait until ``count`` backends of ``application`` are blocked on a lock."""
+    import asyncio
+
+    conn = await db.connect(None)
+    try:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        while loop.time() < deadline:
+            cur = await conn.execute(
+                "SELECT count(*) AS n FROM pg_stat_activity WHERE datname = current_database() "
+                "AND application_name = %s AND wait_event_type = 'Lock'", (application,))
+            if (await cur.fetchone())["n"] >= count:
+                return
+            await asyncio.sleep(0.005)  # polling interval of the condition, not a synchronisation
+        raise AssertionError(f"{count} backend(s) of {application} never blocked on a lock")
+    finally:
+        await conn.close()

@@ -1,0 +1,104 @@
+"""Claiming under real concurrency: 8 connections, 2,000 campaigns."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from ledger import Database, Kernel
+from ledger.database import Transaction
+
+pytestmark = pytest.mark.anyio
+
+CAMPAIGNS = 2000
+CLAIMERS = 8
+
+
+def _bulk_open(admin, class_: str, n: int, prefix: str = "bulk") -> None:  # type: ignore[no-untyped-def]
+    # The superuser calls the sensor's function for speed; it is the same code path.
+    admin.execute(
+        "SELECT ledger_api.open_campaign(%s, %s || '-' || i, 'target-' || i) "
+        "FROM generate_series(1, %s) AS i", (class_, prefix, n))
+
+
+async def test_concurrent_claimers_claim_each_campaign_exactly_once(db: Database, admin, test_class) -> None:  # type: ignore[no-untyped-def]
+    _bulk_open(admin, test_class, CAMPAIGNS)
+    claimed: dict[int, list[int]] = {i: [] for i in range(CLAIMERS)}
+    lock_waits: list[dict] = []
+    done = asyncio.Event()
+
+    async def claimer(i: int) -> None:
+        conn = await db.connect("worker")
+        # Any wait on a lock held by another claimer longer than this is an error.
+        await conn.execute("SET lock_timeout = '20ms'")
+        kernel = Kernel(Transaction(conn))
+        try:
+            while (claim := await kernel.claim_campaign(f"claimer-{i}", [test_class])) is not None:
+                claimed[i].append(claim.campaign_id)
+        finally:
+            await conn.close()
+
+    async def watch_locks() -> None:
+        # Sample the server while the claimers run: nobody may be waiting on a lock.
+        conn = await db.connect(None)
+        try:
+            while not done.is_set():
+                cur = await conn.execute(
+                    "SELECT pid, wait_event_type, wait_event, query FROM pg_stat_activity "
+                    "WHERE datname = current_database() AND application_name = 'ledger:worker' "
+                    "AND wait_event_type = 'Lock'")
+                lock_waits.extend(await cur.fetchall())
+                await asyncio.sleep(0.005)
+        finally:
+            await conn.close()
+
+    watcher = asyncio.create_task(watch_locks())
+    await asyncio.gather(*(claimer(i) for i in range(CLAIMERS)))
+    done.set()
+    await watcher
+
+    everything = [cid for ids in claimed.values() for cid in ids]
+    assert len(everything) == CAMPAIGNS
+    assert len(set(everything)) == CAMPAIGNS, "a campaign was claimed twice"
+    assert sum(1 for ids in claimed.values() if ids) > 1, "claims were not spread across connections"
+    assert lock_waits == []
+    row = admin.execute(
+        "SELECT count(*) FILTER (WHERE state = 'leased') AS leased, count(*) AS total, "
+        "count(*) FILTER (WHERE generation = 1) AS gen1 FROM ledger.campaign").fetchone()
+    assert row == {"leased": CAMPAIGNS, "total": CAMPAIGNS, "gen1": CAMPAIGNS}
+    attempts = admin.execute("SELECT count(*) AS n, count(DISTINCT campaign_id) AS c FROM ledger.attempt").fetchone()
+    assert attempts == {"n": CAMPAIGNS, "c": CAMPAIGNS}
+
+
+async def test_claim_order_priority_then_age_and_next_attempt_at(actors, admin, test_class) -> None:  # type: ignore[no-untyped-def]
+    sensor, worker, op = await actors("sensor"), await actors("worker"), await actors("operator")
+    low = (await sensor.open_campaign(test_class, "low", "t")).campaign_id
+    high = (await sensor.open_campaign(test_class, "high", "t", priority=5)).campaign_id
+    older_mid = (await sensor.open_campaign(test_class, "mid-1", "t", priority=1)).campaign_id
+    newer_mid = (await sensor.open_campaign(test_class, "mid-2", "t", priority=1)).campaign_id
+    order = []
+    while (claim := await worker.claim_campaign("w", [test_class])) is not None:
+        order.append(claim.campaign_id)
+        if claim.campaign_id == older_mid:
+            # A failure with a delay: not claimable again before next_attempt_at.
+            await worker.fail_attempt(claim.campaign_id, claim.generation, "later", retry_after_s=3600)
+    assert order == [high, older_mid, newer_mid, low]
+    assert await worker.claim_campaign("w", ["some-other-class"]) is None
+    assert (await op.campaign(older_mid)).state == "ready"
+
+
+async def test_one_leased_campaign_per_seat(actors, test_class) -> None:  # type: ignore[no-untyped-def]
+    sensor, worker = await actors("sensor"), await actors("worker")
+    a = (await sensor.open_campaign(test_class, "seat-a", "t", seat="repo-1")).campaign_id
+    b = (await sensor.open_campaign(test_class, "seat-b", "t", seat="repo-1")).campaign_id
+    c = (await sensor.open_campaign(test_class, "seat-c", "t")).campaign_id
+    first = await worker.claim_campaign("w1", [test_class])
+    second = await worker.claim_campaign("w2", [test_class])
+    assert first is not None and second is not None
+    assert (first.campaign_id, second.campaign_id) == (a, c)  # b waits for seat repo-1
+    assert await worker.claim_campaign("w3", [test_class]) is None
+    await worker.fail_attempt(first.campaign_id, first.generation, "done with the seat")
+    # a is ready again (no backoff) and older than b: a seat frees for one of them.
+    third = await worker.claim_campaign("w3", [test_class])
+    assert third is not None and third.campaign_id in (a, b)

@@ -1,0 +1,72 @@
+"""Mechanism 7: one open campaign per objective, even under concurrent intake."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from drive import wait_for_lock_waiters
+from ledger import Database, DuplicateObjective, Kernel, NotFound
+from ledger.database import Transaction
+from ledger.errors import InvalidInput
+
+pytestmark = pytest.mark.anyio
+
+
+async def test_opening_twice_returns_the_open_campaign(actors, admin, test_class) -> None:  # type: ignore[no-untyped-def]
+    sensor = await actors("sensor")
+    first = await sensor.open_campaign(test_class, "obj", "t")
+    again = await sensor.open_campaign(test_class, "obj", "t")
+    assert first.created and not again.created
+    assert again.campaign_id == first.campaign_id
+    # Once it is closed, the objective may open again.
+    await (await actors("operator")).abandon(first.campaign_id)
+    third = await sensor.open_campaign(test_class, "obj", "t")
+    assert third.created and third.campaign_id != first.campaign_id
+    assert admin.execute("SELECT count(*) AS n FROM ledger.campaign WHERE objective_key = 'obj' "
+                         "AND state NOT IN ('confirmed','dismissed','abandoned')").fetchone()["n"] == 1
+
+
+async def test_concurrent_opens_yield_one_campaign(db: Database, admin, test_class) -> None:  # type: ignore[no-untyped-def]
+    conns = [await db.connect("sensor", autocommit=False) for _ in range(8)]
+    try:
+        # Every connection inserts inside an open transaction, then all commit
+        # together: the partial unique index, not luck, keeps one.
+        results = await asyncio.gather(*(
+            Kernel(Transaction(c)).open_campaign(test_class, "race", "t") for c in conns[:1]))
+        pending = [asyncio.create_task(Kernel(Transaction(c)).open_campaign(test_class, "race", "t"))
+                   for c in conns[1:]]
+        await wait_for_lock_waiters(db, "ledger:sensor", count=len(pending))
+        await conns[0].commit()
+        results += await asyncio.gather(*pending)
+        for c in conns[1:]:
+            await c.commit()
+    finally:
+        for c in conns:
+            await c.close()
+    assert sum(r.created for r in results) == 1
+    assert len({r.campaign_id for r in results}) == 1
+    assert admin.execute("SELECT count(*) AS n FROM ledger.campaign WHERE objective_key = 'race'"
+                         ).fetchone()["n"] == 1
+    assert admin.execute("SELECT count(*) AS n FROM ledger.campaign_event").fetchone()["n"] == 1
+
+
+async def test_same_objective_under_another_class_is_a_duplicate(actors, test_class) -> None:  # type: ignore[no-untyped-def]
+    op, sensor = await actors("operator"), await actors("sensor")
+    await op.register_class("other")
+    await sensor.open_campaign(test_class, "obj", "t")
+    with pytest.raises(DuplicateObjective):
+        await sensor.open_campaign("other", "obj", "t")
+    with pytest.raises(DuplicateObjective):
+        await sensor.open_campaign(test_class, "obj", "another-target")
+
+
+async def test_bad_input_is_refused_clearly(actors, test_class) -> None:  # type: ignore[no-untyped-def]
+    sensor = await actors("sensor")
+    with pytest.raises(NotFound, match="not registered"):
+        await sensor.open_campaign("no-such-class", "obj", "t")
+    with pytest.raises(InvalidInput):
+        await sensor.open_campaign(test_class, "", "t")
+    with pytest.raises(InvalidInput):
+        await sensor.record_observation("s", "obj", "t", "purple", started_at=__import__("datetime").datetime.now().astimezone())
