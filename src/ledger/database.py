@@ -66,6 +66,11 @@ def _translate(exc: psycopg.Error) -> errors.LedgerError:
     return errors.from_sqlstate(exc.sqlstate, message, diag.message_detail)
 
 
+def _first_line(exc: BaseException) -> str:
+    lines = [line for line in str(exc).splitlines() if line.strip()]
+    return lines[-1].strip() if lines else type(exc).__name__
+
+
 def _call_statement(function: str, names: Sequence[str]) -> sql.Composed:
     # Named notation (p_x => value) so argument order never matters and a
     # missing optional argument takes the SQL default.
@@ -139,7 +144,12 @@ class Session:
             await conn.execute(self.database.set_role_statement(self.actor))
 
     async def open(self, *, wait: bool = True, timeout: float = 30.0) -> Session:
-        """Open the pool (waiting for its first connection by default)."""
+        """Open the pool (waiting for its first connection by default).
+
+        One direct connection first: a wrong URL or a missing database fails at
+        once with the server's own message, instead of the pool retrying."""
+        probe = await self.database.connect(self.actor)
+        await probe.close()
         try:
             await self._pool.open(wait=wait, timeout=timeout)
         except psycopg.Error as exc:
@@ -254,6 +264,8 @@ class Database:
                 await conn.execute(self.set_role_statement(actor))
                 if not autocommit:
                     await conn.commit()
+        except psycopg.OperationalError as exc:
+            raise errors.Unavailable(f"cannot connect to the database: {_first_line(exc)}") from exc
         except psycopg.Error as exc:
             raise _translate(exc) from exc
         return conn
@@ -271,6 +283,8 @@ class Database:
                 conn.execute(self.set_role_statement(actor))
                 if not autocommit:
                     conn.commit()
+        except psycopg.OperationalError as exc:
+            raise errors.Unavailable(f"cannot connect to the database: {_first_line(exc)}") from exc
         except psycopg.Error as exc:
             raise _translate(exc) from exc
         return conn

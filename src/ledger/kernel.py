@@ -311,6 +311,11 @@ class Kernel:
         rows = await self.executor.fetch(queries.STATE_COUNTS)
         return {r["state"]: r["count"] for r in rows}
 
+    async def oldest_ready(self) -> datetime | None:
+        """When the longest-waiting ready campaign was opened."""
+        rows = await self.executor.fetch(queries.OLDEST_READY)
+        return rows[0]["oldest"] if rows else None
+
     async def states(self) -> list[StateRow]:
         """The states of the machine, from the database."""
         return [StateRow.model_validate(r) for r in await self.executor.fetch(queries.STATES)]

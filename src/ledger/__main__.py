@@ -1,0 +1,5 @@
+"""``python -m ledger`` is the ``ledger`` command."""
+
+from .cli import main
+
+main()

@@ -1,0 +1,182 @@
+"""Commands on campaigns: open, list, show, status, abandon, reopen."""
+
+from __future__ import annotations
+
+import getpass
+import socket
+from datetime import datetime, timezone
+
+import typer
+from rich.table import Table
+
+from ..kernel import Kernel
+from ..models import Campaign, CampaignDetail
+from .context import console, console_err, emit_json, run, state
+
+JSON_OPTION = typer.Option(False, "--json", envvar="LEDGER_JSON", show_envvar=True,
+                           help="Print JSON for machines.")
+
+
+def register(app: typer.Typer) -> None:
+    """Add the campaign commands to ``app``."""
+    app.command("open")(open_)
+    app.command("list")(list_)
+    app.command("show")(show)
+    app.command("status")(status)
+    app.command("abandon")(abandon)
+    app.command("reopen")(reopen)
+
+
+def operator_identity() -> str:
+    """Who is acting, as recorded in the journal."""
+    return f"cli:{getpass.getuser()}@{socket.gethostname()}"
+
+
+def _ago(when: datetime | None) -> str:
+    if when is None:
+        return "-"
+    seconds = (datetime.now(timezone.utc) - when).total_seconds()
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if abs(seconds) >= size:
+            return f"{seconds / size:.0f}{unit} ago"
+    return f"{seconds:.0f}s ago"
+
+
+def open_(
+    ctx: typer.Context,
+    class_: str = typer.Argument(..., metavar="CLASS", help="Campaign class (registered)."),
+    objective_key: str = typer.Argument(..., help="Objective key: one open campaign per key."),
+    target: str = typer.Argument(..., help="The watched target."),
+    priority: int = typer.Option(0, help="Higher is claimed first."),
+    label: list[str] = typer.Option([], "--label", help="Labels (repeatable)."),
+    as_json: bool = JSON_OPTION,
+) -> None:
+    """Open a campaign by hand (as the sensor role); idempotent per objective key."""
+    async def go():  # type: ignore[no-untyped-def]
+        async with state(ctx).database().session("sensor") as s:
+            return await Kernel(s).open_campaign(class_, objective_key, target, priority=priority,
+                                                 labels=label, sensor=operator_identity())
+    opened = run(go())
+    if as_json:
+        emit_json(opened)
+    else:
+        word = "opened" if opened.created else "already open as"
+        console.print(f"{word} campaign {opened.campaign_id} ({opened.state})")
+
+
+def list_(
+    ctx: typer.Context,
+    state_: list[str] = typer.Option([], "--state", help="Filter by state (repeatable)."),
+    class_: list[str] = typer.Option([], "--class", help="Filter by class (repeatable)."),
+    target: str = typer.Option(None, help="Filter by target."),
+    objective: str = typer.Option(None, help="Filter by objective key."),
+    label: str = typer.Option(None, help="Filter by label."),
+    limit: int = typer.Option(50, min=1, max=1000, help="Page size."),
+    as_json: bool = JSON_OPTION,
+) -> None:
+    """List campaigns, most recently changed first."""
+    async def go() -> list[Campaign]:
+        async with state(ctx).database().session("reader") as s:
+            return await Kernel(s).campaigns(states=state_ or None, classes=class_ or None,
+                                             target=target, objective_key=objective, label=label,
+                                             limit=limit)
+    rows = run(go())
+    if as_json:
+        emit_json(rows)
+        return
+    table = Table("id", "state", "class", "objective", "target", "attempts", "updated")
+    for c in rows:
+        table.add_row(str(c.id), c.state, c.class_, c.objective_key, c.target,
+                      f"{c.attempt_count}/{c.max_attempts}", _ago(c.updated_at))
+    console.print(table)
+
+
+def show(
+    ctx: typer.Context,
+    campaign_id: int = typer.Argument(..., help="Campaign id."),
+    as_json: bool = JSON_OPTION,
+) -> None:
+    """Show a campaign: attempts, verdicts, side effects and observations."""
+    async def go() -> CampaignDetail:
+        async with state(ctx).database().session("reader") as s:
+            return await Kernel(s).campaign_detail(campaign_id)
+    detail = run(go())
+    if as_json:
+        emit_json(detail)
+        return
+    c = detail.campaign
+    console.print(f"[bold]campaign {c.id}[/]  {c.objective_key}  ({c.class_} on {c.target})")
+    console.print(f"state [bold]{c.state}[/]  generation {c.generation}  "
+                  f"attempts {c.attempt_count}/{c.max_attempts}  updated {_ago(c.updated_at)}")
+    if c.lease_owner:
+        console.print(f"leased by {c.lease_owner} until {c.lease_expires_at:%H:%M:%S}")
+    if c.last_failure_reason:
+        console.print(f"last failure: {c.last_failure_reason}")
+    if detail.attempts:
+        table = Table("#", "worker", "outcome", "verdict", "fingerprint", "candidate", title="attempts")
+        for a in detail.attempts:
+            table.add_row(str(a.attempt_no), a.worker, a.outcome, a.verdict or "-",
+                          a.fingerprint or "-", (a.candidate_sha or "-")[:12])
+        console.print(table)
+    if detail.verifications:
+        table = Table("id", "verifier", "status", "reason", title="verifications")
+        for v in detail.verifications:
+            table.add_row(str(v.id), v.verifier, v.status, v.reason or "-")
+        console.print(table)
+    if detail.side_effects:
+        table = Table("id", "kind", "target", "state", "read back", title="side effects")
+        for e in detail.side_effects:
+            table.add_row(str(e.id), e.kind, e.target, e.state, str(e.result or "-"))
+        console.print(table)
+    if detail.observations:
+        table = Table("id", "sensor", "status", "effect", "started", title="observations")
+        for o in detail.observations:
+            table.add_row(str(o.id), o.sensor, o.status, o.effect, _ago(o.started_at))
+        console.print(table)
+
+
+def status(ctx: typer.Context, as_json: bool = JSON_OPTION) -> None:
+    """Campaigns per state and the age of the oldest ready one."""
+    async def go() -> tuple[dict[str, int], datetime | None]:
+        async with state(ctx).database().session("reader") as s:
+            kernel = Kernel(s)
+            return await kernel.state_counts(), await kernel.oldest_ready()
+    counts, oldest = run(go())
+    if as_json:
+        emit_json({"states": counts, "oldest_ready": oldest})
+        return
+    table = Table("state", "campaigns")
+    for name, n in counts.items():
+        table.add_row(name, str(n))
+    console.print(table)
+    console.print(f"oldest ready: {_ago(oldest)}")
+
+
+def abandon(
+    ctx: typer.Context,
+    campaign_ids: list[int] = typer.Argument(..., help="Campaign ids."),
+    reason: str = typer.Option("abandoned by operator", help="Why (kept in the journal)."),
+) -> None:
+    """Stop campaigns for good; a worker holding one is fenced out and told to stop."""
+    async def go() -> None:
+        async with state(ctx).database().session("operator") as s:
+            kernel = Kernel(s)
+            for cid in campaign_ids:
+                generation = await kernel.abandon(cid, reason, operator_identity())
+                console_err.print(f"campaign {cid} abandoned (generation {generation})")
+    run(go())
+
+
+def reopen(
+    ctx: typer.Context,
+    campaign_ids: list[int] = typer.Argument(..., help="Campaign ids."),
+    extra_attempts: int = typer.Option(None, min=1, help="Attempts to add (default: the class's)."),
+) -> None:
+    """Give exhausted campaigns more attempts."""
+    async def go() -> None:
+        async with state(ctx).database().session("operator") as s:
+            kernel = Kernel(s)
+            for cid in campaign_ids:
+                await kernel.reopen(cid, operator_identity(), extra_attempts)
+                console_err.print(f"campaign {cid} reopened")
+    run(go())

@@ -1,0 +1,75 @@
+"""The command line, run as a user runs it: a subprocess, real exit codes."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from conftest import TEST_PREFIX
+
+pytestmark = pytest.mark.anyio
+
+
+def ledger(db_url: str, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "LEDGER_DATABASE_URL": db_url, "LEDGER_ROLE_PREFIX": TEST_PREFIX,
+           "NO_COLOR": "1", "COLUMNS": "200"}
+    proc = subprocess.run([sys.executable, "-m", "ledger", *args], env=env, capture_output=True,
+                          text=True, timeout=60)
+    if check:
+        assert proc.returncode == 0, proc.stderr
+    return proc
+
+
+async def test_open_show_list_abandon(db_url: str, test_class: str) -> None:
+    opened = json.loads(ledger(db_url, "open", test_class, "obj-1", "repo-1", "--json").stdout)
+    assert opened["created"] is True
+    again = json.loads(ledger(db_url, "open", test_class, "obj-1", "repo-1", "--json").stdout)
+    assert again == {**opened, "created": False}
+    cid = str(opened["campaign_id"])
+
+    shown = json.loads(ledger(db_url, "show", cid, "--json").stdout)
+    assert shown["campaign"]["state"] == "ready" and shown["attempts"] == []
+    listed = json.loads(ledger(db_url, "list", "--state", "ready", "--json").stdout)
+    assert [c["id"] for c in listed] == [opened["campaign_id"]]
+
+    done = ledger(db_url, "abandon", cid, "--reason", "testing")
+    assert "abandoned" in done.stderr and done.stdout == ""
+    assert json.loads(ledger(db_url, "show", cid, "--json").stdout)["campaign"]["state"] == "abandoned"
+    status = json.loads(ledger(db_url, "status", "--json").stdout)
+    assert status["states"]["abandoned"] == 1 and status["states"]["ready"] == 0
+
+
+async def test_errors_are_one_line_and_a_nonzero_exit(db_url: str, test_class: str) -> None:
+    missing = ledger(db_url, "show", "424242", check=False)
+    assert missing.returncode == 6
+    assert missing.stderr.strip() == "ledger: campaign 424242 does not exist"
+    cid = json.loads(ledger(db_url, "open", test_class, "o", "t", "--json").stdout)["campaign_id"]
+    ledger(db_url, "abandon", str(cid))
+    twice = ledger(db_url, "abandon", str(cid), check=False)
+    assert twice.returncode == 4 and len(twice.stderr.strip().splitlines()) == 1
+    assert "terminal" in twice.stderr
+    bad = ledger(db_url, "reopen", "not-a-number", check=False)
+    assert bad.returncode == 2
+    unknown = ledger(db_url, "open", "no-such-class", "o2", "t", check=False)
+    assert unknown.returncode == 6 and "not registered" in unknown.stderr
+
+
+def test_unreachable_database_fails_fast() -> None:
+    proc = ledger("host=127.0.0.1 port=1 user=nobody dbname=none connect_timeout=2", "list",
+                  check=False)
+    assert proc.returncode == 69
+    assert proc.stderr.startswith("ledger: cannot connect to the database")
+    assert len(proc.stderr.strip().splitlines()) == 1
+
+
+def test_migrate_is_idempotent_and_graph_draws(db_url: str, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    assert "already at" in ledger(db_url, "migrate").stderr
+    out = tmp_path / "states.svg"
+    ledger(db_url, "graph", "-o", str(out))
+    assert out.read_text().startswith("<svg") and ">abandoned</text>" in out.read_text()
+    mermaid = ledger(db_url, "graph", "--format", "mermaid", "-o", "-").stdout
+    assert "ready --> leased: claim" in mermaid
