@@ -1,0 +1,212 @@
+"""``ledger.toml``: campaign classes (and sensors), validated with clear errors.
+
+A class says how a worker attempts a campaign (repository, base ref, attempt
+command, timeouts, backoff, lease and heartbeat), how a verifier judges it
+(acceptance commands, verifier kind) and what each role may touch (authority
+profile). The parts the kernel must judge (attempt budget, lease, backoff,
+authority, promotion target) are registered in the database by
+``ledger classes sync``; the rest stays in the file the runtimes read.
+
+Example::
+
+    [classes.fix-tests]
+    repository = "/srv/repos/app"
+    base_ref = "main"
+    attempt_command = ["my-agent", "fix", "--objective-file", "{campaign_file}"]
+    attempt_timeout_s = 900
+    max_attempts = 3
+    lease_s = 60
+    heartbeat_s = 10
+    backoff = { base_s = 30, factor = 2, cap_s = 1800, jitter = 0.2 }
+    seat = "target"
+    acceptance = { commands = [["python", "-m", "pytest", "-q"]], timeout_s = 600 }
+    verifier = "pytest"
+    promote_to = "refs/heads/main"
+    authority.worker = { refs = ["refs/heads/ledger/*"] }
+    authority.dispatcher = { refs = ["refs/heads/main"] }
+"""
+
+from __future__ import annotations
+
+import re
+import tomllib
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from .errors import ConfigError
+
+NAME = r"^[a-z0-9][a-z0-9_.-]{0,62}$"
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Backoff(_Strict):
+    """Delay before retrying after the n-th failure: base * factor^(n-1), capped, +/- jitter."""
+
+    base_s: float = Field(5.0, ge=0)
+    factor: float = Field(2.0, ge=1)
+    cap_s: float = Field(600.0, ge=0)
+    jitter: float = Field(0.1, ge=0, le=1)
+
+
+class Acceptance(_Strict):
+    """What the verifier runs on a clean checkout of the candidate."""
+
+    commands: list[list[str]] = Field(default_factory=list)
+    timeout_s: float = Field(600.0, gt=0)
+
+    @field_validator("commands")
+    @classmethod
+    def _argv(cls, value: list[list[str]]) -> list[list[str]]:
+        for argv in value:
+            if not argv or not argv[0]:
+                raise ValueError("each acceptance command is a non-empty argv list")
+        return value
+
+
+class RoleAuthority(_Strict):
+    """What one role may touch: git refs and HTTP hosts (glob patterns, '*' = anything)."""
+
+    refs: list[str] = Field(default_factory=list)
+    hosts: list[str] = Field(default_factory=list)
+
+
+class CampaignClassConfig(_Strict):
+    """One campaign class."""
+
+    name: str = Field(pattern=NAME)
+    repository: str = Field(min_length=1, description="local path or URL of the git repository")
+    base_ref: str = "main"
+    attempt_command: list[str] = Field(min_length=1)
+    attempt_timeout_s: float = Field(600.0, gt=0)
+    max_attempts: int = Field(3, ge=1, le=1000)
+    backoff: Backoff = Field(default_factory=Backoff)
+    lease_s: float = Field(60.0, gt=0)
+    heartbeat_s: float = Field(10.0, gt=0)
+    seat: Literal["none", "target"] = "none"
+    acceptance: Acceptance = Field(default_factory=Acceptance)
+    verifier: str = Field("command", pattern=r"^[a-z][a-z0-9_]*$")
+    promote_to: str | None = Field(None, description="ref a verified candidate is promoted onto")
+    authority: dict[Literal["worker", "dispatcher"], RoleAuthority] = Field(default_factory=dict)
+    log_limit_bytes: int = Field(256 * 1024, ge=1024)
+
+    @model_validator(mode="after")
+    def _heartbeat_within_lease(self) -> CampaignClassConfig:
+        if self.heartbeat_s >= self.lease_s:
+            raise ValueError(f"heartbeat_s ({self.heartbeat_s}) must be shorter than lease_s "
+                             f"({self.lease_s}), or every lease lapses between heartbeats")
+        if self.promote_to and not self.promote_to.startswith("refs/"):
+            raise ValueError("promote_to must be a full ref name such as refs/heads/main")
+        return self
+
+    def registration(self) -> dict[str, Any]:
+        """Keyword arguments for ``Kernel.register_class``: what the kernel judges."""
+        authority = {role: profile.model_dump() for role, profile in self.authority.items()}
+        promotion = ({"ref": self.promote_to, "repository": self.repository}
+                     if self.promote_to else {})
+        if self.promote_to:
+            # The dispatcher may always move the class's own promotion target.
+            dispatcher = authority.setdefault("dispatcher", {"refs": [], "hosts": []})
+            if not any(_glob_match(p, self.promote_to) for p in dispatcher["refs"]):
+                dispatcher["refs"] = [*dispatcher["refs"], self.promote_to]
+        return {
+            "max_attempts": self.max_attempts,
+            "lease_seconds": self.lease_s,
+            "backoff_base_s": self.backoff.base_s,
+            "backoff_factor": self.backoff.factor,
+            "backoff_cap_s": self.backoff.cap_s,
+            "backoff_jitter": self.backoff.jitter,
+            "seat_policy": self.seat,
+            "authority": authority,
+            "acceptance": self.acceptance.model_dump(),
+            "promotion": promotion,
+            "verifier": self.verifier,
+        }
+
+
+def _glob_match(pattern: str, value: str) -> bool:
+    return re.fullmatch(".*".join(re.escape(part) for part in pattern.split("*")), value) is not None
+
+
+class SensorConfig(_Strict):
+    """A scheduled observation of a target (see ``ledger.sensors``)."""
+
+    name: str = Field(pattern=NAME)
+    target: str = Field(min_length=1)
+    every_s: float | None = Field(None, gt=0, description="interval schedule")
+    cron: str | None = Field(None, description="cron schedule (5 fields)")
+    command: list[str] | None = Field(None, min_length=1)
+    url: str | None = None
+    expect_status: int = 200
+    timeout_s: float = Field(300.0, gt=0)
+    cwd: str | None = None
+    objective: str = Field("{sensor}:{target}", description="objective key template")
+    campaign_class: str = Field(pattern=NAME, alias="class")
+
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+
+    @model_validator(mode="after")
+    def _one_schedule_one_check(self) -> SensorConfig:
+        if (self.every_s is None) == (self.cron is None):
+            raise ValueError("give exactly one of every_s or cron")
+        if (self.command is None) == (self.url is None):
+            raise ValueError("give exactly one check: command or url")
+        return self
+
+    def objective_key(self) -> str:
+        """The objective key this sensor watches."""
+        return self.objective.format(sensor=self.name, target=self.target)
+
+
+class LedgerConfig(_Strict):
+    """The whole file."""
+
+    classes: dict[str, CampaignClassConfig] = Field(default_factory=dict)
+    sensors: dict[str, SensorConfig] = Field(default_factory=dict)
+
+    def campaign_class(self, name: str) -> CampaignClassConfig:
+        """A class by name, or ``ConfigError``."""
+        try:
+            return self.classes[name]
+        except KeyError:
+            known = ", ".join(sorted(self.classes)) or "none"
+            raise ConfigError(f"campaign class {name!r} is not in the config (known: {known})") from None
+
+
+def parse_config(data: dict[str, Any], source: str = "config") -> LedgerConfig:
+    """Validate a config mapping; names come from the table keys."""
+    try:
+        raw_classes = data.get("classes", {})
+        raw_sensors = data.get("sensors", {})
+        if not isinstance(raw_classes, dict) or not isinstance(raw_sensors, dict):
+            raise ConfigError(f"{source}: [classes] and [sensors] must be tables")
+        unknown = set(data) - {"classes", "sensors"}
+        if unknown:
+            raise ConfigError(f"{source}: unknown top-level keys: {', '.join(sorted(unknown))}")
+        return LedgerConfig(
+            classes={name: CampaignClassConfig(name=name, **body) for name, body in raw_classes.items()},
+            sensors={name: SensorConfig(name=name, **body) for name, body in raw_sensors.items()},
+        )
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"])
+        raise ConfigError(f"{source}: {where}: {first['msg']}"
+                          + (f" (and {exc.error_count() - 1} more)" if exc.error_count() > 1 else "")
+                          ) from exc
+    except TypeError as exc:
+        raise ConfigError(f"{source}: {exc}") from exc
+
+
+def load_config(path: Path) -> LedgerConfig:
+    """Read and validate ``ledger.toml``."""
+    try:
+        data = tomllib.loads(path.read_text())
+    except FileNotFoundError:
+        raise ConfigError(f"config file {path} not found (set LEDGER_CONFIG or --config)") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{path}: not valid TOML: {exc}") from exc
+    return parse_config(data, str(path))

@@ -1,0 +1,55 @@
+"""The one shape of every maintenance loop (reaper, trimmer, sensor ticks ...):
+a validated config, a ``run_once`` step that tests call directly, and a ``run``
+loop that repeats it until stopped, surviving errors with backoff."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from abc import ABC, abstractmethod
+
+from .errors import LedgerError
+from .logs import get_logger
+
+
+class Loop(ABC):
+    """Subclasses set ``name`` and implement ``run_once``."""
+
+    name: str = "loop"
+
+    def __init__(self, interval_s: float, *, jitter: float = 0.1):
+        if interval_s <= 0:
+            raise ValueError(f"{self.name}: interval must be positive, not {interval_s}")
+        self.interval_s = interval_s
+        self.jitter = jitter
+        self.log = get_logger(self.name)
+        self.runs = 0
+        self.failures = 0
+
+    @abstractmethod
+    async def run_once(self) -> int:
+        """One pass; returns how much work it did (for logs and tests)."""
+
+    def _pause(self) -> float:
+        return self.interval_s * (1 + self.jitter * (2 * random.random() - 1))
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Repeat ``run_once`` every interval until ``stop`` is set. A failing
+        pass is logged and retried with growing delay; it never ends the loop."""
+        delay = self._pause()
+        while not stop.is_set():
+            try:
+                done = await self.run_once()
+                self.runs += 1
+                self.failures = 0
+                if done:
+                    self.log.info(f"{self.name} pass", work=done)
+                delay = self._pause()
+            except (LedgerError, OSError) as exc:
+                self.failures += 1
+                delay = min(self.interval_s * 2 ** self.failures, 60.0)
+                self.log.warning(f"{self.name} pass failed", error=str(exc), retry_in_s=round(delay, 2))
+            try:
+                await asyncio.wait_for(stop.wait(), timeout=delay)
+            except TimeoutError:
+                pass
