@@ -105,3 +105,22 @@ async def wait_for_lock_waiters(db, application: str, count: int = 1, timeout_s:
         raise AssertionError(f"{count} backend(s) of {application} never blocked on a lock")
     finally:
         await conn.close()
+
+
+async def eventually(check, *, timeout: float = 15.0, interval: float = 0.05, what: str = "a condition") -> None:  # type: ignore[no-untyped-def]
+    """Await until ``check()`` (sync or async) is true: waiting on a condition,
+    polled, instead of sleeping for a guessed time."""
+    import asyncio
+    import inspect
+
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while True:
+        result = check()
+        if inspect.isawaitable(result):
+            result = await result
+        if result:
+            return
+        if loop.time() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        await asyncio.sleep(interval)

@@ -8,7 +8,7 @@ import sys
 import typer
 
 from ..errors import LedgerError
-from . import campaigns, demo, schema
+from . import campaigns, classes, demo, runtime, schema
 from .context import State, console_err
 
 app = typer.Typer(
@@ -41,6 +41,8 @@ def _global(
 schema.register(app)
 campaigns.register(app)
 demo.register(app)
+runtime.register(app)
+classes.register(app)
 
 
 def main() -> None:

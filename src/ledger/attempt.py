@@ -1,0 +1,333 @@
+"""One attempt (mechanisms 3, 4, 8, 12): a fresh git worktree, the class's
+attempt command run there as a subprocess, a lease kept alive by heartbeats,
+and exactly one ending written -- or nothing at all when the lease was lost.
+
+The lease keeper heartbeats every ``heartbeat_s`` and at once when the hub says
+the campaign was cancelled; a stale answer (reaped, abandoned) means *stand
+down*: the command's whole process group is killed, the worktree discarded, and
+nothing more is written for this attempt. The worktree is always removed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ctypes
+import json
+import os
+import shutil
+import signal
+import socket
+import tempfile
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from . import bundle as bundles
+from . import repository
+from .config import CampaignClassConfig
+from .errors import LedgerError, RepeatedApproach, StaleLease
+from .hub import NullHub, WakeSource
+from .journal import JournalWriter
+from .kernel import Kernel
+from .logs import get_logger
+from .models import Claim
+from .repository import Repository
+
+#: Environment variables an attempt command must not inherit: it gets the
+#: campaign, never the database.
+_SECRET_PREFIXES = ("PG", "LEDGER_")
+_LOG_TAIL = 16 * 1024
+OWNER_FILE = "owner.json"
+
+
+try:  # resolved here, in the parent: the forked child must not load libraries
+    _prctl = ctypes.CDLL(None, use_errno=True).prctl
+except (OSError, AttributeError):  # not Linux
+    _prctl = None
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent() -> None:
+    # Linux: if the worker dies (even by SIGKILL), its attempt command gets
+    # SIGKILL too instead of running on as an orphan.
+    if _prctl is not None:
+        _prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
+def make_workdir(data_dir: Path, claim: Claim, repository_location: str) -> Path:
+    """A private directory for one attempt, with an owner record so that a
+    worker killed mid-attempt has its worktree swept by the next one."""
+    root = data_dir / "attempts"
+    root.mkdir(parents=True, exist_ok=True)
+    workdir = Path(tempfile.mkdtemp(prefix=f"{claim.campaign_id}-{claim.attempt_no}-", dir=root))
+    (workdir / OWNER_FILE).write_text(json.dumps({
+        "pid": os.getpid(), "host": socket.gethostname(), "repository": repository_location}))
+    return workdir
+
+
+def sweep_orphans(data_dir: Path) -> int:
+    """Remove the workdirs (and worktrees) of dead workers on this host."""
+    removed = 0
+    for workdir in sorted((data_dir / "attempts").glob("*")):
+        try:
+            owner = json.loads((workdir / OWNER_FILE).read_text())
+        except (OSError, ValueError):
+            continue
+        if owner.get("host") != socket.gethostname() or _alive(int(owner.get("pid", 0))):
+            continue
+        Repository(owner["repository"], cache_dir=data_dir / "repos").remove_worktree(workdir / "worktree")
+        shutil.rmtree(workdir, ignore_errors=True)
+        removed += 1
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return pid > 0
+
+
+class StoodDown(Exception):
+    """The lease is gone; this attempt writes nothing more."""
+
+
+class AttemptRun:
+    """Runs one claimed attempt to its single ending."""
+
+    def __init__(self, kernel: Kernel, claim: Claim, cls: CampaignClassConfig, *, identity: str,
+                 data_dir: Path, hub: WakeSource | None = None):
+        self.kernel = kernel
+        self.claim = claim
+        self.cls = cls
+        self.identity = identity
+        self.data_dir = data_dir
+        self.hub = hub or NullHub()
+        self.log = get_logger("attempt", campaign=claim.campaign_id, attempt=claim.attempt_no,
+                              generation=claim.generation, worker=identity)
+        self.journal = JournalWriter(kernel, claim.campaign_id, claim.generation,
+                                     limit_bytes=cls.log_limit_bytes)
+        self.stood_down = asyncio.Event()
+        self.proc: asyncio.subprocess.Process | None = None
+        self.outcome = "running"
+        self.ending = False  # the single ending is being written: a stale heartbeat is expected
+        self.drained = False
+        self.workdir: Path | None = None
+        self._log_tail = bytearray()
+
+    # -- lease --------------------------------------------------------------
+
+    async def _keep_lease(self) -> None:
+        """Heartbeat every heartbeat_s, and at once on a cancel signal."""
+        with self.hub.subscribe("ledger_cancel", key=str(self.claim.campaign_id)) as cancel:
+            while not self.stood_down.is_set():
+                await cancel.wait(self.cls.heartbeat_s)
+                try:
+                    await self.kernel.heartbeat(self.claim.campaign_id, self.claim.generation)
+                except StaleLease:
+                    if self.ending:
+                        return
+                    self.log.warning("lease lost (reaped or abandoned): standing down")
+                    self._stand_down()
+                    return
+                except LedgerError as exc:  # database unreachable: keep trying
+                    self.log.warning("heartbeat failed", error=exc.message)
+
+    def _stand_down(self) -> None:
+        self.stood_down.set()
+        self._kill()
+
+    def _kill(self) -> None:
+        if self.proc is not None and self.proc.returncode is None:
+            try:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+    # -- the attempt --------------------------------------------------------
+
+    async def run(self) -> str:
+        """Run the attempt; returns its outcome (attempted, failed, stood_down, drained)."""
+        keeper = asyncio.create_task(self._keep_lease(), name=f"lease-{self.claim.campaign_id}")
+        self.workdir = make_workdir(self.data_dir, self.claim, self.cls.repository)
+        worktree = self.workdir / "worktree"
+        repo = Repository(self.cls.repository, cache_dir=self.data_dir / "repos")
+        try:
+            self.outcome = await self._attempt(repo, worktree)
+        except (StoodDown, StaleLease):
+            self.outcome = "drained" if self.drained else "stood_down"
+        except asyncio.CancelledError:
+            self._kill()
+            raise
+        finally:
+            keeper.cancel()
+            self._kill()
+            await asyncio.to_thread(repo.remove_worktree, worktree)
+            shutil.rmtree(self.workdir, ignore_errors=True)
+        self.log.info("attempt ended", outcome=self.outcome)
+        return self.outcome
+
+    def _check(self) -> None:
+        if self.stood_down.is_set() or self.journal.fenced:
+            raise StoodDown
+
+    async def _attempt(self, repo: Repository, worktree: Path) -> str:
+        c = self.claim
+        branch = f"ledger/{c.campaign_id}/{c.attempt_no}"
+        try:
+            base = await asyncio.to_thread(repo.add_worktree, worktree, self.cls.base_ref, branch)
+        except repository.GitError as exc:
+            self._check()
+            return await self._fail(f"could not prepare the worktree: {exc.message}", None)
+        await self.journal.event("attempt.started", {"attempt_no": c.attempt_no, "worker": self.identity,
+                                                     "base_sha": base, "branch": branch})
+        context = await self._context(base, worktree)
+        context_file = self.workdir / "campaign.json"  # type: ignore[operator]
+        context_file.write_text(json.dumps(context, indent=2, default=str))
+
+        exit_code, reason = await self._run_command(worktree, context_file, context)
+        self._check()
+        changed = await asyncio.to_thread(
+            repository.commit_all, worktree,
+            f"ledger: campaign {c.campaign_id} attempt {c.attempt_no}\n\n{c.objective_key}")
+        candidate = await asyncio.to_thread(repository.head, worktree)
+        diff = b"" if candidate == base else await asyncio.to_thread(repository.diff, worktree, base, candidate)
+        fingerprint = bundles.fingerprint_of(diff) if diff else None
+        if candidate != base:
+            await self.journal.event("commit.made", {"candidate_sha": candidate, "fingerprint": fingerprint,
+                                                     "diff_bytes": len(diff), "committed_changes": changed})
+        self._check()
+        if reason is None and not diff:
+            reason = "the attempt command succeeded but changed nothing"
+        if reason is not None:
+            return await self._fail(reason, fingerprint)
+        return await self._record(base, candidate, diff, fingerprint)  # type: ignore[arg-type]
+
+    async def _context(self, base: str, worktree: Path) -> dict[str, Any]:
+        """What the attempt command is told: the campaign and what failed before."""
+        c = self.claim
+        detail = await self.kernel.campaign_detail(c.campaign_id)
+        reasons = {v.attempt_id: v.reason for v in detail.verifications if v.status == "rejected"}
+        previous = [{"attempt_no": a.attempt_no, "outcome": a.outcome, "verdict": a.verdict,
+                     "failure_reason": a.failure_reason or reasons.get(a.id),
+                     "fingerprint": a.fingerprint}
+                    for a in detail.attempts if a.attempt_no != c.attempt_no]
+        return {
+            "campaign_id": c.campaign_id, "attempt_no": c.attempt_no, "generation": c.generation,
+            "class": c.class_, "objective_key": c.objective_key, "target": c.target,
+            "desired_state": c.desired_state, "opening_observation": c.opening_observation,
+            "acceptance": self.cls.acceptance.model_dump(), "base_ref": self.cls.base_ref,
+            "base_sha": base, "worktree": str(worktree), "previous_attempts": previous,
+            "refused_fingerprints": sorted({a["fingerprint"] for a in previous if a["fingerprint"]
+                                            and (a["outcome"] == "failed" or a["verdict"] == "rejected")}),
+        }
+
+    async def _run_command(self, worktree: Path, context_file: Path,
+                           context: dict[str, Any]) -> tuple[int | None, str | None]:
+        """Run the attempt command; returns (exit code, failure reason or None)."""
+        c = self.claim
+        values = {"campaign_file": str(context_file), "worktree": str(worktree),
+                  "campaign_id": str(c.campaign_id), "attempt_no": str(c.attempt_no)}
+        argv = [arg.format(**values) for arg in self.cls.attempt_command]
+        env = {k: v for k, v in os.environ.items() if not k.startswith(_SECRET_PREFIXES)}
+        env.update(LEDGER_CAMPAIGN_FILE=str(context_file), LEDGER_CAMPAIGN_ID=str(c.campaign_id),
+                   LEDGER_ATTEMPT_NO=str(c.attempt_no), LEDGER_WORKTREE=str(worktree),
+                   LEDGER_OBJECTIVE=c.objective_key)
+        started = time.monotonic()
+        try:
+            self.proc = await asyncio.create_subprocess_exec(
+                *argv, cwd=worktree, env=env, stdin=asyncio.subprocess.PIPE,
+                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
+                start_new_session=True, preexec_fn=_die_with_parent)
+        except OSError as exc:
+            return None, f"could not start the attempt command {argv[0]!r}: {exc.strerror}"
+        await self.journal.event("command.started", {"argv": argv, "pid": self.proc.pid})
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        try:
+            self.proc.stdin.write(json.dumps(context, default=str).encode())
+            await self.proc.stdin.drain()
+        except (BrokenPipeError, ConnectionResetError):
+            pass  # the command does not read stdin
+        self.proc.stdin.close()
+
+        timed_out = False
+        try:
+            await asyncio.wait_for(self._pump(self.proc.stdout), self.cls.attempt_timeout_s)
+            await self.proc.wait()
+        except TimeoutError:
+            timed_out = True
+            self._kill()
+            await self.proc.wait()
+        duration = round(time.monotonic() - started, 3)
+        self._check()
+        code = self.proc.returncode
+        await self.journal.event("command.exited", {"exit_code": code, "duration_s": duration,
+                                                    "timed_out": timed_out})
+        if timed_out:
+            return code, f"the attempt command timed out after {self.cls.attempt_timeout_s:g}s"
+        if code != 0:
+            tail = self._log_tail.decode(errors="replace").strip().splitlines()[-3:]
+            return code, f"the attempt command exited with {code}" + (f": {' | '.join(tail)}" if tail else "")
+        return code, None
+
+    async def _pump(self, stream: asyncio.StreamReader) -> None:
+        while chunk := await stream.read(65536):
+            self._log_tail += chunk
+            del self._log_tail[:-_LOG_TAIL]
+            self.journal.output(chunk)
+
+    # -- endings ------------------------------------------------------------
+
+    async def _fail(self, reason: str, fingerprint: str | None) -> str:
+        self.log.info("attempt failed", reason=reason)
+        await self.journal.close()
+        self._check()
+        self.ending = True
+        await self.kernel.fail_attempt(self.claim.campaign_id, self.claim.generation, reason,
+                                       fingerprint=fingerprint)
+        return "failed"
+
+    async def _record(self, base: str, candidate: str, diff: bytes, fingerprint: str) -> str:
+        c = self.claim
+        frozen = bundles.Bundle(
+            campaign_id=c.campaign_id, attempt_no=c.attempt_no, generation=c.generation,
+            worker=self.identity, **{"class": c.class_}, objective_key=c.objective_key,
+            target=c.target, repository=str(self.cls.repository), base_ref=self.cls.base_ref,
+            base_sha=base, candidate_sha=candidate, fingerprint=fingerprint,
+            acceptance=self.cls.acceptance.model_dump(), verifier=self.cls.verifier,
+            created_at=datetime.now(timezone.utc))
+        campaign_dir = bundles.evidence_dir(self.data_dir, c.campaign_id)
+        _, digest = bundles.freeze(frozen, diff, campaign_dir)
+        await self.journal.close()
+        self._check()
+        self.ending = True
+        try:
+            await self.kernel.record_attempt(
+                c.campaign_id, c.generation, base_sha=base, candidate_sha=candidate,
+                fingerprint=fingerprint, bundle=frozen.model_dump(mode="json", by_alias=True),
+                bundle_digest=digest, evidence_location=str(campaign_dir),
+                log_tail=self._log_tail.decode(errors="replace"))
+        except RepeatedApproach as exc:
+            self.ending = False
+            return await self._fail(f"the next attempt must differ: {exc.message}", fingerprint)
+        self.log.info("attempt recorded", candidate=candidate, fingerprint=fingerprint)
+        return "attempted"
+
+    async def drain(self) -> None:
+        """Stop now (shutdown past the drain budget): kill the command and hand
+        the campaign back as ready, fenced, without using up an attempt."""
+        self._kill()
+        if self.stood_down.is_set() or self.ending:
+            return
+        self.drained = True
+        self.stood_down.set()
+        try:
+            await self.kernel.fail_attempt(self.claim.campaign_id, self.claim.generation,
+                                           "drained: the worker shut down", drained=True)
+            self.outcome = "drained"
+        except StaleLease:
+            self.outcome = "stood_down"

@@ -1,0 +1,53 @@
+"""``ledger classes``: register the classes of ledger.toml in the database."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+from rich.table import Table
+
+from ..config import load_config
+from ..kernel import Kernel
+from .context import console, console_err, emit_json, run, state
+from .runtime import CONFIG_OPTION, config_path
+
+classes_app = typer.Typer(help="Campaign classes: what the kernel knows of them.", no_args_is_help=True)
+
+
+def register(app: typer.Typer) -> None:
+    """Add ``ledger classes ...`` to ``app``."""
+    app.add_typer(classes_app, name="classes")
+
+
+@classes_app.command("sync")
+def sync(ctx: typer.Context, config: Path = CONFIG_OPTION) -> None:
+    """Register (or update) every class of the config file, as the operator role."""
+    cfg = load_config(config_path(ctx, config))
+
+    async def go() -> None:
+        async with state(ctx).database().session("operator") as s:
+            kernel = Kernel(s)
+            for name, cls in sorted(cfg.classes.items()):
+                await kernel.register_class(name, **cls.registration())
+                console_err.print(f"registered class {name}")
+
+    run(go())
+
+
+@classes_app.command("list")
+def list_(ctx: typer.Context, as_json: bool = typer.Option(False, "--json", help="Print JSON.")) -> None:
+    """The classes registered in the database."""
+    async def go():  # type: ignore[no-untyped-def]
+        async with state(ctx).database().session("reader") as s:
+            return await Kernel(s).classes()
+
+    rows = run(go())
+    if as_json:
+        emit_json(rows)
+        return
+    table = Table("class", "max attempts", "lease s", "seat", "verifier", "promotes to")
+    for c in rows:
+        table.add_row(c.name, str(c.max_attempts), f"{c.lease_seconds:g}", c.seat_policy, c.verifier,
+                      c.promotion.get("ref", "-"))
+    console.print(table)

@@ -1,0 +1,67 @@
+"""Long-running processes: ``ledger worker`` (more join it as they land)."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+from pathlib import Path
+
+import typer
+
+from .. import logs
+from ..config import load_config
+from ..worker import Worker, WorkerOptions
+from .context import run, state
+
+CONFIG_OPTION = typer.Option(None, "--config", envvar="LEDGER_CONFIG", show_envvar=True,
+                             help="Campaign classes and sensors (default ./ledger.toml).")
+LOG_OPTION = typer.Option("info", "--log-level", envvar="LEDGER_LOG_LEVEL", show_envvar=True,
+                          help="debug, info, warning or error.")
+
+
+def register(app: typer.Typer) -> None:
+    """Add the runtime commands to ``app``."""
+    app.command("worker")(worker)
+
+
+def config_path(ctx: typer.Context, option: Path | None) -> Path:
+    """The config file: the option, else LEDGER_CONFIG, else ./ledger.toml."""
+    return option or state(ctx).settings.config
+
+
+def until_signalled(stop) -> None:  # type: ignore[no-untyped-def]
+    """Call ``stop()`` on SIGTERM or SIGINT (the first starts a graceful stop)."""
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop)
+
+
+def worker(
+    ctx: typer.Context,
+    config: Path = CONFIG_OPTION,
+    concurrency: int = typer.Option(1, "--concurrency", "-c", min=1, envvar="LEDGER_CONCURRENCY",
+                                    show_envvar=True, help="Attempts in flight at once."),
+    class_: list[str] = typer.Option([], "--class", help="Serve only these classes (repeatable)."),
+    poll: float = typer.Option(5.0, "--poll", min=0.01, envvar="LEDGER_POLL_S", show_envvar=True,
+                               help="Seconds between claim polls when nothing wakes the worker."),
+    drain_timeout: float = typer.Option(30.0, "--drain-timeout", min=0, envvar="LEDGER_DRAIN_TIMEOUT_S",
+                                        show_envvar=True,
+                                        help="On SIGTERM, how long in-flight attempts may finish."),
+    grace: float = typer.Option(5.0, "--grace", min=0, envvar="LEDGER_REAPER_GRACE_S", show_envvar=True,
+                                help="Reaper grace past a lease's expiry."),
+    log_level: str = LOG_OPTION,
+) -> None:
+    """Claim campaigns and make one isolated attempt each, until SIGTERM (then drain)."""
+    logs.configure(log_level)
+    st = state(ctx)
+    cfg = load_config(config_path(ctx, config))
+    options = WorkerOptions(data_dir=st.settings.data_dir, concurrency=concurrency,
+                            classes=class_, poll_s=poll, drain_timeout_s=drain_timeout,
+                            reaper_grace_s=grace, reaper_interval_s=max(min(grace, 5.0), 0.2))
+
+    async def go() -> int:
+        w = Worker(st.database(), cfg, options)
+        until_signalled(w.stop)
+        return await w.run()
+
+    raise typer.Exit(run(go()))

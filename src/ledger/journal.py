@@ -1,0 +1,100 @@
+"""A lease holder's journal writer (mechanism 6).
+
+Structural events (attempt started, command started/exited, commit made) are
+written through at once; output is coalesced in memory and flushed at most every
+``flush_s`` (250 ms), so a burst of lines becomes a few rows. Every append is
+fenced by the lease's generation inside the INSERT (``append_events``): once the
+lease is gone, a batch writes nothing -- not even its NOTIFY -- and the writer
+goes quiet for good.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import codecs
+from typing import Any
+
+from .errors import StaleLease
+from .kernel import Kernel
+
+#: Largest output payload in one journal row; longer flushes are split.
+CHUNK_CHARS = 32 * 1024
+
+
+class JournalWriter:
+    """Appends to one campaign's journal for one lease (generation)."""
+
+    def __init__(self, kernel: Kernel, campaign_id: int, generation: int, *,
+                 flush_s: float = 0.25, limit_bytes: int = 256 * 1024):
+        self.kernel = kernel
+        self.campaign_id = campaign_id
+        self.generation = generation
+        self.flush_s = flush_s
+        self.limit_bytes = limit_bytes
+        self.fenced = False
+        self.rows_written = 0
+        self.output_chars = 0
+        self._pending: list[str] = []
+        self._truncated = False
+        self._flusher: asyncio.Task[None] | None = None
+        self._lock = asyncio.Lock()  # one writer at a time keeps seq order = write order
+        self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+
+    async def event(self, type_: str, payload: dict[str, Any] | None = None) -> None:
+        """Write a structural event now (after any output still buffered)."""
+        await self._append([{"type": type_, "payload": payload or {}}], with_output=True)
+
+    def output(self, data: bytes) -> None:
+        """Buffer command output; a flush follows within ``flush_s``."""
+        if self.fenced:
+            return
+        text = self._decoder.decode(data)
+        if not text:
+            return
+        if self.output_chars + len(text) > self.limit_bytes:
+            text = text[: max(self.limit_bytes - self.output_chars, 0)]
+            if not self._truncated:
+                self._truncated = True
+                text += f"\n[ledger: output beyond {self.limit_bytes} bytes not journaled]\n"
+        if not text:
+            return
+        self.output_chars += len(text)
+        self._pending.append(text)
+        if self._flusher is None or self._flusher.done():
+            self._flusher = asyncio.create_task(self._flush_later())
+
+    async def _flush_later(self) -> None:
+        await asyncio.sleep(self.flush_s)  # the coalescing window itself, not a synchronisation
+        await self.flush()
+
+    async def flush(self) -> None:
+        """Write buffered output now."""
+        await self._append([], with_output=True)
+
+    async def close(self) -> None:
+        """Flush what is left; stop the timer."""
+        tail = self._decoder.decode(b"", final=True)
+        if tail:
+            self._pending.append(tail)
+        if self._flusher is not None and not self._flusher.done():
+            self._flusher.cancel()
+        await self.flush()
+
+    def _take_output(self) -> list[dict[str, Any]]:
+        text = "".join(self._pending)
+        self._pending.clear()
+        return [{"type": "output", "delta": True, "payload": {"text": text[i:i + CHUNK_CHARS]}}
+                for i in range(0, len(text), CHUNK_CHARS)]
+
+    async def _append(self, events: list[dict[str, Any]], *, with_output: bool) -> None:
+        async with self._lock:
+            batch = (self._take_output() if with_output else []) + events
+            if self.fenced or not batch:
+                return
+            try:
+                await self.kernel.append_events(self.campaign_id, self.generation, batch)
+                self.rows_written += len(batch)
+            except StaleLease:
+                self.fenced = True
+                self._pending.clear()
+                raise

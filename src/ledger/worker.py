@@ -1,0 +1,183 @@
+"""The worker process (``ledger worker``): claim, attempt, let go.
+
+Read top to bottom: a semaphore bounds concurrent attempts and is acquired
+*before* claiming, so a saturated worker never strands a claimed row; the claim
+loop idles on the hub (``ledger_ready``) with the poll tick as timeout; every
+worker process also runs a reaper, once at boot and then on an interval.
+Shutdown has two phases: stop claiming at once, let in-flight attempts finish
+within the drain budget, then stop the rest and hand their campaigns back.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import secrets
+import socket
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .attempt import AttemptRun, sweep_orphans
+from .config import LedgerConfig
+from .database import Database, Session
+from .errors import ConfigError, LedgerError
+from .hub import NullHub, WakeSource
+from .kernel import Kernel
+from .logs import get_logger
+from .models import Claim
+from .reaper import Reaper
+
+
+def process_identity(role: str) -> str:
+    """``role:host:pid:suffix`` -- unique per process, readable in the journal."""
+    return f"{role}:{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}"
+
+
+@dataclass
+class WorkerOptions:
+    """How one worker process behaves."""
+
+    data_dir: Path
+    concurrency: int = 1
+    classes: list[str] = field(default_factory=list)  # empty: every class in the config
+    poll_s: float = 5.0
+    drain_timeout_s: float = 30.0
+    reaper_grace_s: float = 5.0
+    reaper_interval_s: float = 5.0
+
+    def __post_init__(self) -> None:
+        if self.concurrency < 1:
+            raise ConfigError("concurrency must be at least 1")
+        if self.poll_s <= 0 or self.drain_timeout_s < 0:
+            raise ConfigError("poll must be positive and the drain timeout not negative")
+
+
+class Worker:
+    """One worker process: a claim loop, its attempts and a reaper."""
+
+    def __init__(self, db: Database, config: LedgerConfig, options: WorkerOptions, *,
+                 hub: WakeSource | None = None, identity: str | None = None):
+        self.db = db
+        self.config = config
+        self.options = options
+        self.hub = hub or NullHub()
+        self.identity = identity or process_identity("worker")
+        self.classes = options.classes or sorted(config.classes)
+        for name in self.classes:
+            config.campaign_class(name)  # unknown class: ConfigError now, not at the first claim
+        if not self.classes:
+            raise ConfigError("the config declares no campaign classes to work on")
+        self.slots = asyncio.Semaphore(options.concurrency)
+        self.stopping = asyncio.Event()
+        self.attempts: dict[int, tuple[AttemptRun, asyncio.Task[str]]] = {}
+        self.claimed = 0
+        self.log = get_logger("worker", worker=self.identity)
+
+    def stop(self) -> None:
+        """Begin shutdown: claim nothing more (signal handlers call this)."""
+        if not self.stopping.is_set():
+            self.log.info("stopping: no new claims; draining", in_flight=len(self.attempts))
+            self.stopping.set()
+
+    async def run(self) -> int:
+        """Work until ``stop()``; returns the exit code (0 on a clean drain)."""
+        work = await self.db.session("worker", max_size=self.options.concurrency + 2).open()
+        reap = await self.db.session("reaper", max_size=1).open()
+        try:
+            await self._check_registered(Kernel(work))
+            reaper = Reaper(Kernel(reap), grace_s=self.options.reaper_grace_s,
+                            interval_s=self.options.reaper_interval_s)
+            await reaper.run_once()  # the reconciler: leases lost while nobody was running
+            swept = await asyncio.to_thread(sweep_orphans, self.options.data_dir)
+            if swept:
+                self.log.info("removed worktrees of dead workers", count=swept)
+            self.log.info("worker started", classes=self.classes,
+                          concurrency=self.options.concurrency)
+            reaper_task = asyncio.create_task(reaper.run(self.stopping), name="reaper")
+            await self._claim_loop(Kernel(work))
+            await self._drain()
+            await reaper_task
+            return 0
+        finally:
+            await work.close()
+            await reap.close()
+
+    async def _check_registered(self, kernel: Kernel) -> None:
+        registered = {c.name for c in await kernel.classes()}
+        missing = [name for name in self.classes if name not in registered]
+        if missing:
+            raise ConfigError(f"campaign class(es) {', '.join(missing)} not registered in the "
+                              "database; run: ledger classes sync")
+
+    async def _claim_loop(self, kernel: Kernel) -> None:
+        while await self._acquire_slot():
+            # Subscribe before reading: a campaign opened between the claim
+            # and the wait still wakes us.
+            with self.hub.subscribe("ledger_ready") as ready:
+                try:
+                    claim = await kernel.claim_campaign(self.identity, self.classes)
+                except LedgerError as exc:
+                    claim = None
+                    self.log.warning("claim failed", error=exc.message)
+                if claim is None:
+                    self.slots.release()
+                    await self._idle(ready.wait(self.options.poll_s))
+                    continue
+            self.claimed += 1
+            self._start(kernel, claim)
+
+    async def _acquire_slot(self) -> bool:
+        """Wait for a free slot; ``False`` (holding none) once stopping began."""
+        acquire = asyncio.create_task(self.slots.acquire())
+        stopping = asyncio.create_task(self.stopping.wait())
+        await asyncio.wait({acquire, stopping}, return_when=asyncio.FIRST_COMPLETED)
+        stopping.cancel()
+        acquire.cancel()
+        try:
+            await acquire
+        except asyncio.CancelledError:
+            return False  # still waiting when stopping began: no slot held
+        if self.stopping.is_set():
+            self.slots.release()
+            return False
+        return True
+
+    async def _idle(self, wake: object) -> None:
+        waiter = asyncio.ensure_future(wake)  # type: ignore[arg-type]
+        stopping = asyncio.create_task(self.stopping.wait())
+        await asyncio.wait({waiter, stopping}, return_when=asyncio.FIRST_COMPLETED)
+        for task in (waiter, stopping):
+            task.cancel()
+
+    def _start(self, kernel: Kernel, claim: Claim) -> None:
+        cls = self.config.campaign_class(claim.class_)
+        run = AttemptRun(kernel, claim, cls, identity=self.identity,
+                         data_dir=self.options.data_dir, hub=self.hub)
+        task = asyncio.create_task(run.run(), name=f"attempt-{claim.campaign_id}-{claim.attempt_no}")
+        self.attempts[claim.campaign_id] = (run, task)
+        self.log.info("claimed", campaign=claim.campaign_id, attempt=claim.attempt_no,
+                      generation=claim.generation)
+
+        def finished(t: asyncio.Task[str]) -> None:
+            self.attempts.pop(claim.campaign_id, None)
+            self.slots.release()
+            if not t.cancelled() and t.exception() is not None:
+                self.log.error("attempt crashed", campaign=claim.campaign_id,
+                               error=repr(t.exception()))
+
+        task.add_done_callback(finished)
+
+    async def _drain(self) -> None:
+        """Phase two of shutdown: wait for in-flight attempts up to the budget,
+        then stop the rest and hand their campaigns back as ready."""
+        tasks = [task for _, task in self.attempts.values()]
+        if tasks:
+            self.log.info("draining", in_flight=len(tasks), budget_s=self.options.drain_timeout_s)
+            await asyncio.wait(tasks, timeout=self.options.drain_timeout_s)
+        leftovers = list(self.attempts.values())
+        for run, _ in leftovers:
+            self.log.warning("drain budget spent: stopping the attempt", campaign=run.claim.campaign_id)
+            await run.drain()
+        if leftovers:
+            await asyncio.wait([task for _, task in leftovers])
+        self.log.info("drained", claimed=self.claimed)

@@ -1,0 +1,43 @@
+"""A scripted attempt command for tests: reads the campaign from stdin, then
+follows the plan for its attempt number (from a JSON file next to which it
+leaves markers). Steps:
+  ["write", path, text]   write a file in the worktree
+  ["lines", n]            print n lines
+  ["block"]               write started-<campaign>-<attempt> (pid inside) and
+                          wait until release-<campaign>-<attempt> exists
+  ["child"]               start a grandchild that sleeps; its pid in child-<c>-<a>
+  ["exit", code]          exit with code
+"""
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+plan_file = Path(sys.argv[1])
+context = json.load(sys.stdin)
+assert context == json.loads(Path(os.environ["LEDGER_CAMPAIGN_FILE"]).read_text())
+assert "LEDGER_DATABASE_URL" not in os.environ, "the attempt must not see database credentials"
+plan = json.loads(plan_file.read_text())
+tag = f"{context['campaign_id']}-{context['attempt_no']}"
+steps = plan.get(str(context["attempt_no"]), plan.get("default", [["exit", 0]]))
+markers = plan_file.parent
+for step in steps:
+    kind = step[0]
+    if kind == "write":
+        Path(step[1]).write_text(step[2])
+    elif kind == "lines":
+        for i in range(step[1]):
+            print(f"line {i} of attempt {tag}", flush=False)
+        sys.stdout.flush()
+    elif kind == "block":
+        (markers / f"started-{tag}").write_text(str(os.getpid()))
+        while not (markers / f"release-{tag}").exists():
+            time.sleep(0.02)  # the simulated work: waiting for the test to release it
+    elif kind == "child":
+        child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+        (markers / f"child-{tag}").write_text(str(child.pid))
+    elif kind == "exit":
+        sys.exit(step[1])
