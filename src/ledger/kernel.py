@@ -107,6 +107,11 @@ class Kernel:
         )
         return ObservationRecorded.model_validate(rows[0])
 
+    async def claim_sensor_tick(self, sensor: str, tick: datetime, identity: str) -> bool:
+        """Own one scheduled tick of a sensor; ``False`` if another process has it."""
+        return bool(await self._scalar("claim_sensor_tick", sensor=sensor, tick=tick,
+                                       identity=identity))
+
     # --- workers -------------------------------------------------------------
 
     async def claim_campaign(self, worker: str, classes: Sequence[str] | None = None) -> Claim | None:

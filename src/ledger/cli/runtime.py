@@ -10,7 +10,8 @@ import typer
 
 from .. import logs
 from ..config import load_config
-from ..worker import Worker, WorkerOptions
+from ..sensors import run_sensors
+from ..worker import Worker, WorkerOptions, process_identity
 from .context import run, state
 
 CONFIG_OPTION = typer.Option(None, "--config", envvar="LEDGER_CONFIG", show_envvar=True,
@@ -19,9 +20,13 @@ LOG_OPTION = typer.Option("info", "--log-level", envvar="LEDGER_LOG_LEVEL", show
                           help="debug, info, warning or error.")
 
 
+sensor_app = typer.Typer(help="Scheduled observations of targets.", no_args_is_help=True)
+
+
 def register(app: typer.Typer) -> None:
     """Add the runtime commands to ``app``."""
     app.command("worker")(worker)
+    app.add_typer(sensor_app, name="sensor")
 
 
 def config_path(ctx: typer.Context, option: Path | None) -> Path:
@@ -63,5 +68,32 @@ def worker(
         w = Worker(st.database(), cfg, options)
         until_signalled(w.stop)
         return await w.run()
+
+    raise typer.Exit(run(go()))
+
+
+@sensor_app.command("run")
+def sensor_run(
+    ctx: typer.Context,
+    names: list[str] = typer.Argument(None, help="Sensors to run (default: all in the config)."),
+    config: Path = CONFIG_OPTION,
+    once: bool = typer.Option(False, "--once", help="Observe each sensor once now and exit."),
+    log_level: str = LOG_OPTION,
+) -> None:
+    """Run sensors on their schedules until SIGTERM; each observation may open,
+    regress, confirm or dismiss a campaign."""
+    logs.configure(log_level)
+    st = state(ctx)
+    cfg = load_config(config_path(ctx, config))
+
+    async def go() -> int:
+        stop = asyncio.Event()
+        until_signalled(stop.set)
+        async with st.database().session("sensor") as session:
+            from ..kernel import Kernel
+
+            await run_sensors(Kernel(session), cfg, names or [], process_identity("sensor"), stop,
+                              once=once)
+        return 0
 
     raise typer.Exit(run(go()))

@@ -1,0 +1,168 @@
+"""Sensors: intake without help, ticks observed once across processes, missed
+ticks coalesced, and observations that confirm only after promotion."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+
+import pytest
+
+from conftest import TEST_PREFIX
+from drive import PROMOTING_CLASS, Driver, eventually
+from ledger.config import parse_config
+from ledger.sensors import EPOCH, Sensor, latest_due_tick, next_tick, trigger_for
+
+pytestmark = pytest.mark.anyio
+
+CHECK = """import sys, pathlib
+runs = pathlib.Path(sys.argv[1]).with_suffix('.runs')
+with runs.open('a') as f: f.write('run\\n')
+sys.exit(0 if pathlib.Path(sys.argv[1]).read_text().strip() == 'green' else 1)
+"""
+
+
+def _config(tmp_path: Path, every_s: float = 0.5, cron: str | None = None):  # type: ignore[no-untyped-def]
+    script = tmp_path / "check.py"
+    script.write_text(CHECK)
+    status = tmp_path / "target.status"
+    status.write_text("green")
+    schedule = f'cron = "{cron}"' if cron else f"every_s = {every_s}"
+    toml = f"""
+[sensors.tests]
+target = "repo-x"
+{schedule}
+command = ["{sys.executable}", "{script}", "{status}"]
+class = "test"
+"""
+    (tmp_path / "ledger.toml").write_text(toml)
+    import tomllib
+    return parse_config(tomllib.loads(toml)), status
+
+
+def test_ticks_are_epoch_aligned_and_coalesced() -> None:
+    cfg = parse_config({"sensors": {"s": {"target": "t", "every_s": 60, "command": ["true"], "class": "c"}}})
+    trigger = trigger_for(cfg.sensors["s"])
+    now = datetime(2030, 5, 5, 12, 34, 56, tzinfo=timezone.utc)
+    assert latest_due_tick(trigger, now) == datetime(2030, 5, 5, 12, 34, tzinfo=timezone.utc)
+    assert next_tick(trigger, now) == datetime(2030, 5, 5, 12, 35, tzinfo=timezone.utc)
+    # After three hours down, one tick is due -- the latest -- not 180.
+    assert latest_due_tick(trigger, now + timedelta(hours=3)) == datetime(2030, 5, 5, 15, 34, tzinfo=timezone.utc)
+    cron = parse_config({"sensors": {"s": {"target": "t", "cron": "0 2 * * *", "command": ["true"], "class": "c"}}})
+    nightly = trigger_for(cron.sensors["s"])
+    assert latest_due_tick(nightly, now) == datetime(2030, 5, 5, 2, 0, tzinfo=timezone.utc)
+    assert next_tick(nightly, now) == datetime(2030, 5, 6, 2, 0, tzinfo=timezone.utc)
+    assert (now - EPOCH).total_seconds() > 0
+
+
+async def test_a_broken_target_opens_exactly_one_campaign(actors, admin, test_class, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    cfg, status = _config(tmp_path, every_s=0.3)
+    sensor = Sensor(await actors("sensor"), cfg.sensors["tests"], "sensor-1")
+    stop = asyncio.Event()
+    running = asyncio.create_task(sensor.run(stop))
+
+    def campaigns() -> list[dict]:
+        return admin.execute("SELECT id, state FROM ledger.campaign WHERE objective_key = 'tests:repo-x'").fetchall()
+
+    def observations(status_: str) -> int:
+        return admin.execute("SELECT count(*) AS n FROM ledger.observation WHERE sensor = 'tests' AND status = %s",
+                             (status_,)).fetchone()["n"]
+
+    await eventually(lambda: observations("green") >= 1, what="a green observation")
+    assert campaigns() == []
+    status.write_text("red")  # the fault: the watched target breaks
+    await eventually(lambda: observations("red") >= 2, timeout=10, what="two red ticks")
+    stop.set()
+    await running
+    assert [c["state"] for c in campaigns()] == ["ready"]
+    effects = [r["effect"] for r in admin.execute(
+        "SELECT effect FROM ledger.observation WHERE status = 'red' ORDER BY id").fetchall()]
+    assert effects[0] == "opened" and set(effects[1:]) == {"recorded"}
+
+
+async def test_two_sensor_processes_observe_each_tick_once(db_url: str, admin, test_class, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    _config(tmp_path, every_s=0.4)
+    env = {**os.environ, "LEDGER_DATABASE_URL": db_url, "LEDGER_ROLE_PREFIX": TEST_PREFIX,
+           "LEDGER_CONFIG": str(tmp_path / "ledger.toml")}
+    procs = [subprocess.Popen([sys.executable, "-m", "ledger", "sensor", "run"], env=env,
+                              stdout=subprocess.DEVNULL, stderr=open(tmp_path / f"s{i}.log", "wb"))
+             for i in range(2)]
+    try:
+        await eventually(lambda: admin.execute("SELECT count(*) AS n FROM ledger.observation").fetchone()["n"] >= 6,
+                         timeout=20, what="six observed ticks")
+    finally:
+        for p in procs:
+            p.send_signal(signal.SIGTERM)
+        codes = [p.wait(timeout=20) for p in procs]
+    assert codes == [0, 0]
+    rows = admin.execute("SELECT tick, count(*) AS n FROM ledger.observation GROUP BY tick").fetchall()
+    assert all(r["n"] == 1 for r in rows) and all(r["tick"] is not None for r in rows)
+    claims = admin.execute("SELECT claimed_by, count(*) AS n FROM ledger.sensor_tick GROUP BY claimed_by").fetchall()
+    assert sum(c["n"] for c in claims) == len(rows)
+    runs = (tmp_path / "target.runs").read_text().count("run")
+    assert runs == len(rows), "a tick was checked twice"
+    assert len(claims) == 2, "both processes should have taken part"
+
+
+async def test_a_restart_does_not_replay_missed_ticks(actors, admin, test_class, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    cfg, _ = _config(tmp_path, cron="0 3 * * *")  # nightly: the due tick is in the past
+    for _ in range(2):  # start, stop, start again
+        sensor = Sensor(await actors("sensor"), cfg.sensors["tests"], "sensor-x")
+        stop = asyncio.Event()
+        task = asyncio.create_task(sensor.run(stop))
+        await eventually(lambda: admin.execute("SELECT count(*) AS n FROM ledger.sensor_tick").fetchone()["n"] == 1,
+                         what="the missed nightly tick to be claimed")
+        stop.set()
+        await task
+    rows = admin.execute("SELECT tick FROM ledger.observation").fetchall()
+    assert len(rows) == 1
+    assert rows[0]["tick"] == latest_due_tick(trigger_for(cfg.sensors["tests"]), datetime.now(timezone.utc))
+
+
+async def test_only_an_observation_started_after_promotion_confirms(actors, admin) -> None:  # type: ignore[no-untyped-def]
+    op = await actors("operator")
+    await op.register_class(PROMOTING_CLASS, max_attempts=3, lease_seconds=30, backoff_base_s=0,
+                            promotion={"ref": "refs/heads/main", "repository": "/nowhere"})
+    d = Driver(actors, PROMOTING_CLASS)
+    sensor = await actors("sensor")
+    cid = await d.verified()
+    key = (await sensor.campaign(cid)).objective_key
+    # Before promotion nothing confirms, whenever it started.
+    early = await sensor.record_observation("s", key, "target-1", "green",
+                                            started_at=datetime.now(timezone.utc))
+    assert early.effect == "recorded"
+    before_promotion = datetime.now(timezone.utc)
+    dispatcher = await actors("dispatcher")
+    claim = await dispatcher.claim_side_effect("d")
+    await dispatcher.complete_side_effect(claim.side_effect_id, claim.claim_token, "done")
+    promoted_at = (await sensor.campaign(cid)).promoted_at
+    assert promoted_at is not None and promoted_at > before_promotion
+    # Started before the promotion (finished after): does not confirm.
+    stale = await sensor.record_observation("s", key, "target-1", "green", started_at=before_promotion)
+    assert stale.effect == "recorded"
+    assert (await sensor.campaign(cid)).state == "verified"
+    fresh = await sensor.record_observation("s", key, "target-1", "green",
+                                            started_at=datetime.now(timezone.utc))
+    assert fresh.effect == "confirmed"
+    assert (await sensor.campaign(cid)).state == "confirmed"
+
+
+async def test_a_red_observation_after_promotion_regresses(actors, admin) -> None:  # type: ignore[no-untyped-def]
+    op = await actors("operator")
+    await op.register_class(PROMOTING_CLASS, max_attempts=3, lease_seconds=30, backoff_base_s=0,
+                            promotion={"ref": "refs/heads/main", "repository": "/nowhere"})
+    d = Driver(actors, PROMOTING_CLASS)
+    sensor = await actors("sensor")
+    cid = await d.promoted()
+    key = (await sensor.campaign(cid)).objective_key
+    red = await sensor.record_observation("s", key, "target-1", "red", started_at=datetime.now(timezone.utc),
+                                          class_=PROMOTING_CLASS)
+    assert red.effect == "regressed" and red.campaign_id == cid
+    campaign = await sensor.campaign(cid)
+    assert campaign.state == "ready" and campaign.promoted_at is None
+    assert admin.execute("SELECT count(*) AS n FROM ledger.campaign").fetchone()["n"] == 1
