@@ -16,7 +16,7 @@ from typing import Any
 
 from . import queries
 from .database import Executor
-from .errors import Forbidden, NotFound
+from .errors import Forbidden, InvalidInput, NotFound
 from .models import (
     Attempt,
     Campaign,
@@ -320,6 +320,12 @@ class Kernel:
         """When the longest-waiting ready campaign was opened."""
         rows = await self.executor.fetch(queries.OLDEST_READY)
         return rows[0]["oldest"] if rows else None
+
+    async def daily_activity(self, days: int) -> list[dict[str, Any]]:
+        """Per-day counts for the autonomy report (see ``ledger.report``)."""
+        if not 1 <= days <= 366:
+            raise InvalidInput("the report covers 1 to 366 days")
+        return await self.executor.fetch(queries.DAILY_ACTIVITY, days=days)
 
     async def states(self) -> list[StateRow]:
         """The states of the machine, from the database."""

@@ -29,6 +29,7 @@ from sqlalchemy import (
     literal_column,
     or_,
     select,
+    text,
 )
 from sqlalchemy.dialects import postgresql
 from sqlalchemy.dialects.postgresql import JSONB
@@ -246,3 +247,40 @@ SECURITY_EVENTS = compile_query(
 )
 
 DATABASE_NOW = compile_query(select(literal_column("statement_timestamp()").label("now")))
+
+# --- autonomy ------------------------------------------------------------------
+
+# Per UTC day over the last :days days: what the ledger did, and how much of it a
+# human did. A day is "exercised" when some campaign was open during it; a day
+# with nothing to do must never read as a success.
+_DAILY_ACTIVITY = text("""
+WITH days AS (
+    SELECT generate_series(date_trunc('day', statement_timestamp() AT TIME ZONE 'UTC')
+                               - (CAST(:days AS integer) - 1) * interval '1 day',
+                           date_trunc('day', statement_timestamp() AT TIME ZONE 'UTC'),
+                           interval '1 day') AS day
+), moves AS (
+    SELECT date_trunc('day', e.created_at AT TIME ZONE 'UTC') AS day,
+           e.payload ->> 'transition' AS name,
+           -- human: an operator's transition, or anything done by hand (CLI, HTTP)
+           (e.payload ->> 'transition' IN ('abandon', 'reopen')
+            OR e.actor LIKE 'cli:%' OR e.actor LIKE 'http:%') AS human
+      FROM ledger_api.events e
+     WHERE e.type = 'transition'
+       AND e.created_at >= (SELECT min(day) FROM days) AT TIME ZONE 'UTC'
+)
+SELECT CAST(d.day AS date) AS day,
+       count(m.name) FILTER (WHERE m.name = 'open') AS opened,
+       count(m.name) FILTER (WHERE m.name = 'claim') AS attempts,
+       count(m.name) FILTER (WHERE m.name = 'reject') AS rejections,
+       count(m.name) FILTER (WHERE m.name = 'accept') AS verified,
+       count(m.name) FILTER (WHERE m.name = 'confirm') AS confirmed,
+       count(m.name) FILTER (WHERE m.human) AS human_actions,
+       EXISTS (SELECT 1 FROM ledger_api.campaigns c
+                WHERE c.created_at < (d.day + interval '1 day') AT TIME ZONE 'UTC'
+                  AND (c.closed_at IS NULL OR c.closed_at >= d.day AT TIME ZONE 'UTC')) AS exercised
+  FROM days d LEFT JOIN moves m ON m.day = d.day
+ GROUP BY d.day
+ ORDER BY d.day
+""")
+DAILY_ACTIVITY = Query(str(_DAILY_ACTIVITY.compile(dialect=_dialect)), {})

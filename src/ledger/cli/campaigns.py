@@ -25,6 +25,7 @@ def register(app: typer.Typer) -> None:
     app.command("status")(status)
     app.command("abandon")(abandon)
     app.command("reopen")(reopen)
+    app.command("report")(report)
 
 
 def operator_identity() -> str:
@@ -180,3 +181,30 @@ def reopen(
                 await kernel.reopen(cid, operator_identity(), extra_attempts)
                 console_err.print(f"campaign {cid} reopened")
     run(go())
+
+
+def report(
+    ctx: typer.Context,
+    days: int = typer.Option(7, "--days", min=1, max=366, envvar="LEDGER_REPORT_DAYS",
+                             show_envvar=True, help="How many UTC days, today included."),
+    as_json: bool = JSON_OPTION,
+) -> None:
+    """Autonomy per day: opened, attempts, rejections, closures and human actions,
+    with the streak of days closed without human help."""
+    from ..report import autonomy_report
+
+    async def go():  # type: ignore[no-untyped-def]
+        async with state(ctx).database().session("reader") as s:
+            return await autonomy_report(Kernel(s), days)
+
+    result = run(go())
+    if as_json:
+        emit_json(result.as_json())
+        return
+    table = Table("day", "opened", "attempts", "rejected", "verified", "confirmed", "human", "verdict")
+    for d in result.days:
+        style = {"autonomous": "green", "human-assisted": "yellow", "under-exercised": "dim"}.get(d.verdict, "")
+        table.add_row(str(d.day), str(d.opened), str(d.attempts), str(d.rejections), str(d.verified),
+                      str(d.confirmed), str(d.human_actions), d.verdict, style=style)
+    console.print(table)
+    console.print(f"streak: {result.streak} autonomous day(s)")
