@@ -9,6 +9,7 @@ import typer
 
 from ..errors import LedgerError
 from . import campaigns, classes, demo, runtime, schema
+from . import verifier
 from .context import State, console_err
 
 app = typer.Typer(
@@ -41,6 +42,7 @@ def _global(
 schema.register(app)
 campaigns.register(app)
 demo.register(app)
+verifier.register(app)
 runtime.register(app)
 classes.register(app)
 

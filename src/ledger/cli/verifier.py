@@ -1,0 +1,56 @@
+"""``ledger verifier``: the independent verifier runtime as a command."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+
+import typer
+
+from .. import logs
+from ..kernel import Kernel
+from ..verifier import Verifier
+from .context import console_err, run, state
+
+
+def register(app: typer.Typer) -> None:
+    """Add ``ledger verifier`` to ``app``."""
+    app.command("verifier")(verifier)
+
+
+def verifier(
+    ctx: typer.Context,
+    once: bool = typer.Option(False, "--once", help="Verify what is waiting now, then exit."),
+    model_family: str = typer.Option(
+        "none", "--model-family", envvar="LEDGER_MODEL_FAMILY", show_envvar=True,
+        help="The model family this verifier runs on (recorded with every verdict)."),
+    class_: list[str] = typer.Option([], "--class", help="Verify only these classes (repeatable)."),
+    poll: float = typer.Option(5.0, "--poll", min=0.01, envvar="LEDGER_POLL_S", show_envvar=True,
+                               help="Seconds between polls when nothing wakes the verifier."),
+    lease: float = typer.Option(30.0, "--lease", min=0.1, envvar="LEDGER_VERIFICATION_LEASE_S",
+                                show_envvar=True,
+                                help="Verification lease: how soon another verifier may take "
+                                     "over if this one dies (heartbeated every third of it)."),
+    log_level: str = typer.Option("info", "--log-level", envvar="LEDGER_LOG_LEVEL",
+                                  show_envvar=True, help="debug, info, warning or error."),
+) -> None:
+    """Check attempted candidates on clean checkouts and record verdicts, until SIGTERM."""
+    logs.configure(log_level)
+    settings = state(ctx).settings
+
+    async def go() -> int:
+        async with state(ctx).database().session("verifier") as session:
+            v = Verifier(Kernel(session), model_family=model_family, classes=class_ or None,
+                         lease_s=lease, poll_s=poll, data_dir=settings.data_dir)
+            if once:
+                return await v.drain()
+            stop = asyncio.Event()
+            loop = asyncio.get_running_loop()
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                loop.add_signal_handler(sig, stop.set)
+            await v.run(stop)
+            return sum(v.verdicts.values())
+
+    done = run(go())
+    if once:
+        console_err.print(f"verified {done} candidate(s)", highlight=False)

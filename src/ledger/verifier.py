@@ -1,0 +1,320 @@
+"""The independent verifier (mechanism 11): claims attempted campaigns, checks
+each candidate on a clean checkout of its frozen bundle, records a verdict.
+
+Independence comes from three places, none of them this module's good manners:
+the process acts as the ``verifier`` database role (a worker cannot record a
+verdict, a verifier cannot claim a campaign); the kernel never hands a verifier
+a campaign whose attempt its own identity made and refuses such a verdict
+(``SameIdentity``); and the candidate is judged from the bundle frozen when
+the attempt was recorded -- an edit after freezing fails the digest check and
+is rejected -- on a fresh clone at the candidate SHA, never the worker's tree.
+
+One verification at a time per ``Verifier``: claim (SKIP LOCKED, a short lease
+of its own), heartbeat while checking, verdict. A heartbeat that finds the
+verification stale (the lease lapsed and another verifier took over, or the
+campaign moved) stops the check and writes nothing more. A check that cannot
+run for reasons outside the candidate (git unreachable, an implementation
+crashing) records nothing either: the lease lapses and the campaign is
+verified again, by this verifier or another. Anything wrong *with the
+candidate or its bundle* is a rejection with evidence.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import secrets
+import shutil
+import socket
+import tempfile
+from collections.abc import Callable, Coroutine, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal, TypeVar
+
+import verifiers
+
+from . import bundle as bundles
+from . import faults
+from .errors import LedgerError, StaleLease
+from .hub import NullHub, WakeSource
+from .kernel import Kernel
+from .logs import get_logger
+from .loops import Loop
+from .models import VerificationClaim
+from .repository import GitError, Repository, head
+
+T = TypeVar("T")
+
+Outcome = Literal["accepted", "rejected", "stale"]
+
+
+class CheckFailed(LedgerError):
+    """A check could not be completed for reasons outside the candidate; no
+    verdict is recorded and the verification is left to lapse."""
+
+    slug = "check-failed"
+    http_status = 502
+    exit_code = 13
+
+
+def verifier_identity() -> str:
+    """``verifier:host:pid:suffix`` -- unique per process, readable in the journal."""
+    return f"verifier:{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}"
+
+
+@dataclass(frozen=True)
+class _Judgement:
+    accepted: bool
+    reason: str | None
+    evidence: dict[str, Any]
+
+
+async def _blocking(fn: Callable[..., T], *args: Any) -> T:
+    """Run blocking ``fn`` in a thread. If we are cancelled meanwhile, wait for
+    the thread before re-raising: the caller's cleanup (removing the checkout)
+    must not race a clone still writing into it."""
+    task = asyncio.ensure_future(asyncio.to_thread(fn, *args))
+    try:
+        return await asyncio.shield(task)
+    except asyncio.CancelledError:
+        with contextlib.suppress(Exception):
+            await task
+        raise
+
+
+class Verifier(Loop):
+    """A verifier runtime acting through ``kernel`` (a session as the
+    ``verifier`` role). ``run_once`` verifies one waiting candidate; ``run``
+    keeps verifying until stopped, idling on ``ledger_attempted`` wake-ups
+    with a poll tick of ``poll_s``."""
+
+    name = "verifier"
+
+    def __init__(
+        self,
+        kernel: Kernel,
+        *,
+        identity: str | None = None,
+        model_family: str = "none",
+        classes: Sequence[str] | None = None,
+        lease_s: float = 30.0,
+        heartbeat_s: float | None = None,
+        poll_s: float = 5.0,
+        hub: WakeSource | None = None,
+        data_dir: Path | None = None,
+        work_dir: Path | None = None,
+    ):
+        super().__init__(poll_s)
+        if lease_s <= 0:
+            raise ValueError(f"verification lease must be positive, not {lease_s}")
+        self.heartbeat_s = heartbeat_s if heartbeat_s is not None else lease_s / 3
+        if not 0 < self.heartbeat_s < lease_s:
+            raise ValueError(f"heartbeat ({self.heartbeat_s}s) must be positive and shorter than "
+                             f"the lease ({lease_s}s), or every verification lapses mid-check")
+        self.kernel = kernel
+        self.identity = identity or verifier_identity()
+        self.model_family = model_family
+        self.classes = list(classes) if classes else None
+        self.lease_s = lease_s
+        self.hub: WakeSource = hub or NullHub()
+        self.cache_dir = data_dir / "repos" if data_dir is not None else None
+        self.work_dir = work_dir
+        self.log = get_logger(self.name, verifier=self.identity, model_family=model_family)
+        self.verdicts: dict[Outcome, int] = {"accepted": 0, "rejected": 0, "stale": 0}
+
+    # --- one verification ----------------------------------------------------
+
+    async def claim(self) -> VerificationClaim | None:
+        """Claim the next candidate waiting for a verdict, or ``None``."""
+        return await self.kernel.claim_verification(
+            self.identity, model_family=self.model_family, lease_s=self.lease_s,
+            classes=self.classes)
+
+    async def run_once(self) -> int:
+        """Claim and verify one candidate; 1 if there was one, else 0."""
+        claim = await self.claim()
+        if claim is None:
+            return 0
+        await self.verify(claim)
+        return 1
+
+    async def drain(self) -> int:
+        """Verify candidates until none is waiting; returns how many."""
+        done = 0
+        while await self.run_once():
+            done += 1
+        return done
+
+    async def verify(self, claim: VerificationClaim) -> Outcome:
+        """Check a claimed candidate, keeping the claim alive meanwhile, and
+        record the verdict. ``"stale"``: the claim was lost, nothing written."""
+        log = self.log.bind(campaign=claim.campaign_id, attempt=claim.attempt_no,
+                            verification=claim.verification_id)
+        log.info("verification started", candidate=claim.candidate_sha, worker=claim.worker)
+        check = asyncio.create_task(self._check(claim), name=f"check {claim.verification_id}")
+        beat = asyncio.create_task(self._keep_alive(claim.verification_id, log),
+                                   name=f"heartbeat {claim.verification_id}")
+        try:
+            await asyncio.wait({check, beat}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for task in (check, beat):
+                if not task.done():
+                    task.cancel()
+            await asyncio.gather(check, beat, return_exceptions=True)
+        if not check.done() or check.cancelled():
+            # The heartbeat ended first: the verification is no longer ours.
+            log.warning("verification went stale mid-check; stopped, nothing recorded")
+            self.verdicts["stale"] += 1
+            return "stale"
+        try:
+            judgement = check.result()
+        except CheckFailed as exc:
+            # No verdict: the lease lapses and the candidate is checked again.
+            log.warning("check could not complete; nothing recorded", error=exc.message)
+            raise
+        await faults.point("verifier.before_verdict")
+        try:
+            if judgement.accepted:
+                await self.kernel.accept(claim.verification_id, judgement.evidence)
+            else:
+                assert judgement.reason is not None
+                await self.kernel.reject(claim.verification_id, judgement.reason, judgement.evidence)
+        except StaleLease as exc:
+            log.warning("verification went stale before its verdict; nothing recorded",
+                        error=exc.message)
+            self.verdicts["stale"] += 1
+            return "stale"
+        outcome: Outcome = "accepted" if judgement.accepted else "rejected"
+        self.verdicts[outcome] += 1
+        log.info(f"candidate {outcome}", reason=judgement.reason)
+        return outcome
+
+    async def _keep_alive(self, verification_id: int, log: Any) -> None:
+        """Extend the verification's lease until cancelled; return when it is stale."""
+        while True:
+            await asyncio.sleep(self.heartbeat_s)
+            try:
+                await self.kernel.heartbeat_verification(verification_id, self.lease_s)
+            except StaleLease:
+                return
+            except Exception as exc:  # a database hiccup: the next beat may succeed
+                log.warning("verification heartbeat failed", error=str(exc))
+
+    async def _check(self, claim: VerificationClaim) -> _Judgement:
+        """Everything between the claim and the verdict."""
+        evidence: dict[str, Any] = {
+            "verifier": self.identity, "model_family": self.model_family,
+            "attempt_no": claim.attempt_no, "worker": claim.worker,
+            "bundle_digest": claim.bundle_digest, "candidate_sha": claim.candidate_sha,
+        }
+
+        def reject(reason: str, **more: Any) -> _Judgement:
+            return _Judgement(False, reason, {**evidence, **more})
+
+        if not claim.bundle_digest or not claim.evidence_location:
+            return reject("the attempt has no frozen verification bundle to check")
+        directory = Path(claim.evidence_location) / f"attempt-{claim.attempt_no}"
+        evidence["bundle_location"] = str(directory)
+        try:
+            frozen, _diff = await _blocking(bundles.load, directory, claim.bundle_digest)
+        except bundles.BundleTampered as exc:
+            return reject(f"bundle tampered: {exc.message}", bundle_error=exc.message)
+        except ValueError as exc:  # the digest matched, but it is not a bundle
+            return reject(f"bundle unreadable: {exc}")
+        mismatch = [f"{name} {mine!r} != {theirs!r}" for name, mine, theirs in (
+            ("campaign", frozen.campaign_id, claim.campaign_id),
+            ("attempt", frozen.attempt_no, claim.attempt_no),
+            ("candidate", frozen.candidate_sha, claim.candidate_sha),
+            ("base", frozen.base_sha, claim.base_sha or frozen.base_sha),
+        ) if mine != theirs]
+        if mismatch:
+            return reject("bundle does not describe this attempt: " + "; ".join(mismatch))
+        evidence.update(implementation=frozen.verifier, repository=frozen.repository,
+                        base_sha=frozen.base_sha)
+        try:
+            acceptance = verifiers.Acceptance.from_spec(frozen.acceptance)
+        except verifiers.InvalidAcceptance as exc:
+            return reject(f"invalid acceptance spec: {exc}")
+        try:
+            implementation = verifiers.load(frozen.verifier)
+        except verifiers.UnknownVerifier as exc:
+            # Rejected rather than left hanging: the operator sees why in the
+            # campaign's last failure, and no candidate waits forever.
+            return reject(str(exc))
+
+        scratch = Path(await _blocking(tempfile.mkdtemp, f"-c{claim.campaign_id}",
+                                       "ledger-verify-", self.work_dir))
+        checkout = scratch / "checkout"
+        try:
+            repo = Repository(frozen.repository, cache_dir=self.cache_dir)
+            try:
+                await _blocking(repo.clean_checkout, frozen.candidate_sha, checkout)
+                checked_out = await _blocking(head, checkout)
+            except GitError as exc:
+                if await _blocking(repo.rev_parse, frozen.candidate_sha) is None:
+                    return reject(f"candidate commit {frozen.candidate_sha} is not in "
+                                  f"{frozen.repository}", git_error=exc.message)
+                raise CheckFailed(f"cannot check out the candidate: {exc.message}") from exc
+            if checked_out != frozen.candidate_sha:
+                return reject(f"checkout is at {checked_out}, not the candidate "
+                              f"{frozen.candidate_sha}")
+            evidence["checked_out_sha"] = checked_out
+            try:
+                verdict = await implementation.verify(checkout, acceptance)
+            except Exception as exc:
+                raise CheckFailed(f"verifier {frozen.verifier!r} failed: {exc!r}") from exc
+        finally:
+            await _blocking(shutil.rmtree, scratch, True)
+        return _Judgement(verdict.accepted, verdict.reason, {**evidence, **verdict.evidence})
+
+    # --- the loop ------------------------------------------------------------
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Verify until ``stop`` is set. Waiting candidates are drained, then the
+        verifier idles until a ``ledger_attempted`` wake-up or its poll tick.
+        Stopping mid-check kills the check and records nothing: the short
+        verification lease lapses and another verifier takes over."""
+        self.log.info("verifier started", classes=self.classes, lease_s=self.lease_s)
+        with self.hub.subscribe("ledger_attempted") as wake:
+            while not stop.is_set():
+                delay = self._pause()
+                try:
+                    done = await self._unless_stopped(self.drain(), stop)
+                    self.runs += 1
+                    self.failures = 0
+                    if done:
+                        self.log.info("verifier pass", verified=done)
+                except _Stopped:
+                    self.log.info("stopped mid-check; the verification is left to lapse")
+                    break
+                except Exception as exc:  # never let one bad pass end the verifier
+                    self.failures += 1
+                    delay = min(self.interval_s * 2 ** self.failures, 60.0)
+                    self.log.warning("verifier pass failed", error=str(exc),
+                                     retry_in_s=round(delay, 2), exc_info=not isinstance(exc, LedgerError))
+                wake.drain()
+                with contextlib.suppress(_Stopped):
+                    await self._unless_stopped(wake.wait(delay), stop)
+        self.log.info("verifier stopped", **self.verdicts)
+
+    @staticmethod
+    async def _unless_stopped(work: Coroutine[Any, Any, T], stop: asyncio.Event) -> T:
+        """Await ``work``, cancelling it (and raising ``_Stopped``) if ``stop`` is set first."""
+        task = asyncio.ensure_future(work)
+        stopper = asyncio.ensure_future(stop.wait())
+        try:
+            await asyncio.wait({task, stopper}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            stopper.cancel()
+            if not task.done():
+                task.cancel()
+            await asyncio.gather(task, stopper, return_exceptions=True)
+        if task.cancelled():
+            raise _Stopped
+        return task.result()
+
+
+class _Stopped(Exception):
+    """``stop`` was set while work was in flight."""

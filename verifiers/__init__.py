@@ -1,0 +1,165 @@
+"""Verifier implementations: how a candidate's acceptance is judged.
+
+The verifier runtime (``ledger.verifier``) claims a verification, checks the
+candidate out cleanly and hands the checkout and the bundle's acceptance spec to
+the implementation the bundle names. An implementation is anything with a
+``name`` and an async ``verify(checkout, acceptance) -> Verdict``; it must not
+write to the database (the runtime records the verdict) and should run
+commands through ``verifiers.process.run_command`` so timeouts kill whole
+process groups.
+
+Built-ins: ``command`` (every acceptance command exits 0) and ``pytest`` (the
+same, naming the failed tests). Others are found through the entry-point group
+``ledger.verifiers``; an entry point names a class (or zero-argument factory)
+that returns an implementation::
+
+    [project.entry-points."ledger.verifiers"]
+    lint = "my_package.lint:LintVerifier"
+
+This package depends on nothing but the standard library, so an implementation
+can be written and tested without Ledger's database.
+"""
+
+from __future__ import annotations
+
+import importlib
+import math
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from importlib.metadata import entry_points
+from pathlib import Path
+from typing import Any, Protocol, runtime_checkable
+
+from .process import CommandResult, run_command
+
+ENTRY_POINT_GROUP = "ledger.verifiers"
+
+#: The implementations shipped with Ledger, by name (also declared as entry points;
+#: listed here so a source checkout works without installing).
+BUILTINS: dict[str, str] = {
+    "command": "verifiers.command:CommandVerifier",
+    "pytest": "verifiers.pytest_report:PytestVerifier",
+}
+
+
+class InvalidAcceptance(ValueError):
+    """An acceptance spec that cannot be run."""
+
+
+class UnknownVerifier(LookupError):
+    """No implementation of that name is installed."""
+
+
+@dataclass(frozen=True)
+class Acceptance:
+    """What to run on the clean checkout: argv lists, and one time budget for
+    all of them together (``timeout_s``)."""
+
+    commands: tuple[tuple[str, ...], ...]
+    timeout_s: float
+
+    @classmethod
+    def from_spec(cls, spec: Mapping[str, Any]) -> Acceptance:
+        """Validate a bundle's ``acceptance`` mapping (``{"commands": [[...]], "timeout_s": n}``)."""
+        if not isinstance(spec, Mapping):
+            raise InvalidAcceptance("the acceptance spec must be a mapping")
+        commands = spec.get("commands")
+        if not isinstance(commands, Sequence) or isinstance(commands, str) or not commands:
+            raise InvalidAcceptance("the acceptance spec has no commands: nothing would be checked")
+        argvs = []
+        for argv in commands:
+            if (isinstance(argv, str) or not isinstance(argv, Sequence) or not argv
+                    or not all(isinstance(a, str) for a in argv) or not argv[0]):
+                raise InvalidAcceptance(f"acceptance command {argv!r} is not a non-empty argv list")
+            argvs.append(tuple(argv))
+        timeout = spec.get("timeout_s", 600.0)
+        if (isinstance(timeout, bool) or not isinstance(timeout, (int, float))
+                or not math.isfinite(timeout) or timeout <= 0):
+            raise InvalidAcceptance(f"acceptance timeout_s must be a positive number, not {timeout!r}")
+        return cls(commands=tuple(argvs), timeout_s=float(timeout))
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """An implementation's judgement: accepted, or rejected with a reason;
+    ``evidence`` is stored with the verdict (JSON-ready)."""
+
+    accepted: bool
+    reason: str | None = None
+    evidence: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not self.accepted and not self.reason:
+            raise ValueError("a rejection needs a reason")
+
+
+@runtime_checkable
+class Implementation(Protocol):
+    """A verifier implementation."""
+
+    name: str
+
+    async def verify(self, checkout: Path, acceptance: Acceptance) -> Verdict:
+        """Judge the candidate checked out at ``checkout`` against ``acceptance``."""
+        ...
+
+
+async def run_acceptance(
+    checkout: Path,
+    acceptance: Acceptance,
+    prepare: Callable[[int, tuple[str, ...]], Sequence[str]] | None = None,
+    annotate: Callable[[int, CommandResult], CommandResult] | None = None,
+) -> tuple[list[CommandResult], list[list[str]]]:
+    """Run the commands in order within the one time budget, stopping at the
+    first that fails. ``prepare(i, argv)`` may rewrite a command before it runs,
+    ``annotate(i, result)`` may add to its result. Returns the results and the
+    commands that were not run."""
+    deadline = time.monotonic() + acceptance.timeout_s
+    results: list[CommandResult] = []
+    for i, argv in enumerate(acceptance.commands):
+        command = list(prepare(i, argv)) if prepare else list(argv)
+        result = await run_command(command, checkout, timeout_s=deadline - time.monotonic())
+        if annotate:
+            result = annotate(i, result)
+        results.append(result)
+        if not result.passed:
+            skipped = [list(a) for a in acceptance.commands[i + 1:]]
+            return results, skipped
+    return results, []
+
+
+def names() -> list[str]:
+    """Every implementation name available in this environment."""
+    return sorted(set(BUILTINS) | {ep.name for ep in entry_points(group=ENTRY_POINT_GROUP)})
+
+
+def load(name: str) -> Implementation:
+    """The implementation called ``name``: a built-in, else an entry point of
+    group ``ledger.verifiers``. ``UnknownVerifier`` if there is none."""
+    if name in BUILTINS:
+        # A third-party entry point may not take over a built-in name: which
+        # code judges "command" must not depend on what else is installed.
+        target: Any = _resolve(BUILTINS[name])
+    else:
+        found = [ep for ep in entry_points(group=ENTRY_POINT_GROUP) if ep.name == name]
+        if not found:
+            raise UnknownVerifier(f"no verifier implementation named {name!r} is installed "
+                                  f"(available: {', '.join(names())})")
+        target = found[0].load()
+    implementation = target() if isinstance(target, type) or not hasattr(target, "verify") else target
+    if not isinstance(implementation, Implementation):
+        raise UnknownVerifier(f"{name!r} does not provide a verifier implementation "
+                              f"(a name and an async verify method)")
+    return implementation
+
+
+def _resolve(reference: str) -> Any:
+    module, _, attribute = reference.partition(":")
+    return getattr(importlib.import_module(module), attribute)
+
+
+__all__ = [
+    "Acceptance", "CommandResult", "ENTRY_POINT_GROUP", "Implementation", "InvalidAcceptance",
+    "UnknownVerifier", "Verdict", "load", "names", "run_acceptance", "run_command",
+]

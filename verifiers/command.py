@@ -1,0 +1,23 @@
+"""The ``command`` verifier: the candidate passes when every acceptance command
+exits 0 within the acceptance timeout."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from . import Acceptance, Verdict, run_acceptance
+
+
+class CommandVerifier:
+    """Run each acceptance command in order; all exit 0 -> accept."""
+
+    name = "command"
+
+    async def verify(self, checkout: Path, acceptance: Acceptance) -> Verdict:
+        """Run the commands in ``checkout``; reject at the first that fails."""
+        results, skipped = await run_acceptance(checkout, acceptance)
+        evidence = {"commands": [r.evidence() for r in results], "not_run": skipped}
+        failed = next((r for r in results if not r.passed), None)
+        if failed is None:
+            return Verdict(accepted=True, evidence=evidence)
+        return Verdict(accepted=False, reason=failed.describe(), evidence=evidence)

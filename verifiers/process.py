@@ -1,0 +1,189 @@
+"""Running acceptance commands: one process group per command, a deadline, a
+bounded tail of the output, and nothing left running afterwards.
+
+Every command starts in a new session (its own process group), so a timeout --
+or the verifier being told to stop -- kills the command *and everything it
+started* with one ``killpg``. The group is also killed after a normal exit, so
+a test suite that leaves a daemon behind cannot outlive its verdict.
+
+Commands run candidate code, so they get the verifier's environment minus
+Ledger's own settings (database URLs and passwords never reach a candidate).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+#: How much of a command's output is kept as evidence (the end of it).
+TAIL_BYTES = 16 * 1024
+
+#: Environment variables never passed to a candidate's commands.
+_SECRET_PREFIXES = ("LEDGER_",)
+_SECRET_NAMES = frozenset({"PGPASSWORD", "PGPASSFILE", "PGSERVICEFILE"})
+
+# After the group is killed, how long the pipe may take to reach end-of-file. A
+# process that left the group (its own setsid) may hold it open forever.
+_DRAIN_S = 2.0
+
+
+def acceptance_environment(base: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The environment of an acceptance command: ``base`` (default: this
+    process's) without Ledger's settings or database passwords."""
+    source = os.environ if base is None else base
+    return {k: v for k, v in source.items()
+            if not k.startswith(_SECRET_PREFIXES) and k not in _SECRET_NAMES}
+
+
+class Tail:
+    """The last ``limit`` bytes of a stream, and how long the stream was."""
+
+    def __init__(self, limit: int = TAIL_BYTES):
+        self.limit = limit
+        self.total = 0
+        self._buffer = bytearray()
+
+    def feed(self, chunk: bytes) -> None:
+        """Append ``chunk``, forgetting whatever falls out of the window."""
+        self.total += len(chunk)
+        self._buffer += chunk
+        if len(self._buffer) > self.limit:
+            del self._buffer[: len(self._buffer) - self.limit]
+
+    @property
+    def truncated(self) -> bool:
+        """Whether the beginning of the stream was dropped."""
+        return self.total > len(self._buffer)
+
+    def text(self) -> str:
+        """The kept bytes as text. NUL is replaced: PostgreSQL's jsonb cannot hold it."""
+        return bytes(self._buffer).decode("utf-8", errors="replace").replace("\x00", "\ufffd")
+
+
+@dataclass(frozen=True)
+class CommandResult:
+    """How one acceptance command ended."""
+
+    argv: list[str]
+    exit_code: int | None  # None: it never started; negative: killed by that signal
+    output: str  # the tail of stdout and stderr, interleaved as written
+    output_bytes: int
+    truncated: bool
+    duration_s: float
+    timed_out: bool = False
+    error: str | None = None  # why it could not start
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def passed(self) -> bool:
+        """Exit code 0 within the deadline."""
+        return self.exit_code == 0 and not self.timed_out
+
+    def evidence(self) -> dict[str, Any]:
+        """The JSON-ready record of this command, as stored with the verdict."""
+        record: dict[str, Any] = {
+            "argv": self.argv, "exit_code": self.exit_code, "duration_s": round(self.duration_s, 3),
+            "timed_out": self.timed_out, "output": self.output, "output_bytes": self.output_bytes,
+            "output_truncated": self.truncated,
+        }
+        if self.error:
+            record["error"] = self.error
+        record.update(self.extra)
+        return record
+
+    def describe(self) -> str:
+        """One line saying how it failed (or that it passed)."""
+        shown = " ".join(self.argv)
+        if len(shown) > 200:
+            shown = shown[:197] + "..."
+        if self.timed_out:
+            return (f"`{shown}` exceeded the acceptance timeout after {self.duration_s:.1f}s "
+                    f"and was killed with its process group")
+        if self.error:
+            return f"`{shown}` could not start: {self.error}"
+        if self.exit_code is not None and self.exit_code < 0:
+            return f"`{shown}` was killed by signal {-self.exit_code}"
+        if self.exit_code:
+            return f"`{shown}` exited with code {self.exit_code}"
+        return f"`{shown}` passed"
+
+
+def kill_group(pgid: int) -> None:
+    """SIGKILL a process group; a group that is already gone is fine."""
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+class _Capture(asyncio.SubprocessProtocol):
+    """Feeds the output to a ``Tail`` and tells exit apart from end-of-output.
+
+    ``Process.wait()`` of asyncio's streams API only returns once every pipe
+    is closed, so a child that keeps the pipe open would make an exited
+    command look like a hung one. The protocol's own callbacks separate them."""
+
+    def __init__(self, tail: Tail):
+        self.tail = tail
+        self.exited = asyncio.Event()
+        self.closed = asyncio.Event()
+
+    def pipe_data_received(self, fd: int, data: bytes) -> None:
+        self.tail.feed(data)
+
+    def process_exited(self) -> None:
+        self.exited.set()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed.set()
+
+
+async def run_command(argv: Sequence[str], cwd: Path, *, timeout_s: float,
+                      env: Mapping[str, str] | None = None,
+                      tail_bytes: int = TAIL_BYTES) -> CommandResult:
+    """Run ``argv`` in ``cwd`` in its own process group, keep the tail of its
+    output, and kill the group at ``timeout_s``, on cancellation, and after it
+    exits (stragglers). Never raises for the command's own failure."""
+    argv = [str(a) for a in argv]
+    started = time.monotonic()
+    tail = Tail(tail_bytes)
+    loop = asyncio.get_running_loop()
+    try:
+        transport, capture = await loop.subprocess_exec(
+            lambda: _Capture(tail), *argv, cwd=cwd, stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
+            env=dict(env) if env is not None else acceptance_environment())
+    except OSError as exc:
+        return CommandResult(argv=argv, exit_code=None, output="", output_bytes=0, truncated=False,
+                             duration_s=time.monotonic() - started,
+                             error=exc.strerror or type(exc).__name__)
+    pid = transport.get_pid()
+    timed_out = False
+    try:
+        try:
+            await asyncio.wait_for(capture.exited.wait(), timeout=max(timeout_s, 0.0))
+        except TimeoutError:
+            timed_out = True
+    finally:
+        # The session leader's pid is the group id. On timeout or cancellation
+        # this kills the command and its children; after a normal exit, the
+        # children it left behind.
+        kill_group(pid)
+        try:
+            await asyncio.shield(capture.exited.wait())
+            # A process that left the group (its own setsid) may hold the pipe.
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(asyncio.shield(capture.closed.wait()), timeout=_DRAIN_S)
+        finally:
+            transport.close()
+    return CommandResult(argv=argv, exit_code=transport.get_returncode(), output=tail.text(),
+                         output_bytes=tail.total, truncated=tail.truncated,
+                         duration_s=time.monotonic() - started, timed_out=timed_out)
