@@ -344,3 +344,54 @@ class Kernel:
         """Refused writes (of one campaign, or all)."""
         rows = await self.executor.fetch(queries.SECURITY_EVENTS, campaign_id=campaign_id)
         return [SecurityEvent.model_validate(r) for r in rows]
+
+    # --- reads for the HTTP API and metrics -----------------------------------
+
+    async def observation(self, observation_id: int) -> Observation:
+        """One observation; ``NotFound`` if there is none."""
+        rows = await self.executor.fetch(queries.OBSERVATION, id=observation_id)
+        if not rows:
+            raise NotFound(f"observation {observation_id} does not exist")
+        return Observation.model_validate(rows[0])
+
+    async def leases_expiring(self, within_s: float, limit: int = 100) -> list[Campaign]:
+        """Leased campaigns whose lease ends within ``within_s`` seconds (or has ended)."""
+        rows = await self.executor.fetch(queries.LEASES_EXPIRING, within_s=within_s, limit=limit)
+        return [Campaign.model_validate(r) for r in rows]
+
+    async def oldest_ready_age(self) -> float | None:
+        """Seconds since the oldest ready campaign was opened, by the database's clock."""
+        rows = await self.executor.fetch(queries.OLDEST_READY_AGE)
+        return rows[0]["age_s"] if rows else None
+
+    async def transition_counts(self) -> dict[str, int]:
+        """How often each transition has happened, from the journal."""
+        rows = await self.executor.fetch(queries.TRANSITION_COUNTS)
+        return {r["transition"]: r["count"] for r in rows}
+
+    async def attempt_outcomes(self) -> dict[str, int]:
+        """Attempts per outcome (``running`` included)."""
+        rows = await self.executor.fetch(queries.ATTEMPT_OUTCOMES)
+        return {r["outcome"]: r["count"] for r in rows}
+
+    async def verification_outcomes(self) -> dict[str, int]:
+        """Verifications per status (``running`` included)."""
+        rows = await self.executor.fetch(queries.VERIFICATION_OUTCOMES)
+        return {r["status"]: r["count"] for r in rows}
+
+    async def side_effect_counts(self) -> dict[tuple[str, str], int]:
+        """Side effects per ``(kind, state)``."""
+        rows = await self.executor.fetch(queries.SIDE_EFFECT_COUNTS)
+        return {(r["kind"], r["state"]): r["count"] for r in rows}
+
+    async def duration_histogram(self, of: str, bounds: Sequence[float]
+                                 ) -> list[tuple[float, int, float]]:
+        """Cumulative ``(le, count, sum_s)`` of finished attempts (``of="attempt"``)
+        or verifications (``of="verification"``); the last bound is ``+inf``."""
+        query = {"attempt": queries.ATTEMPT_DURATIONS,
+                 "verification": queries.VERIFICATION_DURATIONS}.get(of)
+        if query is None:
+            raise InvalidInput(f"no duration histogram of {of!r}")
+        les = sorted({float(b) for b in bounds if b != float("inf")}) + [float("inf")]
+        rows = await self.executor.fetch(query, bounds=les)
+        return [(r["le"], r["count"], r["sum"]) for r in rows]

@@ -284,3 +284,88 @@ SELECT CAST(d.day AS date) AS day,
  ORDER BY d.day
 """)
 DAILY_ACTIVITY = Query(str(_DAILY_ACTIVITY.compile(dialect=_dialect)), {})
+
+# --- the HTTP API: one observation, leases, metrics ---------------------------
+# Metrics are computed from the rows at scrape time, so every process reports the
+# same numbers and a restart loses nothing. Counters come from rows that only
+# ever grow (the journal's transitions are never trimmed; attempts, verifications
+# and side effects are never deleted), so they are monotonic as Prometheus needs.
+
+OBSERVATION = compile_query(select(observations).where(observations.c.id == bindparam("id")))
+
+# Leased campaigns whose lease runs out within :within_s seconds (by the
+# database's clock, the one that judges leases), soonest first.
+LEASES_EXPIRING = compile_query(
+    select(campaigns)
+    .where(campaigns.c.state == "leased",
+           campaigns.c.lease_expires_at <= func.statement_timestamp()
+           + func.make_interval(0, 0, 0, 0, 0, 0, bindparam("within_s", type_=Float)))
+    .order_by(campaigns.c.lease_expires_at, campaigns.c.id)
+    .limit(bindparam("limit"))
+)
+
+# Seconds the oldest ready campaign has existed, by the database's clock (NULL:
+# nothing is ready). Same campaign as OLDEST_READY.
+OLDEST_READY_AGE = compile_query(
+    select(func.extract("epoch", func.statement_timestamp() - func.min(campaigns.c.created_at))
+           .cast(Float).label("age_s"))
+    .where(campaigns.c.state == "ready")
+)
+
+# Every transition ever made, by name. A full pass over the journal's transition
+# rows: fine for the scale in DESIGN.md section 4; past it, a counters table kept
+# by the journal trigger would make this O(transitions).
+# (A subquery, so GROUP BY names a column: the same ->> expression bound twice
+# would be two different parameters to the server.)
+_transitions = (
+    select(events.c.payload["transition"].astext.label("transition"))
+    .where(events.c.type == "transition")
+    .subquery("t")
+)
+TRANSITION_COUNTS = compile_query(
+    select(_transitions.c.transition, func.count().label("count"))
+    .where(_transitions.c.transition.is_not(None))
+    .group_by(_transitions.c.transition)
+    .order_by(_transitions.c.transition)
+)
+
+ATTEMPT_OUTCOMES = compile_query(
+    select(attempts.c.outcome, func.count().label("count"))
+    .group_by(attempts.c.outcome).order_by(attempts.c.outcome)
+)
+
+VERIFICATION_OUTCOMES = compile_query(
+    select(verifications.c.status, func.count().label("count"))
+    .group_by(verifications.c.status).order_by(verifications.c.status)
+)
+
+SIDE_EFFECT_COUNTS = compile_query(
+    select(side_effects.c.kind, side_effects.c.state, func.count().label("count"))
+    .group_by(side_effects.c.kind, side_effects.c.state)
+    .order_by(side_effects.c.kind, side_effects.c.state)
+)
+
+
+def _duration_histogram(start: Any, end: Any) -> Query:
+    # One row per upper bound in :bounds (ascending; the caller appends +Inf):
+    # how many finished rows took at most that long, and their summed seconds --
+    # a Prometheus histogram's cumulative buckets. The LEFT JOIN keeps every
+    # bound when nothing has finished yet (count 0).
+    seconds = func.extract("epoch", end - start).cast(Float)
+    finished = select(seconds.label("s")).where(end.is_not(None)).subquery("d")
+    bounds = func.unnest(bindparam("bounds", type_=ARRAY(Float))).table_valued("le").render_derived()
+    le = bounds.c.le
+    return compile_query(
+        select(le.label("le"),
+               func.count(finished.c.s).filter(finished.c.s <= le).label("count"),
+               func.coalesce(func.sum(finished.c.s).filter(finished.c.s <= le), 0.0)
+               .label("sum"))
+        .select_from(bounds.outerjoin(finished, literal_column("true")))
+        .group_by(le)
+        .order_by(le)
+    )
+
+
+ATTEMPT_DURATIONS = _duration_histogram(attempts.c.claimed_at, attempts.c.ended_at)
+VERIFICATION_DURATIONS = _duration_histogram(verifications.c.claimed_at,
+                                             verifications.c.finished_at)

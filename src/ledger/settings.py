@@ -43,6 +43,11 @@ class Settings(BaseSettings):
     )
     role_prefix: str = Field(default="ledger_", pattern=r"^[a-z][a-z0-9_]{0,30}$")
     config: Path = Field(default=Path("ledger.toml"), description="Campaign classes and sensors")
+    # Only SHA-256 digests of tokens are configured, never the tokens themselves
+    # (ledger.api.auth parses this; `ledger token create` prints an entry).
+    api_tokens: str | None = Field(
+        default=None, description="HTTP API bearer tokens: name:role:sha256hex, comma-separated"
+    )
 
     def role_urls(self) -> dict[str, str]:
         """Per-role logins that were configured, by actor."""

@@ -10,6 +10,7 @@ import typer
 from ..errors import LedgerError
 from . import campaigns, classes, demo, runtime, schema
 from . import verifier
+from . import serve
 from .context import State, console_err
 
 app = typer.Typer(
@@ -45,6 +46,7 @@ demo.register(app)
 verifier.register(app)
 runtime.register(app)
 classes.register(app)
+serve.register(app)
 
 
 def main() -> None:

@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import getpass
 import socket
+import sys
+from collections.abc import Awaitable, Callable
 from datetime import datetime, timezone
 
 import typer
 from rich.table import Table
 
+from ..errors import LedgerError
 from ..kernel import Kernel
 from ..models import Campaign, CampaignDetail
 from .context import console, console_err, emit_json, run, state
@@ -48,8 +51,10 @@ def open_(
     class_: str = typer.Argument(..., metavar="CLASS", help="Campaign class (registered)."),
     objective_key: str = typer.Argument(..., help="Objective key: one open campaign per key."),
     target: str = typer.Argument(..., help="The watched target."),
-    priority: int = typer.Option(0, help="Higher is claimed first."),
-    label: list[str] = typer.Option([], "--label", help="Labels (repeatable)."),
+    priority: int = typer.Option(0, envvar="LEDGER_OPEN_PRIORITY", show_envvar=True,
+                                 help="Higher is claimed first."),
+    label: list[str] = typer.Option([], "--label", envvar="LEDGER_OPEN_LABEL", show_envvar=True,
+                                    help="Labels (repeatable; space-separated in the variable)."),
     as_json: bool = JSON_OPTION,
 ) -> None:
     """Open a campaign by hand (as the sensor role); idempotent per objective key."""
@@ -67,20 +72,33 @@ def open_(
 
 def list_(
     ctx: typer.Context,
-    state_: list[str] = typer.Option([], "--state", help="Filter by state (repeatable)."),
-    class_: list[str] = typer.Option([], "--class", help="Filter by class (repeatable)."),
-    target: str = typer.Option(None, help="Filter by target."),
-    objective: str = typer.Option(None, help="Filter by objective key."),
-    label: str = typer.Option(None, help="Filter by label."),
-    limit: int = typer.Option(50, min=1, max=1000, help="Page size."),
+    state_: list[str] = typer.Option([], "--state", envvar="LEDGER_LIST_STATE", show_envvar=True,
+                                     help="Filter by state (repeatable)."),
+    class_: list[str] = typer.Option([], "--class", envvar="LEDGER_LIST_CLASS", show_envvar=True,
+                                     help="Filter by class (repeatable)."),
+    target: str = typer.Option(None, envvar="LEDGER_LIST_TARGET", show_envvar=True,
+                               help="Filter by target."),
+    objective: str = typer.Option(None, envvar="LEDGER_LIST_OBJECTIVE", show_envvar=True,
+                                  help="Filter by objective key."),
+    label: str = typer.Option(None, envvar="LEDGER_LIST_LABEL", show_envvar=True,
+                              help="Filter by label."),
+    updated_since: datetime = typer.Option(None, "--updated-since",
+                                           envvar="LEDGER_LIST_UPDATED_SINCE", show_envvar=True,
+                                           help="Only campaigns changed since (ISO time, UTC if "
+                                                "no zone)."),
+    limit: int = typer.Option(50, min=1, max=1000, envvar="LEDGER_LIST_LIMIT", show_envvar=True,
+                              help="Page size."),
     as_json: bool = JSON_OPTION,
 ) -> None:
     """List campaigns, most recently changed first."""
+    if updated_since is not None and updated_since.tzinfo is None:
+        updated_since = updated_since.replace(tzinfo=timezone.utc)
+
     async def go() -> list[Campaign]:
         async with state(ctx).database().session("reader") as s:
             return await Kernel(s).campaigns(states=state_ or None, classes=class_ or None,
                                              target=target, objective_key=objective, label=label,
-                                             limit=limit)
+                                             updated_since=updated_since, limit=limit)
     rows = run(go())
     if as_json:
         emit_json(rows)
@@ -136,51 +154,93 @@ def show(
         console.print(table)
 
 
-def status(ctx: typer.Context, as_json: bool = JSON_OPTION) -> None:
-    """Campaigns per state and the age of the oldest ready one."""
-    async def go() -> tuple[dict[str, int], datetime | None]:
+def status(
+    ctx: typer.Context,
+    expiring_within: float = typer.Option(60.0, "--expiring-within", min=0, metavar="SECONDS",
+                                          envvar="LEDGER_STATUS_EXPIRING_WITHIN",
+                                          show_envvar=True,
+                                          help="Show leases that end within this many seconds."),
+    as_json: bool = JSON_OPTION,
+) -> None:
+    """Campaigns per state, the age of the oldest ready one and leases about to expire."""
+    async def go() -> tuple[dict[str, int], datetime | None, list[Campaign]]:
         async with state(ctx).database().session("reader") as s:
             kernel = Kernel(s)
-            return await kernel.state_counts(), await kernel.oldest_ready()
-    counts, oldest = run(go())
+            return (await kernel.state_counts(), await kernel.oldest_ready(),
+                    await kernel.leases_expiring(expiring_within))
+    counts, oldest, expiring = run(go())
     if as_json:
-        emit_json({"states": counts, "oldest_ready": oldest})
+        emit_json({"states": counts, "oldest_ready": oldest,
+                   "leases_expiring": [{"campaign_id": c.id, "lease_owner": c.lease_owner,
+                                        "lease_expires_at": c.lease_expires_at}
+                                       for c in expiring]})
         return
     table = Table("state", "campaigns")
     for name, n in counts.items():
         table.add_row(name, str(n))
     console.print(table)
     console.print(f"oldest ready: {_ago(oldest)}")
+    if expiring:
+        leases = Table("id", "worker", "lease ends", title=f"leases ending within {expiring_within:g}s")
+        for c in expiring:
+            leases.add_row(str(c.id), c.lease_owner or "-",
+                           c.lease_expires_at.isoformat() if c.lease_expires_at else "-")
+        console.print(leases)
+
+
+def _act_on_each(ctx: typer.Context, campaign_ids: list[int], done: str, as_json: bool,
+                 act: Callable[[Kernel, int], Awaitable[int]]) -> None:
+    """Act on every id (as the operator) even if some fail, like the API's bulk
+    actions; one result per id; exit with the first failure's code."""
+    results: list[dict[str, object]] = []
+    first_failure: LedgerError | None = None
+
+    async def go() -> None:
+        nonlocal first_failure
+        async with state(ctx).database().session("operator") as s:
+            kernel = Kernel(s)
+            for cid in campaign_ids:
+                try:
+                    generation = await act(kernel, cid)
+                except LedgerError as exc:
+                    first_failure = first_failure or exc
+                    results.append({"campaign_id": cid, "outcome": exc.slug, "error": exc.message})
+                    console_err.print(f"ledger: campaign {cid}: {exc.message}",
+                                      markup=False, highlight=False, soft_wrap=True)
+                    continue
+                results.append({"campaign_id": cid, "outcome": done, "generation": generation})
+                if not as_json:
+                    console_err.print(f"campaign {cid} {done} (generation {generation})")
+    run(go())
+    if as_json:
+        emit_json(results)
+    if first_failure is not None:
+        sys.exit(first_failure.exit_code)
 
 
 def abandon(
     ctx: typer.Context,
     campaign_ids: list[int] = typer.Argument(..., help="Campaign ids."),
-    reason: str = typer.Option("abandoned by operator", help="Why (kept in the journal)."),
+    reason: str = typer.Option("abandoned by operator", envvar="LEDGER_ABANDON_REASON",
+                               show_envvar=True, help="Why (kept in the journal)."),
+    as_json: bool = JSON_OPTION,
 ) -> None:
     """Stop campaigns for good; a worker holding one is fenced out and told to stop."""
-    async def go() -> None:
-        async with state(ctx).database().session("operator") as s:
-            kernel = Kernel(s)
-            for cid in campaign_ids:
-                generation = await kernel.abandon(cid, reason, operator_identity())
-                console_err.print(f"campaign {cid} abandoned (generation {generation})")
-    run(go())
+    _act_on_each(ctx, campaign_ids, "abandoned", as_json,
+                 lambda kernel, cid: kernel.abandon(cid, reason, operator_identity()))
 
 
 def reopen(
     ctx: typer.Context,
     campaign_ids: list[int] = typer.Argument(..., help="Campaign ids."),
-    extra_attempts: int = typer.Option(None, min=1, help="Attempts to add (default: the class's)."),
+    extra_attempts: int = typer.Option(None, min=1, envvar="LEDGER_REOPEN_EXTRA_ATTEMPTS",
+                                       show_envvar=True,
+                                       help="Attempts to add (default: the class's)."),
+    as_json: bool = JSON_OPTION,
 ) -> None:
     """Give exhausted campaigns more attempts."""
-    async def go() -> None:
-        async with state(ctx).database().session("operator") as s:
-            kernel = Kernel(s)
-            for cid in campaign_ids:
-                await kernel.reopen(cid, operator_identity(), extra_attempts)
-                console_err.print(f"campaign {cid} reopened")
-    run(go())
+    _act_on_each(ctx, campaign_ids, "reopened", as_json,
+                 lambda kernel, cid: kernel.reopen(cid, operator_identity(), extra_attempts))
 
 
 def report(

@@ -1,0 +1,109 @@
+"""The application factory: routes, error handling, middleware, and the lifespan
+that owns this process's hub and per-role pools.
+
+``create_app(database, tokens)`` builds an app for tests and embedding;
+``app_from_settings()`` builds the one ``ledger serve`` runs (also usable as
+``uvicorn --factory ledger.api:app_from_settings``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+
+from fastapi import Depends, FastAPI
+
+from ..database import Database
+from ..hub import Hub
+from ..logs import get_logger
+from ..settings import Settings, get_settings
+from . import campaigns, contract, events, health, metrics, observations, problems
+from .auth import TokenTable
+from .metrics import ProcessCounters
+from .middleware import BodyLimit, RequestLog
+from .roles import RolePools
+
+log = get_logger("api")
+
+
+@dataclass(frozen=True)
+class ApiOptions:
+    """Tunables of one server process."""
+
+    keepalive_s: float = 15.0  # SSE comment keepalive while a stream is idle
+    poll_s: float = 1.0  # a tail re-reads at least this often (NOTIFY is only a hint)
+    max_body_bytes: int = 1024 * 1024
+    pool_max_size: int = 10  # connections per role
+    ready_timeout_s: float = 5.0
+    hub: bool = True  # LISTEN for wake-ups (else tails poll every poll_s)
+
+    def __post_init__(self) -> None:
+        if self.keepalive_s <= 0 or self.poll_s <= 0 or self.ready_timeout_s <= 0:
+            raise ValueError("keepalive_s, poll_s and ready_timeout_s must be positive")
+        if self.max_body_bytes < 1 or self.pool_max_size < 1:
+            raise ValueError("max_body_bytes and pool_max_size must be positive")
+
+
+@dataclass
+class ApiState:
+    """What the routes share, at ``app.state.ledger``."""
+
+    database: Database
+    tokens: TokenTable
+    options: ApiOptions
+    pools: RolePools
+    counters: ProcessCounters = field(default_factory=ProcessCounters)
+    hub: Hub | None = None
+    query_names: dict[tuple[str, str], frozenset[str]] | None = None
+
+
+def create_app(database: Database, tokens: TokenTable,
+               options: ApiOptions | None = None) -> FastAPI:
+    """The HTTP API over ``database``, authenticating with ``tokens``."""
+    options = options or ApiOptions()
+    state = ApiState(database=database, tokens=tokens, options=options,
+                     pools=RolePools(database, max_size=options.pool_max_size))
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        if options.hub:
+            # Not waiting for the first LISTEN: the server starts (and says it is
+            # not ready) while the database is down; the hub keeps reconnecting.
+            state.hub = await Hub(database, actor="reader").start(wait=False)
+        if not len(tokens):
+            log.warning("no API tokens configured (LEDGER_API_TOKENS): every request but "
+                        "the probes will be refused")
+        try:
+            yield
+        finally:
+            if state.hub is not None:
+                await state.hub.stop()
+            await state.pools.close()
+
+    app = FastAPI(
+        title="Ledger",
+        version="1",
+        summary="Durable campaigns for fleets of automation and AI-agent workers",
+        description="Every error is `application/problem+json` (RFC 9457) with a stable "
+                    "`type`. Authenticate with `Authorization: Bearer <token>`; the token's "
+                    "role (reader, operator, sensor) is the database role the request acts as.",
+        lifespan=lifespan,
+        dependencies=[Depends(contract.refuse_unknown_query)],
+    )
+    app.state.ledger = state
+    problems.install(app)
+    for module in (campaigns, events, observations, metrics, health):
+        app.include_router(module.router)
+    # Added last = outermost: the log sees every response, limits included.
+    app.add_middleware(BodyLimit, max_bytes=options.max_body_bytes)
+    app.add_middleware(RequestLog, counters=state.counters)
+    return app
+
+
+def app_from_settings(settings: Settings | None = None,
+                      options: ApiOptions | None = None) -> FastAPI:
+    """The app ``ledger serve`` runs: database and tokens from the settings."""
+    settings = settings or get_settings()
+    return create_app(Database.from_settings(settings), TokenTable.parse(settings.api_tokens),
+                      options)

@@ -1,0 +1,131 @@
+"""Bearer tokens mapped to database roles.
+
+A token names one of three roles -- ``reader``, ``operator``, ``sensor`` -- and
+that is all the HTTP layer decides: every request then runs its database work
+as that role (``ledger.api.pools``), so PostgreSQL, not Python, says what the
+role may do. A reader asking to abandon is refused by the database (403).
+
+Only a SHA-256 digest of each token is configured, never the token itself:
+``LEDGER_API_TOKENS="ops:operator:<sha256 hex>,dash:reader:<sha256 hex>"``.
+``ledger token create ROLE`` makes a token and prints its entry.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import re
+import secrets
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Annotated
+
+from fastapi import Depends, Request
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+
+from ..errors import ConfigError
+from .problems import Unauthenticated
+
+#: The roles a token may carry (the runtimes' roles have no HTTP surface).
+ROLES = ("reader", "operator", "sensor")
+TOKEN_PREFIX = "ldg_"
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.@-]{0,63}$")
+_DIGEST = re.compile(r"^[0-9a-f]{64}$")
+
+
+def hash_token(token: str) -> str:
+    """The SHA-256 hex digest that configuration stores for ``token``."""
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
+def new_token() -> str:
+    """A fresh random token (256 bits)."""
+    return TOKEN_PREFIX + secrets.token_urlsafe(32)
+
+
+@dataclass(frozen=True)
+class Principal:
+    """Who is calling: the token's name and the role it acts as."""
+
+    name: str
+    role: str
+
+    @property
+    def identity(self) -> str:
+        """How this caller is recorded in the journal."""
+        return f"http:{self.name}"
+
+
+@dataclass(frozen=True)
+class TokenEntry:
+    """One configured token: its name, role and digest."""
+
+    name: str
+    role: str
+    digest: str
+
+    def entry(self) -> str:
+        """The configuration text of this token."""
+        return f"{self.name}:{self.role}:{self.digest}"
+
+
+class TokenTable:
+    """The configured tokens, looked up by digest."""
+
+    def __init__(self, entries: Iterable[TokenEntry] = ()):
+        self.entries = tuple(entries)
+        names = [e.name for e in self.entries]
+        if len(set(names)) != len(names):
+            raise ConfigError("LEDGER_API_TOKENS names a token twice")
+
+    @classmethod
+    def parse(cls, text: str | None) -> TokenTable:
+        """Parse ``name:role:sha256hex`` entries separated by commas or whitespace."""
+        entries = []
+        for raw in re.split(r"[,\s]+", text or ""):
+            if not raw:
+                continue
+            parts = raw.split(":")
+            if len(parts) != 3:
+                raise ConfigError(f"API token entry {raw[:20]!r}... is not name:role:sha256hex")
+            name, role, digest = parts[0], parts[1], parts[2].lower()
+            if not _NAME.match(name):
+                raise ConfigError(f"API token name {name!r} is not 1-64 of [A-Za-z0-9_.@-]")
+            if role not in ROLES:
+                raise ConfigError(f"API token {name!r}: role {role!r} is not one of {', '.join(ROLES)}")
+            if not _DIGEST.match(digest):
+                raise ConfigError(f"API token {name!r}: the digest must be 64 hex digits "
+                                  "(a SHA-256 of the token, not the token)")
+            entries.append(TokenEntry(name, role, digest))
+        return cls(entries)
+
+    def authenticate(self, token: str) -> Principal | None:
+        """The principal of ``token``, or ``None`` if it is not configured."""
+        digest = hash_token(token)
+        found: TokenEntry | None = None
+        for entry in self.entries:
+            # Every entry is compared, in constant time, whatever matched.
+            if hmac.compare_digest(entry.digest, digest):
+                found = entry
+        return Principal(found.name, found.role) if found else None
+
+    def __len__(self) -> int:
+        return len(self.entries)
+
+
+bearer = HTTPBearer(auto_error=False, description="A token from `ledger token create ROLE`")
+
+
+async def authenticate(
+    request: Request,
+    credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)],
+) -> Principal:
+    """The request's principal; ``Unauthenticated`` (401) without a valid token."""
+    if credentials is None:
+        raise Unauthenticated("a bearer token is required (Authorization: Bearer <token>)")
+    tokens: TokenTable = request.app.state.ledger.tokens
+    principal = tokens.authenticate(credentials.credentials)
+    if principal is None:
+        raise Unauthenticated("the bearer token is not valid")
+    request.state.principal = principal  # for the request log
+    return principal

@@ -1,0 +1,184 @@
+"""``GET /metrics``: Prometheus text, computed from the database at scrape time.
+
+Nothing is counted in process memory (but the hub's reconnects and this
+process's requests, which are about this process): every server reports the
+same campaign numbers, and a restart resets nothing. Counters are derived from
+rows that only grow -- journal transitions, ended attempts, verdicts, side-effect
+intents -- so they are monotonic. Labels are bounded (state, transition,
+outcome, kind): never a campaign id.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+from fastapi import APIRouter, Request, Response
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
+from prometheus_client.registry import Collector
+
+from ..hub import Hub
+from ..kernel import Kernel
+from . import problems
+from .roles import CallerDep
+
+router = APIRouter(tags=["metrics"])
+
+#: Upper bounds (seconds) of the duration histograms' buckets.
+DURATION_BUCKETS = (1, 5, 15, 30, 60, 120, 300, 600, 1200, 1800, 3600, 7200)
+
+Histogram = list[tuple[float, int, float]]
+
+
+@dataclass
+class Snapshot:
+    """What one scrape read from the database."""
+
+    states: dict[str, int]
+    oldest_ready_age_s: float | None
+    transitions: dict[str, int]
+    attempts: dict[str, int]
+    verifications: dict[str, int]
+    side_effects: dict[tuple[str, str], int]
+    attempt_durations: Histogram
+    verification_durations: Histogram
+    read_s: float = 0.0
+
+
+@dataclass
+class ProcessCounters:
+    """This process's own counters (requests by route template and status)."""
+
+    requests: dict[tuple[str, str, str], int] = field(default_factory=dict)
+
+    def count_request(self, method: str, route: str, status: int) -> None:
+        """Count one answered request."""
+        key = (method, route, str(status))
+        self.requests[key] = self.requests.get(key, 0) + 1
+
+
+async def read_snapshot(kernel: Kernel) -> Snapshot:
+    """Read everything the metrics need, as the caller's role."""
+    started = time.perf_counter()
+    snapshot = Snapshot(
+        states=await kernel.state_counts(),
+        oldest_ready_age_s=await kernel.oldest_ready_age(),
+        transitions=await kernel.transition_counts(),
+        attempts=await kernel.attempt_outcomes(),
+        verifications=await kernel.verification_outcomes(),
+        side_effects=await kernel.side_effect_counts(),
+        attempt_durations=await kernel.duration_histogram("attempt", DURATION_BUCKETS),
+        verification_durations=await kernel.duration_histogram("verification",
+                                                               DURATION_BUCKETS),
+    )
+    snapshot.read_s = time.perf_counter() - started
+    return snapshot
+
+
+def _histogram(name: str, doc: str, rows: Histogram) -> HistogramMetricFamily:
+    buckets = [("+Inf" if le == float("inf") else f"{le:g}", count) for le, count, _ in rows]
+    total = rows[-1][2] if rows else 0.0
+    return HistogramMetricFamily(name, doc, buckets=buckets, sum_value=total)
+
+
+class LedgerCollector(Collector):
+    """A custom collector over one scrape's snapshot and this process's hub."""
+
+    def __init__(self, snapshot: Snapshot, hub: Hub | None, process: ProcessCounters):
+        self.snapshot = snapshot
+        self.hub = hub
+        self.process = process
+
+    def collect(self) -> Iterator[Metric]:
+        """Yield every metric family."""
+        s = self.snapshot
+        campaigns = GaugeMetricFamily("ledger_campaigns", "Campaigns per state", labels=["state"])
+        for state, count in s.states.items():
+            campaigns.add_metric([state], count)
+        yield campaigns
+        yield GaugeMetricFamily("ledger_oldest_ready_age_seconds",
+                                "Age of the oldest ready campaign (0: none is ready)",
+                                value=s.oldest_ready_age_s or 0.0)
+
+        transitions = CounterMetricFamily("ledger_transitions", "State transitions made",
+                                          labels=["transition"])
+        for name, count in s.transitions.items():
+            transitions.add_metric([name], count)
+        yield transitions
+        yield CounterMetricFamily("ledger_claims", "Campaigns claimed by workers",
+                                  value=s.transitions.get("claim", 0))
+        yield CounterMetricFamily("ledger_lease_expiries", "Leases the reaper expired",
+                                  value=s.transitions.get("expire_lease", 0))
+
+        attempts = CounterMetricFamily("ledger_attempts", "Ended attempts per outcome",
+                                       labels=["outcome"])
+        for outcome, count in s.attempts.items():
+            if outcome != "running":  # a running attempt's outcome is yet to come
+                attempts.add_metric([outcome], count)
+        yield attempts
+        yield GaugeMetricFamily("ledger_attempts_running", "Attempts in progress",
+                                value=s.attempts.get("running", 0))
+
+        verdicts = CounterMetricFamily("ledger_verdicts", "Verifiers' verdicts",
+                                       labels=["verdict"])
+        for verdict in ("accepted", "rejected"):
+            verdicts.add_metric([verdict], s.verifications.get(verdict, 0))
+        yield verdicts
+
+        requested = CounterMetricFamily("ledger_side_effects", "Side-effect intents recorded",
+                                        labels=["kind"])
+        by_state = GaugeMetricFamily("ledger_side_effects_by_state",
+                                     "Side effects per kind and current state",
+                                     labels=["kind", "state"])
+        per_kind: dict[str, int] = {}
+        for (kind, state), count in s.side_effects.items():
+            per_kind[kind] = per_kind.get(kind, 0) + count
+            by_state.add_metric([kind, state], count)
+        for kind, count in per_kind.items():
+            requested.add_metric([kind], count)
+        yield requested
+        yield by_state
+
+        yield _histogram("ledger_attempt_duration_seconds",
+                         "Claim to end of finished attempts", s.attempt_durations)
+        yield _histogram("ledger_verification_duration_seconds",
+                         "Claim to verdict of finished verifications", s.verification_durations)
+
+        if self.hub is not None:
+            yield CounterMetricFamily("ledger_hub_reconnects",
+                                      "Times this process's LISTEN connection was re-established",
+                                      value=self.hub.reconnects)
+            yield GaugeMetricFamily("ledger_hub_connected",
+                                    "Whether this process's LISTEN connection is up",
+                                    value=1 if self.hub.connected else 0)
+            yield CounterMetricFamily("ledger_hub_dropped_notifications",
+                                      "Notifications dropped from full subscriber queues",
+                                      value=self.hub.dropped)
+        requests = CounterMetricFamily("ledger_http_requests", "Requests this process answered",
+                                       labels=["method", "route", "status"])
+        for (method, route, status), count in sorted(self.process.requests.items()):
+            requests.add_metric([method, route, status], count)
+        yield requests
+        yield GaugeMetricFamily("ledger_metrics_read_seconds",
+                                "Time this scrape spent reading the database", value=s.read_s)
+
+
+@router.get("/metrics", response_class=Response,
+            responses={200: {"description": "Prometheus text format",
+                             "content": {CONTENT_TYPE_LATEST: {"schema": {"type": "string"}}}},
+                       **problems.responses(401, 503)})
+async def metrics(request: Request, caller: CallerDep) -> Response:
+    """Prometheus metrics, read from the database now."""
+    api = request.app.state.ledger
+    snapshot = await read_snapshot(caller.kernel)
+    # A registry per scrape: the collector is bound to this scrape's snapshot.
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(LedgerCollector(snapshot, api.hub, api.counters))
+    return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)

@@ -1,0 +1,102 @@
+"""ASGI middleware of the API: a body size limit and the request log.
+
+Both are plain ASGI (no buffering), so streamed responses -- the SSE tails --
+pass straight through.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+import uuid
+
+import structlog
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from ..logs import get_logger
+from .metrics import ProcessCounters
+from .problems import PayloadTooLarge, problem_for
+
+_REQUEST_ID = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
+#: Probes and scrapes are logged at debug: they would drown everything else.
+_QUIET = frozenset({"/livez", "/readyz", "/metrics"})
+
+
+class BodyLimit:
+    """Refuse request bodies over ``max_bytes`` with a 413 problem: at once when
+    ``Content-Length`` says so, or as soon as a streamed body passes the limit."""
+
+    def __init__(self, app: ASGIApp, max_bytes: int):
+        self.app = app
+        self.max_bytes = max_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        too_large = PayloadTooLarge(f"the request body is larger than {self.max_bytes} bytes")
+        for name, value in scope["headers"]:
+            if name == b"content-length" and value.isdigit() and int(value) > self.max_bytes:
+                await problem_for(too_large, Request(scope))(scope, receive, send)
+                return
+        received = 0
+
+        async def limited() -> Message:
+            nonlocal received
+            message = await receive()
+            if message["type"] == "http.request":
+                received += len(message.get("body", b""))
+                if received > self.max_bytes:
+                    # An HTTPException, because the framework turns anything else
+                    # raised while it reads a body into a generic 400.
+                    raise HTTPException(413, too_large.message)
+            return message
+
+        await self.app(scope, limited, send)
+
+
+class RequestLog:
+    """One structured log line per request: method, route, status, duration, caller.
+
+    A ``request_id`` (the client's ``X-Request-ID`` if it is sane, else a new
+    one) is bound for every line logged while the request runs, and returned in
+    the ``X-Request-ID`` response header."""
+
+    def __init__(self, app: ASGIApp, counters: ProcessCounters):
+        self.app = app
+        self.counters = counters
+        self.log = get_logger("api")
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        given = dict(scope["headers"]).get(b"x-request-id", b"").decode("latin-1")
+        request_id = given if _REQUEST_ID.match(given) else uuid.uuid4().hex
+        started = time.perf_counter()
+        status = 500  # if the app dies before it starts a response
+
+        async def send_logged(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+                message["headers"] = [*message.get("headers", []),
+                                      (b"x-request-id", request_id.encode())]
+            await send(message)
+
+        with structlog.contextvars.bound_contextvars(request_id=request_id):
+            try:
+                await self.app(scope, receive, send_logged)
+            finally:
+                route = scope.get("route")
+                template = getattr(route, "path_format", None) or "unmatched"
+                self.counters.count_request(scope["method"], template, status)
+                principal = scope.get("state", {}).get("principal")
+                level = "debug" if scope["path"] in _QUIET and status < 400 else "info"
+                getattr(self.log, level)(
+                    "request", method=scope["method"], path=scope["path"], route=template,
+                    status=status, duration_ms=round((time.perf_counter() - started) * 1000, 2),
+                    caller=principal.identity if principal else None,
+                    role=principal.role if principal else None)

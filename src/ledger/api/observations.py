@@ -1,0 +1,86 @@
+"""Sensor intake for external sensors: ``POST /observations``.
+
+An observation is recorded and applied (open, regress, confirm, dismiss) by one
+kernel call as the caller's role -- only a sensor token's role may. With an
+``Idempotency-Key`` the kernel keeps the key and a digest of the request: the
+same key with the same body returns the first result, with another body it is
+refused (``idempotency-conflict``). The digest is SHA-256 of the validated body
+as canonical JSON (sorted keys, no whitespace), so formatting and key order do
+not make two equal requests differ.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Annotated, Any, Literal
+
+from fastapi import APIRouter, Header, Path, Response
+from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
+
+from ..models import Observation, ObservationRecorded
+from . import problems
+from .campaigns import BIGINT_MAX, Name, Text
+from .roles import CallerDep
+
+router = APIRouter(tags=["observations"])
+
+
+
+class ObservationIn(BaseModel):
+    """What a sensor saw of a target."""
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+    sensor: Name | None = Field(
+        default=None, description="The sensor's name (default: http:<token name>)")
+    objective_key: Text
+    target: Text
+    status: Literal["green", "red"]
+    started_at: AwareDatetime
+    finished_at: AwareDatetime | None = None
+    details: dict[str, Any] = Field(default_factory=dict)
+    class_: Name | None = Field(
+        default=None, alias="class", description="Needed when a red observation opens a campaign")
+    tick: AwareDatetime | None = Field(default=None, description="The schedule tick (one "
+                                                                 "observation per sensor and tick)")
+    desired_state: dict[str, Any] = Field(default_factory=dict)
+    labels: list[Name] = Field(
+        default_factory=list, max_length=50)
+
+    def digest(self) -> str:
+        """SHA-256 of this request as canonical JSON."""
+        canonical = json.dumps(self.model_dump(mode="json", by_alias=True), sort_keys=True,
+                               separators=(",", ":"), ensure_ascii=False)
+        return "sha256:" + hashlib.sha256(canonical.encode()).hexdigest()
+
+
+@router.post("/observations", status_code=202, response_model=ObservationRecorded,
+             responses=problems.responses(401, 403, 413, 422, 503))
+async def record_observation(
+    body: ObservationIn,
+    caller: CallerDep,
+    response: Response,
+    idempotency_key: Annotated[str | None, Header(
+        alias="Idempotency-Key", min_length=1, max_length=200, pattern=r"^[\x21-\x7e]+$",
+        description="Retries with the same key and body return the first result")] = None,
+) -> ObservationRecorded:
+    """Record an observation and apply what it implies; 202 with its id and ``Location``."""
+    recorded = await caller.kernel.record_observation(
+        body.sensor or caller.principal.identity, body.objective_key, body.target, body.status,
+        body.started_at, finished_at=body.finished_at, details=body.details,
+        class_=body.class_, tick=body.tick, idempotency_key=idempotency_key,
+        request_digest=body.digest() if idempotency_key else None,
+        desired_state=body.desired_state, labels=body.labels,
+    )
+    response.headers["Location"] = f"/observations/{recorded.observation_id}"
+    return recorded
+
+
+@router.get("/observations/{observation_id}", response_model=Observation,
+            responses=problems.responses(401, 404, 422, 503))
+async def show_observation(
+    observation_id: Annotated[int, Path(ge=1, le=BIGINT_MAX)], caller: CallerDep,
+) -> Observation:
+    """One recorded observation."""
+    return await caller.kernel.observation(observation_id)

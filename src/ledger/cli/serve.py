@@ -1,0 +1,90 @@
+"""``ledger serve`` (the HTTP API under uvicorn) and ``ledger token create``."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import typer
+
+from .. import logs
+from .context import console_err, state
+
+ROLES = ("reader", "operator", "sensor")
+
+token_app = typer.Typer(help="Bearer tokens of the HTTP API.", no_args_is_help=True)
+
+
+def register(app: typer.Typer) -> None:
+    """Add ``serve`` and ``token`` to ``app``."""
+    app.command("serve")(serve)
+    app.add_typer(token_app, name="token")
+
+
+def serve(
+    ctx: typer.Context,
+    host: str = typer.Option("127.0.0.1", "--host", envvar="LEDGER_API_HOST", show_envvar=True,
+                             help="Address to listen on."),
+    port: int = typer.Option(8080, "--port", min=0, max=65535, envvar="LEDGER_API_PORT",
+                             show_envvar=True, help="Port to listen on."),
+    keepalive: float = typer.Option(15.0, "--keepalive", min=0.01, envvar="LEDGER_API_KEEPALIVE_S",
+                                    show_envvar=True,
+                                    help="Seconds between keepalive comments on idle event streams."),
+    max_body: int = typer.Option(1024 * 1024, "--max-body", min=1, envvar="LEDGER_API_MAX_BODY",
+                                 show_envvar=True, help="Largest request body, in bytes."),
+    pool_size: int = typer.Option(10, "--pool-size", min=1, max=100,
+                                  envvar="LEDGER_API_POOL_SIZE", show_envvar=True,
+                                  help="Database connections per role."),
+    log_level: str = typer.Option("info", "--log-level", envvar="LEDGER_LOG_LEVEL",
+                                  show_envvar=True, help="debug, info, warning or error."),
+) -> None:
+    """Serve the HTTP API: campaigns, event streams, observations, operator
+    actions, /metrics, /livez and /readyz. Tokens come from LEDGER_API_TOKENS."""
+    import uvicorn
+
+    from ..api import ApiOptions, app_from_settings
+
+    logs.configure(log_level)
+    settings = state(ctx).settings
+    app = app_from_settings(settings, ApiOptions(keepalive_s=keepalive, max_body_bytes=max_body,
+                                                 pool_max_size=pool_size))
+    # uvicorn's own loggers go through the structured root logger; the API
+    # writes its own request log, so uvicorn's access log stays off.
+    uvicorn.run(app, host=host, port=port, log_config=None, access_log=False,
+                log_level=log_level.lower(), timeout_graceful_shutdown=5,
+                proxy_headers=False, server_header=False)
+
+
+@token_app.command("create")
+def create_token(
+    role: str = typer.Argument(..., metavar="ROLE", help="reader, operator or sensor."),
+    name: str = typer.Option(None, "--name", envvar="LEDGER_TOKEN_NAME", show_envvar=True,
+                             help="Name recorded as http:<name> in the journal "
+                                  "(default: <role>-<random>)."),
+    as_json: bool = typer.Option(False, "--json", envvar="LEDGER_JSON", show_envvar=True,
+                                 help="Print JSON for machines."),
+) -> None:
+    """Make a random token for ROLE; print it and its LEDGER_API_TOKENS entry.
+
+    Only the entry (a SHA-256 of the token) goes into the server's
+    configuration; the token itself is shown once and kept by its user."""
+    import secrets
+
+    from ..api.auth import TokenEntry, TokenTable, hash_token, new_token
+
+    if role not in ROLES:
+        raise typer.BadParameter(f"one of {', '.join(ROLES)}, not {role!r}", param_hint="ROLE")
+    name = name or f"{role}-{secrets.token_hex(3)}"
+    if not re.match(r"^[A-Za-z0-9][A-Za-z0-9_.@-]{0,63}$", name):
+        raise typer.BadParameter(f"{name!r} is not 1-64 of [A-Za-z0-9_.@-]", param_hint="--name")
+    token = new_token()
+    entry = TokenEntry(name, role, hash_token(token)).entry()
+    TokenTable.parse(entry)  # what we print must be what the server accepts
+    if as_json:
+        typer.echo(json.dumps({"name": name, "role": role, "token": token, "entry": entry}))
+        return
+    typer.echo(f"token: {token}")
+    typer.echo(f"entry: {entry}")
+    console_err.print("Give the token to its user now; it is not stored anywhere. Add the "
+                      "entry to LEDGER_API_TOKENS (comma-separated) and restart `ledger serve`.",
+                      highlight=False)
