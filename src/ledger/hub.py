@@ -12,15 +12,30 @@ id): the hub demultiplexes in process. Every waiter also has a timeout (its poll
 tick), so a lost notification costs latency, never correctness. Subscribe
 *before* reading rows, so a wake-up between the read and the wait is kept.
 
+``Hub`` is one LISTEN connection per process, owned by a supervisor task that
+reconnects with backoff and wakes every subscriber after each (re)connect
+(notifications sent while it was away are lost, so everyone re-reads rows).
 ``NullHub`` is the hub of a process without LISTEN: waits simply time out.
+
+This is the one module outside ``ledger.database`` that touches psycopg: the
+asynchronous notification API has no place in the executor interface.
 """
 
 from __future__ import annotations
 
 import asyncio
+import random
+from collections import deque
 from collections.abc import Iterator
-from contextlib import contextmanager
-from typing import Protocol
+from contextlib import contextmanager, suppress
+from typing import Any, Protocol
+
+import psycopg
+from psycopg import sql
+
+from .database import Database
+from .errors import Unavailable
+from .logs import get_logger
 
 CHANNELS = ("ledger_ready", "ledger_cancel", "ledger_event", "ledger_attempted", "ledger_outbox")
 
@@ -60,3 +75,256 @@ class NullHub:
         if channel not in CHANNELS:
             raise ValueError(f"unknown channel {channel!r}")
         yield _Sleeper()
+
+
+class _Subscriber:
+    """One subscriber's bounded inbox and wake flag.
+
+    Delivery never blocks and never fails: past ``maxsize`` undrained payloads
+    new ones are dropped (and counted), but the wake flag is still raised, so a
+    slow subscriber is woken to re-read rows, which is what matters."""
+
+    def __init__(self, channel: str, key: str | None, maxsize: int):
+        self.channel = channel
+        self.key = key
+        self.maxsize = maxsize
+        self.dropped = 0
+        self._payloads: deque[str] = deque()
+        self._woken = asyncio.Event()
+
+    def push(self, payload: str) -> bool:
+        """Queue a payload and wake; ``False`` if it was dropped."""
+        kept = len(self._payloads) < self.maxsize
+        if kept:
+            self._payloads.append(payload)
+        else:
+            self.dropped += 1
+        self._woken.set()
+        return kept
+
+    def wake(self) -> None:
+        """Wake without a payload (after a reconnect: re-read the rows)."""
+        self._woken.set()
+
+    async def wait(self, timeout: float) -> bool:
+        """Wait for a wake-up; ``True`` if woken, ``False`` if the timeout passed.
+        A wake-up that happened since the last wait counts (it is not lost)."""
+        if not self._woken.is_set():
+            try:
+                # asyncio.timeout, not wait_for: on 3.11 wait_for can swallow a
+                # cancellation that races with the event being set.
+                async with asyncio.timeout(max(timeout, 0.0)):
+                    await self._woken.wait()
+            except TimeoutError:
+                return False
+        self._woken.clear()
+        return True
+
+    def drain(self) -> list[str]:
+        """Payloads received since the last drain, oldest first."""
+        payloads = list(self._payloads)
+        self._payloads.clear()
+        return payloads
+
+
+class Hub:
+    """One LISTEN connection per process, demultiplexed to in-process subscribers.
+
+    A single supervisor task owns the connection: it connects as ``actor``
+    (LISTEN needs no privileges), LISTENs on every channel in ``CHANNELS``,
+    dispatches each notification to the subscribers of its channel (all of
+    them, or those whose key equals the payload), pings the server every
+    ``ping_s`` so a half-open connection is noticed, and when the connection
+    dies reconnects with jittered exponential backoff capped at
+    ``backoff_cap_s``. After every (re)connect it wakes every subscriber once.
+
+    ``reconnects`` and ``connected`` are for metrics; ``dropped`` counts
+    payloads dropped from full subscriber queues.
+    """
+
+    def __init__(
+        self,
+        db: Database,
+        *,
+        actor: str = "reader",
+        queue_size: int = 256,
+        ping_s: float = 30.0,
+        backoff_base_s: float = 0.1,
+        backoff_cap_s: float = 3.0,
+    ):
+        if queue_size < 1:
+            raise ValueError(f"queue_size must be positive, not {queue_size}")
+        if ping_s <= 0 or backoff_base_s <= 0 or backoff_cap_s < backoff_base_s:
+            raise ValueError("ping_s and backoff_base_s must be positive, backoff_cap_s >= base")
+        self.db = db
+        self.actor = actor
+        self.queue_size = queue_size
+        self.ping_s = ping_s
+        self.backoff_base_s = backoff_base_s
+        self.backoff_cap_s = backoff_cap_s
+        self.reconnects = 0
+        self._dropped_gone = 0  # from subscribers that have left
+        self._subscribers: dict[tuple[str, str | None], set[_Subscriber]] = {}
+        self._conn: psycopg.AsyncConnection[Any] | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._up = asyncio.Event()
+        self._connects = 0
+        self._last_error: BaseException | None = None
+        self.log = get_logger("hub", actor=actor)
+
+    # --- metrics -------------------------------------------------------------
+
+    @property
+    def connected(self) -> bool:
+        """Whether the LISTEN connection is up (and listening)."""
+        return self._conn is not None
+
+    @property
+    def backend_pid(self) -> int | None:
+        """The server process of the LISTEN connection (for diagnostics and drills)."""
+        return self._conn.info.backend_pid if self._conn is not None else None
+
+    @property
+    def dropped(self) -> int:
+        """Payloads dropped from full subscriber queues so far."""
+        live = sum(s.dropped for subs in self._subscribers.values() for s in subs)
+        return self._dropped_gone + live
+
+    # --- lifecycle -----------------------------------------------------------
+
+    async def start(self, *, wait: bool = True, timeout: float = 10.0) -> Hub:
+        """Start the supervisor. With ``wait``, return once the first LISTEN is in
+        place, or stop and raise ``Unavailable`` after ``timeout`` seconds."""
+        if self._task is not None:
+            return self
+        self._up.clear()
+        self._task = asyncio.create_task(self._supervise(), name="ledger-hub")
+        if wait:
+            try:
+                async with asyncio.timeout(timeout):
+                    await self._up.wait()
+            except TimeoutError:
+                await self.stop()
+                detail = f": {self._last_error}" if self._last_error else ""
+                raise Unavailable(f"the hub could not LISTEN within {timeout:g}s{detail}") from None
+        return self
+
+    async def stop(self) -> None:
+        """Stop the supervisor and close the connection. Subscribers stay valid
+        (their waits simply time out from now on)."""
+        task, self._task = self._task, None
+        if task is None:
+            return
+        task.cancel()
+        # Bounded: a stop must never hang a shutdown, whatever the task does.
+        done, _ = await asyncio.wait({task}, timeout=10.0)
+        if not done:
+            self.log.error("hub supervisor did not stop within 10s")
+        elif not task.cancelled() and (exc := task.exception()) is not None:
+            self.log.error("hub supervisor failed", error=_one_line(exc))
+
+    async def __aenter__(self) -> Hub:
+        return await self.start()
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.stop()
+
+    # --- subscribers ---------------------------------------------------------
+
+    @contextmanager
+    def subscribe(self, channel: str, key: str | None = None) -> Iterator[Subscription]:
+        """Subscribe to ``channel`` (only payloads equal to ``key``, if given)
+        for the length of the ``with`` block."""
+        if channel not in CHANNELS:
+            raise ValueError(f"unknown channel {channel!r}")
+        sub = _Subscriber(channel, key, self.queue_size)
+        group = self._subscribers.setdefault((channel, key), set())
+        group.add(sub)
+        try:
+            yield sub
+        finally:
+            group.discard(sub)
+            self._dropped_gone += sub.dropped
+            if not group:
+                self._subscribers.pop((channel, key), None)
+
+    def _dispatch(self, channel: str, payload: str) -> None:
+        # Exact-key subscribers and channel-wide ones; nobody else is looked at,
+        # so thousands of per-campaign tails cost nothing per notification.
+        for key in (None, payload):
+            for sub in tuple(self._subscribers.get((channel, key), ())):
+                sub.push(payload)
+
+    def _wake_all(self) -> None:
+        for group in tuple(self._subscribers.values()):
+            for sub in tuple(group):
+                sub.wake()
+
+    # --- the supervisor ------------------------------------------------------
+
+    def _backoff(self, failures: int) -> float:
+        # Exponential, capped, with "equal jitter": never zero, never in lockstep
+        # with the other processes that lost the same server.
+        ceiling = min(self.backoff_cap_s, self.backoff_base_s * 2 ** min(failures, 30))
+        return ceiling / 2 + random.uniform(0, ceiling / 2)
+
+    async def _listen(self) -> psycopg.AsyncConnection[Any]:
+        conn = await self.db.connect(self.actor)
+        try:
+            for channel in CHANNELS:
+                await conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(channel)))
+        except BaseException:
+            await conn.close()
+            raise
+        return conn
+
+    async def _pump(self, conn: psycopg.AsyncConnection[Any]) -> None:
+        """Dispatch notifications until the connection fails. Between rounds a
+        ping proves the server is still there; notifications that arrive during
+        the ping wait in psycopg's backlog and come first in the next round."""
+        while True:
+            async for note in conn.notifies(timeout=self.ping_s):
+                self._dispatch(note.channel, note.payload)
+            async with asyncio.timeout(10.0):
+                await conn.execute(sql.SQL("SELECT 1"))
+
+    async def _supervise(self) -> None:
+        loop = asyncio.get_running_loop()
+        failures = 0
+        while True:
+            conn: psycopg.AsyncConnection[Any] | None = None
+            up_since: float | None = None
+            try:
+                conn = await self._listen()
+                self._conn, up_since = conn, loop.time()
+                if self._connects:
+                    self.reconnects += 1
+                self._connects += 1
+                self._last_error = None
+                self.log.info("hub listening", backend_pid=self.backend_pid,
+                              reconnects=self.reconnects)
+                self._up.set()
+                # Anything sent while we were away is lost: everyone re-reads.
+                self._wake_all()
+                await self._pump(conn)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # the supervisor outlives every failure
+                self._last_error = exc
+                self.log.warning("hub connection lost" if up_since is not None
+                                 else "hub cannot connect", error=_one_line(exc))
+            finally:
+                self._conn = None
+                if conn is not None:
+                    with suppress(Exception):
+                        await conn.close()
+            # A connection that died at once does not reset the backoff, so a
+            # server that accepts and drops is not hammered.
+            stable = up_since is not None and loop.time() - up_since >= self.backoff_cap_s
+            failures = 0 if stable else failures + 1
+            await asyncio.sleep(self._backoff(failures))
+
+
+def _one_line(exc: BaseException) -> str:
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    return lines[0] if lines else type(exc).__name__

@@ -9,6 +9,7 @@ import typer
 
 from ..errors import LedgerError
 from . import campaigns, classes, demo, runtime, schema
+from . import journal
 from . import verifier
 from . import serve
 from .context import State, console_err
@@ -43,6 +44,7 @@ def _global(
 schema.register(app)
 campaigns.register(app)
 demo.register(app)
+journal.register(app)
 verifier.register(app)
 runtime.register(app)
 classes.register(app)

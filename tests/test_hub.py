@@ -1,0 +1,173 @@
+"""The LISTEN hub on a real server: transactional hints, reconnects, bounded
+queues, keys. Every wait below is on a condition (a wake-up, a marker
+notification), never a guessed sleep."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+
+import pytest
+
+from drive import Driver
+from ledger import Database
+from ledger.errors import Unavailable
+from ledger.hub import CHANNELS, Hub, NullHub, Subscription
+
+pytestmark = pytest.mark.anyio
+
+
+class Rollback(Exception):
+    """Raised to roll a transaction back."""
+
+
+def notify(admin, channel: str, payload: str) -> None:  # type: ignore[no-untyped-def]
+    """One committed NOTIFY (the admin connection autocommits)."""
+    admin.execute("SELECT pg_notify(%s, %s)", (channel, payload))
+
+
+async def receive(sub: Subscription, count: int, timeout: float = 5.0) -> list[str]:
+    """Wait until ``sub`` has delivered ``count`` payloads; return them."""
+    got: list[str] = []
+    while len(got) < count:
+        assert await sub.wait(timeout), f"woken only {len(got)} of {count} times"
+        got += sub.drain()
+    return got
+
+
+async def settle(admin, sub: Subscription, channel: str) -> list[str]:  # type: ignore[no-untyped-def]
+    """Send a marker and wait for it. NOTIFY delivers in commit order, so once
+    the marker is in, everything committed before it has been delivered too."""
+    marker = f"marker-{uuid.uuid4().hex}"
+    notify(admin, channel, marker)
+    got: list[str] = []
+    while marker not in got:
+        assert await sub.wait(5.0), "the marker never arrived"
+        got += sub.drain()
+    return got[:got.index(marker)]
+
+
+async def test_a_rolled_back_notify_wakes_nobody(db: Database, actors, test_class, admin) -> None:  # type: ignore[no-untyped-def]
+    d = Driver(actors, test_class)
+    rolled, rolled_gen = await d.leased("worker-1")
+    kept, kept_gen = await d.leased("worker-2")
+    worker = await actors("worker")
+    async with Hub(db) as hub:
+        with hub.subscribe("ledger_event") as sub:
+            await settle(admin, sub, "ledger_event")  # the set-up's own hints are behind us
+            # The journal trigger NOTIFYs inside the append's transaction ...
+            with pytest.raises(Rollback):
+                async with actors.session("worker").transaction() as tx:
+                    await worker.within(tx).append_events(
+                        rolled, rolled_gen, [{"type": "note", "payload": {"n": 1}}])
+                    raise Rollback
+            # ... and a later committed append on another campaign NOTIFYs too.
+            await worker.append_events(kept, kept_gen, [{"type": "note", "payload": {"n": 2}}])
+            assert await sub.wait(5.0)
+            # Commit order is delivery order: a leaked hint would have come first.
+            assert sub.drain()[0] == str(kept)
+            assert await settle(admin, sub, "ledger_event") == []
+    assert [e.type for e in await worker.events(rolled)] == ["transition", "transition"]
+
+
+async def test_hub_reconnects_and_wakes_everyone_once(db: Database, admin) -> None:  # type: ignore[no-untyped-def]
+    async with Hub(db, backoff_base_s=0.05) as hub:
+        with hub.subscribe("ledger_ready") as every, hub.subscribe("ledger_cancel", "7") as one:
+            assert hub.connected and hub.reconnects == 0
+            old_pid = hub.backend_pid
+            assert admin.execute("SELECT pg_terminate_backend(%s) AS ok",
+                                 (old_pid,)).fetchone()["ok"]
+            # The reconnect is the only thing that can wake these two.
+            assert await every.wait(10.0) and await one.wait(10.0)
+            assert hub.connected and hub.reconnects == 1
+            assert hub.backend_pid not in (None, old_pid)
+            assert every.drain() == [] and one.drain() == []  # a wake-up, not a notification
+            assert not await every.wait(0.05) and not await one.wait(0.0)  # once, not a storm
+            # Notifications flow again, through the new connection.
+            notify(admin, "ledger_cancel", "8")
+            notify(admin, "ledger_ready", "5")
+            notify(admin, "ledger_cancel", "7")
+            assert await receive(every, 1) == ["5"]
+            assert await receive(one, 1) == ["7"]  # "8" is another key
+    assert not hub.connected
+
+
+async def test_a_full_subscriber_never_holds_up_the_others(db: Database, admin) -> None:  # type: ignore[no-untyped-def]
+    async with Hub(db, queue_size=2) as hub:
+        with hub.subscribe("ledger_outbox") as full, hub.subscribe("ledger_outbox") as reader:
+
+            async def send(payload: str) -> None:
+                notify(admin, "ledger_outbox", payload)
+                # One at a time, so only the subscriber that never drains overflows.
+                # Both are served by the same dispatch, so when the reader has a
+                # payload, the full subscriber has had its turn too.
+                assert await receive(reader, 1) == [payload]
+
+            await send("1")
+            await send("2")
+            assert await full.wait(0.0)  # consume the wake-up; leave the queue full
+            for payload in ("3", "4", "5"):
+                await send(payload)
+                # Dropped, yet woken: it must re-read the rows.
+                assert await full.wait(0.0), f"no wake-up for dropped {payload}"
+            assert full.drain() == ["1", "2"] and full.dropped == 3 and hub.dropped == 3
+            assert hub.connected and hub.reconnects == 0
+            await send("6")  # drained, it receives again
+            assert await full.wait(0.0) and full.drain() == ["6"]
+    assert hub.dropped == 3  # still counted after the subscriber left
+
+
+async def test_keys_narrow_a_channel(db: Database, admin) -> None:  # type: ignore[no-untyped-def]
+    async with Hub(db) as hub:
+        with (hub.subscribe("ledger_event", "1") as one, hub.subscribe("ledger_event", "2") as two,
+              hub.subscribe("ledger_event") as every, hub.subscribe("ledger_ready", "1") as other):
+            for payload in ("1", "2", "3", "1"):
+                notify(admin, "ledger_event", payload)
+            # One dispatch serves every subscriber of a notification, so once the
+            # channel-wide subscriber has all four, the keyed ones have theirs.
+            assert await receive(every, 4) == ["1", "2", "3", "1"]
+            assert one.drain() == ["1", "1"] and two.drain() == ["2"]
+            assert other.drain() == [] and not await other.wait(0.0)
+
+
+async def test_notifications_during_pings_arrive_once_in_order(db: Database, admin) -> None:  # type: ignore[no-untyped-def]
+    # A tiny ping interval interleaves health checks with delivery: what arrives
+    # during a ping waits in the backlog and is delivered once, in order.
+    async with Hub(db, ping_s=0.005) as hub:
+        with hub.subscribe("ledger_attempted") as sub:
+            sent = [str(i) for i in range(40)]
+            for payload in sent:
+                notify(admin, "ledger_attempted", payload)
+            assert await receive(sub, len(sent)) == sent
+            assert await settle(admin, sub, "ledger_attempted") == []
+            assert hub.reconnects == 0
+
+
+async def test_start_fails_fast_without_a_server_and_stop_closes_the_backend(db: Database, admin) -> None:  # type: ignore[no-untyped-def]
+    nowhere = Database("host=127.0.0.1 port=1 user=nobody dbname=none connect_timeout=1")
+    hub = Hub(nowhere, backoff_base_s=0.01, backoff_cap_s=0.05)
+    with pytest.raises(Unavailable, match="could not LISTEN"):
+        await hub.start(timeout=0.5)
+    assert not hub.connected
+
+    hub = await Hub(db).start()
+    pid = hub.backend_pid
+    listening = admin.execute(
+        "SELECT count(*) AS n FROM pg_stat_activity WHERE pid = %s", (pid,)).fetchone()["n"]
+    assert listening == 1
+    await hub.stop()
+    assert not hub.connected and hub.backend_pid is None
+    deadline = asyncio.get_running_loop().time() + 5.0
+    while admin.execute("SELECT count(*) AS n FROM pg_stat_activity WHERE pid = %s",
+                        (pid,)).fetchone()["n"]:
+        assert asyncio.get_running_loop().time() < deadline, "the LISTEN backend outlived stop()"
+        await asyncio.sleep(0.01)  # polling a condition, not synchronising
+
+
+async def test_unknown_channels_are_refused(db: Database) -> None:
+    hub = Hub(db)
+    for source in (hub, NullHub()):
+        with pytest.raises(ValueError):
+            with source.subscribe("ledger_nonsense"):
+                pass
+    assert "ledger_event" in CHANNELS
