@@ -9,6 +9,7 @@ cloned once into ``<data_dir>/repos`` and fetched before use.
 from __future__ import annotations
 
 import hashlib
+import os
 import shutil
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -36,6 +37,13 @@ class RefMoved(GitError):
         super().__init__(f"{ref} is at {actual or 'nothing'}, not the expected {expected or 'nothing'}")
         self.ref, self.expected, self.actual = ref, expected, actual
 
+
+# Ledger always names the repository it works on. Variables that redirect git
+# to another repository, index or work tree (set by a calling git hook, or a
+# shell mid-commit) would silently send its steps elsewhere: drop them once.
+for _var in ("GIT_DIR", "GIT_WORK_TREE", "GIT_INDEX_FILE", "GIT_OBJECT_DIRECTORY",
+             "GIT_ALTERNATE_OBJECT_DIRECTORIES", "GIT_COMMON_DIR", "GIT_NAMESPACE"):
+    os.environ.pop(_var, None)
 
 ZERO_SHA = "0" * 40
 IDENTITY = {"GIT_AUTHOR_NAME": "Ledger", "GIT_AUTHOR_EMAIL": "ledger@localhost",
@@ -92,7 +100,8 @@ class Repository:
                 raise GitError(f"cannot clone {self.location}: {exc}") from exc
         else:
             with _open(local) as repo:
-                _git(repo, "fetch", "--prune", "origin", "+refs/heads/*:refs/heads/*")
+                # No --prune: the cache also holds the workers' ledger/* branches.
+                _git(repo, "fetch", "origin", "+refs/heads/*:refs/heads/*")
         return local
 
     def rev_parse(self, ref: str) -> str | None:
