@@ -69,11 +69,12 @@ backoff = {{ base_s = 0, jitter = 0 }}
         return {**os.environ, "LEDGER_DATABASE_URL": self.db_url, "LEDGER_ROLE_PREFIX": TEST_PREFIX,
                 "LEDGER_DATA_DIR": str(self.data), "LEDGER_CONFIG": str(self.config)}
 
-    def worker(self, *args: str, concurrency: int = 1, drain: float = 10.0) -> subprocess.Popen[bytes]:
+    def worker(self, *args: str, concurrency: int = 1, drain: float = 10.0,
+               poll: float = 0.2) -> subprocess.Popen[bytes]:
         log = open(self.root / f"worker-{len(self.procs)}.log", "wb")
         proc = subprocess.Popen(
             [sys.executable, "-m", "ledger", "worker", "--concurrency", str(concurrency),
-             "--poll", "0.2", "--grace", str(GRACE_S), "--drain-timeout", str(drain), *args],
+             "--poll", str(poll), "--grace", str(GRACE_S), "--drain-timeout", str(drain), *args],
             env=self.env(), stdout=log, stderr=subprocess.STDOUT)
         self.procs.append(proc)
         return proc
@@ -323,5 +324,18 @@ async def test_a_burst_of_output_is_coalesced_and_kept_whole(shop: Workshop, act
                                              "ORDER BY seq", cid)]
     assert kinds[kinds.index("command.started"):].count("command.exited") == 1
     assert kinds.index("command.exited") > max(i for i, k in enumerate(kinds) if k == "output")
+    worker.send_signal(signal.SIGTERM)
+    assert worker.wait(timeout=20) == 0
+
+
+async def test_an_idle_worker_wakes_on_notify_not_on_its_poll_tick(shop: Workshop, actors, admin) -> None:  # type: ignore[no-untyped-def]
+    shop.plan({"default": [["write", "fix.txt", "x"], ["exit", 0]]})
+    worker = shop.worker("--log-level", "debug", poll=10.0)
+    await eventually(lambda: "idle: nothing to claim" in shop.logs(), what="the worker to go idle")
+    [cid] = await _open(actors)  # opened by another process: this test's sensor connection
+    await eventually(lambda: _state(admin, cid) != "ready", timeout=5, what="the claim")
+    row = _rows(admin, "SELECT extract(epoch FROM a.claimed_at - c.created_at) AS latency FROM ledger.attempt a "
+                       "JOIN ledger.campaign c ON c.id = a.campaign_id WHERE c.id = %s", cid)[0]
+    assert float(row["latency"]) < 1.0, f"claimed after {row['latency']}s with a 10 s poll tick"
     worker.send_signal(signal.SIGTERM)
     assert worker.wait(timeout=20) == 0

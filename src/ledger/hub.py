@@ -26,8 +26,8 @@ from __future__ import annotations
 import asyncio
 import random
 from collections import deque
-from collections.abc import Iterator
-from contextlib import contextmanager, suppress
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager, contextmanager, suppress
 from typing import Any, Protocol
 
 import psycopg
@@ -328,3 +328,14 @@ class Hub:
 def _one_line(exc: BaseException) -> str:
     lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
     return lines[0] if lines else type(exc).__name__
+
+
+@asynccontextmanager
+async def listening(db: Database, enabled: bool = True) -> AsyncIterator[WakeSource]:
+    """A started ``Hub`` for the length of the block, or a ``NullHub`` when
+    LISTEN is disabled (e.g. behind a transaction pooler, which cannot LISTEN)."""
+    if not enabled:
+        yield NullHub()
+        return
+    async with Hub(db) as hub:
+        yield hub

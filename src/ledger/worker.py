@@ -121,6 +121,7 @@ class Worker:
                     self.log.warning("claim failed", error=exc.message)
                 if claim is None:
                     self.slots.release()
+                    self.log.debug("idle: nothing to claim", wait_s=self.options.poll_s)
                     await self._idle(ready.wait(self.options.poll_s))
                     continue
             self.claimed += 1

@@ -10,12 +10,16 @@ import typer
 
 from .. import logs
 from ..config import load_config
+from ..hub import listening
 from ..sensors import run_sensors
 from ..worker import Worker, WorkerOptions, process_identity
 from .context import run, state
 
 CONFIG_OPTION = typer.Option(None, "--config", envvar="LEDGER_CONFIG", show_envvar=True,
                              help="Campaign classes and sensors (default ./ledger.toml).")
+LISTEN_OPTION = typer.Option(True, "--listen/--no-listen", envvar="LEDGER_LISTEN", show_envvar=True,
+                             help="Wake on LISTEN/NOTIFY (needs a direct connection, not a "
+                                  "transaction pooler); without it, poll only.")
 LOG_OPTION = typer.Option("info", "--log-level", envvar="LEDGER_LOG_LEVEL", show_envvar=True,
                           help="debug, info, warning or error.")
 
@@ -54,6 +58,7 @@ def worker(
                                         help="On SIGTERM, how long in-flight attempts may finish."),
     grace: float = typer.Option(5.0, "--grace", min=0, envvar="LEDGER_REAPER_GRACE_S", show_envvar=True,
                                 help="Reaper grace past a lease's expiry."),
+    listen: bool = LISTEN_OPTION,
     log_level: str = LOG_OPTION,
 ) -> None:
     """Claim campaigns and make one isolated attempt each, until SIGTERM (then drain)."""
@@ -65,9 +70,11 @@ def worker(
                             reaper_grace_s=grace, reaper_interval_s=max(min(grace, 5.0), 0.2))
 
     async def go() -> int:
-        w = Worker(st.database(), cfg, options)
-        until_signalled(w.stop)
-        return await w.run()
+        db = st.database()
+        async with listening(db, listen) as hub:
+            w = Worker(db, cfg, options, hub=hub)
+            until_signalled(w.stop)
+            return await w.run()
 
     raise typer.Exit(run(go()))
 

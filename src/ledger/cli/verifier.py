@@ -8,9 +8,11 @@ import signal
 import typer
 
 from .. import logs
+from ..hub import listening
 from ..kernel import Kernel
 from ..verifier import Verifier
 from .context import console_err, run, state
+from .runtime import LISTEN_OPTION
 
 
 def register(app: typer.Typer) -> None:
@@ -31,6 +33,7 @@ def verifier(
                                 show_envvar=True,
                                 help="Verification lease: how soon another verifier may take "
                                      "over if this one dies (heartbeated every third of it)."),
+    listen: bool = LISTEN_OPTION,
     log_level: str = typer.Option("info", "--log-level", envvar="LEDGER_LOG_LEVEL",
                                   show_envvar=True, help="debug, info, warning or error."),
 ) -> None:
@@ -39,9 +42,10 @@ def verifier(
     settings = state(ctx).settings
 
     async def go() -> int:
-        async with state(ctx).database().session("verifier") as session:
+        db = state(ctx).database()
+        async with db.session("verifier") as session, listening(db, listen and not once) as hub:
             v = Verifier(Kernel(session), model_family=model_family, classes=class_ or None,
-                         lease_s=lease, poll_s=poll, data_dir=settings.data_dir)
+                         lease_s=lease, poll_s=poll, data_dir=settings.data_dir, hub=hub)
             if once:
                 return await v.drain()
             stop = asyncio.Event()
