@@ -29,7 +29,8 @@ from .problems import Unauthenticated
 #: The roles a token may carry (the runtimes' roles have no HTTP surface).
 ROLES = ("reader", "operator", "sensor")
 TOKEN_PREFIX = "ldg_"
-_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.@-]{0,63}$")
+#: What a token name may be (it is recorded as http:<name> in the journal).
+TOKEN_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.@-]{0,63}$")
 _DIGEST = re.compile(r"^[0-9a-f]{64}$")
 
 
@@ -89,7 +90,7 @@ class TokenTable:
             if len(parts) != 3:
                 raise ConfigError(f"API token entry {raw[:20]!r}... is not name:role:sha256hex")
             name, role, digest = parts[0], parts[1], parts[2].lower()
-            if not _NAME.match(name):
+            if not TOKEN_NAME.match(name):
                 raise ConfigError(f"API token name {name!r} is not 1-64 of [A-Za-z0-9_.@-]")
             if role not in ROLES:
                 raise ConfigError(f"API token {name!r}: role {role!r} is not one of {', '.join(ROLES)}")

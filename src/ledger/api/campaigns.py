@@ -11,6 +11,7 @@ from __future__ import annotations
 import base64
 import binascii
 import json
+from collections.abc import Awaitable, Callable
 from datetime import datetime
 from typing import Annotated, Literal
 
@@ -253,7 +254,8 @@ async def _matching_ids(kernel: Kernel, flt: CampaignFilter, allowed: tuple[Stat
     return ids[:cap], len(ids) > cap
 
 
-async def _act_on_each(ids: list[int], act, done: str) -> dict[str, int]:  # type: ignore[no-untyped-def]
+async def _act_on_each(ids: list[int], act: Callable[[int], Awaitable[None]],
+                       done: str) -> dict[str, int]:
     outcomes: dict[str, int] = {}
     for cid in ids:
         try:

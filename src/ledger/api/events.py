@@ -76,5 +76,5 @@ async def campaign_events(
     items = tail(caller.kernel, api.hub, campaign_id, after=after,
                  keepalive_s=api.options.keepalive_s, poll_s=api.options.poll_s)
     # ping=0: keepalives come from the tail (comments), not from a second timer.
-    return EventSourceResponse(_frames(items), ping=0,
-                               headers={"Cache-Control": "no-store"})
+    # (sse-starlette sets Cache-Control: no-store and X-Accel-Buffering: no.)
+    return EventSourceResponse(_frames(items), ping=0)

@@ -3,14 +3,11 @@
 from __future__ import annotations
 
 import json
-import re
 
 import typer
 
 from .. import logs
 from .context import console_err, state
-
-ROLES = ("reader", "operator", "sensor")
 
 token_app = typer.Typer(help="Bearer tokens of the HTTP API.", no_args_is_help=True)
 
@@ -70,12 +67,12 @@ def create_token(
     configuration; the token itself is shown once and kept by its user."""
     import secrets
 
-    from ..api.auth import TokenEntry, TokenTable, hash_token, new_token
+    from ..api.auth import ROLES, TOKEN_NAME, TokenEntry, TokenTable, hash_token, new_token
 
     if role not in ROLES:
         raise typer.BadParameter(f"one of {', '.join(ROLES)}, not {role!r}", param_hint="ROLE")
     name = name or f"{role}-{secrets.token_hex(3)}"
-    if not re.match(r"^[A-Za-z0-9][A-Za-z0-9_.@-]{0,63}$", name):
+    if not TOKEN_NAME.match(name):
         raise typer.BadParameter(f"{name!r} is not 1-64 of [A-Za-z0-9_.@-]", param_hint="--name")
     token = new_token()
     entry = TokenEntry(name, role, hash_token(token)).entry()
