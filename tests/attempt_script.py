@@ -5,7 +5,9 @@ leaves markers). Steps:
   ["lines", n]            print n lines
   ["block"]               write started-<campaign>-<attempt> (pid inside) and
                           wait until release-<campaign>-<attempt> exists
-  ["child"]               start a grandchild that sleeps; its pid in child-<c>-<a>
+  ["child"]               start a grandchild that sleeps (holding stdout open);
+                          its pid in child-<c>-<a>
+  ["print", text]         write text to stdout as is
   ["exit", code]          exit with code
 """
 
@@ -39,5 +41,8 @@ for step in steps:
     elif kind == "child":
         child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
         (markers / f"child-{tag}").write_text(str(child.pid))
+    elif kind == "print":
+        sys.stdout.write(step[1])
+        sys.stdout.flush()
     elif kind == "exit":
         sys.exit(step[1])

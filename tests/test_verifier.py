@@ -29,7 +29,7 @@ from ledger import bundle as bundles
 from ledger import repository
 from ledger.models import Verification
 from ledger.verifier import Verifier
-from verifiers.process import TAIL_BYTES, run_command
+from ledger.processes import TAIL_BYTES, run_command
 from verifiers.pytest_report import node_id, pytest_command
 
 pytestmark = pytest.mark.anyio

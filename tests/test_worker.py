@@ -339,3 +339,21 @@ async def test_an_idle_worker_wakes_on_notify_not_on_its_poll_tick(shop: Worksho
     assert float(row["latency"]) < 1.0, f"claimed after {row['latency']}s with a 10 s poll tick"
     worker.send_signal(signal.SIGTERM)
     assert worker.wait(timeout=20) == 0
+
+
+async def test_a_leftover_child_and_nul_output_do_not_stall_or_break_the_attempt(shop: Workshop, actors, admin) -> None:  # type: ignore[no-untyped-def]
+    # The grandchild keeps stdout open and sleeps for minutes; the attempt must
+    # end when the command exits, and the grandchild must die with its group.
+    shop.plan({"default": [["child"], ["print", "binary junk: \u0000 end\n"], ["write", "fix.txt", "y"],
+                           ["exit", 0]]})
+    [cid] = await _open(actors)
+    worker = shop.worker()
+    await eventually(lambda: _state(admin, cid) == "attempted", timeout=20, what="the attempt to be recorded")
+    await eventually(_gone(int(shop.marker("child", cid, 1).read_text())), what="the grandchild to be killed")
+    log_tail = _rows(admin, "SELECT log_tail FROM ledger.attempt WHERE campaign_id = %s", cid)[0]["log_tail"]
+    assert "binary junk: \ufffd end" in log_tail
+    output = "".join(r["t"] for r in _rows(admin, "SELECT payload->>'text' AS t FROM ledger.campaign_event "
+                                                   "WHERE campaign_id = %s AND type = 'output' ORDER BY seq", cid))
+    assert "binary junk: \ufffd end" in output
+    worker.send_signal(signal.SIGTERM)
+    assert worker.wait(timeout=20) == 0

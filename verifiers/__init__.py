@@ -5,7 +5,7 @@ candidate out cleanly and hands the checkout and the bundle's acceptance spec to
 the implementation the bundle names. An implementation is anything with a
 ``name`` and an async ``verify(checkout, acceptance) -> Verdict``; it must not
 write to the database (the runtime records the verdict) and should run
-commands through ``verifiers.process.run_command`` so timeouts kill whole
+commands through ``ledger.processes.run_command`` so timeouts kill whole
 process groups.
 
 Built-ins: ``command`` (every acceptance command exits 0) and ``pytest`` (the
@@ -31,7 +31,7 @@ from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
-from .process import CommandResult, run_command
+from ledger.processes import CommandResult, run_command
 
 ENTRY_POINT_GROUP = "ledger.verifiers"
 

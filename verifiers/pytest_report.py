@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from . import Acceptance, Verdict, run_acceptance
-from .process import CommandResult
+from ledger.processes import CommandResult
 
 #: Failed node ids listed in a reject reason (all of them go to the evidence).
 REASON_LIMIT = 10

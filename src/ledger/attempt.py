@@ -11,11 +11,9 @@ nothing more is written for this attempt. The worktree is always removed.
 from __future__ import annotations
 
 import asyncio
-import ctypes
 import json
 import os
 import shutil
-import signal
 import socket
 import tempfile
 import time
@@ -32,27 +30,11 @@ from .journal import JournalWriter
 from .kernel import Kernel
 from .logs import get_logger
 from .models import Claim
+from .processes import CommandResult, child_environment, run_command
 from .repository import Repository
 
-#: Environment variables an attempt command must not inherit: it gets the
-#: campaign, never the database.
-_SECRET_PREFIXES = ("PG", "LEDGER_")
 _LOG_TAIL = 16 * 1024
 OWNER_FILE = "owner.json"
-
-
-try:  # resolved here, in the parent: the forked child must not load libraries
-    _prctl = ctypes.CDLL(None, use_errno=True).prctl
-except (OSError, AttributeError):  # not Linux
-    _prctl = None
-_PR_SET_PDEATHSIG = 1
-
-
-def _die_with_parent() -> None:
-    # Linux: if the worker dies (even by SIGKILL), its attempt command gets
-    # SIGKILL too instead of running on as an orphan.
-    if _prctl is not None:
-        _prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
 def make_workdir(data_dir: Path, claim: Claim, repository_location: str) -> Path:
@@ -112,12 +94,12 @@ class AttemptRun:
         self.journal = JournalWriter(kernel, claim.campaign_id, claim.generation,
                                      limit_bytes=cls.log_limit_bytes)
         self.stood_down = asyncio.Event()
-        self.proc: asyncio.subprocess.Process | None = None
+        self._command: asyncio.Task[CommandResult] | None = None
         self.outcome = "running"
         self.ending = False  # the single ending is being written: a stale heartbeat is expected
         self.drained = False
         self.workdir: Path | None = None
-        self._log_tail = bytearray()
+        self.log_tail = ""
 
     # -- lease --------------------------------------------------------------
 
@@ -142,11 +124,9 @@ class AttemptRun:
         self._kill()
 
     def _kill(self) -> None:
-        if self.proc is not None and self.proc.returncode is None:
-            try:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+        # Cancelling the command kills its whole process group (ledger.processes).
+        if self._command is not None and not self._command.done():
+            self._command.cancel()
 
     # -- the attempt --------------------------------------------------------
 
@@ -233,52 +213,34 @@ class AttemptRun:
         values = {"campaign_file": str(context_file), "worktree": str(worktree),
                   "campaign_id": str(c.campaign_id), "attempt_no": str(c.attempt_no)}
         argv = [arg.format(**values) for arg in self.cls.attempt_command]
-        env = {k: v for k, v in os.environ.items() if not k.startswith(_SECRET_PREFIXES)}
+        env = child_environment()
         env.update(LEDGER_CAMPAIGN_FILE=str(context_file), LEDGER_CAMPAIGN_ID=str(c.campaign_id),
                    LEDGER_ATTEMPT_NO=str(c.attempt_no), LEDGER_WORKTREE=str(worktree),
                    LEDGER_OBJECTIVE=c.objective_key)
-        started = time.monotonic()
+        await self.journal.event("command.started", {"argv": argv})
+        self._command = asyncio.create_task(run_command(
+            argv, worktree, timeout_s=self.cls.attempt_timeout_s, env=env, tail_bytes=_LOG_TAIL,
+            stdin=json.dumps(context, default=str).encode(), on_output=self.journal.output))
         try:
-            self.proc = await asyncio.create_subprocess_exec(
-                *argv, cwd=worktree, env=env, stdin=asyncio.subprocess.PIPE,
-                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
-                start_new_session=True, preexec_fn=_die_with_parent)
-        except OSError as exc:
-            return None, f"could not start the attempt command {argv[0]!r}: {exc.strerror}"
-        await self.journal.event("command.started", {"argv": argv, "pid": self.proc.pid})
-        assert self.proc.stdin is not None and self.proc.stdout is not None
-        try:
-            self.proc.stdin.write(json.dumps(context, default=str).encode())
-            await self.proc.stdin.drain()
-        except (BrokenPipeError, ConnectionResetError):
-            pass  # the command does not read stdin
-        self.proc.stdin.close()
-
-        timed_out = False
-        try:
-            await asyncio.wait_for(self._pump(self.proc.stdout), self.cls.attempt_timeout_s)
-            await self.proc.wait()
-        except TimeoutError:
-            timed_out = True
-            self._kill()
-            await self.proc.wait()
-        duration = round(time.monotonic() - started, 3)
+            result = await self._command
+        except asyncio.CancelledError:
+            if self.stood_down.is_set():
+                raise StoodDown from None
+            raise
+        self.log_tail = result.output
         self._check()
-        code = self.proc.returncode
-        await self.journal.event("command.exited", {"exit_code": code, "duration_s": duration,
-                                                    "timed_out": timed_out})
-        if timed_out:
-            return code, f"the attempt command timed out after {self.cls.attempt_timeout_s:g}s"
-        if code != 0:
-            tail = self._log_tail.decode(errors="replace").strip().splitlines()[-3:]
-            return code, f"the attempt command exited with {code}" + (f": {' | '.join(tail)}" if tail else "")
-        return code, None
-
-    async def _pump(self, stream: asyncio.StreamReader) -> None:
-        while chunk := await stream.read(65536):
-            self._log_tail += chunk
-            del self._log_tail[:-_LOG_TAIL]
-            self.journal.output(chunk)
+        await self.journal.event("command.exited", {
+            "exit_code": result.exit_code, "duration_s": round(result.duration_s, 3),
+            "timed_out": result.timed_out, "output_bytes": result.output_bytes})
+        if result.error:
+            return None, f"could not start the attempt command {argv[0]!r}: {result.error}"
+        if result.timed_out:
+            return result.exit_code, f"the attempt command timed out after {self.cls.attempt_timeout_s:g}s"
+        if result.exit_code != 0:
+            tail = result.output.strip().splitlines()[-3:]
+            return result.exit_code, (f"the attempt command exited with {result.exit_code}"
+                                      + (f": {' | '.join(tail)}" if tail else ""))
+        return result.exit_code, None
 
     # -- endings ------------------------------------------------------------
 
@@ -310,7 +272,7 @@ class AttemptRun:
                 c.campaign_id, c.generation, base_sha=base, candidate_sha=candidate,
                 fingerprint=fingerprint, bundle=frozen.model_dump(mode="json", by_alias=True),
                 bundle_digest=digest, evidence_location=str(campaign_dir),
-                log_tail=self._log_tail.decode(errors="replace"))
+                log_tail=self.log_tail)
         except RepeatedApproach as exc:
             self.ending = False
             return await self._fail(f"the next attempt must differ: {exc.message}", fingerprint)

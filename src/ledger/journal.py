@@ -16,6 +16,7 @@ from typing import Any
 
 from .errors import StaleLease
 from .kernel import Kernel
+from .processes import storable
 
 #: Largest output payload in one journal row; longer flushes are split.
 CHUNK_CHARS = 32 * 1024
@@ -48,7 +49,7 @@ class JournalWriter:
         """Buffer command output; a flush follows within ``flush_s``."""
         if self.fenced:
             return
-        text = self._decoder.decode(data)
+        text = storable(self._decoder.decode(data))
         if not text:
             return
         if self.output_chars + len(text) > self.limit_bytes:
@@ -73,7 +74,7 @@ class JournalWriter:
 
     async def close(self) -> None:
         """Flush what is left; stop the timer."""
-        tail = self._decoder.decode(b"", final=True)
+        tail = storable(self._decoder.decode(b"", final=True))
         if tail:
             self._pending.append(tail)
         if self._flusher is not None and not self._flusher.done():

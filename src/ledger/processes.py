@@ -1,30 +1,45 @@
-"""Running acceptance commands: one process group per command, a deadline, a
-bounded tail of the output, and nothing left running afterwards.
+"""Running the commands Ledger does not trust -- attempt commands and
+acceptance commands: one process group per command, a deadline, a bounded
+tail of the output, and nothing left running afterwards.
 
 Every command starts in a new session (its own process group), so a timeout --
-or the verifier being told to stop -- kills the command *and everything it
+or its runtime being told to stop -- kills the command *and everything it
 started* with one ``killpg``. The group is also killed after a normal exit, so
-a test suite that leaves a daemon behind cannot outlive its verdict.
+a test suite that leaves a daemon behind cannot outlive its verdict. On Linux
+the command also dies with its parent: a SIGKILLed worker leaves no orphan.
 
-Commands run candidate code, so they get the verifier's environment minus
-Ledger's own settings (database URLs and passwords never reach a candidate).
+Commands get the environment minus Ledger's own settings (database URLs and
+passwords never reach an attempt or a candidate's tests).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import ctypes
 import os
 import signal
 import subprocess
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 #: How much of a command's output is kept as evidence (the end of it).
 TAIL_BYTES = 16 * 1024
+
+try:  # resolved here, in the parent: a forked child must not load libraries
+    _prctl = ctypes.CDLL(None, use_errno=True).prctl
+except (OSError, AttributeError):  # not Linux
+    _prctl = None
+_PR_SET_PDEATHSIG = 1
+
+
+def die_with_parent() -> None:
+    """``preexec_fn``: on Linux, SIGKILL the child when its parent dies."""
+    if _prctl is not None:
+        _prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
 
 #: Environment variables never passed to a candidate's commands.
 _SECRET_PREFIXES = ("LEDGER_",)
@@ -35,8 +50,8 @@ _SECRET_NAMES = frozenset({"PGPASSWORD", "PGPASSFILE", "PGSERVICEFILE"})
 _DRAIN_S = 2.0
 
 
-def acceptance_environment(base: Mapping[str, str] | None = None) -> dict[str, str]:
-    """The environment of an acceptance command: ``base`` (default: this
+def child_environment(base: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The environment of an untrusted command: ``base`` (default: this
     process's) without Ledger's settings or database passwords."""
     source = os.environ if base is None else base
     return {k: v for k, v in source.items()
@@ -64,8 +79,13 @@ class Tail:
         return self.total > len(self._buffer)
 
     def text(self) -> str:
-        """The kept bytes as text. NUL is replaced: PostgreSQL's jsonb cannot hold it."""
-        return bytes(self._buffer).decode("utf-8", errors="replace").replace("\x00", "\ufffd")
+        """The kept bytes as text (see ``storable``)."""
+        return storable(bytes(self._buffer).decode("utf-8", errors="replace"))
+
+
+def storable(text: str) -> str:
+    """Text PostgreSQL can store: NUL is replaced (text and jsonb cannot hold it)."""
+    return text.replace("\x00", "\ufffd")
 
 
 @dataclass(frozen=True)
@@ -131,13 +151,16 @@ class _Capture(asyncio.SubprocessProtocol):
     is closed, so a child that keeps the pipe open would make an exited
     command look like a hung one. The protocol's own callbacks separate them."""
 
-    def __init__(self, tail: Tail):
+    def __init__(self, tail: Tail, on_output: Callable[[bytes], None] | None):
         self.tail = tail
+        self.on_output = on_output
         self.exited = asyncio.Event()
         self.closed = asyncio.Event()
 
     def pipe_data_received(self, fd: int, data: bytes) -> None:
         self.tail.feed(data)
+        if self.on_output is not None:
+            self.on_output(data)
 
     def process_exited(self) -> None:
         self.exited.set()
@@ -148,23 +171,32 @@ class _Capture(asyncio.SubprocessProtocol):
 
 async def run_command(argv: Sequence[str], cwd: Path, *, timeout_s: float,
                       env: Mapping[str, str] | None = None,
-                      tail_bytes: int = TAIL_BYTES) -> CommandResult:
+                      tail_bytes: int = TAIL_BYTES, stdin: bytes | None = None,
+                      on_output: Callable[[bytes], None] | None = None) -> CommandResult:
     """Run ``argv`` in ``cwd`` in its own process group, keep the tail of its
-    output, and kill the group at ``timeout_s``, on cancellation, and after it
-    exits (stragglers). Never raises for the command's own failure."""
+    output (and hand every chunk to ``on_output``), feed it ``stdin``, and kill
+    the group at ``timeout_s``, on cancellation, and after it exits
+    (stragglers). Never raises for the command's own failure."""
     argv = [str(a) for a in argv]
     started = time.monotonic()
     tail = Tail(tail_bytes)
     loop = asyncio.get_running_loop()
     try:
         transport, capture = await loop.subprocess_exec(
-            lambda: _Capture(tail), *argv, cwd=cwd, stdin=subprocess.DEVNULL,
+            lambda: _Capture(tail, on_output), *argv, cwd=cwd,
+            stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
-            env=dict(env) if env is not None else acceptance_environment())
+            preexec_fn=die_with_parent,
+            env=dict(env) if env is not None else child_environment())
     except OSError as exc:
         return CommandResult(argv=argv, exit_code=None, output="", output_bytes=0, truncated=False,
                              duration_s=time.monotonic() - started,
                              error=exc.strerror or type(exc).__name__)
+    if stdin is not None:
+        pipe = transport.get_pipe_transport(0)
+        with contextlib.suppress(OSError):  # the command may exit without reading it
+            pipe.write(stdin)  # type: ignore[union-attr]
+            pipe.close()  # type: ignore[union-attr]
     pid = transport.get_pid()
     timed_out = False
     try:
