@@ -70,3 +70,10 @@ async def test_bad_input_is_refused_clearly(actors, test_class) -> None:  # type
         await sensor.open_campaign(test_class, "", "t")
     with pytest.raises(InvalidInput):
         await sensor.record_observation("s", "obj", "t", "purple", started_at=__import__("datetime").datetime.now().astimezone())
+
+
+async def test_a_nul_character_is_invalid_input_not_a_crash(actors, test_class) -> None:  # type: ignore[no-untyped-def]
+    sensor = await actors("sensor")
+    with pytest.raises(InvalidInput):
+        await sensor.open_campaign(test_class, "bad\x00key", "t")
+    assert await sensor.campaigns(objective_key="bad") == []

@@ -61,6 +61,10 @@ def _adapt(value: Any) -> Any:
 
 
 def _translate(exc: psycopg.Error) -> errors.LedgerError:
+    if exc.sqlstate is None and isinstance(exc, psycopg.DataError):
+        # Raised by the driver before anything reaches the server (e.g. a NUL
+        # character in a text parameter): the caller's input is unusable.
+        return errors.InvalidInput(f"invalid input: {_first_line(exc)}")
     diag = exc.diag
     message = diag.message_primary or str(exc).strip() or type(exc).__name__
     return errors.from_sqlstate(exc.sqlstate, message, diag.message_detail)
