@@ -8,7 +8,7 @@ import sys
 import typer
 
 from ..errors import LedgerError
-from . import campaigns, classes, demo, runtime, schema
+from . import campaigns, classes, demo, dispatcher, runtime, schema
 from . import journal
 from . import verifier
 from . import serve
@@ -44,6 +44,7 @@ def _global(
 schema.register(app)
 campaigns.register(app)
 demo.register(app)
+dispatcher.register(app)
 journal.register(app)
 verifier.register(app)
 runtime.register(app)

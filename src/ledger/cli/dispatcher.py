@@ -1,0 +1,77 @@
+"""``ledger dispatcher``: carry out recorded side effects (the outbox)."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+
+import typer
+
+from .. import logs
+from ..dispatcher import Dispatcher
+from ..hub import Hub
+from ..kernel import Kernel
+from .context import console_err, run, state
+
+
+def register(app: typer.Typer) -> None:
+    """Add the dispatcher command to ``app``."""
+    app.command("dispatcher")(dispatcher)
+
+
+def dispatcher(
+    ctx: typer.Context,
+    once: bool = typer.Option(False, "--once", help="Dispatch what is due now, then exit."),
+    poll: float = typer.Option(5.0, "--poll", min=0.01, envvar="LEDGER_POLL_S", show_envvar=True,
+                               help="Seconds between polls when nothing wakes the dispatcher."),
+    lease: float = typer.Option(60.0, "--lease", min=0.1, envvar="LEDGER_DISPATCHER_LEASE_S",
+                                show_envvar=True,
+                                help="Claim lease per intent; another dispatcher may take over "
+                                     "(reading back first) once it lapses."),
+    max_tries: int = typer.Option(8, "--max-tries", min=1,
+                                  help="Transient failures before an intent is failed."),
+    http_timeout: float = typer.Option(10.0, "--http-timeout", min=0.01,
+                                       help="Seconds per HTTP request (lease must exceed 3x)."),
+    kind: list[str] = typer.Option([], "--kind",
+                                   help="Only these kinds: git.update_ref, http.request "
+                                        "(repeatable)."),
+    identity: str = typer.Option(None, "--identity",
+                                 help="Name recorded on claims (default host:pid:random)."),
+    log_level: str = typer.Option("info", "--log-level", envvar="LEDGER_LOG_LEVEL",
+                                  show_envvar=True, help="debug, info, warning or error."),
+) -> None:
+    """Claim recorded intents, carry each out with its precondition, read the target
+    back and record the outcome -- until SIGTERM/SIGINT (an intent in hand is
+    finished first), or with --once until nothing is due."""
+    logs.configure(log_level)
+
+    async def go() -> int:
+        db = state(ctx).database()
+        session = db.session("dispatcher")
+        # One LISTEN connection wakes the dispatcher on ledger_outbox; --once
+        # never idles, so it needs none.
+        hub = None if once else Hub(db, actor="dispatcher")
+        try:
+            d = Dispatcher(Kernel(session), hub=hub, identity=identity, poll_s=poll,
+                           lease_s=lease, max_tries=max_tries, http_timeout_s=http_timeout,
+                           kinds=kind or None)
+        except ValueError as exc:  # checked before connecting: a usage error
+            raise typer.BadParameter(str(exc)) from None
+        async with session:
+            if hub is None:
+                return await d.run_once()
+            stop = asyncio.Event()
+            loop = asyncio.get_running_loop()
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                loop.add_signal_handler(sig, stop.set)
+            # Not waiting for the first LISTEN: wake-ups are hints, and until the
+            # hub is up (or while it reconnects) the poll tick still finds every intent.
+            await hub.start(wait=False)
+            try:
+                await d.run(stop)
+            finally:
+                await hub.stop()
+            return sum(d.recorded.values())
+
+    handled = run(go())
+    console_err.print(f"dispatcher: {handled} side effect(s) dispatched")

@@ -1,0 +1,457 @@
+"""The outbox dispatcher (mechanism 9, "intent before action").
+
+A side effect is first committed as an intent (``request_side_effect`` by a
+worker, or the promotion ``accept`` writes with the verdict). A dispatcher --
+any number of them, each acting as the ``dispatcher`` role -- claims one due
+intent at a time (``claim_side_effect``: SKIP LOCKED, its own lease), carries it
+out *with its precondition* and reads the target back before it records
+anything (``complete_side_effect``):
+
+``git.update_ref``
+    target = ref, payload = ``{"repository", "new"}``, precondition =
+    ``{"old": sha | null}``. A compare-and-swap (``git update-ref ref new old``);
+    the ref is then read back.
+``http.request``
+    payload = ``{"method", "url", "body"?, "headers"?, "read_back"?: {"url",
+    "expect_status"}}``, sent with ``Idempotency-Key: <the intent's key>``;
+    success is what the read-back GET (or, without one, the response) shows.
+
+Every claim starts by reading the target back: a dispatcher that died between
+the action and the record left the effect in place, and its successor records
+``done`` without acting again. Outcomes: ``done`` (the target shows the effect),
+``conflict`` (the precondition failed: never retried blindly; a promotion then
+goes back to ready), ``retry`` (transient: network, 5xx, git lock contention;
+jittered backoff by tries) and ``failed`` (permanent, or out of tries).
+
+The dispatcher has the shape of the maintenance loops (``ledger.loops.Loop``):
+``run_once`` drains what is due (tests call it directly) and ``run(stop)``
+repeats it, idling on the ``ledger_outbox`` channel of a ``WakeSource`` with the
+poll tick as timeout. It is cheap to embed in any process.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import random
+import re
+import secrets
+import socket
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import httpx
+
+from . import faults
+from .errors import LedgerError, StaleLease
+from .hub import NullHub, Subscription, WakeSource
+from .kernel import Kernel
+from .logs import get_logger
+from .loops import Loop
+from .models import Campaign, SideEffectClaim
+from .repository import GitError, RefMoved, Repository
+
+OUTBOX_CHANNEL = "ledger_outbox"
+FAULT_AFTER_ACTION = "dispatcher.after_action"
+
+Outcome = Literal["done", "conflict", "retry", "failed"]
+KINDS = ("git.update_ref", "http.request")
+
+_SHA = re.compile(r"^(?:[0-9a-f]{40}|[0-9a-f]{64})$")
+_METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE"})
+# Statuses that say "not now" rather than "no": 408 timeout, 409 a request with
+# the same Idempotency-Key still in flight (IETF idempotency-key draft), 425,
+# 429 and every 5xx.
+_TRANSIENT_STATUSES = frozenset({408, 409, 425, 429})
+
+
+def dispatcher_identity() -> str:
+    """``dispatcher:<host>:<pid>:<random>`` -- unique per process start, and
+    says where to look when a claim is left behind."""
+    return f"dispatcher:{socket.gethostname()[:100]}:{os.getpid()}:{secrets.token_hex(3)}"
+
+
+def backoff_s(tries: int, *, base_s: float = 2.0, cap_s: float = 600.0, jitter: float = 0.2) -> float:
+    """Delay before try ``tries + 1``: ``base * 2^(tries-1)``, capped, +/- ``jitter``
+    (so a fleet of dispatchers does not hammer a recovering target in lockstep)."""
+    delay = min(cap_s, base_s * 2 ** max(tries - 1, 0))
+    return max(0.0, delay * (1 + jitter * (2 * random.random() - 1)))
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """What one dispatch found; becomes one ``complete_side_effect`` call."""
+
+    outcome: Outcome
+    result: dict[str, Any] = field(default_factory=dict)
+    error: str | None = None
+    #: a lower bound on the retry delay the target asked for (Retry-After)
+    retry_after_s: float | None = None
+
+
+def _done(**result: Any) -> Verdict:
+    return Verdict("done", result)
+
+
+def _failed(error: str, **result: Any) -> Verdict:
+    return Verdict("failed", result, error)
+
+
+class Dispatcher(Loop):
+    """Claims intents, acts with their precondition, reads back, records.
+
+    ``kernel`` must act as the dispatcher role. ``lease_s`` is the claim lease:
+    it must outlast one dispatch, or a second dispatcher may claim the intent
+    while this one still works on it (harmless -- the CAS and the
+    Idempotency-Key hold -- but wasteful), hence the check against the HTTP
+    timeout. ``max_tries`` bounds transient retries (and crash loops).
+    """
+
+    name = "dispatcher"
+
+    def __init__(
+        self,
+        kernel: Kernel,
+        *,
+        hub: WakeSource | None = None,
+        identity: str | None = None,
+        poll_s: float = 5.0,
+        lease_s: float = 60.0,
+        max_tries: int = 8,
+        backoff_base_s: float = 2.0,
+        backoff_cap_s: float = 600.0,
+        http_timeout_s: float = 10.0,
+        kinds: list[str] | None = None,
+        batch: int = 100,
+        http_client: httpx.AsyncClient | None = None,
+    ):
+        super().__init__(poll_s)
+        if max_tries < 1:
+            raise ValueError(f"dispatcher: max_tries must be at least 1, not {max_tries}")
+        if batch < 1:
+            raise ValueError(f"dispatcher: batch must be at least 1, not {batch}")
+        if kinds is not None and not set(kinds) <= set(KINDS):
+            raise ValueError(f"dispatcher: kinds must be among {', '.join(KINDS)}, not {kinds}")
+        if http_timeout_s <= 0 or lease_s <= 3 * http_timeout_s:
+            # one dispatch may wait for a read-back, the request and a read-back
+            raise ValueError(f"dispatcher: lease_s ({lease_s}) must exceed 3 x http_timeout_s "
+                             f"({http_timeout_s}), or a slow target outlives the claim")
+        self.kernel = kernel
+        self.hub: WakeSource = hub or NullHub()
+        self.identity = identity or dispatcher_identity()
+        self.lease_s = lease_s
+        self.max_tries = max_tries
+        self.backoff_base_s = backoff_base_s
+        self.backoff_cap_s = backoff_cap_s
+        self.http_timeout_s = http_timeout_s
+        self.kinds = kinds
+        self.batch = batch
+        self._http_client = http_client
+        self._stop: asyncio.Event | None = None
+        self.log = get_logger(self.name, dispatcher=self.identity)
+        #: outcomes recorded by this dispatcher, for logs and tests
+        self.recorded: dict[str, int] = {"done": 0, "conflict": 0, "retry": 0, "failed": 0}
+
+    # --- the loop ------------------------------------------------------------
+
+    async def run_once(self) -> int:
+        """Dispatch every intent that is due now (up to ``batch``); returns how many."""
+        handled = 0
+        while handled < self.batch and not (self._stop and self._stop.is_set()):
+            claim = await self.kernel.claim_side_effect(self.identity, lease_s=self.lease_s,
+                                                        kinds=self.kinds)
+            if claim is None:
+                break
+            await self.dispatch(claim)
+            handled += 1
+        return handled
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Dispatch until ``stop`` is set. Between passes it idles on the
+        ``ledger_outbox`` channel with the poll tick as timeout (a lost NOTIFY
+        costs latency, never an intent). An intent being dispatched is always
+        finished and recorded before stopping: stopping between the action and
+        the record would only leave work for the next dispatcher's read-back."""
+        self._stop = stop
+        self.log.info("dispatcher started", poll_s=self.interval_s, lease_s=self.lease_s)
+        # Subscribe before the first read, so a wake-up during a pass is kept.
+        with self.hub.subscribe(OUTBOX_CHANNEL) as wake:
+            while not stop.is_set():
+                wake.drain()  # the pass below reads the rows those ids point at
+                try:
+                    work = await self.run_once()
+                    self.runs += 1
+                    self.failures = 0
+                    if work:
+                        self.log.info("dispatcher pass", work=work)
+                except (LedgerError, OSError) as exc:
+                    self.failures += 1
+                    delay = min(self.interval_s * 2 ** self.failures, 60.0)
+                    self.log.warning("dispatcher pass failed", error=str(exc),
+                                     retry_in_s=round(delay, 2))
+                    await _wait(stop, None, delay)
+                    continue
+                pause = self._pause()
+                self.log.debug("dispatcher idle", until_s=round(pause, 2))
+                await _wait(stop, wake, pause)
+        self.log.info("dispatcher stopped", recorded=self.recorded)
+
+    # --- one intent ------------------------------------------------------------
+
+    async def dispatch(self, claim: SideEffectClaim) -> Outcome:
+        """Carry out one claimed intent and record what the read-back showed;
+        returns the outcome recorded (``retry`` past ``max_tries`` is ``failed``)."""
+        log = self.log.bind(side_effect=claim.side_effect_id, campaign=claim.campaign_id,
+                            kind=claim.kind, purpose=claim.purpose, target=claim.target,
+                            tries=claim.tries)
+        campaign = await self.kernel.campaign(claim.campaign_id)
+        try:
+            if claim.kind == "git.update_ref":
+                verdict = await self._git(claim, campaign)
+            elif claim.kind == "http.request":
+                verdict = await self._http(claim, campaign)
+            else:  # the schema's CHECK makes this unreachable; say so if it is not
+                verdict = _failed(f"unknown side effect kind {claim.kind!r}")
+        except Exception as exc:  # noqa: BLE001 -- a bug must not strand the claim
+            log.exception("dispatch raised")
+            verdict = Verdict("retry", error=f"dispatcher error: {type(exc).__name__}: {exc}")
+
+        outcome, error = verdict.outcome, verdict.error
+        retry_after = 0.0
+        if outcome == "retry":
+            if claim.tries >= self.max_tries:
+                outcome, error = "failed", f"gave up after {claim.tries} tries: {error}"
+            else:
+                retry_after = max(backoff_s(claim.tries, base_s=self.backoff_base_s,
+                                            cap_s=self.backoff_cap_s),
+                                  min(verdict.retry_after_s or 0.0, self.backoff_cap_s))
+        result = {**verdict.result, "dispatcher": self.identity}
+        try:
+            await self.kernel.complete_side_effect(claim.side_effect_id, claim.claim_token,
+                                                   outcome, result=result, error=error,
+                                                   retry_after_s=retry_after)
+        except StaleLease:
+            # Our lease lapsed and another dispatcher claimed the intent: it
+            # reads back first, so whatever we did is seen and recorded there.
+            log.warning("claim lost before recording; the next claimant reads back", outcome=outcome)
+            return outcome
+        self.recorded[outcome] += 1
+        log_at = log.info if outcome == "done" else log.warning
+        log_at("side effect " + outcome, error=error,
+               retry_in_s=round(retry_after, 2) if outcome == "retry" else None,
+               already_applied=verdict.result.get("already_applied"))
+        return outcome
+
+    def _gave_up(self, claim: SideEffectClaim) -> Verdict | None:
+        # More claims than tries happen only when dispatchers died mid-dispatch
+        # (every retry past max_tries is recorded as failed): a poison intent.
+        if claim.tries > self.max_tries:
+            return _failed(f"gave up after {claim.tries} claims without a record "
+                           "(dispatchers died while carrying it out)")
+        return None
+
+    # --- git.update_ref ----------------------------------------------------------
+
+    async def _git(self, claim: SideEffectClaim, campaign: Campaign) -> Verdict:
+        ref = claim.target
+        location = claim.payload.get("repository")
+        new = str(claim.payload.get("new") or "").lower()
+        if "old" not in claim.precondition:
+            return _failed("a git.update_ref intent needs precondition.old (a sha, or null for "
+                           "'the ref must not exist'); a blind ref update is never made")
+        old_raw = claim.precondition["old"]
+        old = str(old_raw).lower() if old_raw is not None else None
+        if not _SHA.match(new) or (old is not None and not _SHA.match(old)):
+            return _failed(f"payload.new and precondition.old must be full commit ids "
+                           f"(new={claim.payload.get('new')!r}, old={old_raw!r})")
+        if not isinstance(location, str) or not location:
+            return _failed("payload.repository is missing")
+        if "://" in location or location.startswith("git@"):
+            # Repository would update its local cache clone, not the remote:
+            # a promotion that moves nothing anyone sees.
+            return _failed(f"{location} is remote; the dispatcher updates local repositories only")
+        if claim.purpose != "promotion":
+            # The kernel judged the ref against the worker's authority profile,
+            # but the repository is the worker's choice: it must be the class's.
+            allowed = await self._class_repository(campaign)
+            if location != allowed:
+                return _failed(f"repository {location} is not the repository of class "
+                               f"{campaign.class_} ({allowed or 'none configured'})")
+
+        repo = Repository(location)
+        try:
+            current = await asyncio.to_thread(repo.rev_parse, ref)
+        except GitError as exc:
+            return Verdict("retry", error=str(exc))
+        # Read back FIRST: a dispatcher that died after acting left the effect.
+        if current == new:
+            return _done(read_back=current, already_applied=True)
+        if campaign.state == "abandoned":
+            return _failed("campaign abandoned before the intent was carried out", read_back=current)
+        if current != old:
+            return Verdict("conflict", {"read_back": current, "expected": old},
+                           f"{ref} is at {current or 'nothing'}, not the expected {old or 'nothing'}")
+        if (gave_up := self._gave_up(claim)) is not None:
+            return gave_up
+        if await asyncio.to_thread(repo.rev_parse, new) != new:
+            return _failed(f"commit {new} is not in {location}", read_back=current)
+
+        try:
+            await asyncio.to_thread(repo.update_ref, ref, new, old)
+        except RefMoved as exc:
+            if exc.actual != new:
+                if exc.actual != old:
+                    return Verdict("conflict", {"read_back": exc.actual, "expected": old}, str(exc))
+                # Still at the expected commit, yet update-ref failed: another
+                # writer held the ref's lock. Transient.
+                return Verdict("retry", {"read_back": exc.actual},
+                               f"git update-ref failed although {ref} is still at {old}: "
+                               "lock contention (another writer holds the ref)")
+            # else: someone made the very same move meanwhile; the read-back decides
+        except GitError as exc:
+            return Verdict("retry", error=str(exc))
+        else:
+            await faults.point(FAULT_AFTER_ACTION)
+
+        try:
+            after = await asyncio.to_thread(repo.rev_parse, ref)
+        except GitError as exc:
+            # The update is in; the next claim's read-back will see it.
+            return Verdict("retry", error=f"read-back failed: {exc}")
+        if after != new:
+            return Verdict("conflict", {"read_back": after, "expected": new},
+                           f"{ref} moved to {after or 'nothing'} right after the update")
+        return _done(read_back=after, previous=old)
+
+    async def _class_repository(self, campaign: Campaign) -> str | None:
+        for cls in await self.kernel.classes():
+            if cls.name == campaign.class_:
+                repository = cls.promotion.get("repository")
+                return repository if isinstance(repository, str) else None
+        return None
+
+    # --- http.request ------------------------------------------------------------
+
+    async def _http(self, claim: SideEffectClaim, campaign: Campaign) -> Verdict:
+        payload = claim.payload
+        method = str(payload.get("method") or "").upper()
+        if method not in _METHODS:
+            return _failed(f"payload.method must be one of {', '.join(sorted(_METHODS))}")
+        url = payload.get("url") or claim.target
+        read_back = payload.get("read_back")
+        if read_back is not None and not isinstance(read_back, dict):
+            return _failed("payload.read_back must be an object {url, expect_status}")
+        check_url = (read_back or {}).get("url") or url
+        expect_status = int((read_back or {}).get("expect_status", 200))
+        # The kernel judged `target` against the authority profile; whatever we
+        # contact must be on the same origin, or a worker could point the
+        # payload anywhere.
+        origin = _origin(claim.target)
+        for candidate in (url, check_url):
+            if origin is None or _origin(candidate) != origin:
+                return _failed(f"{candidate} is not on the origin of the authorised target "
+                               f"{claim.target} (http or https only)")
+        headers = httpx.Headers(payload.get("headers") or {})
+        headers["Idempotency-Key"] = claim.idempotency_key  # never the payload's own
+        for key, header in (("if_match", "If-Match"), ("if_none_match", "If-None-Match")):
+            if claim.precondition.get(key) is not None:
+                headers[header] = str(claim.precondition[key])
+        body = payload.get("body")
+        content = body.encode() if isinstance(body, str) else None
+        json_body = body if body is not None and not isinstance(body, str) else None
+
+        async with self._client() as client:
+            if read_back is not None:
+                # Read back FIRST: a dispatcher that died after acting left the effect.
+                try:
+                    seen = (await client.get(check_url)).status_code
+                except httpx.HTTPError as exc:
+                    return Verdict("retry", error=f"read-back GET {check_url}: {_describe(exc)}")
+                if seen == expect_status:
+                    return _done(read_back={"url": check_url, "status": seen}, already_applied=True)
+            if campaign.state == "abandoned":
+                return _failed("campaign abandoned before the intent was carried out")
+            if (gave_up := self._gave_up(claim)) is not None:
+                return gave_up
+            try:
+                response = await client.request(method, url, headers=headers, content=content,
+                                                json=json_body)
+            except httpx.HTTPError as exc:
+                return Verdict("retry", error=f"{method} {url}: {_describe(exc)}")
+            await faults.point(FAULT_AFTER_ACTION)
+
+            status = response.status_code
+            result: dict[str, Any] = {"status": status}
+            if status in _TRANSIENT_STATUSES or status >= 500:
+                return Verdict("retry", result, f"{method} {url} answered {status}",
+                               retry_after_s=_retry_after(response))
+            if status == 412:
+                return Verdict("conflict", result, f"{method} {url}: precondition failed (412)")
+            if not 200 <= status < 300:
+                return _failed(f"{method} {url} answered {status}: {response.text[:300]}", **result)
+            if read_back is None:
+                return _done(**result)  # no read-back configured: the answer is all we see
+            try:
+                seen = (await client.get(check_url)).status_code
+            except httpx.HTTPError as exc:
+                return Verdict("retry", result, f"read-back GET {check_url}: {_describe(exc)}")
+            result["read_back"] = {"url": check_url, "status": seen}
+            if seen != expect_status:
+                # Accepted but not (yet) visible: the next try reads back first
+                # and resends with the same key only if it still does not show.
+                return Verdict("retry", result, f"read-back GET {check_url} answered {seen}, "
+                                                f"not {expect_status}")
+            return _done(**result)
+
+    def _client(self) -> httpx.AsyncClient | _Borrowed:
+        if self._http_client is not None:
+            return _Borrowed(self._http_client)
+        # Redirects are not followed: they could leave the authorised origin.
+        return httpx.AsyncClient(timeout=self.http_timeout_s, follow_redirects=False)
+
+
+class _Borrowed:
+    """An injected client, used without closing it."""
+
+    def __init__(self, client: httpx.AsyncClient):
+        self.client = client
+
+    async def __aenter__(self) -> httpx.AsyncClient:
+        return self.client
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        return None
+
+
+def _origin(url: str) -> tuple[str, str, int | None] | None:
+    try:
+        parsed = httpx.URL(url)
+    except (httpx.InvalidURL, TypeError):
+        return None
+    if parsed.scheme not in ("http", "https") or not parsed.host:
+        return None
+    return parsed.scheme, parsed.host.lower(), parsed.port or (443 if parsed.scheme == "https" else 80)
+
+
+def _retry_after(response: httpx.Response) -> float | None:
+    try:
+        return float(response.headers.get("Retry-After", ""))
+    except ValueError:
+        return None  # an HTTP date, or nothing: our own backoff decides
+
+
+def _describe(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+
+
+async def _wait(stop: asyncio.Event, wake: Subscription | None, timeout: float) -> None:
+    """Until ``stop`` is set, ``wake`` fires or ``timeout`` passes."""
+    waiters = {asyncio.ensure_future(stop.wait())}
+    if wake is not None:
+        waiters.add(asyncio.ensure_future(wake.wait(timeout)))
+    try:
+        await asyncio.wait(waiters, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for waiter in waiters:
+            waiter.cancel()
+        await asyncio.gather(*waiters, return_exceptions=True)

@@ -1,0 +1,675 @@
+"""The outbox dispatcher on a real PostgreSQL, real git repositories and a real
+HTTP server: intent before action, compare-and-swap, read-back before record,
+exactly-once across a crash, and the authority checks around intents."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from datetime import timedelta
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from conftest import TEST_PREFIX
+from drive import Driver, fingerprint, now
+from ledger import Forbidden, Kernel, StaleLease
+from ledger.dispatcher import FAULT_AFTER_ACTION, Dispatcher, backoff_s
+
+pytestmark = pytest.mark.anyio
+
+MAIN = "refs/heads/main"
+PROMOTION_MESSAGE = "ledger promotion"
+GIT_ENV = {"GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@localhost",
+           "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@localhost"}
+
+
+# --- git -------------------------------------------------------------------------
+
+
+def git(repo: Path, *args: str) -> str:
+    out = subprocess.run(["git", "-C", str(repo), *args], env={**os.environ, **GIT_ENV},
+                         check=True, capture_output=True, text=True)
+    return out.stdout.strip()
+
+
+def child(repo: Path, parent: str, message: str) -> str:
+    """A new commit on top of ``parent`` (no ref moves)."""
+    return git(repo, "commit-tree", f"{parent}^{{tree}}", "-p", parent, "-m", message)
+
+
+def rev(repo: Path, ref: str = MAIN) -> str:
+    return git(repo, "rev-parse", ref)
+
+
+def promotions_in_reflog(repo: Path) -> int:
+    return git(repo, "reflog", "show", "--format=%gs", MAIN).splitlines().count(PROMOTION_MESSAGE)
+
+
+@pytest.fixture
+def repo(tmp_path: Path) -> Path:
+    """A repository whose main has one commit; every ref update is logged."""
+    path = tmp_path / "repo"
+    path.mkdir()
+    git(path, "init", "--quiet", "--initial-branch=main")
+    git(path, "config", "core.logAllRefUpdates", "always")
+    (path / "README").write_text("hello\n")
+    git(path, "add", "README")
+    git(path, "commit", "--quiet", "-m", "base")
+    return path
+
+
+# --- campaigns ---------------------------------------------------------------------
+
+
+async def promoting_class(actors: Any, repo: Path, name: str = "promo") -> str:
+    await (await actors("operator")).register_class(
+        name, max_attempts=3, lease_seconds=30, backoff_base_s=0, backoff_jitter=0,
+        promotion={"ref": MAIN, "repository": str(repo)})
+    return name
+
+
+async def accepted(actors: Any, repo: Path, candidate: str, base: str | None = None) -> tuple[int, int]:
+    """A campaign whose candidate (on top of main's ``base``) was accepted: its
+    promotion intent is committed. Returns (campaign id, side effect id)."""
+    d = Driver(actors, await promoting_class(actors, repo))
+    cid, gen = await d.leased()
+    await (await actors("worker")).record_attempt(
+        cid, gen, base_sha=base or rev(repo), candidate_sha=candidate, fingerprint=fingerprint(1))
+    verifier = await actors("verifier")
+    claim = await verifier.claim_verification("verifier-1", classes=[d.class_])
+    assert claim is not None and claim.campaign_id == cid
+    effect = await verifier.accept(claim.verification_id, {"ok": True})
+    assert effect is not None
+    return cid, effect
+
+
+async def side_effect(actors: Any, cid: int, effect: int) -> Any:
+    detail = await (await actors("reader")).campaign_detail(cid)
+    return next(s for s in detail.side_effects if s.id == effect)
+
+
+async def event_types(actors: Any, cid: int) -> list[str]:
+    return [e.type for e in await (await actors("reader")).events(cid)]
+
+
+async def after_lease(actors: Any, **options: Any) -> int:
+    """One pass of a fresh dispatcher with the database clock pinned past any
+    claim lease taken until now (a crashed dispatcher's claim has lapsed)."""
+    await actors("dispatcher")
+    async with actors.session("dispatcher").transaction(now=now() + timedelta(minutes=11)) as tx:
+        return await Dispatcher(Kernel(tx), **options).run_once()
+
+
+# --- processes and conditions --------------------------------------------------------
+
+
+def dispatcher_process(db_url: str, tmp_path: Path, *args: str,
+                       fault: bool = True) -> tuple[subprocess.Popen[bytes], Path]:
+    """``python -m ledger dispatcher ARGS`` as its own process; stderr to a file."""
+    env = {**os.environ, "LEDGER_DATABASE_URL": db_url, "LEDGER_ROLE_PREFIX": TEST_PREFIX,
+           "LEDGER_FAULT_DIR": str(tmp_path / "faults")}
+    env.pop("LEDGER_FAULT_POINTS", None)
+    if fault:
+        env["LEDGER_FAULT_POINTS"] = FAULT_AFTER_ACTION
+    stderr = tmp_path / f"dispatcher-{len(list(tmp_path.glob('dispatcher-*.log')))}.log"
+    with stderr.open("wb") as err:
+        proc = subprocess.Popen([sys.executable, "-m", "ledger", "dispatcher", *args], env=env,
+                                stdout=subprocess.DEVNULL, stderr=err)
+    return proc, stderr
+
+
+async def until(condition: Callable[[], Any], what: str, *, proc: subprocess.Popen[bytes] | None = None,
+                log: Path | None = None, timeout_s: float = 30.0) -> None:
+    """Wait for a condition (polled; not a sleep standing in for one)."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    while not await _holds(condition):
+        if proc is not None and proc.poll() is not None:
+            raise AssertionError(f"process exited ({proc.returncode}) before {what}:\n"
+                                 + (log.read_text() if log else ""))
+        if loop.time() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        await asyncio.sleep(0.01)  # polling interval of the condition
+
+
+async def _holds(condition: Callable[[], Any]) -> bool:
+    value = condition()
+    if asyncio.iscoroutine(value):
+        value = await value
+    return bool(value)
+
+
+def kill(proc: subprocess.Popen[bytes]) -> None:
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(timeout=10)
+
+
+# --- an HTTP service that honours Idempotency-Key ---------------------------------------
+
+
+class OrderService:
+    """``POST /orders`` applies an order once per Idempotency-Key (a replay gets the
+    first answer, a request without a key is refused); ``GET /orders/<key>`` is 200
+    once applied; ``/flaky`` always answers 503; ``/lossy`` answers 202 and applies
+    nothing. Every request is recorded."""
+
+    def __init__(self) -> None:
+        self.requests: list[tuple[str, str, str | None]] = []  # method, path, key
+        self.effects: list[tuple[str, Any]] = []  # (key, order) per effect applied
+        self._lock = threading.Lock()
+        service = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args: Any) -> None:
+                pass
+
+            def _answer(self, status: int, body: dict[str, Any] | None = None) -> None:
+                data = json.dumps(body or {}).encode()
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def do_GET(self) -> None:
+                with service._lock:
+                    service.requests.append(("GET", self.path, self.headers.get("Idempotency-Key")))
+                    applied = {key for key, _ in service.effects}
+                key = self.path.removeprefix("/orders/")
+                self._answer(200 if key in applied else 404)
+
+            def do_POST(self) -> None:
+                key = self.headers.get("Idempotency-Key")
+                order = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))) or b"null")
+                with service._lock:
+                    service.requests.append(("POST", self.path, key))
+                    if self.path == "/flaky":
+                        return self._answer(503)
+                    if self.path == "/lossy":  # says yes, applies nothing
+                        return self._answer(202)
+                    if not key:
+                        return self._answer(400, {"error": "Idempotency-Key required"})
+                    if key not in {k for k, _ in service.effects}:
+                        service.effects.append((key, order))
+                self._answer(201, {"order": key})
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+        self.thread.start()
+
+    @property
+    def base(self) -> str:
+        return f"http://127.0.0.1:{self.httpd.server_address[1]}"
+
+    def posts(self) -> list[tuple[str, str, str | None]]:
+        with self._lock:
+            return [r for r in self.requests if r[0] == "POST"]
+
+    def close(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+@pytest.fixture
+def service() -> Iterator[OrderService]:
+    s = OrderService()
+    yield s
+    s.close()
+
+
+async def http_intent(actors: Any, service: OrderService, *, path: str = "/orders",
+                      read_back: bool = False, url: str | None = None) -> tuple[int, int, str]:
+    """A worker of a class allowed to call 127.0.0.1 records an HTTP intent.
+    Returns (campaign id, side effect id, idempotency key)."""
+    await (await actors("operator")).register_class(
+        "remote", authority={"worker": {"hosts": ["127.0.0.1"]}})
+    cid, gen = await Driver(actors, "remote").leased()
+    key = f"order-{cid}"
+    payload: dict[str, Any] = {"method": "POST", "url": url or service.base + path,
+                               "body": {"item": "widget", "campaign": cid}}
+    if read_back:
+        payload["read_back"] = {"url": f"{service.base}/orders/{key}", "expect_status": 200}
+    requested = await (await actors("worker")).request_side_effect(
+        cid, gen, kind="http.request", target=service.base + path, precondition={},
+        idempotency_key=key, payload=payload)
+    assert requested.status == "requested"
+    return cid, requested.side_effect_id, key
+
+
+# =====================================================================================
+# git.update_ref: promotions
+# =====================================================================================
+
+
+async def test_promotion_moves_the_ref_reads_it_back_and_marks_the_campaign(actors, repo) -> None:  # type: ignore[no-untyped-def]
+    base = rev(repo)
+    candidate = child(repo, base, "candidate")
+    cid, effect = await accepted(actors, repo, candidate)
+    assert rev(repo) == base, "accept only records the intent; nothing acts yet"
+
+    dispatcher = Dispatcher(await actors("dispatcher"))
+    assert await dispatcher.run_once() == 1
+
+    assert rev(repo) == candidate
+    assert promotions_in_reflog(repo) == 1
+    se = await side_effect(actors, cid, effect)
+    assert (se.state, se.tries, se.error) == ("done", 1, None)
+    assert se.result is not None and se.result["read_back"] == candidate
+    assert se.result["previous"] == base and "already_applied" not in se.result
+    assert se.result["dispatcher"] == dispatcher.identity
+    campaign = await (await actors("reader")).campaign(cid)
+    assert campaign.state == "verified"
+    assert campaign.promoted_at is not None and campaign.promoted_sha == candidate
+    events = await (await actors("reader")).events(cid)
+    done = [e for e in events if e.type == "side_effect.done"]
+    assert len(done) == 1 and done[0].payload["result"]["read_back"] == candidate
+    assert await dispatcher.run_once() == 0, "nothing is due any more"
+
+
+async def test_target_moved_meanwhile_is_a_conflict_and_the_campaign_is_ready_again(actors, repo) -> None:  # type: ignore[no-untyped-def]
+    base = rev(repo)
+    candidate = child(repo, base, "candidate")
+    cid, effect = await accepted(actors, repo, candidate)
+    moved = child(repo, base, "someone else's commit")
+    git(repo, "update-ref", MAIN, moved)
+
+    assert await Dispatcher(await actors("dispatcher")).run_once() == 1
+
+    assert rev(repo) == moved, "the ref is untouched"
+    assert promotions_in_reflog(repo) == 0
+    se = await side_effect(actors, cid, effect)
+    assert se.state == "conflict" and se.result is not None
+    assert (se.result["read_back"], se.result["expected"]) == (moved, base)
+    campaign = await (await actors("reader")).campaign(cid)
+    assert campaign.state == "ready" and campaign.promoted_at is None
+    assert campaign.last_failure_reason is not None
+    assert campaign.last_failure_reason.startswith("promotion failed")
+    events = await (await actors("reader")).events(cid)
+    assert [e.payload["transition"] for e in events if e.type == "transition"][-1] == "promote_failed"
+    # a conflict is final: no later pass touches it
+    assert await after_lease(actors) == 0
+    assert rev(repo) == moved
+
+
+async def test_crash_after_the_update_is_recorded_once_by_the_next_dispatcher(  # type: ignore[no-untyped-def]
+        actors, repo, db_url, tmp_path) -> None:
+    """SIGKILL between the git update and its record; the next dispatcher reads
+    back first, sees the ref at the candidate and records done without a second
+    update (one 'ledger promotion' entry in the reflog)."""
+    base = rev(repo)
+    candidate = child(repo, base, "candidate")
+    cid, effect = await accepted(actors, repo, candidate)
+
+    proc, log = dispatcher_process(db_url, tmp_path, "--once", "--lease", "60")
+    reached = tmp_path / "faults" / f"{FAULT_AFTER_ACTION}.reached"
+    try:
+        await until(reached.exists, "the fault point", proc=proc, log=log)
+    finally:
+        kill(proc)
+    assert rev(repo) == candidate, "the first dispatcher did act"
+    se = await side_effect(actors, cid, effect)
+    assert (se.state, se.tries) == ("claimed", 1), "...but died before recording"
+    assert (await (await actors("reader")).campaign(cid)).promoted_at is None
+
+    # While the dead dispatcher's lease runs, nobody else may take the intent.
+    assert await Dispatcher(await actors("dispatcher")).run_once() == 0
+    assert await after_lease(actors) == 1
+
+    assert promotions_in_reflog(repo) == 1, "exactly one update"
+    se = await side_effect(actors, cid, effect)
+    assert (se.state, se.tries) == ("done", 2)
+    assert se.result is not None and se.result["already_applied"] is True
+    assert se.result["read_back"] == candidate
+    campaign = await (await actors("reader")).campaign(cid)
+    assert campaign.promoted_sha == candidate and campaign.promoted_at is not None
+
+
+async def test_lock_contention_is_retried_with_backoff_then_done(actors, repo) -> None:  # type: ignore[no-untyped-def]
+    base = rev(repo)
+    candidate = child(repo, base, "candidate")
+    cid, effect = await accepted(actors, repo, candidate)
+    lock = repo / ".git" / "refs" / "heads" / "main.lock"  # another writer holds main
+    lock.write_text("")
+
+    before = now()
+    assert await Dispatcher(await actors("dispatcher"), backoff_base_s=30).run_once() == 1
+    assert rev(repo) == base
+    se = await side_effect(actors, cid, effect)
+    assert (se.state, se.tries) == ("pending", 1)
+    assert se.error is not None and "lock" in se.error
+    # jittered backoff (+/-20 %) around 30 s, not an immediate hot retry
+    assert timedelta(seconds=23) < se.next_try_at - before < timedelta(seconds=37)
+    assert (await (await actors("reader")).campaign(cid)).state == "verified"
+    assert await Dispatcher(await actors("dispatcher")).run_once() == 0, "not due yet"
+
+    lock.unlink()
+    assert await after_lease(actors) == 1
+    assert rev(repo) == candidate
+    se = await side_effect(actors, cid, effect)
+    assert (se.state, se.tries) == ("done", 2)
+
+
+async def test_a_candidate_missing_from_the_repository_fails_the_promotion(actors, repo) -> None:  # type: ignore[no-untyped-def]
+    base = rev(repo)
+    cid, effect = await accepted(actors, repo, "f" * 40)
+    assert await Dispatcher(await actors("dispatcher")).run_once() == 1
+    assert rev(repo) == base
+    se = await side_effect(actors, cid, effect)
+    assert se.state == "failed" and se.error is not None and "not in" in se.error
+    assert (await (await actors("reader")).campaign(cid)).state == "ready"
+
+
+async def test_an_intent_claimed_when_its_campaign_was_abandoned_is_not_carried_out(actors, repo) -> None:  # type: ignore[no-untyped-def]
+    """Abandon cancels pending intents; one a dispatcher had already claimed (and
+    then lost) must not be carried out by its successor either."""
+    base = rev(repo)
+    candidate = child(repo, base, "candidate")
+    cid, effect = await accepted(actors, repo, candidate)
+    claim = await (await actors("dispatcher")).claim_side_effect("dispatcher-that-dies")
+    assert claim is not None and claim.side_effect_id == effect
+    await (await actors("operator")).abandon(cid, "not needed")
+
+    assert await after_lease(actors) == 1
+    assert rev(repo) == base, "the ref was not moved"
+    se = await side_effect(actors, cid, effect)
+    assert se.state == "failed" and se.error is not None and "abandoned" in se.error
+
+
+async def test_a_worker_intent_must_use_the_class_repository(actors, repo, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """The kernel judges the ref; the repository in the payload is the worker's
+    choice, so the dispatcher holds it to the class's own."""
+    other = tmp_path / "other"
+    other.mkdir()
+    git(other, "init", "--quiet", "--initial-branch=main")
+    (other / "f").write_text("x")
+    git(other, "add", "f")
+    git(other, "commit", "--quiet", "-m", "other")
+    target = "refs/heads/ledger/fix"
+    await (await actors("operator")).register_class(
+        "branching", authority={"worker": {"refs": ["refs/heads/ledger/*"]}},
+        promotion={"ref": MAIN, "repository": str(repo)})
+    cid, gen = await Driver(actors, "branching").leased()
+    worker = await actors("worker")
+    wrong = await worker.request_side_effect(
+        cid, gen, kind="git.update_ref", target=target, precondition={"old": None},
+        idempotency_key="branch-other", payload={"repository": str(other), "new": rev(other)})
+    right = await worker.request_side_effect(
+        cid, gen, kind="git.update_ref", target=target, precondition={"old": None},
+        idempotency_key="branch-own", payload={"repository": str(repo), "new": rev(repo)})
+
+    assert await Dispatcher(await actors("dispatcher")).run_once() == 2
+    assert git(other, "for-each-ref", "--format=%(refname)", target) == ""
+    assert rev(repo, target) == rev(repo)
+    assert (await side_effect(actors, cid, wrong.side_effect_id)).state == "failed"
+    assert (await side_effect(actors, cid, right.side_effect_id)).state == "done"
+
+
+# =====================================================================================
+# http.request
+# =====================================================================================
+
+
+async def test_http_intent_survives_a_crash_with_one_idempotency_key_and_one_effect(  # type: ignore[no-untyped-def]
+        actors, service, db_url, tmp_path) -> None:
+    """The first dispatcher is SIGKILLed after its POST; the second, with no
+    read-back configured, sends again -- with the same Idempotency-Key, so the
+    service applies the order once."""
+    cid, effect, key = await http_intent(actors, service)
+
+    proc, log = dispatcher_process(db_url, tmp_path, "--once")
+    reached = tmp_path / "faults" / f"{FAULT_AFTER_ACTION}.reached"
+    try:
+        await until(reached.exists, "the fault point", proc=proc, log=log)
+    finally:
+        kill(proc)
+    assert len(service.posts()) == 1 and len(service.effects) == 1
+    assert (await side_effect(actors, cid, effect)).state == "claimed"
+
+    assert await after_lease(actors) == 1
+
+    posts = service.posts()
+    assert len(posts) == 2, "the second dispatcher retried"
+    assert {k for _, _, k in posts} == {key}, "every request carried the intent's key"
+    assert service.effects == [(key, {"item": "widget", "campaign": cid})], "applied once"
+    se = await side_effect(actors, cid, effect)
+    assert (se.state, se.tries) == ("done", 2)
+    assert se.result is not None and se.result["status"] == 201
+
+
+async def test_http_read_back_first_means_no_second_request(actors, service, tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """With a read-back configured, a successor first GETs the target: the order
+    is there, so it records done without sending anything."""
+    cid, effect, key = await http_intent(actors, service, read_back=True)
+    monkeypatch.setenv("LEDGER_FAULT_POINTS", FAULT_AFTER_ACTION)
+    monkeypatch.setenv("LEDGER_FAULT_DIR", str(tmp_path / "faults"))
+    first = asyncio.create_task(Dispatcher(await actors("dispatcher")).run_once())
+    await until((tmp_path / "faults" / f"{FAULT_AFTER_ACTION}.reached").exists, "the fault point")
+    first.cancel()  # dies holding the claim, action done, nothing recorded
+    with pytest.raises(asyncio.CancelledError):
+        await first
+    monkeypatch.delenv("LEDGER_FAULT_POINTS")
+
+    assert await after_lease(actors) == 1
+
+    assert [(m, k) for m, _, k in service.posts()] == [("POST", key)], "sent exactly once"
+    gets = [p for m, p, _ in service.requests if m == "GET"]
+    assert gets == [f"/orders/{key}"] * 2, "each dispatcher read back before acting"
+    se = await side_effect(actors, cid, effect)
+    assert se.state == "done" and se.result is not None and se.result["already_applied"] is True
+    assert se.result["read_back"] == {"url": f"{service.base}/orders/{key}", "status": 200}
+
+
+async def test_http_success_is_what_the_read_back_shows(actors, service) -> None:  # type: ignore[no-untyped-def]
+    cid, effect, key = await http_intent(actors, service, read_back=True)
+    assert await Dispatcher(await actors("dispatcher")).run_once() == 1
+    assert [m for m, _, _ in service.requests] == ["GET", "POST", "GET"]
+    se = await side_effect(actors, cid, effect)
+    assert se.state == "done" and se.result is not None
+    assert se.result["status"] == 201 and se.result["read_back"]["status"] == 200
+    assert "already_applied" not in se.result
+
+
+async def test_http_accepted_but_not_visible_is_not_done(actors, service) -> None:  # type: ignore[no-untyped-def]
+    """A 2xx is not success; what the read-back shows is."""
+    cid, effect, key = await http_intent(actors, service, path="/lossy", read_back=True)
+    assert await Dispatcher(await actors("dispatcher")).run_once() == 1
+    se = await side_effect(actors, cid, effect)
+    assert (se.state, se.tries) == ("pending", 1)
+    assert se.result is not None and se.result["status"] == 202
+    assert se.result["read_back"]["status"] == 404
+    assert se.error is not None and "answered 404, not 200" in se.error
+
+
+async def test_http_5xx_is_retried_with_backoff_then_failed_after_max_tries(actors, service) -> None:  # type: ignore[no-untyped-def]
+    cid, effect, key = await http_intent(actors, service, path="/flaky")
+    before = now()
+    assert await Dispatcher(await actors("dispatcher"), max_tries=2).run_once() == 1
+    se = await side_effect(actors, cid, effect)
+    assert (se.state, se.tries) == ("pending", 1)
+    assert se.error is not None and "503" in se.error
+    assert se.next_try_at - before > timedelta(seconds=1.5), "backed off"
+
+    assert await after_lease(actors, max_tries=2) == 1
+    se = await side_effect(actors, cid, effect)
+    assert (se.state, se.tries) == ("failed", 2)
+    assert se.error is not None and se.error.startswith("gave up after 2 tries")
+    assert [k for _, _, k in service.posts()] == [key, key]
+    assert await after_lease(actors, max_tries=2) == 0, "failed is final"
+
+
+async def test_http_payload_pointing_off_the_authorised_target_is_refused(actors, service) -> None:  # type: ignore[no-untyped-def]
+    """The kernel authorised the target's host; a payload URL on another origin
+    (here: another port) is not contacted at all."""
+    elsewhere = OrderService()
+    try:
+        cid, effect, _ = await http_intent(actors, service, url=elsewhere.base + "/orders")
+        assert await Dispatcher(await actors("dispatcher")).run_once() == 1
+        assert elsewhere.requests == [] and service.requests == []
+    finally:
+        elsewhere.close()
+    se = await side_effect(actors, cid, effect)
+    assert se.state == "failed" and se.error is not None and "origin" in se.error
+
+
+# =====================================================================================
+# Requests: authority and fencing
+# =====================================================================================
+
+
+async def test_a_ref_outside_the_worker_profile_is_forbidden_and_recorded(actors, admin) -> None:  # type: ignore[no-untyped-def]
+    await (await actors("operator")).register_class(
+        "guarded", authority={"worker": {"refs": ["refs/heads/ledger/*"]}})
+    cid, gen = await Driver(actors, "guarded").leased()
+    reader = await actors("reader")
+    before = await reader.campaign(cid)
+    events_before = await reader.events(cid)
+
+    with pytest.raises(Forbidden):
+        await (await actors("worker")).request_side_effect(
+            cid, gen, kind="git.update_ref", target=MAIN, precondition={"old": "a" * 40},
+            idempotency_key="sneaky", payload={"repository": "/tmp/x", "new": "b" * 40})
+
+    refused = await reader.security_events(cid)
+    assert [(s.actor_role, s.action, s.target) for s in refused] == [("worker", "git.update_ref", MAIN)]
+    assert refused[0].details["idempotency_key"] == "sneaky"
+    assert admin.execute("SELECT count(*) AS n FROM ledger.side_effect").fetchone()["n"] == 0
+    after = await reader.campaign(cid)
+    same = ("state", "generation", "lease_owner", "lease_expires_at", "attempt_count", "promoted_at")
+    assert {f: getattr(after, f) for f in same} == {f: getattr(before, f) for f in same}
+    new_events = (await reader.events(cid))[len(events_before):]
+    assert [e.type for e in new_events] == ["security.refused"], "only the refusal is journalled"
+    # the same worker may touch what its profile allows: the refusal was about the ref
+    allowed = await (await actors("worker")).request_side_effect(
+        cid, gen, kind="git.update_ref", target="refs/heads/ledger/fix", precondition={"old": None},
+        idempotency_key="fine", payload={"repository": "/tmp/x", "new": "b" * 40})
+    assert allowed.status == "requested"
+
+
+@pytest.mark.parametrize("superseded_by", ["abandon", "reap"])
+async def test_a_stale_worker_cannot_record_an_intent(actors, admin, test_class, superseded_by) -> None:  # type: ignore[no-untyped-def]
+    await (await actors("operator")).register_class(
+        test_class, authority={"worker": {"refs": ["refs/heads/ledger/*"]}})
+    cid, gen = await Driver(actors, test_class).leased()
+    if superseded_by == "abandon":
+        await (await actors("operator")).abandon(cid, "stop")
+    else:
+        await actors("reaper")
+        async with actors.session("reaper").transaction(now=now() + timedelta(minutes=5)) as tx:
+            assert [r.campaign_id for r in await Kernel(tx).expire_leases()] == [cid]
+    before = await (await actors("reader")).campaign(cid)
+
+    with pytest.raises(StaleLease):
+        await (await actors("worker")).request_side_effect(
+            cid, gen, kind="git.update_ref", target="refs/heads/ledger/fix",
+            precondition={"old": None}, idempotency_key="late", payload={"new": "b" * 40})
+
+    assert admin.execute("SELECT count(*) AS n FROM ledger.side_effect").fetchone()["n"] == 0
+    assert await (await actors("reader")).campaign(cid) == before
+    assert await Dispatcher(await actors("dispatcher")).run_once() == 0
+
+
+# =====================================================================================
+# The loop and the command
+# =====================================================================================
+
+
+class _Wake:
+    """A real in-process wake source (what a LISTEN hub delivers, minus LISTEN)."""
+
+    def __init__(self) -> None:
+        self.event = asyncio.Event()
+
+    async def wait(self, timeout: float) -> bool:
+        try:
+            await asyncio.wait_for(self.event.wait(), timeout)
+        except TimeoutError:
+            return False
+        self.event.clear()
+        return True
+
+    def drain(self) -> list[str]:
+        return []
+
+    @contextmanager
+    def subscribe(self, channel: str, key: str | None = None) -> Iterator[_Wake]:
+        assert channel == "ledger_outbox"
+        yield self
+
+
+async def test_run_idles_on_the_outbox_channel_and_wakes_for_new_intents(actors, repo) -> None:  # type: ignore[no-untyped-def]
+    """With an hour-long poll tick, only the wake-up can get the intent done in time."""
+    wake = _Wake()
+    stop = asyncio.Event()
+    dispatcher = Dispatcher(await actors("dispatcher"), hub=wake, poll_s=3600)
+    task = asyncio.create_task(dispatcher.run(stop))
+    try:
+        await until(lambda: dispatcher.runs >= 1, "the first (empty) pass")
+        base = rev(repo)
+        candidate = child(repo, base, "candidate")
+        cid, effect = await accepted(actors, repo, candidate)
+        wake.event.set()  # the NOTIFY accept sent
+        await until(lambda: rev(repo) == candidate, "the promotion", timeout_s=10)
+        await until(lambda: dispatcher.recorded["done"] == 1, "the record", timeout_s=10)
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, 10)
+    assert (await side_effect(actors, cid, effect)).state == "done"
+
+
+async def test_command_wakes_on_notify_and_runs_until_sigterm(actors, repo, db_url, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """``ledger dispatcher`` with an hour-long poll: once its hub listens and it
+    idles, only the NOTIFY that accept sends can get the promotion done. SIGTERM
+    then ends it with exit code 0."""
+    proc, log = dispatcher_process(db_url, tmp_path, "--poll", "3600", "--log-level", "debug",
+                                   fault=False)
+
+    def lines() -> list[dict[str, Any]]:
+        return [json.loads(line) for line in log.read_text().splitlines() if line.startswith("{")]
+
+    def idle_and_listening() -> bool:
+        events = [line["event"] for line in lines()]
+        return "hub listening" in events and "dispatcher idle" in events[events.index("hub listening"):]
+
+    try:
+        await until(idle_and_listening, "the dispatcher to listen and idle", proc=proc, log=log)
+        base = rev(repo)
+        candidate = child(repo, base, "candidate")
+        cid, effect = await accepted(actors, repo, candidate)
+
+        async def done() -> bool:
+            return (await side_effect(actors, cid, effect)).state == "done"
+        await until(done, "the promotion to be recorded", proc=proc, log=log, timeout_s=20)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=20) == 0, log.read_text()
+    finally:
+        if proc.poll() is None:
+            kill(proc)
+    assert rev(repo) == candidate
+    events = lines()
+    assert {"dispatcher started", "side effect done", "dispatcher stopped"} <= {e["event"] for e in events}
+    done_line = next(e for e in events if e["event"] == "side effect done")
+    assert (done_line["side_effect"], done_line["campaign"], done_line["kind"]) == (
+        effect, cid, "git.update_ref")
+
+
+async def test_command_once_with_nothing_due_exits_zero(db_url, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    proc, log = dispatcher_process(db_url, tmp_path, "--once", fault=False)
+    assert proc.wait(timeout=60) == 0, log.read_text()
+    assert "0 side effect(s) dispatched" in log.read_text()
+
+
+def test_backoff_grows_by_tries_is_capped_and_jittered() -> None:
+    samples = [backoff_s(3, base_s=2, cap_s=600, jitter=0.2) for _ in range(200)]
+    assert all(6.4 <= s <= 9.6 for s in samples) and len(set(samples)) > 1
+    assert all(480 <= backoff_s(40, base_s=2, cap_s=600, jitter=0.2) <= 720 for _ in range(50))
+    assert backoff_s(1, base_s=2, jitter=0) == 2 and backoff_s(2, base_s=2, jitter=0) == 4
