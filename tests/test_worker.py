@@ -19,10 +19,11 @@ from conftest import TEST_PREFIX
 from drive import eventually
 from ledger import bundle as bundles
 from ledger.config import load_config
+from ledger.drill import scripted_attempt
 
 pytestmark = pytest.mark.anyio
 
-SCRIPT = Path(__file__).parent / "attempt_script.py"
+SCRIPT = scripted_attempt()
 CLASS = "work"
 LEASE_S, HEARTBEAT_S, GRACE_S = 2.0, 0.4, 0.3
 

@@ -275,7 +275,7 @@ class AttemptRun:
                 log_tail=self.log_tail)
         except RepeatedApproach as exc:
             self.ending = False
-            return await self._fail(f"the next attempt must differ: {exc.message}", fingerprint)
+            return await self._fail(exc.message, fingerprint)
         self.log.info("attempt recorded", candidate=candidate, fingerprint=fingerprint)
         return "attempted"
 

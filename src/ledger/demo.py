@@ -1,26 +1,71 @@
-"""``ledger demo``: one campaign through the kernel, narrated.
+"""``ledger demo``: the closed loop, end to end, in one command.
 
-On the embedded default it uses a throwaway database (``ledger_demo``,
-recreated on every run) so the demo is repeatable and leaves the real
-``ledger`` database alone.
+It makes a throwaway git repository whose unit test fails, a campaign class
+whose attempt command (``examples/demo_attempt.py``) first makes a wrong fix and
+then a different right one, and a sensor that runs the tests on ``main`` every
+couple of seconds. Then it runs a sensor, a worker, a verifier and a dispatcher
+in this process -- each as its own database role -- and narrates the campaign's
+journal as it happens: opened, leased, attempt 1 rejected (and why), attempt 2,
+verified, promoted (ref moved and read back), the next scheduled observation
+green, confirmed. It prints the journal and exits 0; nothing keeps running.
+
+On the embedded default it uses a throwaway database (``ledger_demo``, made
+anew each run) so it leaves the real ``ledger`` database alone.
 """
 
 from __future__ import annotations
 
+import asyncio
+import shutil
+import subprocess
+import sys
+import tempfile
 import time
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from pathlib import Path
 
 from rich.console import Console
 
-from . import migrations
-from .database import Database, Session
+from . import logs, migrations
+from .config import LedgerConfig, parse_config
+from .database import Database
 from .embedded import server_url, with_database
+from .hub import Hub
 from .kernel import Kernel
+from .models import Event
 from .settings import Settings
+from .supervisor import RunOptions, Supervisor, run_everything
+from .tail import SyntheticEvent, tail
+from .worker import WorkerOptions
 
 DEMO_DATABASE = "ledger_demo"
-DEMO_CLASS = "demo"
+DEMO_CLASS = "fix-tests"
+DEMO_SENSOR = "unit-tests"
+DEADLINE_S = 55.0
+
+CALC = '''def add(a, b):
+    """Add two numbers."""
+    return a - b
+'''
+TEST_CALC = '''import unittest
+
+from calc import add
+
+
+class AddTest(unittest.TestCase):
+    def test_add(self):
+        self.assertEqual(add(2, 3), 5)
+
+    def test_add_negative(self):
+        self.assertEqual(add(-1, 1), 0)
+'''
+
+
+def examples_dir() -> Path:
+    """The shipped examples: packaged in a wheel, or at the repository top."""
+    packaged = Path(__file__).parent / "_examples"
+    if packaged.is_dir():
+        return packaged
+    return Path(__file__).resolve().parents[2] / "examples"
 
 
 def prepare_database(settings: Settings) -> Database:
@@ -41,62 +86,138 @@ def prepare_database(settings: Settings) -> Database:
     return Database(url, role_prefix=settings.role_prefix, role_urls=settings.role_urls())
 
 
-class Timeline:
-    """Prints what happens, with the time since the start."""
+def make_repository(root: Path) -> Path:
+    """A bare repository whose ``main`` has a failing unit test."""
+    work, bare = root / "work", root / "calc.git"
+    env = {"GIT_AUTHOR_NAME": "Demo", "GIT_AUTHOR_EMAIL": "demo@localhost",
+           "GIT_COMMITTER_NAME": "Demo", "GIT_COMMITTER_EMAIL": "demo@localhost", "PATH": "/usr/bin:/bin"}
+    subprocess.run(["git", "init", "-q", "-b", "main", str(work)], check=True, env=env)
+    (work / "calc.py").write_text(CALC)
+    (work / "test_calc.py").write_text(TEST_CALC)
+    subprocess.run(["git", "-C", str(work), "add", "."], check=True, env=env)
+    subprocess.run(["git", "-C", str(work), "commit", "-qm", "calc: add (with a bug)"], check=True, env=env)
+    subprocess.run(["git", "clone", "-q", "--bare", str(work), str(bare)], check=True, env=env)
+    shutil.rmtree(work)
+    return bare
+
+
+def demo_config(repository: Path, sensor_every_s: float = 2.0) -> LedgerConfig:
+    """The demo's class and sensor (what a ledger.toml would say)."""
+    examples = examples_dir()
+    python = sys.executable
+    return parse_config({
+        "classes": {DEMO_CLASS: {
+            "repository": str(repository), "base_ref": "main",
+            "attempt_command": [python, str(examples / "demo_attempt.py")],
+            "attempt_timeout_s": 30, "max_attempts": 3, "lease_s": 10, "heartbeat_s": 2,
+            "backoff": {"base_s": 0, "jitter": 0},
+            "acceptance": {"commands": [[python, "-m", "unittest", "-q"]], "timeout_s": 30},
+            "verifier": "command", "promote_to": "refs/heads/main",
+            "authority": {"worker": {"refs": ["refs/heads/ledger/*"]}},
+        }},
+        "sensors": {DEMO_SENSOR: {
+            "target": f"{repository}#main", "every_s": sensor_every_s,
+            "command": [python, str(examples / "run_tests_at.py"), str(repository), "main"],
+            "class": DEMO_CLASS, "objective": "tests-pass:{target}",
+        }},
+    }, "demo")
+
+
+class Narrator:
+    """Turns journal events into a readable timeline."""
 
     def __init__(self, console: Console):
         self.console = console
         self.start = time.monotonic()
+        self.rejections: dict[int, str] = {}
 
-    def step(self, what: str, detail: str = "") -> None:
+    def line(self, what: str, detail: str = "") -> None:
         elapsed = time.monotonic() - self.start
-        self.console.print(f"[dim]{elapsed:6.2f}s[/]  [bold]{what:<12}[/] {detail}", highlight=False)
+        self.console.print(f"[dim]{elapsed:6.2f}s[/]  [bold]{what:<11}[/] {detail}", highlight=False)
+
+    def event(self, e: Event) -> None:
+        p = e.payload
+        name = p.get("transition") if e.type == "transition" else e.type
+        attempt = p.get("attempt_no")
+        texts: dict[str, tuple[str, str]] = {
+            "open": ("opened", f"sensor {e.actor} saw the tests fail on main"),
+            "claim": ("leased", f"by {e.actor} (generation {e.generation})"),
+            "attempt.started": ("attempt", f"{attempt} started in a fresh worktree on {p.get('branch')}"),
+            "commit.made": ("committed", f"{str(p.get('candidate_sha'))[:12]} "
+                                         f"(approach {str(p.get('fingerprint'))[:19]})"),
+            "record_attempt": ("attempted", f"attempt {attempt} recorded; the bundle is frozen"),
+            "fail_attempt": ("failed", f"attempt {attempt}: {p.get('reason')}"),
+            "verification.started": ("checking", f"{e.actor} on a clean checkout"),
+            "reject": ("rejected", f"attempt {attempt}: {p.get('reason')}"),
+            "accept": ("verified", f"attempt {attempt} passed, judged by {e.actor}"),
+            "side_effect.requested": ("intent", f"promote onto {p.get('target')} (recorded before acting)"),
+            "side_effect.done": ("promoted", f"{p.get('target')} moved and read back at "
+                                             f"{str((p.get('result') or {}).get('read_back', ''))[:12]}"),
+            "side_effect.conflict": ("conflict", f"{p.get('target')} had moved; starting over"),
+            "promote_failed": ("back", "to ready: the target moved"),
+            "regress": ("regressed", "red after promotion"),
+            "confirm": ("confirmed", f"the next scheduled observation (#{p.get('observation_id')}) "
+                                     "was green"),
+            "exhaust": ("exhausted", "attempts used up; a human decides"),
+            "abandon": ("abandoned", str(p.get("reason"))),
+        }
+        if name in texts:
+            self.line(*texts[name])
+
+    def journal(self, events: list[Event]) -> None:
+        self.console.print("\n[bold]journal[/]")
+        for e in events:
+            what = e.payload.get("transition") or e.type
+            move = f"{e.payload.get('from') or '-'} -> {e.payload['to']}" if e.type == "transition" else ""
+            self.console.print(f"  {e.seq:>3}  {what:<22} {move:<24} {e.actor}", highlight=False)
 
 
-@asynccontextmanager
-async def _sessions(db: Database, *actors: str) -> AsyncIterator[dict[str, Session]]:
-    sessions = {actor: await db.session(actor, max_size=2).open() for actor in actors}
-    try:
-        yield sessions
-    finally:
-        for session in sessions.values():
-            await session.close()
+async def _find_campaign(kernel: Kernel, hub: Hub, objective: str) -> int:
+    with hub.subscribe("ledger_ready") as ready:
+        while True:
+            found = await kernel.campaigns(objective_key=objective, limit=1)
+            if found:
+                return found[0].id
+            await ready.wait(1.0)
 
 
-async def run_demo(settings: Settings, console: Console) -> int:
-    """Run the demo; returns the process exit code."""
-    timeline = Timeline(console)
+async def run_demo(settings: Settings, console: Console, *, sensor_every_s: float = 2.0) -> int:
+    """Run the closed loop; returns the exit code."""
+    narrator = Narrator(console)
     db = prepare_database(settings)
-    timeline.step("migrated", f"schema {migrations.current(db.url)}")
-    async with _sessions(db, "operator", "sensor", "worker", "verifier", "reader") as s:
-        operator, sensor, worker = Kernel(s["operator"]), Kernel(s["sensor"]), Kernel(s["worker"])
-        verifier, reader = Kernel(s["verifier"]), Kernel(s["reader"])
-        await operator.register_class(DEMO_CLASS, max_attempts=3, lease_seconds=30)
-        opened = await sensor.open_campaign(DEMO_CLASS, "tests-pass:demo-repo", "demo-repo",
-                                            observation={"status": "red", "failing": 1},
-                                            sensor="demo-sensor")
-        timeline.step("opened", f"campaign {opened.campaign_id} (as {db.role('sensor')})")
-        claim = await worker.claim_campaign("demo-worker")
-        assert claim is not None
-        timeline.step("leased", f"by demo-worker, generation {claim.generation}, "
-                                f"lease until {claim.lease_expires_at:%H:%M:%S}")
-        await worker.heartbeat(claim.campaign_id, claim.generation)
-        timeline.step("heartbeat", "lease rolled forward (fenced by generation)")
-        attempt = await worker.record_attempt(
-            claim.campaign_id, claim.generation, base_sha="0" * 40, candidate_sha="c0ffee" + "0" * 34,
-            fingerprint="sha256:" + "ab" * 16)
-        timeline.step("attempted", f"attempt {attempt} recorded a candidate")
-        check = await verifier.claim_verification("demo-verifier", model_family="demo")
-        assert check is not None
-        await verifier.accept(check.verification_id, {"checks": "passed"})
-        timeline.step("verified", f"by demo-verifier (as {db.role('verifier')}), not by the worker")
-        console.print()
-        console.print("[bold]journal[/]")
-        for event in await reader.events(opened.campaign_id):
-            what = event.payload.get("transition") or event.type
-            frm, to = event.payload.get("from"), event.payload.get("to")
-            move = f"{frm or '-'} -> {to}" if to else ""
-            console.print(f"  {event.seq:>3}  {what:<16} {move:<24} by {event.actor}", highlight=False)
-        final = await reader.campaign(opened.campaign_id)
-        console.print(f"\ncampaign {final.id} is [bold]{final.state}[/]")
-    return 0
+    narrator.line("database", f"migrated to {migrations.current(db.url)}")
+    with tempfile.TemporaryDirectory(prefix="ledger-demo-") as tmp:
+        root = Path(tmp)
+        repository = make_repository(root)
+        config = demo_config(repository, sensor_every_s)
+        narrator.line("repository", f"{repository}: calc.add subtracts; its unit test fails")
+        logs.configure("error")  # the narration is the output; errors still show
+        async with Hub(db) as hub, db.session("reader") as reading, \
+                db.session("operator") as operating:
+            await Kernel(operating).register_class(DEMO_CLASS, **config.classes[DEMO_CLASS].registration())
+            supervisor = Supervisor()
+            options = RunOptions(WorkerOptions(data_dir=root / "data", poll_s=1.0, reaper_grace_s=2.0,
+                                               reaper_interval_s=2.0), verification_lease_s=15.0)
+            running = asyncio.create_task(run_everything(db, config, options, hub, supervisor))
+            reader = Kernel(reading)
+            objective = config.sensors[DEMO_SENSOR].objective_key()
+            try:
+                async with asyncio.timeout(DEADLINE_S):
+                    cid = await _find_campaign(reader, hub, objective)
+                    async for item in tail(reader, hub, cid, keepalive_s=60.0):
+                        if isinstance(item, Event) and not isinstance(item, SyntheticEvent):
+                            narrator.event(item)
+            except TimeoutError:
+                console.print(f"[red]the loop did not close within {DEADLINE_S:g}s[/]")
+                return 1
+            finally:
+                supervisor.stop()
+                await running
+            final = await reader.campaign(cid)
+            narrator.journal(await reader.events(cid))
+            main = subprocess.run(["git", "-C", str(repository), "rev-parse", "main"],
+                                  capture_output=True, text=True).stdout.strip()
+            console.print(f"\ncampaign {cid} is [bold]{final.state}[/]; main is now {main[:12]} "
+                          f"(promoted {str(final.promoted_sha)[:12]})")
+            return 0 if final.state == "confirmed" else 1
+

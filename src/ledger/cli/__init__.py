@@ -12,6 +12,7 @@ from . import campaigns, classes, demo, dispatcher, runtime, schema
 from . import journal
 from . import verifier
 from . import serve
+from . import drill
 from .context import State, console_err
 
 app = typer.Typer(
@@ -50,6 +51,7 @@ verifier.register(app)
 runtime.register(app)
 classes.register(app)
 serve.register(app)
+drill.register(app)
 
 
 def main() -> None:

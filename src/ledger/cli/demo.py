@@ -14,5 +14,7 @@ def register(app: typer.Typer) -> None:
 
 
 def demo(ctx: typer.Context) -> None:
-    """Run one campaign through Ledger on the embedded PostgreSQL and narrate it."""
+    """The closed loop in one command: a broken repository, a sensor that notices,
+    a worker whose first fix is wrong, an independent verifier, a promotion read
+    back, and the next scheduled observation confirming -- narrated as it happens."""
     raise typer.Exit(run(run_demo(state(ctx).settings, console)))

@@ -30,6 +30,7 @@ sensor_app = typer.Typer(help="Scheduled observations of targets.", no_args_is_h
 def register(app: typer.Typer) -> None:
     """Add the runtime commands to ``app``."""
     app.command("worker")(worker)
+    app.command("run")(run_all)
     app.add_typer(sensor_app, name="sensor")
 
 
@@ -102,5 +103,41 @@ def sensor_run(
             await run_sensors(Kernel(session), cfg, names or [], process_identity("sensor"), stop,
                               once=once)
         return 0
+
+    raise typer.Exit(run(go()))
+
+
+def run_all(
+    ctx: typer.Context,
+    config: Path = CONFIG_OPTION,
+    workers: int = typer.Option(2, "--workers", "-w", min=1, envvar="LEDGER_WORKERS", show_envvar=True,
+                                help="Attempts in flight at once."),
+    model_family: str = typer.Option("none", "--model-family", envvar="LEDGER_MODEL_FAMILY",
+                                     show_envvar=True, help="The verifier's declared model family."),
+    no_sensors: bool = typer.Option(False, "--no-sensors", help="Do not run the sensors."),
+    poll: float = typer.Option(5.0, "--poll", min=0.01, envvar="LEDGER_POLL_S", show_envvar=True,
+                               help="Poll tick of every component when nothing wakes it."),
+    drain_timeout: float = typer.Option(30.0, "--drain-timeout", min=0, envvar="LEDGER_DRAIN_TIMEOUT_S",
+                                        show_envvar=True, help="On SIGTERM, how long attempts may finish."),
+    listen: bool = LISTEN_OPTION,
+    log_level: str = LOG_OPTION,
+) -> None:
+    """Run sensors, a worker, a verifier and a dispatcher as one supervised process
+    (a single machine); SIGTERM stops them all, draining the worker."""
+    from ..supervisor import RunOptions, Supervisor, run_everything
+
+    logs.configure(log_level)
+    st = state(ctx)
+    cfg = load_config(config_path(ctx, config))
+    options = RunOptions(WorkerOptions(data_dir=st.settings.data_dir, concurrency=workers, poll_s=poll,
+                                       drain_timeout_s=drain_timeout),
+                         model_family=model_family, sensors=not no_sensors)
+
+    async def go() -> int:
+        db = st.database()
+        supervisor = Supervisor()
+        until_signalled(supervisor.stop)
+        async with listening(db, listen) as hub:
+            return await run_everything(db, cfg, options, hub, supervisor)
 
     raise typer.Exit(run(go()))

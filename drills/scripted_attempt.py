@@ -1,4 +1,4 @@
-"""A scripted attempt command for tests: reads the campaign from stdin, then
+"""A scripted attempt command for drills and tests: reads the campaign from stdin, then
 follows the plan for its attempt number (from a JSON file next to which it
 leaves markers). Steps:
   ["write", path, text]   write a file in the worktree
@@ -8,6 +8,7 @@ leaves markers). Steps:
   ["child"]               start a grandchild that sleeps (holding stdout open);
                           its pid in child-<c>-<a>
   ["print", text]         write text to stdout as is
+  ["random", p]           write a random change; exit 0 with probability p, else 1
   ["exit", code]          exit with code
 """
 
@@ -41,6 +42,11 @@ for step in steps:
     elif kind == "child":
         child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
         (markers / f"child-{tag}").write_text(str(child.pid))
+    elif kind == "random":
+        import random
+
+        Path("random.txt").write_text(f"{random.random()}\n")
+        sys.exit(0 if random.random() < step[1] else 1)
     elif kind == "print":
         sys.stdout.write(step[1])
         sys.stdout.flush()

@@ -1,0 +1,26 @@
+"""Fault-injection drills, one scenario per module (``ledger drill list``).
+
+Each drill sets up a throwaway database, starts real ``ledger`` processes,
+injects one fault with real signals (SIGKILL, SIGSTOP, SIGTERM), backend
+terminations or a server restart, and checks what must hold.
+"""
+
+from .bad_patch import BadPatch
+from .database_restart import DatabaseRestart
+from .dispatcher_crash import DispatcherCrash
+from .drain import Drain
+from .forbidden_write import ForbiddenWrite
+from .heartbeat_race import HeartbeatRace
+from .intake import Intake
+from .kill_worker import KillWorker
+from .load import Load
+from .lost_doorbell import LostDoorbell
+from .second_attempt_differs import SecondAttemptDiffers
+from .stop_mid_attempt import StopMidAttempt
+from .verifier_crash import VerifierCrash
+from .zombie_worker import ZombieWorker
+
+#: In the order `ledger drill all` runs them (the issue's numbering).
+ALL = [Intake(), SecondAttemptDiffers(), KillWorker(), ZombieWorker(), HeartbeatRace(), BadPatch(),
+       ForbiddenWrite(), LostDoorbell(), DatabaseRestart(), DispatcherCrash(), StopMidAttempt(),
+       Drain(), VerifierCrash(), Load()]

