@@ -56,3 +56,50 @@ def test_ledger_demo_exits_zero_and_leaves_nothing_running(db_url: str, tmp_path
     assert "is confirmed" in proc.stdout
     leftovers = subprocess.run(["pgrep", "-f", "ledger-demo-"], capture_output=True, text=True).stdout
     assert leftovers.strip() == ""
+
+
+def test_ledger_run_closes_the_loop_and_stops_on_sigterm(db_url: str, admin, tmp_path: Path) -> None:
+    import json
+    import signal
+    import time
+
+    from ledger.demo import DEMO_CLASS, demo_config, make_repository
+
+    repository = make_repository(tmp_path)
+    cfg = demo_config(repository, sensor_every_s=1.0)
+    cls, sensor = cfg.classes[DEMO_CLASS], cfg.sensors["unit-tests"]
+    (tmp_path / "ledger.toml").write_text(f"""
+[classes.{DEMO_CLASS}]
+repository = {json.dumps(cls.repository)}
+attempt_command = {json.dumps(cls.attempt_command)}
+lease_s = 10
+heartbeat_s = 2
+backoff = {{ base_s = 0, jitter = 0 }}
+acceptance = {{ commands = {json.dumps(cls.acceptance.commands)} }}
+promote_to = "refs/heads/main"
+
+[sensors.unit-tests]
+target = {json.dumps(sensor.target)}
+every_s = 1
+command = {json.dumps(sensor.command)}
+class = "{DEMO_CLASS}"
+""")
+    env = {**os.environ, "LEDGER_DATABASE_URL": db_url, "LEDGER_ROLE_PREFIX": TEST_PREFIX,
+           "LEDGER_DATA_DIR": str(tmp_path / "data"), "LEDGER_CONFIG": str(tmp_path / "ledger.toml")}
+    subprocess.run([sys.executable, "-m", "ledger", "classes", "sync"], env=env, check=True,
+                   capture_output=True)
+    proc = subprocess.Popen([sys.executable, "-m", "ledger", "run", "--poll", "0.5"], env=env,
+                            stdout=subprocess.DEVNULL, stderr=open(tmp_path / "run.log", "wb"))
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            rows = admin.execute("SELECT state FROM ledger.campaign").fetchall()
+            if rows and rows[0]["state"] == "confirmed":
+                break
+            time.sleep(0.2)  # polling the condition
+        assert [r["state"] for r in admin.execute("SELECT state FROM ledger.campaign")] == ["confirmed"], \
+            (tmp_path / "run.log").read_text()[-3000:]
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        code = proc.wait(timeout=60)
+    assert code == 0
