@@ -395,3 +395,72 @@ class Kernel:
         les = sorted({float(b) for b in bounds if b != float("inf")}) + [float("inf")]
         rows = await self.executor.fetch(query, bounds=les)
         return [(r["le"], r["count"], r["sum"]) for r in rows]
+
+    # --- reads for the dashboard ------------------------------------------------
+
+    async def board_version(self) -> tuple[Any, ...]:
+        """A value that changes whenever what the board shows may have changed
+        (campaigns, their journals, leases, observations); compare, don't read."""
+        rows = await self.executor.fetch(queries.BOARD_VERSION)
+        row = rows[0]
+        return (row["campaigns"], row["events"], row["updated_at"], row["observation_id"])
+
+    async def matching_state_counts(self, *, states: Sequence[str] | None = None,
+                                    classes: Sequence[str] | None = None,
+                                    target: str | None = None, label: str | None = None,
+                                    search: str | None = None) -> dict[str, int]:
+        """Campaigns per state among those the filters match (same filters as
+        ``campaigns``); states with none are left out."""
+        params: dict[str, Any] = dict(queries.LIST_DEFAULTS)
+        params.update(states=list(states) if states else None,
+                      classes=list(classes) if classes else None,
+                      target=target, label=label, search=search)
+        rows = await self.executor.fetch(queries.MATCHING_STATE_COUNTS, **params)
+        return {r["state"]: r["count"] for r in rows}
+
+    async def sensor_summaries(self, limit: int = 50) -> list[dict[str, Any]]:
+        """Per sensor (by name, at most ``limit``): its latest observation and its
+        latest claimed tick; columns are those of ``queries.SENSOR_LATEST``."""
+        if not 1 <= limit <= 1000:
+            raise InvalidInput("between 1 and 1000 sensors")
+        return await self.executor.fetch(queries.SENSOR_LATEST, limit=limit)
+
+    async def transitions_of(self, campaign_id: int, limit: int = 1000) -> list[Event]:
+        """A campaign's state changes, oldest first."""
+        rows = await self.executor.fetch(queries.CAMPAIGN_TRANSITIONS, campaign_id=campaign_id,
+                                         limit=limit)
+        return [Event.model_validate(r) for r in rows]
+
+    async def recent_events(self, campaign_id: int, limit: int = 100) -> list[Event]:
+        """The last ``limit`` journal events of a campaign, oldest first."""
+        rows = await self.executor.fetch(queries.RECENT_EVENTS, campaign_id=campaign_id,
+                                         limit=limit)
+        return [Event.model_validate(r) for r in reversed(rows)]
+
+    async def generation_events(self, campaign_id: int, generation: int,
+                                limit: int = 5000) -> list[Event]:
+        """What one lease (generation) of a campaign journaled, in order: its attempt's log."""
+        rows = await self.executor.fetch(queries.GENERATION_EVENTS, campaign_id=campaign_id,
+                                         generation=generation, limit=limit)
+        return [Event.model_validate(r) for r in rows]
+
+    async def recent_observations(self, campaign_id: int, limit: int = 200) -> list[Observation]:
+        """A campaign's latest ``limit`` observations, oldest first."""
+        rows = await self.executor.fetch(queries.RECENT_CAMPAIGN_OBSERVATIONS,
+                                         campaign_id=campaign_id, limit=limit)
+        return [Observation.model_validate(r) for r in reversed(rows)]
+
+    async def attempts_of(self, campaign_id: int) -> list[Attempt]:
+        """A campaign's attempts, in order (``campaign_detail`` without the rest)."""
+        rows = await self.executor.fetch(queries.CAMPAIGN_ATTEMPTS, campaign_id=campaign_id)
+        return [Attempt.model_validate(r) for r in rows]
+
+    async def verifications_of(self, campaign_id: int) -> list[Verification]:
+        """A campaign's verifications, in order."""
+        rows = await self.executor.fetch(queries.CAMPAIGN_VERIFICATIONS, campaign_id=campaign_id)
+        return [Verification.model_validate(r) for r in rows]
+
+    async def side_effects_of(self, campaign_id: int) -> list[SideEffect]:
+        """A campaign's side effects, in order."""
+        rows = await self.executor.fetch(queries.CAMPAIGN_SIDE_EFFECTS, campaign_id=campaign_id)
+        return [SideEffect.model_validate(r) for r in rows]

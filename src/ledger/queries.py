@@ -369,3 +369,102 @@ def _duration_histogram(start: Any, end: Any) -> Query:
 ATTEMPT_DURATIONS = _duration_histogram(attempts.c.claimed_at, attempts.c.ended_at)
 VERIFICATION_DURATIONS = _duration_histogram(verifications.c.claimed_at,
                                              verifications.c.finished_at)
+
+# --- the dashboard (ledger.api.dashboard) ---------------------------------------
+
+# What the board shows changes when this does: a new campaign (count), any
+# journal append -- every state change is one -- (the sum of the journal heads
+# only ever grows: the journal is append-only and campaigns are never deleted),
+# a lease rolled forward (max updated_at), a new observation. One pass over the
+# campaign rows (milliseconds at the scale of DESIGN.md section 4); the board's
+# event stream runs it on a wake-up or a poll tick, never per event.
+BOARD_VERSION = compile_query(
+    select(
+        func.count(campaigns.c.id).label("campaigns"),
+        func.coalesce(func.sum(campaigns.c.event_seq), 0).cast(BigInteger).label("events"),
+        func.max(campaigns.c.updated_at).label("updated_at"),
+        select(func.max(observations.c.id)).scalar_subquery().label("observation_id"),
+    )
+)
+
+# Campaigns per state among those a board filter matches: the list's filters
+# (states, classes, target, label, search ...), without its order and page.
+_matching = _list_campaigns().order_by(None).limit(None).subquery("matching")
+MATCHING_STATE_COUNTS = compile_query(
+    select(_matching.c.state, func.count().label("count"))
+    .group_by(_matching.c.state)
+    .order_by(_matching.c.state)
+)
+
+# Each sensor's latest observation and latest claimed tick. Sensor names are
+# found by a skip scan (one index probe per distinct sensor on
+# observation_by_sensor and the sensor_tick key), so the cost follows the number
+# of sensors, not of observations; :limit bounds both the scan and the answer.
+_SENSOR_LATEST = text("""
+WITH RECURSIVE observed(sensor, n) AS (
+    (SELECT o.sensor, 1 FROM ledger_api.observations o ORDER BY o.sensor LIMIT 1)
+    UNION ALL
+    SELECT (SELECT o.sensor FROM ledger_api.observations o
+             WHERE o.sensor > observed.sensor ORDER BY o.sensor LIMIT 1), observed.n + 1
+      FROM observed
+     WHERE observed.sensor IS NOT NULL AND observed.n < CAST(:limit AS integer)
+), ticked(sensor, n) AS (
+    (SELECT t.sensor, 1 FROM ledger_api.sensor_ticks t ORDER BY t.sensor LIMIT 1)
+    UNION ALL
+    SELECT (SELECT t.sensor FROM ledger_api.sensor_ticks t
+             WHERE t.sensor > ticked.sensor ORDER BY t.sensor LIMIT 1), ticked.n + 1
+      FROM ticked
+     WHERE ticked.sensor IS NOT NULL AND ticked.n < CAST(:limit AS integer)
+), names AS (
+    SELECT sensor FROM observed WHERE sensor IS NOT NULL
+    UNION
+    SELECT sensor FROM ticked WHERE sensor IS NOT NULL
+)
+SELECT n.sensor, o.id AS observation_id, o.target, o.objective_key, o.status, o.effect,
+       o.campaign_id, o.started_at, o.finished_at, o.recorded_at,
+       t.tick AS last_tick, t.claimed_by AS tick_claimed_by, t.claimed_at AS tick_claimed_at
+  FROM names n
+  LEFT JOIN LATERAL (SELECT * FROM ledger_api.observations o
+                      WHERE o.sensor = n.sensor ORDER BY o.id DESC LIMIT 1) o ON true
+  LEFT JOIN LATERAL (SELECT * FROM ledger_api.sensor_ticks t
+                      WHERE t.sensor = n.sensor ORDER BY t.tick DESC LIMIT 1) t ON true
+ ORDER BY n.sensor
+ LIMIT CAST(:limit AS integer)
+""")
+SENSOR_LATEST = Query(str(_SENSOR_LATEST.compile(dialect=_dialect)), {})
+
+# A campaign's state changes, in order (the timeline's state band); at most
+# :limit of them (a campaign's transitions are bounded by its attempt budget).
+CAMPAIGN_TRANSITIONS = compile_query(
+    select(events)
+    .where(events.c.campaign_id == bindparam("campaign_id"), events.c.type == "transition")
+    .order_by(events.c.seq)
+    .limit(bindparam("limit"))
+)
+
+# The last :limit journal events of a campaign, newest first (the page shows
+# them oldest first, then follows the stream from the newest seq).
+RECENT_EVENTS = compile_query(
+    select(events)
+    .where(events.c.campaign_id == bindparam("campaign_id"))
+    .order_by(events.c.seq.desc())
+    .limit(bindparam("limit"))
+)
+
+# What one lease (generation) wrote to the journal: an attempt's log.
+GENERATION_EVENTS = compile_query(
+    select(events)
+    .where(events.c.campaign_id == bindparam("campaign_id"),
+           events.c.generation == bindparam("generation"))
+    .order_by(events.c.seq)
+    .limit(bindparam("limit"))
+)
+
+# A campaign's latest observations, newest first (a long-open campaign watched
+# every few seconds has thousands; the page shows the latest).
+RECENT_CAMPAIGN_OBSERVATIONS = compile_query(
+    select(observations)
+    .where(observations.c.campaign_id == bindparam("campaign_id"))
+    .order_by(observations.c.id.desc())
+    .limit(bindparam("limit"))
+)

@@ -3,7 +3,8 @@ that owns this process's hub and per-role pools.
 
 ``create_app(database, tokens)`` builds an app for tests and embedding;
 ``app_from_settings()`` builds the one ``ledger serve`` runs (also usable as
-``uvicorn --factory ledger.api:app_from_settings``).
+``uvicorn --factory ledger.api:app_from_settings``). The operator's dashboard
+(``ledger.api.dashboard``) is mounted at ``/ui``.
 """
 
 from __future__ import annotations
@@ -13,12 +14,15 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 
 from fastapi import Depends, FastAPI
+from fastapi.responses import RedirectResponse
 
+from ..config import LedgerConfig, load_config
 from ..database import Database
+from ..errors import ConfigError
 from ..hub import Hub
 from ..logs import get_logger
 from ..settings import Settings, get_settings
-from . import campaigns, contract, events, health, metrics, observations, problems
+from . import campaigns, contract, dashboard, events, health, metrics, observations, problems
 from .auth import TokenTable
 from .metrics import ProcessCounters
 from .middleware import BodyLimit, RequestLog
@@ -59,8 +63,9 @@ class ApiState:
 
 
 def create_app(database: Database, tokens: TokenTable,
-               options: ApiOptions | None = None) -> FastAPI:
-    """The HTTP API over ``database``, authenticating with ``tokens``."""
+               options: ApiOptions | None = None, config: LedgerConfig | None = None) -> FastAPI:
+    """The HTTP API over ``database``, authenticating with ``tokens``; ``config``
+    (``ledger.toml``, if any) gives the dashboard the sensors' schedules."""
     options = options or ApiOptions()
     state = ApiState(database=database, tokens=tokens, options=options,
                      pools=RolePools(database, max_size=options.pool_max_size))
@@ -95,6 +100,13 @@ def create_app(database: Database, tokens: TokenTable,
     problems.install(app)
     for module in (campaigns, events, observations, metrics, health):
         app.include_router(module.router)
+    # Mounted, not included: pages are not part of the API's OpenAPI contract.
+    app.mount("/ui", dashboard.create_dashboard(state, config))
+
+    @app.get("/", include_in_schema=False)
+    async def home() -> RedirectResponse:
+        return RedirectResponse("/ui/", status_code=307)
+
     # Added last = outermost: the log sees every response, limits included.
     app.add_middleware(BodyLimit, max_bytes=options.max_body_bytes)
     app.add_middleware(RequestLog, counters=state.counters)
@@ -103,7 +115,15 @@ def create_app(database: Database, tokens: TokenTable,
 
 def app_from_settings(settings: Settings | None = None,
                       options: ApiOptions | None = None) -> FastAPI:
-    """The app ``ledger serve`` runs: database and tokens from the settings."""
+    """The app ``ledger serve`` runs: database and tokens from the settings, and
+    the config file if there is one (the server runs without it)."""
     settings = settings or get_settings()
+    config: LedgerConfig | None = None
+    if settings.config.is_file():
+        try:
+            config = load_config(settings.config)
+        except ConfigError as exc:
+            log.warning("config not loaded: the dashboard shows no sensor schedules",
+                        error=exc.message)
     return create_app(Database.from_settings(settings), TokenTable.parse(settings.api_tokens),
-                      options)
+                      options, config)

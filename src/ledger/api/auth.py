@@ -8,6 +8,10 @@ role may do. A reader asking to abandon is refused by the database (403).
 Only a SHA-256 digest of each token is configured, never the token itself:
 ``LEDGER_API_TOKENS="ops:operator:<sha256 hex>,dash:reader:<sha256 hex>"``.
 ``ledger token create ROLE`` makes a token and prints its entry.
+
+A browser signed in on the dashboard sends the same token in a session cookie
+instead (``ledger.api.cookies``); a state-changing request authenticated that
+way must also carry the session's CSRF token in ``X-CSRF-Token``.
 """
 
 from __future__ import annotations
@@ -23,7 +27,8 @@ from typing import Annotated
 from fastapi import Depends, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
-from ..errors import ConfigError
+from ..errors import ConfigError, Forbidden
+from . import cookies
 from .problems import Unauthenticated
 
 #: The roles a token may carry (the runtimes' roles have no HTTP surface).
@@ -121,12 +126,25 @@ async def authenticate(
     request: Request,
     credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)],
 ) -> Principal:
-    """The request's principal; ``Unauthenticated`` (401) without a valid token."""
-    if credentials is None:
-        raise Unauthenticated("a bearer token is required (Authorization: Bearer <token>)")
+    """The request's principal; ``Unauthenticated`` (401) without a valid token
+    (a bearer token, or a dashboard sign-in's cookie)."""
     tokens: TokenTable = request.app.state.ledger.tokens
-    principal = tokens.authenticate(credentials.credentials)
-    if principal is None:
-        raise Unauthenticated("the bearer token is not valid")
+    if credentials is not None:
+        principal = tokens.authenticate(credentials.credentials)
+        if principal is None:
+            raise Unauthenticated("the bearer token is not valid")
+    else:
+        session = cookies.session_of(request)
+        if session is None:
+            raise Unauthenticated("a bearer token is required (Authorization: Bearer <token>)")
+        principal = tokens.authenticate(session.token)
+        if principal is None:
+            raise Unauthenticated("the session cookie is not valid; sign in again")
+        # The browser sends the cookie by itself: a change must prove it comes
+        # from a page of ours, which alone knows the session's CSRF token.
+        if (request.method not in cookies.SAFE_METHODS
+                and not session.csrf_matches(request.headers.get(cookies.CSRF_HEADER))):
+            raise Forbidden(f"a change authenticated by the session cookie needs the "
+                            f"session's {cookies.CSRF_HEADER} header")
     request.state.principal = principal  # for the request log
     return principal

@@ -1,0 +1,170 @@
+// Ledger dashboard: progressive enhancement, no library, no build step.
+//
+// Every page works without this script. With it:
+// - the board follows /ui/board/events ("changed") and the campaign page follows
+//   the campaign's journal (/campaigns/{id}/events, the API's own stream), and
+//   each swaps in fresh server-rendered copies of its [data-live-region] parts;
+// - the campaign page appends journal events as they arrive, resuming after the
+//   newest seq the server rendered (so a reload resumes where the page stands);
+// - streams close while the tab is hidden (Page Visibility API) and reopen,
+//   with one refresh, when it is shown again;
+// - forms with data-confirm ask before they post.
+(function () {
+  "use strict";
+
+  var body = document.body;
+  var live = document.getElementById("live");
+
+  function setLive(state, title) {
+    if (!live) return;
+    live.dataset.state = state;
+    live.textContent = state;
+    live.title = title || state;
+  }
+
+  // --- live regions -----------------------------------------------------------
+  var refreshing = false;
+  var pending = false;
+  var timer = null;
+
+  function refresh() {
+    if (refreshing) { pending = true; return; }
+    refreshing = true;
+    fetch(window.location.href, { credentials: "same-origin", cache: "no-store",
+                                  headers: { "X-Ledger-Refresh": "1" } })
+      .then(function (r) {
+        if (r.redirected && r.url.indexOf("/ui/login") !== -1) { window.location.reload(); return null; }
+        return r.ok ? r.text() : null;
+      })
+      .then(function (html) {
+        if (html === null || html === undefined) return;
+        var fresh = new DOMParser().parseFromString(html, "text/html");
+        document.querySelectorAll("[data-live-region]").forEach(function (region) {
+          var next = fresh.getElementById(region.id);
+          if (!next || next.innerHTML === region.innerHTML) return;
+          // Keep open what the operator opened.
+          region.querySelectorAll("details[open][id]").forEach(function (d) {
+            var twin = next.querySelector("#" + CSS.escape(d.id));
+            if (twin) twin.open = true;
+          });
+          region.replaceWith(next);
+        });
+        body.dataset.refreshes = String(Number(body.dataset.refreshes || "0") + 1);
+      })
+      .catch(function () { /* the next event or tick tries again */ })
+      .then(function () {
+        refreshing = false;
+        if (pending) { pending = false; schedule(100); }
+      });
+  }
+
+  function schedule(delay) {
+    if (timer !== null) return;
+    timer = window.setTimeout(function () { timer = null; refresh(); }, delay);
+  }
+
+  // --- a stream that pauses while the tab is hidden ------------------------------
+  function follow(url, attach) {
+    var source = null;
+    var ended = false;
+
+    function open() {
+      if (source || ended || document.hidden) return;
+      source = new EventSource(url());
+      source.onopen = function () { setLive("live", "Live: updates as they happen"); };
+      source.onerror = function () {
+        if (source && source.readyState === EventSource.CLOSED) {
+          // The server said there is nothing more (e.g. 204 after the end).
+          source = null; ended = true;
+          setLive("ended", "The stream has ended");
+        } else {
+          setLive("reconnecting", "Reconnecting…");
+        }
+      };
+      attach(source, function () { ended = true; if (source) source.close(); source = null; setLive("ended", "The stream has ended"); });
+    }
+
+    function close() {
+      if (source) { source.close(); source = null; }
+      setLive("paused", "Paused while this tab is hidden");
+    }
+
+    document.addEventListener("visibilitychange", function () {
+      if (document.hidden) { close(); }
+      else if (!ended) { open(); schedule(0); }
+    });
+    open();
+  }
+
+  // --- the board ---------------------------------------------------------------
+  var boardStream = body.dataset.stream;
+  if (boardStream) {
+    follow(function () { return boardStream; }, function (source) {
+      source.addEventListener("changed", function () { schedule(150); });
+    });
+  }
+
+  // --- a campaign's journal --------------------------------------------------------
+  var journalStream = body.dataset.journalStream;
+  var journal = document.getElementById("journal");
+  if (journalStream && journal) {
+    var lastSeq = Number(body.dataset.journalHead || "0");
+    var types = (body.dataset.eventTypes || "").split(",").filter(Boolean);
+
+    function cell(cls, text, tag) {
+      var el = document.createElement(tag || "span");
+      el.className = cls;
+      el.textContent = text;
+      return el;
+    }
+
+    function describe(e) {
+      var p = e.payload || {};
+      if (e.type === "transition") {
+        var line = (p.transition || "closed") + ": " + (p.from || "–") + " → " + p.to;
+        var extra = p.reason || p.failure_reason;
+        return extra ? line + " (" + extra + ")" : line;
+      }
+      if (e.type === "output") return String(p.text || "");
+      var text = JSON.stringify(p);
+      return text.length > 200 ? text.slice(0, 200) + "…" : text;
+    }
+
+    function append(e) {
+      var li = document.createElement("li");
+      li.dataset.seq = String(e.seq);
+      li.className = "ev fresh ev-" + String(e.type).replace(/\./g, "-");
+      var t = new Date(e.created_at);
+      li.appendChild(cell("seq", String(e.seq)));
+      li.appendChild(cell("t", t.toISOString().slice(11, 19)));
+      li.appendChild(cell("type", e.type));
+      li.appendChild(cell("actor", e.actor));
+      li.appendChild(e.type === "output" ? cell("out", describe(e), "pre") : cell("what", describe(e)));
+      var atBottom = journal.scrollHeight - journal.scrollTop - journal.clientHeight < 40;
+      journal.appendChild(li);
+      if (atBottom) journal.scrollTop = journal.scrollHeight;
+    }
+
+    follow(function () { return journalStream + "?from=" + lastSeq; }, function (source, end) {
+      function onEvent(message) {
+        var e;
+        try { e = JSON.parse(message.data); } catch (err) { return; }
+        if (e.seq <= lastSeq && !e.synthetic) return;  // already shown
+        if (!e.synthetic) { lastSeq = e.seq; journal.dataset.head = String(lastSeq); append(e); }
+        // Output is shown as it comes; anything else may change the rest of the page.
+        if (e.type !== "output") schedule(250);
+        if (e.type === "transition" && ["confirmed", "dismissed", "abandoned"].indexOf((e.payload || {}).to) !== -1) end();
+      }
+      types.forEach(function (type) { source.addEventListener(type, onEvent); });
+      source.onmessage = onEvent;
+    });
+  }
+
+  // --- confirmations ------------------------------------------------------------------
+  document.addEventListener("submit", function (event) {
+    var form = event.target;
+    if (form && form.dataset && form.dataset.confirm && !window.confirm(form.dataset.confirm)) {
+      event.preventDefault();
+    }
+  });
+})();

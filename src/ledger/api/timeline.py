@@ -1,0 +1,211 @@
+"""A campaign's life as a timeline: the geometry of the dashboard's SVG.
+
+Rows, top to bottom: the campaign's **state** (one band per state it was in,
+from the journal's transitions), each **lease** held (and, for a lost one, the
+time between its expiry and the reaper taking it back), each **attempt** and
+each **verification** as a span, **observations** and **side effects** as
+points (a side effect's intent and its outcome joined by a line). Everything
+is computed here, in Python, so the page needs no script to draw it and a test
+can check the shapes; ``templates/_timeline.svg`` only writes them out.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+
+from ..models import Attempt, Campaign, Event, Observation, SideEffect, Verification
+
+WIDTH = 1100.0
+GUTTER = 118.0  # row labels
+RIGHT = 14.0
+AXIS_H = 26.0
+ROW_H = 30.0
+BAR_H = 18.0
+MIN_SPAN_PX = 3.0  # a span shorter than this is still drawn, as a sliver
+
+ROWS = (("state", "state"), ("lease", "lease"), ("attempt", "attempts"),
+        ("verification", "verifications"), ("observation", "observations"),
+        ("side_effect", "side effects"))
+
+#: Candidate axis steps, seconds: the first that gives at most ~8 ticks wins.
+_STEPS = (1, 2, 5, 10, 15, 30, 60, 120, 300, 600, 900, 1800, 3600, 7200, 10800, 21600,
+          43200, 86400, 172800, 604800, 2592000)
+
+
+@dataclass(frozen=True)
+class Span:
+    """A bar from ``x`` to ``x + width`` in one row."""
+
+    row: str
+    x: float
+    width: float
+    kind: str  # CSS class suffix: the state, outcome or status
+    label: str
+    title: str
+    key: str = ""  # what the span stands for (an attempt number, a verification id)
+    hatched: bool = False  # a lease past its expiry (lost)
+
+
+@dataclass(frozen=True)
+class Point:
+    """A marker at ``x`` in one row."""
+
+    row: str
+    x: float
+    kind: str
+    shape: str  # "circle", "diamond" or "cross"
+    title: str
+    key: str = ""
+
+
+@dataclass(frozen=True)
+class Link:
+    """A thin line between two points of one row (a side effect's intent and outcome)."""
+
+    row: str
+    x1: float
+    x2: float
+    kind: str
+
+
+@dataclass(frozen=True)
+class Tick:
+    """An axis tick."""
+
+    x: float
+    label: str
+
+
+@dataclass
+class Timeline:
+    """Everything the SVG draws, in its own coordinates (``viewBox``)."""
+
+    width: float
+    height: float
+    start: datetime
+    end: datetime
+    rows: list[tuple[str, str, float]]  # (row, label, y of its centre)
+    spans: list[Span] = field(default_factory=list)
+    points: list[Point] = field(default_factory=list)
+    links: list[Link] = field(default_factory=list)
+    ticks: list[Tick] = field(default_factory=list)
+    now_x: float | None = None
+
+    def y(self, row: str) -> float:
+        """The centre line of ``row``."""
+        return next(y for name, _, y in self.rows if name == row)
+
+    def of(self, row: str) -> list[Span]:
+        """The spans of one row."""
+        return [s for s in self.spans if s.row == row]
+
+
+def _clock(t: datetime, step_s: float) -> str:
+    if step_s >= 86400:
+        return t.strftime("%b %d")
+    if step_s >= 60:
+        return t.strftime("%H:%M")
+    return t.strftime("%H:%M:%S")
+
+
+def campaign_timeline(
+    campaign: Campaign,
+    *,
+    transitions: Sequence[Event],
+    attempts: Sequence[Attempt],
+    verifications: Sequence[Verification],
+    side_effects: Sequence[SideEffect],
+    observations: Sequence[Observation],
+    now: datetime,
+) -> Timeline:
+    """The timeline of one campaign, as of ``now`` (the database's clock)."""
+    end = campaign.closed_at or now
+    moments = [campaign.created_at, end]
+    moments += [o.started_at for o in observations]
+    moments += [a.claimed_at for a in attempts] + [a.ended_at for a in attempts if a.ended_at]
+    moments += [v.claimed_at for v in verifications]
+    moments += [v.finished_at for v in verifications if v.finished_at]
+    moments += [s.created_at for s in side_effects]
+    moments += [s.finished_at for s in side_effects if s.finished_at]
+    start, stop = min(moments), max(moments)
+    if (stop - start).total_seconds() < 1:
+        stop = start + timedelta(seconds=1)
+    total = (stop - start).total_seconds()
+    pad = total * 0.02
+    start, stop = start - timedelta(seconds=pad), stop + timedelta(seconds=pad)
+    total = (stop - start).total_seconds()
+    plot_w = WIDTH - GUTTER - RIGHT
+
+    def x(t: datetime) -> float:
+        seconds = min(max((t - start).total_seconds(), 0.0), total)
+        return round(GUTTER + seconds / total * plot_w, 2)
+
+    def span(row: str, t0: datetime, t1: datetime, kind: str, label: str, title: str,
+             key: str = "", hatched: bool = False) -> Span:
+        x0, x1 = x(t0), x(max(t0, t1))
+        width = max(x1 - x0, MIN_SPAN_PX)
+        return Span(row, x0, round(width, 2), kind, label if width > 9 * len(label) else "",
+                    title, key, hatched)
+
+    rows = [(name, label, AXIS_H + ROW_H * i + ROW_H / 2) for i, (name, label) in enumerate(ROWS)]
+    tl = Timeline(width=WIDTH, height=AXIS_H + ROW_H * len(ROWS) + 6, start=start, end=stop,
+                  rows=rows, now_x=None if campaign.closed_at else x(now))
+
+    step = next((s for s in _STEPS if total / s <= 8), _STEPS[-1])
+    first = datetime.fromtimestamp((start.timestamp() // step + 1) * step, tz=start.tzinfo)
+    t = first
+    while t <= stop:
+        tl.ticks.append(Tick(x(t), _clock(t, step)))
+        t += timedelta(seconds=step)
+
+    # State bands: each transition starts the band of the state it went to.
+    for i, event in enumerate(transitions):
+        state = str(event.payload.get("to"))
+        until = transitions[i + 1].created_at if i + 1 < len(transitions) else end
+        tl.spans.append(span("state", event.created_at, until, state, state,
+                             f"{state} from {event.created_at:%H:%M:%S} "
+                             f"({event.payload.get('transition')} by {event.actor})"))
+
+    for a in attempts:
+        ended = a.ended_at or now
+        held_until = min(ended, a.lease_expires_at) if a.outcome == "lost" else ended
+        tl.spans.append(span(
+            "lease", a.claimed_at, held_until, "held" if a.outcome != "lost" else "lost",
+            f"gen {a.generation}",
+            f"lease generation {a.generation} held by {a.worker} "
+            f"({a.heartbeat_count} heartbeats)", key=str(a.attempt_no)))
+        if a.outcome == "lost" and a.ended_at and a.ended_at > a.lease_expires_at:
+            tl.spans.append(span("lease", a.lease_expires_at, a.ended_at, "lost", "",
+                                 f"lease generation {a.generation} expired at "
+                                 f"{a.lease_expires_at:%H:%M:%S}; reaped at {a.ended_at:%H:%M:%S}",
+                                 key=str(a.attempt_no), hatched=True))
+        if a.outcome == "lost" and a.ended_at:
+            tl.points.append(Point("lease", x(a.ended_at), "lost", "cross",
+                                   f"lease generation {a.generation} lost", str(a.attempt_no)))
+        verdict = f" · {a.verdict}" if a.verdict else ""
+        tl.spans.append(span("attempt", a.claimed_at, ended, a.outcome,
+                             f"#{a.attempt_no} {a.outcome}{verdict}",
+                             f"attempt {a.attempt_no} by {a.worker}: {a.outcome}{verdict}"
+                             + (f" -- {a.failure_reason}" if a.failure_reason else ""),
+                             key=str(a.attempt_no)))
+
+    for v in verifications:
+        tl.spans.append(span("verification", v.claimed_at, v.finished_at or now, v.status,
+                             v.status, f"verification {v.id} by {v.verifier}: {v.status}"
+                             + (f" -- {v.reason}" if v.reason else ""), key=str(v.id)))
+
+    for o in observations:
+        tl.points.append(Point("observation", x(o.started_at), o.status, "circle",
+                               f"observation {o.id} by {o.sensor}: {o.status} ({o.effect})",
+                               str(o.id)))
+
+    for s in side_effects:
+        tl.points.append(Point("side_effect", x(s.created_at), "intent", "diamond",
+                               f"side effect {s.id} intent: {s.kind} {s.target}", str(s.id)))
+        if s.finished_at:
+            tl.links.append(Link("side_effect", x(s.created_at), x(s.finished_at), s.state))
+            tl.points.append(Point("side_effect", x(s.finished_at), s.state, "diamond",
+                                   f"side effect {s.id}: {s.state}", str(s.id)))
+    return tl

@@ -1,0 +1,313 @@
+"""The dashboard in process (httpx over ASGI, real PostgreSQL): sign-in and its
+cookie, CSRF on every change, the database's authorisation behind the pages,
+bulk actions with a preview and a confirmation, filters and pages, the board's
+change stream, the timeline and the autonomy chart."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import AsyncIterator
+from contextlib import aclosing
+from dataclasses import dataclass
+from datetime import date, timedelta
+from typing import Any
+
+import httpx
+import pytest
+
+from drive import Driver, fingerprint, new_key, now, sha
+from ledger import Database, Kernel
+from ledger.api import ApiOptions, TokenTable, create_app, hash_token, new_token
+from ledger.api.charts import autonomy_chart
+from ledger.api.dashboard import board_changes, sensor_rows
+from ledger.api.timeline import GUTTER, RIGHT, WIDTH, campaign_timeline
+from ledger.config import parse_config
+from ledger.hub import NullHub
+from ledger.report import Day, Report
+
+pytestmark = pytest.mark.anyio
+
+BASE = "http://ledger.test"
+
+
+@dataclass
+class Ui:
+    """An in-process client (a browser without script) and one token per role."""
+
+    client: httpx.AsyncClient
+    tokens: dict[str, str]
+
+    async def sign_in(self, role: str) -> str:
+        """Sign in as ``role``; returns the session's CSRF token (from a page)."""
+        self.client.cookies.clear()
+        r = await self.client.post("/ui/login", data={"token": self.tokens[role], "next": "/ui/"})
+        assert r.status_code == 303, r.text
+        return csrf_of(await self.client.get("/ui/"))
+
+
+def csrf_of(page: httpx.Response) -> str:
+    found = re.search(r'name="csrf" value="([0-9a-f]{64})"', page.text)
+    assert found, page.text[:500]
+    return found.group(1)
+
+
+def token_table(tokens: dict[str, str]) -> TokenTable:
+    return TokenTable.parse(",".join(f"{role}-tok:{role}:{hash_token(tok)}"
+                                     for role, tok in tokens.items()))
+
+
+@pytest.fixture
+async def ui(db: Database) -> AsyncIterator[Ui]:
+    tokens = {role: new_token() for role in ("reader", "operator", "sensor")}
+    config = parse_config({"sensors": {"unit-tests": {
+        "target": "repo#main", "every_s": 60, "command": ["true"], "class": "test"}}})
+    app = create_app(db, token_table(tokens), ApiOptions(), config)
+    async with app.router.lifespan_context(app):
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url=BASE) as client:
+            yield Ui(client, tokens)
+
+
+async def state_of(actors: Any, cid: int) -> str:
+    return (await (await actors("reader")).campaign(cid)).state
+
+
+# --- sign-in ------------------------------------------------------------------------
+
+
+async def test_sign_in_sets_a_strict_http_only_cookie_that_the_api_accepts(ui: Ui, actors, test_class) -> None:  # type: ignore[no-untyped-def]
+    cid = await Driver(actors, test_class).open()
+    r = await ui.client.get("/ui/campaigns/1?x=1")
+    assert r.status_code == 303 and r.headers["location"] == "/ui/login?next=%2Fui%2Fcampaigns%2F1%3Fx%3D1"
+    r = await ui.client.post("/ui/login", data={"token": new_token()})
+    assert r.status_code == 401 and "not configured" in r.text and "set-cookie" not in r.headers
+    r = await ui.client.post("/ui/login", data={"token": ui.tokens["operator"],
+                                                "next": "//elsewhere.example/"})
+    assert r.status_code == 303 and r.headers["location"] == "/ui/"  # never off-site
+    cookie = r.headers["set-cookie"].lower()
+    for attribute in ("httponly", "samesite=strict", "path=/", "max-age="):
+        assert attribute in cookie, cookie
+    # The API takes the cookie for reads; a change also needs the CSRF header.
+    assert (await ui.client.get(f"/campaigns/{cid}")).status_code == 200
+    r = await ui.client.post(f"/campaigns/{cid}/abandon", json={"reason": "no csrf"})
+    assert r.status_code == 403 and r.json()["type"] == "/problems/forbidden"
+    assert await state_of(actors, cid) == "ready"
+    csrf = csrf_of(await ui.client.get("/ui/"))
+    r = await ui.client.post(f"/campaigns/{cid}/abandon", json={"reason": "with csrf"},
+                             headers={"X-CSRF-Token": csrf})
+    assert r.status_code == 200, r.text
+    assert (await (await actors("reader")).events(cid))[-1].actor == "http:operator-tok"
+    # Signing out ends it; the old CSRF token is worthless with another sign-in.
+    r = await ui.client.post("/ui/logout", data={"csrf": csrf})
+    assert r.status_code == 303 and 'ledger_session=""' in r.headers["set-cookie"]
+    ui.client.cookies.clear()
+    assert (await ui.client.get("/campaigns")).status_code == 401
+    other = await ui.sign_in("operator")
+    assert other != csrf
+
+
+async def test_forms_need_the_csrf_token_and_the_database_has_the_last_word(ui: Ui, actors, test_class) -> None:  # type: ignore[no-untyped-def]
+    d = Driver(actors, test_class)
+    cid = await d.open()
+    csrf = await ui.sign_in("operator")
+    page = (await ui.client.get(f"/ui/campaigns/{cid}")).text
+    assert 'id="abandon"' in page
+    for form in ({"reason": "forged"}, {"reason": "forged", "csrf": "0" * 64}):
+        r = await ui.client.post(f"/ui/campaigns/{cid}/abandon", data=form)
+        assert r.status_code == 403 and "CSRF" in r.text
+    r = await ui.client.post(f"/ui/campaigns/{cid}/abandon", data={"reason": "by hand"},
+                             headers={"Origin": "http://elsewhere.example"})
+    assert r.status_code == 403
+    assert await state_of(actors, cid) == "ready"
+    r = await ui.client.post(f"/ui/campaigns/{cid}/abandon",
+                             data={"reason": "by hand", "csrf": csrf})
+    assert r.status_code == 303 and r.headers["location"] == f"/ui/campaigns/{cid}"
+    last = (await (await actors("reader")).events(cid))[-1]
+    assert last.payload["to"] == "abandoned" and last.actor == "http:operator-tok"
+    assert last.payload.get("reason") == "by hand"
+    flashed = await ui.client.get(r.headers["location"])
+    assert f"Campaign {cid} abandoned" in flashed.text
+
+    # A reader gets no buttons; a forged form is refused by PostgreSQL.
+    other = await d.open()
+    reader_csrf = await ui.sign_in("reader")
+    page = (await ui.client.get(f"/ui/campaigns/{other}")).text
+    assert 'id="abandon"' not in page and 'id="actions"' not in page
+    board = (await ui.client.get(f"/ui/?class={test_class}")).text
+    assert 'id="bulk-abandon"' not in board
+    r = await ui.client.post(f"/ui/campaigns/{other}/abandon",
+                             data={"reason": "reader", "csrf": reader_csrf})
+    assert r.status_code == 403 and "error-message" in r.text
+    assert await state_of(actors, other) == "ready"
+
+
+# --- bulk -----------------------------------------------------------------------------
+
+
+async def test_bulk_abandon_previews_the_count_then_acts_on_what_was_confirmed(ui: Ui, actors, test_class) -> None:  # type: ignore[no-untyped-def]
+    d = Driver(actors, test_class)
+    batch = [await d.open(labels=["batch"]) for _ in range(3)]
+    spared = await d.open()
+    csrf = await ui.sign_in("operator")
+    r = await ui.client.get("/ui/bulk/abandon")
+    assert r.status_code == 422  # never on everything
+    preview = await ui.client.get("/ui/bulk/abandon?label=batch")
+    assert preview.status_code == 200 and 'data-count="3"' in preview.text
+    assert [await state_of(actors, c) for c in batch] == ["ready"] * 3  # a preview changes nothing
+    # What matches changed since the preview: shown again, nothing done.
+    late = await d.open(labels=["batch"])
+    r = await ui.client.post("/ui/bulk/abandon", data={"label": "batch", "expected": "3",
+                                                       "reason": "cleanup", "csrf": csrf})
+    assert r.status_code == 409 and 'data-count="4"' in r.text and 'id="changed"' in r.text
+    assert await state_of(actors, late) == "ready"
+    r = await ui.client.post("/ui/bulk/abandon", data={"label": "batch", "expected": "4",
+                                                       "reason": "cleanup", "csrf": csrf})
+    assert r.status_code == 303 and r.headers["location"] == "/ui/?label=batch"
+    reader = await actors("reader")
+    for cid in [*batch, late]:
+        last = (await reader.events(cid))[-1]
+        assert (last.payload["to"], last.actor) == ("abandoned", "http:operator-tok")
+    assert await state_of(actors, spared) == "ready"
+    board = await ui.client.get(r.headers["location"])
+    assert "4 abandoned" in board.text
+
+
+# --- the board --------------------------------------------------------------------------
+
+
+async def test_board_filters_count_and_page_through_campaigns(ui: Ui, actors, test_class) -> None:  # type: ignore[no-untyped-def]
+    sensor = await actors("sensor")
+    ids = [(await sensor.open_campaign(test_class, f"flaky-{i:03d}", "repo#main")).campaign_id
+           for i in range(55)]
+    odd = (await sensor.open_campaign(test_class, "docs-build", "repo#docs")).campaign_id
+    await ui.sign_in("reader")
+    first = await ui.client.get("/ui/?q=flaky&state=ready")
+    assert first.status_code == 200
+    assert 'data-matching="55"' in first.text
+    rows = re.findall(r'<tr data-campaign="(\d+)"', first.text)
+    assert len(rows) == 50 and str(odd) not in rows
+    after = re.search(r'href="/ui/\?([^"]*cursor=[^"]+)" id="next-page"', first.text)
+    assert after, "a next page"
+    second = await ui.client.get("/ui/?" + after.group(1).replace("&amp;", "&"))
+    more = re.findall(r'<tr data-campaign="(\d+)"', second.text)
+    assert len(more) == 5 and not set(rows) & set(more)
+    assert sorted(map(int, rows + more)) == sorted(ids)
+    # Counts per state on the tiles; the sensors panel knows the schedule.
+    board = (await ui.client.get("/ui/")).text
+    assert re.search(r'data-state-count="ready">\s*<span class="tile-n">56<', board)
+    assert 'data-sensor="unit-tests"' in board and "every 60s" in board
+    assert (await ui.client.get("/ui/?state=bogus")).status_code == 422
+    assert (await ui.client.get("/ui/?cursor=forged")).status_code == 422
+
+
+async def test_sensor_rows_without_a_config_have_no_next_tick() -> None:
+    seen = [{"sensor": "ext", "observation_id": 7, "target": "t", "status": "red",
+             "last_tick": None}]
+    config = parse_config({"sensors": {"nightly": {"target": "repo", "cron": "0 3 * * *",
+                                                   "command": ["true"], "class": "c"}}})
+    at = now()
+    rows = sensor_rows(seen, None, at)
+    assert [(r.name, r.next_tick) for r in rows] == [("ext", None)]
+    rows = sensor_rows(seen, config, at)
+    assert [r.name for r in rows] == ["ext", "nightly"]
+    nightly = rows[1]
+    assert nightly.last is None and nightly.next_tick is not None
+    assert nightly.next_tick > at and nightly.next_tick.hour == 3 and nightly.next_tick.minute == 0
+
+
+async def test_board_stream_says_changed_only_when_something_changed(actors, test_class) -> None:  # type: ignore[no-untyped-def]
+    reader = await actors("reader")
+    stream = board_changes(reader, NullHub(), poll_s=0.05, keepalive_s=0.3, min_gap_s=0.0)
+    async with aclosing(stream):
+        hello = await anext(stream)
+        assert hello.event == "hello"
+        # Nothing happens: a keepalive comment, not a "changed".
+        idle = await anext(stream)
+        assert idle.event is None and idle.comment == "keepalive"
+        await Driver(actors, test_class).open()
+        changed = await anext(stream)
+        assert changed.event == "changed" and '"campaigns": 1' in changed.data
+
+
+# --- the campaign page -------------------------------------------------------------------
+
+
+async def test_timeline_draws_attempts_verdicts_leases_lost_and_observations(actors, test_class, ui: Ui) -> None:  # type: ignore[no-untyped-def]
+    sensor, worker = await actors("sensor"), await actors("worker")
+    verifier = await actors("verifier")
+    seen = await sensor.record_observation("unit-tests", new_key(), "repo#main", "red", now(),
+                                           class_=test_class)
+    cid = seen.campaign_id
+    claim = await worker.claim_campaign("worker-1", [test_class])
+    await worker.record_attempt(cid, claim.generation, base_sha=sha(1), candidate_sha=sha(2),
+                                fingerprint=fingerprint(1), log_tail="1 failed")
+    check = await verifier.claim_verification("verifier-1", classes=[test_class])
+    await verifier.reject(check.verification_id, "tests fail", {"exit": 1})
+    await actors("reaper")
+    second = await worker.claim_campaign("worker-2", [test_class])
+    assert second is not None and second.campaign_id == cid
+    async with actors.session("reaper").transaction(now=now() + timedelta(minutes=5)) as tx:
+        assert [r.campaign_id for r in await Kernel(tx).expire_leases()] == [cid]
+
+    k = await actors("reader")
+    campaign = await k.campaign(cid)
+    tl = campaign_timeline(campaign, transitions=await k.transitions_of(cid),
+                           attempts=await k.attempts_of(cid),
+                           verifications=await k.verifications_of(cid), side_effects=[],
+                           observations=await k.recent_observations(cid), now=now())
+    assert [(s.key, s.kind) for s in tl.of("attempt")] == [("1", "attempted"), ("2", "lost")]
+    assert [s.kind for s in tl.of("verification")] == ["rejected"]
+    lease = tl.of("lease")
+    assert [s.kind for s in lease if not s.hatched] == ["held", "lost"]
+    assert [s.key for s in lease if s.hatched] == ["2"], "the time past a lost lease's expiry"
+    assert [p.shape for p in tl.points if p.row == "lease"] == ["cross"]
+    assert [(p.row, p.kind) for p in tl.points if p.row == "observation"] == [("observation", "red")]
+    states = tl.of("state")
+    assert [s.kind for s in states] == ["ready", "leased", "attempted", "ready", "leased", "ready"]
+    for before, after in zip(states, states[1:]):  # bands follow each other, in time order
+        assert before.x <= after.x
+    assert all(GUTTER <= s.x and s.x + s.width <= WIDTH - RIGHT + 3 for s in tl.spans)
+
+    await ui.sign_in("reader")
+    page = await ui.client.get(f"/ui/campaigns/{cid}")
+    assert page.status_code == 200
+    assert page.text.count('class="tl-span tl-attempt') == 2
+    assert 'data-outcome="lost"' in page.text and "tests fail" in page.text
+    log = await ui.client.get(f"/ui/campaigns/{cid}/attempts/1")
+    assert log.status_code == 200 and "1 failed" in log.text and sha(2) in log.text
+    assert (await ui.client.get(f"/ui/campaigns/{cid}/attempts/9")).status_code == 404
+    assert (await ui.client.get("/ui/campaigns/99999")).status_code == 404
+
+
+# --- autonomy ------------------------------------------------------------------------------
+
+
+def _day(n: int, **counts: Any) -> Day:
+    base = {"opened": 0, "attempts": 0, "rejections": 0, "verified": 0, "confirmed": 0,
+            "human_actions": 0, "exercised": True}
+    return Day(day=date(2026, 1, 1) + timedelta(days=n), **{**base, **counts})
+
+
+async def test_autonomy_chart_marks_idle_days_and_scales_bars() -> None:
+    report = Report(days=[_day(0, exercised=False), _day(1, confirmed=4), _day(2, human_actions=2),
+                          _day(3)], streak=0)
+    chart = autonomy_chart(report)
+    cols = chart.columns
+    assert [c.verdict for c in cols] == ["under-exercised", "autonomous", "human-assisted",
+                                         "no-closure"]
+    assert cols[1].confirmed_h == pytest.approx(chart.plot_bottom - chart.plot_top)  # the max
+    assert cols[2].human_h == pytest.approx(cols[1].confirmed_h / 2)
+    assert cols[0].confirmed_h == cols[0].human_h == 0
+    assert [c.x for c in cols] == sorted(c.x for c in cols)
+
+
+async def test_autonomy_page_shows_idle_days_as_idle(ui: Ui, actors, test_class) -> None:  # type: ignore[no-untyped-def]
+    await ui.sign_in("reader")
+    page = await ui.client.get("/ui/autonomy?days=3")
+    assert page.status_code == 200
+    assert page.text.count('<g class="day v-under-exercised"') == 3  # nothing was ever open
+    await Driver(actors, test_class).open()
+    page = await ui.client.get("/ui/autonomy?days=3")
+    assert page.text.count('<g class="day v-under-exercised"') == 2
+    assert page.text.count('<g class="day v-no-closure"') == 1  # today: open, nothing closed
+    assert (await ui.client.get("/ui/autonomy?days=0")).status_code == 422

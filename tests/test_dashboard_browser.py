@@ -1,0 +1,279 @@
+"""The dashboard in a real browser: headless Chromium (Debian's ``chromium`` and
+``chromium-driver``, driven by selenium) against a real ``ledger serve`` process.
+
+An operator watches a campaign opened by a sensor appear on the board without a
+reload, follows it to its page, sees its timeline gain an attempt and its state
+change live while a worker (driven through the kernel) claims and records, and
+abandons another campaign, which moves on the board. A reader sees the same
+pages without any action. Screenshots of the board and a campaign page are
+saved to ``artifacts/`` on every run.
+
+Every wait is a condition (``WebDriverWait``), never a sleep. ``.ci/run``
+installs the browser; where it is missing the tests skip and say why.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from conftest import TEST_PREFIX
+from drive import fingerprint, new_key, now, sha
+from ledger.api import hash_token, new_token
+
+pytestmark = pytest.mark.anyio
+
+CHROMIUM = os.environ.get("LEDGER_TEST_CHROMIUM", "/usr/bin/chromium")
+CHROMEDRIVER = os.environ.get("LEDGER_TEST_CHROMEDRIVER", "/usr/bin/chromedriver")
+ARTIFACTS = Path(__file__).resolve().parents[1] / "artifacts"
+WAIT_S = 20.0
+
+try:
+    from selenium import webdriver
+    from selenium.common.exceptions import WebDriverException
+    from selenium.webdriver.chrome.service import Service
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support import expected_conditions as EC
+    from selenium.webdriver.support.ui import WebDriverWait
+except ImportError:  # pragma: no cover - the test extra brings selenium
+    webdriver = None  # type: ignore[assignment]
+
+_missing = [p for p in (CHROMIUM, CHROMEDRIVER) if not Path(p).exists()]
+if webdriver is None:
+    pytest.skip("selenium is not installed (pip install -e '.[test]')", allow_module_level=True)
+if _missing:
+    pytest.skip(f"no browser for the dashboard tests: {', '.join(_missing)} missing "
+                "(apt-get install chromium chromium-driver; .ci/run does)",
+                allow_module_level=True)
+
+SENSOR_TOML = """
+[sensors.unit-tests]
+target = "repo#main"
+every_s = 3600
+command = ["true"]
+class = "test"
+"""
+
+
+@dataclass
+class Server:
+    """One ``ledger serve`` process and the tokens it accepts."""
+
+    url: str
+    proc: subprocess.Popen[bytes]
+    log: Path
+    tokens: dict[str, str]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture
+def server(db_url: str, tmp_path: Path) -> Iterator[Server]:
+    """``ledger serve`` on a free port, with a ``ledger.toml`` naming one sensor."""
+    tokens = {"operator": new_token(), "reader": new_token()}
+    config = tmp_path / "ledger.toml"
+    config.write_text(SENSOR_TOML)
+    port = _free_port()
+    log = tmp_path / "serve.log"
+    env = {**os.environ, "LEDGER_DATABASE_URL": db_url, "LEDGER_ROLE_PREFIX": TEST_PREFIX,
+           "LEDGER_API_TOKENS": ",".join(f"{r}-tok:{r}:{hash_token(t)}"
+                                         for r, t in tokens.items()),
+           "LEDGER_CONFIG": str(config), "LEDGER_LOG_LEVEL": "warning"}
+    with log.open("wb") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "ledger", "serve", "--host", "127.0.0.1",
+                                 "--port", str(port)], env=env, stdout=out,
+                                stderr=subprocess.STDOUT)
+    srv = Server(f"http://127.0.0.1:{port}", proc, log, tokens)
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            assert proc.poll() is None, f"ledger serve exited: {log.read_text()[-2000:]}"
+            try:
+                if httpx.get(f"{srv.url}/livez", timeout=1.0).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass  # not listening yet
+            assert time.monotonic() < deadline, f"ledger serve never answered: {log.read_text()}"
+            time.sleep(0.05)  # polling interval of the condition above
+        yield srv
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+@pytest.fixture
+def browser() -> Iterator[Any]:
+    """Headless Chromium with the flags this machine needs (no network but loopback)."""
+    profile = tempfile.mkdtemp(prefix="ledger-chromium-")
+    options = webdriver.ChromeOptions()
+    options.binary_location = CHROMIUM
+    for flag in ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
+                 "--no-first-run", "--disable-background-networking",
+                 "--disable-component-update", "--disable-sync", "--disable-dev-shm-usage",
+                 "--window-size=1440,1000", "--hide-scrollbars", f"--user-data-dir={profile}"):
+        options.add_argument(flag)
+    try:
+        driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
+    except WebDriverException as exc:  # pragma: no cover - a broken install
+        shutil.rmtree(profile, ignore_errors=True)
+        pytest.skip(f"headless Chromium does not start here: {exc.msg}")
+    try:
+        yield driver
+    finally:
+        driver.quit()
+        shutil.rmtree(profile, ignore_errors=True)
+
+
+def wait(driver: Any, condition: Any, what: str) -> Any:
+    return WebDriverWait(driver, WAIT_S, poll_frequency=0.05).until(condition, message=what)
+
+
+def sign_in(driver: Any, server: Server, role: str) -> None:
+    driver.get(f"{server.url}/ui/")
+    wait(driver, EC.presence_of_element_located((By.ID, "token")), "the sign-in form")
+    driver.find_element(By.ID, "token").send_keys(server.tokens[role])
+    driver.find_element(By.ID, "sign-in").click()
+    wait(driver, lambda d: d.execute_script("return document.body.dataset.page") == "board",
+         "the board after signing in")
+
+
+def wait_live(driver: Any) -> None:
+    wait(driver, lambda d: d.find_element(By.ID, "live").get_attribute("data-state") == "live",
+         "the page's live stream to connect")
+
+
+def mark_page(driver: Any) -> None:
+    """Tag this page load; ``same_page`` is then true only until a reload."""
+    driver.execute_script("window.__ledgerMark = 'same page';")
+
+
+def same_page(driver: Any) -> bool:
+    return driver.execute_script("return window.__ledgerMark") == "same page"
+
+
+def screenshot(driver: Any, name: str) -> Path:
+    """A full-page PNG in artifacts/ (the viewport stretched to the page's height)."""
+    ARTIFACTS.mkdir(exist_ok=True)
+    height = driver.execute_script("return document.documentElement.scrollHeight")
+    driver.execute_cdp_cmd("Emulation.setDeviceMetricsOverride", {
+        "width": 1440, "height": min(int(height), 6000), "deviceScaleFactor": 1,
+        "mobile": False})
+    path = ARTIFACTS / name
+    try:
+        assert driver.save_screenshot(str(path)), f"no screenshot {path}"
+    finally:
+        driver.execute_cdp_cmd("Emulation.clearDeviceMetricsOverride", {})
+    assert path.stat().st_size > 10_000, "an empty screenshot"
+    return path
+
+
+async def test_operator_watches_the_loop_live_and_abandons(server, browser, actors,  # type: ignore[no-untyped-def]
+                                                           test_class) -> None:
+    d = browser
+    sensor, worker = await actors("sensor"), await actors("worker")
+    # Lower priority: the worker below claims the sensor's campaign, not this one.
+    other = (await sensor.open_campaign(test_class, new_key("other"), "repo#feature",
+                                        priority=-1)).campaign_id
+    sign_in(d, server, "operator")
+    wait_live(d)
+    mark_page(d)
+    assert not d.find_elements(By.CSS_SELECTOR, '.card[data-campaign]:not([data-campaign="%d"])'
+                               % other), "only the other campaign exists yet"
+
+    # A sensor sees red: the campaign appears on the board, in the ready lane, no reload.
+    seen = await sensor.record_observation("unit-tests", "tests-pass:repo#main", "repo#main",
+                                           "red", now(), class_=test_class)
+    cid = seen.campaign_id
+    assert seen.effect == "opened" and cid is not None
+    card = f'#lane-ready .card[data-campaign="{cid}"]'
+    wait(d, EC.presence_of_element_located((By.CSS_SELECTOR, card)), "the new campaign's card")
+    assert same_page(d), "the board reloaded instead of updating in place"
+    sensor_row = d.find_element(By.CSS_SELECTOR, '#sensors [data-sensor="unit-tests"]').text
+    assert "red" in sensor_row and "next: in" in sensor_row, sensor_row
+    screenshot(d, "dashboard-board.png")
+
+    # Open it; a worker claims and records an attempt: the page follows live.
+    d.find_element(By.CSS_SELECTOR, card).click()
+    wait(d, lambda d: d.execute_script("return document.body.dataset.campaign") == str(cid),
+         "the campaign page")
+    wait_live(d)
+    mark_page(d)
+    assert d.find_element(By.CSS_SELECTOR, "#campaign-state .badge").text == "ready"
+    assert not d.find_elements(By.CSS_SELECTOR, "svg.timeline .tl-attempt")
+    claim = await worker.claim_campaign("worker-7", [test_class])
+    assert claim is not None and claim.campaign_id == cid
+    await worker.append_events(cid, claim.generation, [
+        {"type": "attempt.started", "payload": {"attempt_no": 1, "worker": "worker-7"}},
+        {"type": "output", "delta": True, "payload": {"text": "running the tests...\n"}}])
+    wait(d, lambda d: len(d.find_elements(By.CSS_SELECTOR, "svg.timeline .tl-attempt")) == 1,
+         "the timeline to gain the attempt")
+    await worker.record_attempt(cid, claim.generation, base_sha=sha(1), candidate_sha=sha(2),
+                                fingerprint=fingerprint(1), log_tail="2 passed\n")
+    wait(d, lambda d: d.find_element(By.CSS_SELECTOR, "#campaign-state .badge").text
+         == "attempted", "the state to change to attempted")
+    assert same_page(d), "the campaign page reloaded instead of updating in place"
+    span = d.find_element(By.CSS_SELECTOR, "svg.timeline .tl-attempt")
+    assert span.get_attribute("data-kind") == "attempted"
+    row = d.find_element(By.CSS_SELECTOR, '#attempts tr[data-attempt="1"]').text
+    assert "worker-7" in row and sha(2)[:12] in row, row
+    journal = d.find_element(By.ID, "journal").text
+    assert "running the tests..." in journal and "record_attempt: leased → attempted" in journal
+    screenshot(d, "dashboard-campaign.png")
+
+    # The attempt's log: its log tail and what it journaled.
+    d.find_element(By.CSS_SELECTOR, '#attempts tr[data-attempt="1"] a.log-link').click()
+    wait(d, EC.presence_of_element_located((By.ID, "log-tail")), "the attempt's log")
+    assert "2 passed" in d.find_element(By.ID, "log-tail").text
+    assert "running the tests..." in d.find_element(By.ID, "output").text
+
+    # Abandon the other campaign from its page; it moves to the closed lane.
+    d.get(f"{server.url}/ui/campaigns/{other}")
+    d.find_element(By.CSS_SELECTOR, "#actions input[name=reason]").send_keys("duplicate")
+    d.find_element(By.ID, "abandon").click()
+    wait(d, EC.alert_is_present(), "the confirmation")
+    d.switch_to.alert.accept()
+    wait(d, lambda d: d.find_element(By.CSS_SELECTOR, "#campaign-state .badge").text
+         == "abandoned", "the abandoned state")
+    assert "abandoned" in d.find_element(By.ID, "flash").text
+    assert not d.find_elements(By.ID, "abandon"), "a closed campaign offers no abandon"
+    events = await (await actors("reader")).events(other)
+    last = events[-1]
+    assert last.payload["to"] == "abandoned" and last.actor == "http:operator-tok", last
+    d.get(f"{server.url}/ui/")
+    wait(d, EC.presence_of_element_located(
+        (By.CSS_SELECTOR, f'#lane-closed .card[data-campaign="{other}"]')), "it on the board")
+    assert not d.find_elements(By.CSS_SELECTOR, f'#lane-ready .card[data-campaign="{other}"]')
+
+
+async def test_reader_sees_no_actions(server, browser, actors, test_class) -> None:  # type: ignore[no-untyped-def]
+    d = browser
+    sensor = await actors("sensor")
+    cid = (await sensor.open_campaign(test_class, new_key(), "repo#main")).campaign_id
+    sign_in(d, server, "reader")
+    assert d.find_element(By.CSS_SELECTOR, ".who").get_attribute("data-role") == "reader"
+    d.get(f"{server.url}/ui/?class={test_class}")
+    wait(d, EC.presence_of_element_located((By.ID, "filter-summary")), "the filtered board")
+    assert not d.find_elements(By.ID, "bulk-abandon")
+    d.get(f"{server.url}/ui/campaigns/{cid}")
+    wait(d, EC.presence_of_element_located((By.ID, "campaign-head")), "the campaign page")
+    assert not d.find_elements(By.CSS_SELECTOR, "#abandon, #reopen, #actions")
