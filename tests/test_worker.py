@@ -19,7 +19,7 @@ from conftest import TEST_PREFIX
 from drive import eventually
 from ledger import bundle as bundles
 from ledger.config import load_config
-from ledger.drill import scripted_attempt
+from ledger.drill import process_gone, scripted_attempt
 
 pytestmark = pytest.mark.anyio
 
@@ -125,17 +125,7 @@ def _state(admin, cid: int) -> str:  # type: ignore[no-untyped-def]
 
 
 def _gone(pid: int) -> Callable[[], bool]:
-    def check() -> bool:
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return True
-        # A zombie child of an exited parent is reaped by init; check its state.
-        try:
-            return Path(f"/proc/{pid}/stat").read_text().split()[2] == "Z"
-        except OSError:
-            return True
-    return check
+    return lambda: process_gone(pid)
 
 
 def _workdirs(shop: Workshop) -> list[Path]:

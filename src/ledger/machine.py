@@ -63,8 +63,8 @@ class StateMachine:
         """The actor that owns a transition."""
         return next(t.owner_role for t in self.transitions if t.name == transition)
 
-    def mermaid(self) -> str:
-        """A mermaid ``stateDiagram-v2`` drawn by ``transitions`` from the rows."""
+    def _graph(self, engine: str):  # type: ignore[no-untyped-def]
+        """The diagram of the rows, drawn by ``transitions`` with ``engine``."""
         class _Model:
             pass
 
@@ -74,10 +74,14 @@ class StateMachine:
             states=[s.name for s in self.states],
             transitions=[{"trigger": t.name, "source": t.from_state, "dest": t.to_state}
                          for t in self.transitions if t.from_state is not None],
-            initial=INITIAL, auto_transitions=False, graph_engine="mermaid",
+            initial=INITIAL, auto_transitions=False, graph_engine=engine,
             title="Ledger campaign states",
         )
-        text = model.get_graph().draw(None)  # type: ignore[attr-defined]
+        return model.get_graph()  # type: ignore[attr-defined]
+
+    def mermaid(self) -> str:
+        """A mermaid ``stateDiagram-v2`` drawn by ``transitions`` from the rows."""
+        text = self._graph("mermaid").draw(None)
         lines = [line for line in text.splitlines()
                  if "classDef" not in line and not line.strip().startswith("Class ")]
         lines += [f"  {name} --> [*]" for name in sorted(self.terminal)]
@@ -95,19 +99,7 @@ class StateMachine:
         return self._arc_svg()
 
     def _graphviz_svg(self) -> str:
-        class _Model:
-            pass
-
-        model = _Model()
-        GraphMachine(
-            model=model,
-            states=[s.name for s in self.states],
-            transitions=[{"trigger": t.name, "source": t.from_state, "dest": t.to_state}
-                         for t in self.transitions if t.from_state is not None],
-            initial=INITIAL, auto_transitions=False, graph_engine="graphviz",
-            title="Ledger campaign states",
-        )
-        return model.get_graph().draw(None, format="svg", prog="dot").decode()  # type: ignore[attr-defined]
+        return self._graph("graphviz").draw(None, format="svg", prog="dot").decode()  # type: ignore[no-any-return]
 
     def _arc_svg(self) -> str:
         gap, top, radius = 130, 250, 34
