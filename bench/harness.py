@@ -11,11 +11,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-import psycopg
-from psycopg import sql
-
 from ledger import Database, migrations
-from ledger.embedded import server_url, with_database
+from ledger.embedded import create_database, drop_database, server_url
 
 PREFIX = os.environ.get("LEDGER_BENCH_ROLE_PREFIX", "ledgerbench_")
 
@@ -26,15 +23,12 @@ def bench_database() -> Iterator[Database]:
     admin = os.environ.get("LEDGER_BENCH_DATABASE_URL") or server_url(
         Path(tempfile.mkdtemp(prefix="ledger-bench-pg-")), cleanup="delete")
     name = f"ledgerbench_{uuid.uuid4().hex[:8]}"
-    with psycopg.connect(admin, autocommit=True) as conn:
-        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
-    url = with_database(admin, name)
+    url = create_database(admin, name)
     try:
         migrations.upgrade(url, PREFIX)
         yield Database(url, role_prefix=PREFIX)
     finally:
-        with psycopg.connect(admin, autocommit=True) as conn:
-            conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+        drop_database(admin, name)
 
 
 def server_version(db: Database) -> str:

@@ -17,10 +17,9 @@ from pathlib import Path
 
 import psycopg
 import pytest
-from psycopg import sql
 
 from ledger import Database, Kernel, migrations
-from ledger.embedded import server_url, with_database
+from ledger.embedded import create_database, drop_database, server_url
 
 TEST_PREFIX = os.environ.get("LEDGER_TEST_ROLE_PREFIX", "ledgertest_")
 RUN_TAG = f"{os.getpid()}_{uuid.uuid4().hex[:6]}"
@@ -45,25 +44,6 @@ def pg_admin_url() -> Iterator[str]:
     yield server_url(data_dir, cleanup="delete")
 
 
-def _admin(url: str) -> psycopg.Connection:
-    return psycopg.connect(url, autocommit=True)
-
-
-def create_database(admin_url: str, name: str, template: str | None = None) -> str:
-    """Create a database (optionally from a template); return its URL."""
-    with _admin(admin_url) as conn:
-        stmt = sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name))
-        if template:
-            stmt = sql.SQL("CREATE DATABASE {} TEMPLATE {}").format(
-                sql.Identifier(name), sql.Identifier(template))
-        conn.execute(stmt)
-    return with_database(admin_url, name)
-
-
-def drop_database(admin_url: str, name: str) -> None:
-    """Drop a database, disconnecting whoever is still on it."""
-    with _admin(admin_url) as conn:
-        conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
 
 
 @pytest.fixture(scope="session")

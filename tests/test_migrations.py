@@ -13,7 +13,8 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from conftest import TEST_PREFIX, create_database, drop_database
+from conftest import TEST_PREFIX
+from ledger.embedded import create_database, drop_database
 from ledger import migrations
 
 SNAPSHOT = Path(__file__).parent / "schema.snapshot"

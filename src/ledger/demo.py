@@ -7,7 +7,9 @@ couple of seconds. Then it runs a sensor, a worker, a verifier and a dispatcher
 in this process -- each as its own database role -- and narrates the campaign's
 journal as it happens: opened, leased, attempt 1 rejected (and why), attempt 2,
 verified, promoted (ref moved and read back), the next scheduled observation
-green, confirmed. It prints the journal and exits 0; nothing keeps running.
+green, confirmed. It prints the journal and exits 0; nothing keeps running --
+except, with ``--ui``, the dashboard over the demo's database (``ledger.api``),
+served from the start and, after the loop closes, until Ctrl-C.
 
 On the embedded default it uses a throwaway database (``ledger_demo``, made
 anew each run) so it leaves the real ``ledger`` database alone.
@@ -17,18 +19,22 @@ from __future__ import annotations
 
 import asyncio
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
+from typing import Any
 
 from rich.console import Console
 
 from . import logs, migrations
 from .config import LedgerConfig, parse_config
 from .database import Database
-from .embedded import server_url, with_database
+from .embedded import create_database, server_url
 from .hub import Hub
 from .kernel import Kernel
 from .models import Event
@@ -73,15 +79,7 @@ def prepare_database(settings: Settings) -> Database:
     if settings.database_url:
         url = settings.database_url
     else:
-        import psycopg
-        from psycopg import sql
-
-        admin = server_url(settings.data_dir)
-        with psycopg.connect(admin, autocommit=True) as conn:
-            conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(
-                sql.Identifier(DEMO_DATABASE)))
-            conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(DEMO_DATABASE)))
-        url = with_database(admin, DEMO_DATABASE)
+        url = create_database(server_url(settings.data_dir), DEMO_DATABASE, replace=True)
     migrations.upgrade(url, settings.role_prefix)
     return Database(url, role_prefix=settings.role_prefix, role_urls=settings.role_urls())
 
@@ -181,8 +179,46 @@ async def _find_campaign(kernel: Kernel, hub: Hub, objective: str) -> int:
             await ready.wait(1.0)
 
 
-async def run_demo(settings: Settings, console: Console, *, sensor_every_s: float = 2.0) -> int:
-    """Run the closed loop; returns the exit code."""
+@asynccontextmanager
+async def _dashboard(db: Database, config: LedgerConfig, port: int | None,
+                     console: Console) -> AsyncIterator[Any]:
+    """``--ui``: the dashboard over the demo's database while the block runs, with
+    an operator token made for it (``None``: no dashboard)."""
+    if port is None:
+        yield None
+        return
+    from .api import ApiOptions, TokenTable, create_app, hash_token, new_token
+    from .api.server import BackgroundServer
+
+    token = new_token()
+    app = create_app(db, TokenTable.parse(f"demo:operator:{hash_token(token)}"), ApiOptions(),
+                     config)
+    server = await BackgroundServer(app, port=port).start()
+    console.print(f"[bold]dashboard[/]   {server.url}  (sign in with the token {token})",
+                  highlight=False, soft_wrap=True)
+    try:
+        yield server
+    finally:
+        await server.stop()
+
+
+async def _serve_until_interrupted(console: Console) -> None:
+    console.print("\nthe dashboard keeps serving; Ctrl-C to stop", highlight=False)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        await stop.wait()
+    finally:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.remove_signal_handler(sig)
+
+
+async def run_demo(settings: Settings, console: Console, *, sensor_every_s: float = 2.0,
+                   ui_port: int | None = None) -> int:
+    """Run the closed loop; returns the exit code. With ``ui_port`` (0: any free
+    port) the dashboard is served too, and kept serving until Ctrl-C."""
     narrator = Narrator(console)
     db = prepare_database(settings)
     narrator.line("database", f"migrated to {migrations.current(db.url)}")
@@ -193,7 +229,8 @@ async def run_demo(settings: Settings, console: Console, *, sensor_every_s: floa
         narrator.line("repository", f"{repository}: calc.add subtracts; its unit test fails")
         logs.configure("error")  # the narration is the output; errors still show
         async with Hub(db) as hub, db.session("reader") as reading, \
-                db.session("operator") as operating:
+                db.session("operator") as operating, \
+                _dashboard(db, config, ui_port, console) as dashboard:
             await Kernel(operating).register_class(DEMO_CLASS, **config.classes[DEMO_CLASS].registration())
             supervisor = Supervisor()
             options = RunOptions(WorkerOptions(data_dir=root / "data", poll_s=1.0, reaper_grace_s=2.0,
@@ -219,5 +256,7 @@ async def run_demo(settings: Settings, console: Console, *, sensor_every_s: floa
                                   capture_output=True, text=True).stdout.strip()
             console.print(f"\ncampaign {cid} is [bold]{final.state}[/]; main is now {main[:12]} "
                           f"(promoted {str(final.promoted_sha)[:12]})")
+            if dashboard is not None:
+                await _serve_until_interrupted(console)
             return 0 if final.state == "confirmed" else 1
 

@@ -34,13 +34,12 @@ from pathlib import Path
 from typing import Any, Literal
 
 import psycopg
-from psycopg import sql
 from rich.console import Console
 
 from . import migrations
 from .config import LedgerConfig, load_config
 from .database import Database, Session
-from .embedded import with_database
+from .embedded import create_database, drop_database
 from .kernel import Kernel
 
 Verdict = Literal["pass", "fail", "under-exercised"]
@@ -294,9 +293,7 @@ def scripted_attempt() -> Path:
 
 
 async def _throwaway_database(admin_url: str, name: str, role_prefix: str) -> Database:
-    with psycopg.connect(admin_url, autocommit=True) as conn:
-        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
-    url = with_database(admin_url, name)
+    url = create_database(admin_url, name)
     migrations.upgrade(url, role_prefix)
     with psycopg.connect(url, autocommit=True) as conn:
         # A drill database is the drill's own: it may pin the clock to force races.
@@ -306,8 +303,7 @@ async def _throwaway_database(admin_url: str, name: str, role_prefix: str) -> Da
 
 def _drop_database(admin_url: str, name: str) -> None:
     try:
-        with psycopg.connect(admin_url, autocommit=True) as conn:
-            conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+        drop_database(admin_url, name)
     except psycopg.Error:
         pass  # the cluster may be gone (own-cluster drills)
 

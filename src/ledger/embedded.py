@@ -43,12 +43,34 @@ def ensure_database(admin_url: str, name: str) -> str:
     """Create database ``name`` on the server if missing; return a URL to it."""
     with psycopg.connect(admin_url, autocommit=True) as conn:
         exists = conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", (name,)).fetchone()
-        if not exists:
-            try:
-                conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
-            except psycopg.errors.DuplicateDatabase:
-                pass  # another process created it a moment ago
+    if not exists:
+        try:
+            create_database(admin_url, name)
+        except psycopg.errors.DuplicateDatabase:
+            pass  # another process created it a moment ago
     return with_database(admin_url, name)
+
+
+def create_database(admin_url: str, name: str, *, template: str | None = None,
+                    replace: bool = False) -> str:
+    """Create database ``name`` (from ``template``, or anew over an old one with
+    ``replace``); return a URL to it. Throwaway databases: tests, drills,
+    benchmarks, the demo."""
+    with psycopg.connect(admin_url, autocommit=True) as conn:
+        if replace:
+            conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+        stmt = sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name))
+        if template:
+            stmt = sql.SQL("CREATE DATABASE {} TEMPLATE {}").format(sql.Identifier(name),
+                                                                    sql.Identifier(template))
+        conn.execute(stmt)
+    return with_database(admin_url, name)
+
+
+def drop_database(admin_url: str, name: str) -> None:
+    """Drop database ``name``, disconnecting whoever is still on it."""
+    with psycopg.connect(admin_url, autocommit=True) as conn:
+        conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
 
 
 def with_database(url: str, name: str) -> str:
