@@ -142,8 +142,12 @@ def describe(event: Event) -> str:
         return f"{line} ({extra})" if extra else line
     if event.type == "output":
         return str(p.get("text", ""))
-    compact = json.dumps(p, sort_keys=True, default=str)
-    return compact if len(compact) <= _TEXT_LIMIT else compact[:_TEXT_LIMIT] + "…"
+    parts = []
+    for key, value in sorted(p.items()):
+        text = value if isinstance(value, str) else json.dumps(value, default=str)
+        parts.append(f"{key}={text[:40] + '…' if len(text) > 40 else text}")
+    line = "  ".join(parts)
+    return line if len(line) <= _TEXT_LIMIT else line[:_TEXT_LIMIT] + "…"
 
 
 def _environment() -> jinja2.Environment:

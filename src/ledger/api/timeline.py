@@ -143,11 +143,13 @@ def campaign_timeline(
         return round(GUTTER + seconds / total * plot_w, 2)
 
     def span(row: str, t0: datetime, t1: datetime, kind: str, label: str, title: str,
-             key: str = "", hatched: bool = False) -> Span:
+             key: str = "", hatched: bool = False, short: str = "") -> Span:
         x0, x1 = x(t0), x(max(t0, t1))
         width = max(x1 - x0, MIN_SPAN_PX)
-        return Span(row, x0, round(width, 2), kind, label if width > 9 * len(label) else "",
-                    title, key, hatched)
+        # The label if it fits (about 6.5 px a character at the SVG's size), else
+        # its short form, else none: the <title> always has everything.
+        shown = next((text for text in (label, short) if text and width > 6.5 * len(text) + 10), "")
+        return Span(row, x0, round(width, 2), kind, shown, title, key, hatched)
 
     rows = [(name, label, AXIS_H + ROW_H * i + ROW_H / 2) for i, (name, label) in enumerate(ROWS)]
     tl = Timeline(width=WIDTH, height=AXIS_H + ROW_H * len(ROWS) + 6, start=start, end=stop,
@@ -166,7 +168,8 @@ def campaign_timeline(
         until = transitions[i + 1].created_at if i + 1 < len(transitions) else end
         tl.spans.append(span("state", event.created_at, until, state, state,
                              f"{state} from {event.created_at:%H:%M:%S} "
-                             f"({event.payload.get('transition')} by {event.actor})"))
+                             f"({event.payload.get('transition')} by {event.actor})",
+                             short=state[:3]))
 
     for a in attempts:
         ended = a.ended_at or now
@@ -189,12 +192,13 @@ def campaign_timeline(
                              f"#{a.attempt_no} {a.outcome}{verdict}",
                              f"attempt {a.attempt_no} by {a.worker}: {a.outcome}{verdict}"
                              + (f" -- {a.failure_reason}" if a.failure_reason else ""),
-                             key=str(a.attempt_no)))
+                             key=str(a.attempt_no), short=f"#{a.attempt_no}"))
 
     for v in verifications:
         tl.spans.append(span("verification", v.claimed_at, v.finished_at or now, v.status,
                              v.status, f"verification {v.id} by {v.verifier}: {v.status}"
-                             + (f" -- {v.reason}" if v.reason else ""), key=str(v.id)))
+                             + (f" -- {v.reason}" if v.reason else ""), key=str(v.id),
+                             short=v.status[:3]))
 
     for o in observations:
         tl.points.append(Point("observation", x(o.started_at), o.status, "circle",

@@ -126,7 +126,10 @@
         return extra ? line + " (" + extra + ")" : line;
       }
       if (e.type === "output") return String(p.text || "");
-      var text = JSON.stringify(p);
+      var text = Object.keys(p).sort().map(function (key) {
+        var value = typeof p[key] === "string" ? p[key] : JSON.stringify(p[key]);
+        return key + "=" + (value.length > 40 ? value.slice(0, 40) + "…" : value);
+      }).join("  ");
       return text.length > 200 ? text.slice(0, 200) + "…" : text;
     }
 
