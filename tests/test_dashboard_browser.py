@@ -174,6 +174,9 @@ def same_page(driver: Any) -> bool:
 def screenshot(driver: Any, name: str) -> Path:
     """A full-page PNG in artifacts/ (the viewport stretched to the page's height)."""
     ARTIFACTS.mkdir(exist_ok=True)
+    # Still pictures: no "just arrived" highlight fading in the journal.
+    driver.execute_cdp_cmd("Emulation.setEmulatedMedia", {
+        "features": [{"name": "prefers-reduced-motion", "value": "reduce"}]})
     height = driver.execute_script("return document.documentElement.scrollHeight")
     driver.execute_cdp_cmd("Emulation.setDeviceMetricsOverride", {
         "width": 1440, "height": min(int(height), 6000), "deviceScaleFactor": 1,
@@ -183,6 +186,7 @@ def screenshot(driver: Any, name: str) -> Path:
         assert driver.save_screenshot(str(path)), f"no screenshot {path}"
     finally:
         driver.execute_cdp_cmd("Emulation.clearDeviceMetricsOverride", {})
+        driver.execute_cdp_cmd("Emulation.setEmulatedMedia", {"features": []})
     assert path.stat().st_size > 10_000, "an empty screenshot"
     return path
 

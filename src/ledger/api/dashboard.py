@@ -532,11 +532,16 @@ def create_dashboard(state: ApiState, config: LedgerConfig | None = None) -> Fas
         viewer = await viewer_of(request)
         k = viewer.kernel
         campaign = await k.campaign(campaign_id)  # NotFound first
-        (attempts, verifications, side_effects, observations, transitions,
-         journal) = await asyncio.gather(
+        # The journal before the rest: whatever happens after this read reaches
+        # the page through its stream (which starts after the journal's head)
+        # and refreshes it, so the page can never stay older than its journal.
+        journal = await k.recent_events(campaign_id, JOURNAL_TAIL)
+        campaign = await k.campaign(campaign_id)
+        (attempts, verifications, side_effects, observations,
+         transitions) = await asyncio.gather(
             k.attempts_of(campaign_id), k.verifications_of(campaign_id),
             k.side_effects_of(campaign_id), k.recent_observations(campaign_id, 200),
-            k.transitions_of(campaign_id), k.recent_events(campaign_id, JOURNAL_TAIL))
+            k.transitions_of(campaign_id))
         now = datetime.now(timezone.utc)
         timeline = campaign_timeline(campaign, transitions=transitions, attempts=attempts,
                                      verifications=verifications, side_effects=side_effects,
