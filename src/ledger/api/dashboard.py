@@ -531,7 +531,6 @@ def create_dashboard(state: ApiState, config: LedgerConfig | None = None) -> Fas
             raise NotFound(f"campaign {campaign_id} does not exist")
         viewer = await viewer_of(request)
         k = viewer.kernel
-        campaign = await k.campaign(campaign_id)  # NotFound first
         # The journal before the rest: whatever happens after this read reaches
         # the page through its stream (which starts after the journal's head)
         # and refreshes it, so the page can never stay older than its journal.
