@@ -121,3 +121,26 @@ async def test_grace_window_delays_reaping(actors, admin, test_class) -> None:  
         assert await Kernel(tx).expire_leases(grace_s=10) == []
     async with actors.session("reaper").transaction(now=expires + timedelta(seconds=11)) as tx:
         assert [r.campaign_id for r in await Kernel(tx).expire_leases(grace_s=10)] == [cid]
+
+
+async def test_an_allowed_target_cannot_smuggle_another_host_in_its_payload(actors, admin) -> None:  # type: ignore[no-untyped-def]
+    from ledger import Forbidden
+
+    op = await actors("operator")
+    await op.register_class("hooks", lease_seconds=30, authority={"worker": {"hosts": ["hooks.internal"]}})
+    d = Driver(actors, "hooks")
+    cid, gen = await d.leased()
+    worker = await actors("worker")
+    ok = await worker.request_side_effect(cid, gen, kind="http.request", target="https://hooks.internal/x",
+                                          precondition={}, idempotency_key="fine",
+                                          payload={"url": "https://hooks.internal/x",
+                                                   "read_back": {"url": "https://hooks.internal/x/1"}})
+    assert ok.status == "requested"
+    for payload in ({"url": "https://elsewhere.example/x"},
+                    {"url": "https://hooks.internal/x", "read_back": {"url": "http://elsewhere.example/"}}):
+        with pytest.raises(Forbidden):
+            await worker.request_side_effect(cid, gen, kind="http.request", target="https://hooks.internal/x",
+                                             precondition={}, idempotency_key=f"smuggle-{len(payload)}",
+                                             payload=payload)
+    assert admin.execute("SELECT count(*) AS n FROM ledger.security_event").fetchone()["n"] == 2
+    assert admin.execute("SELECT count(*) AS n FROM ledger.side_effect").fetchone()["n"] == 1

@@ -583,7 +583,14 @@ BEGIN
         RAISE EXCEPTION 'a side effect needs a target and an idempotency key' USING ERRCODE = 'LG007';
     END IF;
     SELECT cc.authority INTO v_authority FROM ledger.campaign_class cc WHERE cc.name = v_c.class;
-    IF NOT ledger.authorized(v_authority, 'worker', p_kind, p_target) THEN
+    -- Every place the effect would touch must be inside the profile: the
+    -- target, and for HTTP also each URL the payload names (the request and
+    -- its read-back), or an allowed target could smuggle another host.
+    IF NOT ledger.authorized(v_authority, 'worker', p_kind, p_target)
+       OR (p_kind = 'http.request' AND EXISTS (
+               SELECT 1 FROM unnest(ARRAY[p_payload ->> 'url', p_payload -> 'read_back' ->> 'url']) AS u(url)
+                WHERE u.url IS NOT NULL
+                  AND NOT ledger.authorized(v_authority, 'worker', p_kind, u.url))) THEN
         INSERT INTO ledger.security_event (at, actor_role, actor, campaign_id, action, target, reason, details)
         VALUES (v_now, 'worker', v_c.lease_owner, p_campaign_id, p_kind, p_target,
                 format('outside the worker authority profile of class %s', v_c.class),
