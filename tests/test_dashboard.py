@@ -16,6 +16,7 @@ import httpx
 import pytest
 
 from drive import Driver, fingerprint, new_key, now, sha
+from test_api import token_table
 from ledger import Database, Kernel
 from ledger.api import ApiOptions, TokenTable, create_app, hash_token, new_token
 from ledger.api.charts import autonomy_chart
@@ -49,11 +50,6 @@ def csrf_of(page: httpx.Response) -> str:
     found = re.search(r'name="csrf" value="([0-9a-f]{64})"', page.text)
     assert found, page.text[:500]
     return found.group(1)
-
-
-def token_table(tokens: dict[str, str]) -> TokenTable:
-    return TokenTable.parse(",".join(f"{role}-tok:{role}:{hash_token(tok)}"
-                                     for role, tok in tokens.items()))
 
 
 @pytest.fixture

@@ -23,13 +23,14 @@ import pytest
 
 import verifiers
 from conftest import TEST_PREFIX
-from drive import now
+from drive import eventually, now
 from ledger import Forbidden, Kernel, SameIdentity
 from ledger import bundle as bundles
 from ledger import repository
+from ledger.drill import process_gone
 from ledger.models import Verification
-from ledger.verifier import Verifier
 from ledger.processes import TAIL_BYTES, run_command
+from ledger.verifier import Verifier
 from verifiers.pytest_report import node_id, pytest_command
 
 pytestmark = pytest.mark.anyio
@@ -120,28 +121,9 @@ async def verifications(actors: Any, campaign_id: int) -> list[Verification]:
     return (await (await actors("reader")).campaign_detail(campaign_id)).verifications
 
 
-async def until(check: Any, what: str, timeout: float = 30.0) -> Any:
-    """Poll ``check()`` until it returns something truthy (a condition, not a sleep)."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while True:
-        value = check()
-        if asyncio.iscoroutine(value):
-            value = await value
-        if value:
-            return value
-        if loop.time() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.02)
-
-
 def alive(pid: int) -> bool:
     """Whether ``pid`` runs (a zombie waiting for its reaper does not count)."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+    return not process_gone(pid)
 
 
 @pytest.fixture
@@ -338,7 +320,7 @@ async def test_killed_verifier_lapses_and_a_second_finishes_with_one_verdict(
          "--model-family", "family-a"], env=env, stdout=log, stderr=subprocess.STDOUT)
     orphan = None
     try:
-        await until(lambda: marker.exists() or proc.poll() is not None, "the acceptance to start")
+        await eventually(lambda: marker.exists() or proc.poll() is not None, what="the acceptance to start", timeout=30.0)
         assert proc.poll() is None, (tmp_path / "verifier.log").read_text()
         orphan = int(marker.read_text())
         (running,) = await verifications(actors, cid)
@@ -347,7 +329,7 @@ async def test_killed_verifier_lapses_and_a_second_finishes_with_one_verdict(
         proc.send_signal(signal.SIGKILL)
         assert proc.wait(timeout=30) == -signal.SIGKILL
         release.touch()  # let the orphaned acceptance command (its own session) exit
-        await until(lambda: not alive(orphan), "the orphaned acceptance command to exit")
+        await eventually(lambda: not alive(orphan), what="the orphaned acceptance command to exit", timeout=30.0)
 
         second = Verifier(await actors("verifier"), identity="verifier-second",
                           classes=[test_class], lease_s=10)
@@ -393,7 +375,7 @@ async def test_stale_heartbeat_stops_the_check_and_writes_nothing(
                      heartbeat_s=0.05, work_dir=work)
     checking = asyncio.ensure_future(first.run_once())
     try:
-        await until(marker.exists, "the first verifier's acceptance to start")
+        await eventually(marker.exists, what="the first verifier's acceptance to start", timeout=30.0)
         command = int(marker.read_text())
         (running,) = await verifications(actors, cid)
         # Its lease lapses (clock pinned past it) and another verifier takes over.
@@ -406,7 +388,7 @@ async def test_stale_heartbeat_stops_the_check_and_writes_nothing(
         checking.cancel()
         release.touch()
     assert first.verdicts == {"accepted": 0, "rejected": 0, "stale": 1}
-    await until(lambda: not alive(command), "the stale check's command to be killed")
+    await eventually(lambda: not alive(command), what="the stale check's command to be killed", timeout=30.0)
     assert list(work.iterdir()) == []
     (lost, taken) = await verifications(actors, cid)
     assert (lost.verifier, lost.status, lost.evidence) == ("verifier-one", "lost", {})
@@ -439,7 +421,7 @@ async def test_acceptance_past_its_timeout_is_killed_with_its_children_and_rejec
     verifier = Verifier(await actors("verifier"), classes=[test_class])
     run = asyncio.ensure_future(verifier.run_once())
     try:
-        await until(pids.exists, "the acceptance command to start its child")
+        await eventually(pids.exists, what="the acceptance command to start its child", timeout=30.0)
         parent, child = map(int, pids.read_text().split())
         assert await asyncio.wait_for(run, 60) == 1
     finally:
@@ -452,7 +434,7 @@ async def test_acceptance_past_its_timeout_is_killed_with_its_children_and_rejec
     assert cmd["timed_out"] is True and cmd["exit_code"] == -signal.SIGKILL
     assert 1.0 <= cmd["duration_s"] < 30 and "started" in cmd["output"]
     assert v.evidence["not_run"] == [[PY, "-c", "pass"]]
-    await until(lambda: not alive(parent) and not alive(child), "the command and its child to die")
+    await eventually(lambda: not alive(parent) and not alive(child), what="the command and its child to die", timeout=30.0)
     assert (await (await actors("reader")).campaign(cid)).state == "ready"
 
 
@@ -470,7 +452,8 @@ async def test_verifier_command_verifies_until_sigterm_then_exits_zero(
         cid = await worker.open("served")
         await worker.attempt(cid, worker.base, passing())
         reader = await actors("reader")
-        await until(lambda: _state_is(reader, cid, "verified"), "the running verifier's verdict")
+        await eventually(lambda: _state_is(reader, cid, "verified"), what="the running verifier's verdict",
+                         timeout=30.0)
         proc.send_signal(signal.SIGTERM)
         _, stderr = proc.communicate(timeout=30)
     finally:
@@ -511,7 +494,7 @@ async def test_a_command_that_exits_is_done_even_if_its_children_hold_the_output
     assert result.passed and not result.timed_out and result.duration_s < 10
     assert "left a child behind" in result.output
     straggler = int(pid_file.read_text())
-    await until(lambda: not alive(straggler), "the straggler to be killed with the group")
+    await eventually(lambda: not alive(straggler), what="the straggler to be killed with the group", timeout=30.0)
 
 
 async def test_acceptance_commands_never_see_ledger_settings(tmp_path: Path, monkeypatch: Any) -> None:
