@@ -18,7 +18,7 @@ import pytest
 from drive import Driver, fingerprint, new_key, now, sha
 from test_api import token_table
 from ledger import Database, Kernel
-from ledger.api import ApiOptions, TokenTable, create_app, hash_token, new_token
+from ledger.api import ApiOptions, create_app, new_token
 from ledger.api.charts import autonomy_chart
 from ledger.api.dashboard import board_changes, sensor_rows
 from ledger.api.timeline import GUTTER, RIGHT, WIDTH, campaign_timeline

@@ -45,6 +45,15 @@ class = "test"
     return parse_config(tomllib.loads(toml)), status
 
 
+@pytest.fixture
+async def promoting(actors) -> str:  # type: ignore[no-untyped-def]
+    """A class whose verified candidates are promoted (to a ref nobody reads)."""
+    op = await actors("operator")
+    await op.register_class(PROMOTING_CLASS, max_attempts=3, lease_seconds=30, backoff_base_s=0,
+                            promotion={"ref": "refs/heads/main", "repository": "/nowhere"})
+    return PROMOTING_CLASS
+
+
 def test_ticks_are_epoch_aligned_and_coalesced() -> None:
     cfg = parse_config({"sensors": {"s": {"target": "t", "every_s": 60, "command": ["true"], "class": "c"}}})
     trigger = trigger_for(cfg.sensors["s"])
@@ -124,10 +133,7 @@ async def test_a_restart_does_not_replay_missed_ticks(actors, admin, test_class,
     assert rows[0]["tick"] == latest_due_tick(trigger_for(cfg.sensors["tests"]), datetime.now(timezone.utc))
 
 
-async def test_only_an_observation_started_after_promotion_confirms(actors, admin) -> None:  # type: ignore[no-untyped-def]
-    op = await actors("operator")
-    await op.register_class(PROMOTING_CLASS, max_attempts=3, lease_seconds=30, backoff_base_s=0,
-                            promotion={"ref": "refs/heads/main", "repository": "/nowhere"})
+async def test_only_an_observation_started_after_promotion_confirms(actors, admin, promoting) -> None:  # type: ignore[no-untyped-def]
     d = Driver(actors, PROMOTING_CLASS)
     sensor = await actors("sensor")
     cid = await d.verified()
@@ -152,10 +158,7 @@ async def test_only_an_observation_started_after_promotion_confirms(actors, admi
     assert (await sensor.campaign(cid)).state == "confirmed"
 
 
-async def test_a_red_observation_after_promotion_regresses(actors, admin) -> None:  # type: ignore[no-untyped-def]
-    op = await actors("operator")
-    await op.register_class(PROMOTING_CLASS, max_attempts=3, lease_seconds=30, backoff_base_s=0,
-                            promotion={"ref": "refs/heads/main", "repository": "/nowhere"})
+async def test_a_red_observation_after_promotion_regresses(actors, admin, promoting) -> None:  # type: ignore[no-untyped-def]
     d = Driver(actors, PROMOTING_CLASS)
     sensor = await actors("sensor")
     cid = await d.promoted()

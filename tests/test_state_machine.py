@@ -310,14 +310,14 @@ async def test_terminal_states_are_sticky(actors, classes, admin, terminal: str)
     d = Driver(actors, PROMOTING_CLASS)
     sensor, op, worker = await d.k("sensor"), await d.k("operator"), await d.k("worker")
     if terminal == "abandoned":
-        cid, gen = await d.leased()
+        cid, _ = await d.leased()
         await op.abandon(cid)
     elif terminal == "dismissed":
-        cid, gen = await d.open(), 0
+        cid = await d.open()
         key = (await (await d.k("reader")).campaign(cid)).objective_key
         await sensor.record_observation("s", key, "target-1", "green", started_at=now())
     else:
-        cid, gen = await d.promoted(), 1
+        cid = await d.promoted()
         key = (await (await d.k("reader")).campaign(cid)).objective_key
         await sensor.record_observation("s", key, "target-1", "green", started_at=now())
     campaign = await (await d.k("reader")).campaign(cid)

@@ -16,7 +16,7 @@ import typer
 
 from conftest import TEST_PREFIX
 from drive import Driver, fingerprint
-from ledger import Database, Kernel
+from ledger import Database
 from ledger.errors import InvalidInput, NotFound
 from ledger.cli.journal import parse_duration
 from ledger.hub import Hub, NullHub

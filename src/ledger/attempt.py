@@ -16,7 +16,6 @@ import os
 import shutil
 import socket
 import tempfile
-import time
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any

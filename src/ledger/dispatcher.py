@@ -32,19 +32,17 @@ poll tick as timeout. It is cheap to embed in any process.
 from __future__ import annotations
 
 import asyncio
-import os
 import random
 import re
-import secrets
-import socket
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import httpx
 
 from . import faults
-from .errors import LedgerError, StaleLease
-from .hub import NullHub, Subscription, WakeSource
+from .errors import StaleLease
+from .hub import NullHub, WakeSource
+from .identity import process_identity
 from .kernel import Kernel
 from .logs import get_logger
 from .loops import Loop
@@ -63,12 +61,6 @@ _METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE"})
 # the same Idempotency-Key still in flight (IETF idempotency-key draft), 425,
 # 429 and every 5xx.
 _TRANSIENT_STATUSES = frozenset({408, 409, 425, 429})
-
-
-def dispatcher_identity() -> str:
-    """``dispatcher:<host>:<pid>:<random>`` -- unique per process start, and
-    says where to look when a claim is left behind."""
-    return f"dispatcher:{socket.gethostname()[:100]}:{os.getpid()}:{secrets.token_hex(3)}"
 
 
 def backoff_s(tries: int, *, base_s: float = 2.0, cap_s: float = 600.0, jitter: float = 0.2) -> float:
@@ -138,7 +130,7 @@ class Dispatcher(Loop):
                              f"({http_timeout_s}), or a slow target outlives the claim")
         self.kernel = kernel
         self.hub: WakeSource = hub or NullHub()
-        self.identity = identity or dispatcher_identity()
+        self.identity = identity or process_identity("dispatcher")
         self.lease_s = lease_s
         self.max_tries = max_tries
         self.backoff_base_s = backoff_base_s
@@ -176,24 +168,7 @@ class Dispatcher(Loop):
         self.log.info("dispatcher started", poll_s=self.interval_s, lease_s=self.lease_s)
         # Subscribe before the first read, so a wake-up during a pass is kept.
         with self.hub.subscribe(OUTBOX_CHANNEL) as wake:
-            while not stop.is_set():
-                wake.drain()  # the pass below reads the rows those ids point at
-                try:
-                    work = await self.run_once()
-                    self.runs += 1
-                    self.failures = 0
-                    if work:
-                        self.log.info("dispatcher pass", work=work)
-                except (LedgerError, OSError) as exc:
-                    self.failures += 1
-                    delay = min(self.interval_s * 2 ** self.failures, 60.0)
-                    self.log.warning("dispatcher pass failed", error=str(exc),
-                                     retry_in_s=round(delay, 2))
-                    await _wait(stop, None, delay)
-                    continue
-                pause = self._pause()
-                self.log.debug("dispatcher idle", until_s=round(pause, 2))
-                await _wait(stop, wake, pause)
+            await super().run(stop, wake)
         self.log.info("dispatcher stopped", recorded=self.recorded)
 
     # --- one intent ------------------------------------------------------------
@@ -300,16 +275,14 @@ class Dispatcher(Loop):
             await asyncio.to_thread(repo.update_ref, ref, new, old)
         except RefMoved as exc:
             if exc.actual != new:
-                if exc.actual != old:
-                    return Verdict("conflict", {"read_back": exc.actual, "expected": old}, str(exc))
-                # Still at the expected commit, yet update-ref failed: another
-                # writer held the ref's lock. Transient.
-                return Verdict("retry", {"read_back": exc.actual},
-                               f"git update-ref failed although {ref} is still at {old}: "
-                               "lock contention (another writer holds the ref)")
+                return Verdict("conflict", {"read_back": exc.actual, "expected": old}, str(exc))
             # else: someone made the very same move meanwhile; the read-back decides
         except GitError as exc:
-            return Verdict("retry", error=str(exc))
+            # The ref is still at the expected commit (else RefMoved): another
+            # writer held its lock. Transient.
+            return Verdict("retry", {"read_back": old},
+                           f"git update-ref failed although {ref} is still at {old} "
+                           f"(another writer holds its lock): {exc.message}")
         else:
             await faults.point(FAULT_AFTER_ACTION)
 
@@ -324,11 +297,8 @@ class Dispatcher(Loop):
         return _done(read_back=after, previous=old)
 
     async def _class_repository(self, campaign: Campaign) -> str | None:
-        for cls in await self.kernel.classes():
-            if cls.name == campaign.class_:
-                repository = cls.promotion.get("repository")
-                return repository if isinstance(repository, str) else None
-        return None
+        repository = (await self.kernel.campaign_class(campaign.class_)).promotion.get("repository")
+        return repository if isinstance(repository, str) else None
 
     # --- http.request ------------------------------------------------------------
 
@@ -442,16 +412,3 @@ def _retry_after(response: httpx.Response) -> float | None:
 
 def _describe(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
-
-
-async def _wait(stop: asyncio.Event, wake: Subscription | None, timeout: float) -> None:
-    """Until ``stop`` is set, ``wake`` fires or ``timeout`` passes."""
-    waiters = {asyncio.ensure_future(stop.wait())}
-    if wake is not None:
-        waiters.add(asyncio.ensure_future(wake.wait(timeout)))
-    try:
-        await asyncio.wait(waiters, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        for waiter in waiters:
-            waiter.cancel()
-        await asyncio.gather(*waiters, return_exceptions=True)

@@ -340,6 +340,13 @@ class Kernel:
         """Registered campaign classes."""
         return [CampaignClass.model_validate(r) for r in await self.executor.fetch(queries.CLASSES)]
 
+    async def campaign_class(self, name: str) -> CampaignClass:
+        """One registered class; ``NotFound`` if there is none."""
+        rows = await self.executor.fetch(queries.CLASS, name=name)
+        if not rows:
+            raise NotFound(f"campaign class {name} is not registered")
+        return CampaignClass.model_validate(rows[0])
+
     async def security_events(self, campaign_id: int | None = None) -> list[SecurityEvent]:
         """Refused writes (of one campaign, or all)."""
         rows = await self.executor.fetch(queries.SECURITY_EVENTS, campaign_id=campaign_id)

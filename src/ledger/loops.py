@@ -9,6 +9,7 @@ import random
 from abc import ABC, abstractmethod
 
 from .errors import LedgerError
+from .hub import Subscription
 from .logs import get_logger
 
 
@@ -33,11 +34,15 @@ class Loop(ABC):
     def _pause(self) -> float:
         return self.interval_s * (1 + self.jitter * (2 * random.random() - 1))
 
-    async def run(self, stop: asyncio.Event) -> None:
-        """Repeat ``run_once`` every interval until ``stop`` is set. A failing
-        pass is logged and retried with growing delay; it never ends the loop."""
-        delay = self._pause()
+    async def run(self, stop: asyncio.Event, wake: Subscription | None = None) -> None:
+        """Repeat ``run_once`` every interval until ``stop`` is set -- sooner when
+        ``wake`` (a hub subscription, taken before the first pass) fires. A
+        failing pass is logged and retried with growing delay, which a wake-up
+        does not cut short; it never ends the loop."""
         while not stop.is_set():
+            if wake is not None:
+                wake.drain()  # the pass reads the rows those payloads point at
+            woken = wake
             try:
                 done = await self.run_once()
                 self.runs += 1
@@ -48,8 +53,21 @@ class Loop(ABC):
             except (LedgerError, OSError) as exc:
                 self.failures += 1
                 delay = min(self.interval_s * 2 ** self.failures, 60.0)
+                woken = None
                 self.log.warning(f"{self.name} pass failed", error=str(exc), retry_in_s=round(delay, 2))
-            try:
-                await asyncio.wait_for(stop.wait(), timeout=delay)
-            except TimeoutError:
-                pass
+            else:
+                self.log.debug(f"{self.name} idle", until_s=round(delay, 2))
+            await idle(stop, woken, delay)
+
+
+async def idle(stop: asyncio.Event, wake: Subscription | None, timeout: float) -> None:
+    """Until ``stop`` is set, ``wake`` fires or ``timeout`` passes."""
+    waiters = {asyncio.ensure_future(stop.wait())}
+    if wake is not None:
+        waiters.add(asyncio.ensure_future(wake.wait(timeout)))
+    try:
+        await asyncio.wait(waiters, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for waiter in waiters:
+            waiter.cancel()
+        await asyncio.gather(*waiters, return_exceptions=True)

@@ -59,10 +59,6 @@ class StateMachine:
         """The transitions legal from ``state``."""
         return sorted(self._machine.get_triggers(state))
 
-    def owner(self, transition: str) -> str:
-        """The actor that owns a transition."""
-        return next(t.owner_role for t in self.transitions if t.name == transition)
-
     def _graph(self, engine: str):  # type: ignore[no-untyped-def]
         """The diagram of the rows, drawn by ``transitions`` with ``engine``."""
         class _Model:

@@ -246,8 +246,6 @@ SECURITY_EVENTS = compile_query(
     .order_by(security_events.c.id)
 )
 
-DATABASE_NOW = compile_query(select(literal_column("statement_timestamp()").label("now")))
-
 # --- autonomy ------------------------------------------------------------------
 
 # Per UTC day over the last :days days: what the ledger did, and how much of it a

@@ -114,13 +114,17 @@ class Repository:
 
     def update_ref(self, ref: str, new: str, expected_old: str | None) -> None:
         """Compare-and-swap: move ``ref`` to ``new`` only if it is at ``expected_old``
-        (``None``: only if it does not exist). ``RefMoved`` otherwise."""
+        (``None``: only if it does not exist). ``RefMoved`` if it is elsewhere;
+        a plain ``GitError`` if the update failed with the ref still in place
+        (another writer holding its lock: worth retrying)."""
         with _open(self.path) as repo:
             try:
                 _git(repo, "update-ref", "-m", "ledger promotion", ref, new, expected_old or ZERO_SHA)
             except GitError:
                 actual = self.rev_parse(ref)
-                raise RefMoved(ref, expected_old, actual) from None
+                if actual != expected_old:
+                    raise RefMoved(ref, expected_old, actual) from None
+                raise
 
     def add_worktree(self, directory: Path, base_ref: str, branch: str) -> str:
         """A fresh worktree at ``base_ref`` on a new ``branch``; returns the base SHA."""

@@ -20,11 +20,12 @@ from .config import LedgerConfig
 from .database import Database
 from .dispatcher import Dispatcher
 from .hub import WakeSource
+from .identity import process_identity
 from .kernel import Kernel
 from .logs import get_logger
 from .sensors import run_sensors
 from .verifier import Verifier
-from .worker import Worker, WorkerOptions, process_identity
+from .worker import Worker, WorkerOptions
 
 Component = Callable[[asyncio.Event], Awaitable[object]]
 

@@ -23,10 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
-import secrets
 import shutil
-import socket
 import tempfile
 from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass
@@ -39,9 +36,10 @@ from . import bundle as bundles
 from . import faults
 from .errors import LedgerError, StaleLease
 from .hub import NullHub, WakeSource
+from .identity import process_identity
 from .kernel import Kernel
 from .logs import get_logger
-from .loops import Loop
+from .loops import Loop, idle
 from .models import VerificationClaim
 from .repository import GitError, Repository, head
 
@@ -57,11 +55,6 @@ class CheckFailed(LedgerError):
     slug = "check-failed"
     http_status = 502
     exit_code = 13
-
-
-def verifier_identity() -> str:
-    """``verifier:host:pid:suffix`` -- unique per process, readable in the journal."""
-    return f"verifier:{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}"
 
 
 @dataclass(frozen=True)
@@ -114,7 +107,7 @@ class Verifier(Loop):
             raise ValueError(f"heartbeat ({self.heartbeat_s}s) must be positive and shorter than "
                              f"the lease ({lease_s}s), or every verification lapses mid-check")
         self.kernel = kernel
-        self.identity = identity or verifier_identity()
+        self.identity = identity or process_identity("verifier")
         self.model_family = model_family
         self.classes = list(classes) if classes else None
         self.lease_s = lease_s
@@ -295,8 +288,7 @@ class Verifier(Loop):
                     self.log.warning("verifier pass failed", error=str(exc),
                                      retry_in_s=round(delay, 2), exc_info=not isinstance(exc, LedgerError))
                 wake.drain()
-                with contextlib.suppress(_Stopped):
-                    await self._unless_stopped(wake.wait(delay), stop)
+                await idle(stop, wake, delay)
         self.log.info("verifier stopped", **self.verdicts)
 
     @staticmethod

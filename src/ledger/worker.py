@@ -11,26 +11,19 @@ within the drain budget, then stop the rest and hand their campaigns back.
 from __future__ import annotations
 
 import asyncio
-import os
-import secrets
-import socket
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from .attempt import AttemptRun, sweep_orphans
 from .config import LedgerConfig
-from .database import Database, Session
+from .database import Database
 from .errors import ConfigError, LedgerError
 from .hub import NullHub, WakeSource
+from .identity import process_identity
 from .kernel import Kernel
 from .logs import get_logger
 from .models import Claim
 from .reaper import Reaper
-
-
-def process_identity(role: str) -> str:
-    """``role:host:pid:suffix`` -- unique per process, readable in the journal."""
-    return f"{role}:{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}"
 
 
 @dataclass

@@ -11,8 +11,9 @@ import typer
 from .. import logs
 from ..config import load_config
 from ..hub import listening
+from ..identity import process_identity
 from ..sensors import run_sensors
-from ..worker import Worker, WorkerOptions, process_identity
+from ..worker import Worker, WorkerOptions
 from .context import run, state
 
 CONFIG_OPTION = typer.Option(None, "--config", envvar="LEDGER_CONFIG", show_envvar=True,
