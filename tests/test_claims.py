@@ -31,7 +31,7 @@ async def test_concurrent_claimers_claim_each_campaign_exactly_once(db: Database
     async def claimer(i: int) -> None:
         conn = await db.connect("worker")
         # Any wait on a lock held by another claimer longer than this is an error.
-        await conn.execute("SET lock_timeout = '200ms'")
+        await conn.execute("SET lock_timeout = '20ms'")
         kernel = Kernel(Transaction(conn))
         try:
             while (claim := await kernel.claim_campaign(f"claimer-{i}", [test_class])) is not None:
@@ -48,7 +48,7 @@ async def test_concurrent_claimers_claim_each_campaign_exactly_once(db: Database
         try:
             while not done.is_set():
                 cur = await conn.execute(
-                    "SELECT pid, wait_event_type, wait_event, query FROM pg_stat_activity "
+                    "SELECT pid, wait_event_type, wait_event FROM pg_stat_activity "
                     "WHERE datname = current_database() AND application_name = 'ledger:worker' "
                     "AND wait_event_type = 'Lock' AND wait_event <> 'extend'")
                 lock_waits.extend(await cur.fetchall())
@@ -65,7 +65,15 @@ async def test_concurrent_claimers_claim_each_campaign_exactly_once(db: Database
     assert len(everything) == CAMPAIGNS
     assert len(set(everything)) == CAMPAIGNS, "a campaign was claimed twice"
     assert sum(1 for ids in claimed.values() if ids) > 1, "claims were not spread across connections"
-    assert lock_waits == []
+    # SKIP LOCKED means claimers never queue on each other's rows: a design
+    # that queued (or a NOTIFY in the claim path) shows hundreds of samples
+    # here. What PostgreSQL itself may still do is walk a row's update chain
+    # with a blocking wait SKIP LOCKED does not cover, when a foreign-key
+    # child insert left a key-share lock next to a concurrent claim
+    # (heap_lock_updated_tuple, XLTW_LockUpdated): a millisecond, rare, and
+    # bounded above by lock_timeout, so at most a stray sample of that kind.
+    assert [w for w in lock_waits if w["wait_event"] != "transactionid"] == [], lock_waits
+    assert len(lock_waits) <= 2, lock_waits
     row = admin.execute(
         "SELECT count(*) FILTER (WHERE state = 'leased') AS leased, count(*) AS total, "
         "count(*) FILTER (WHERE generation = 1) AS gen1 FROM ledger.campaign").fetchone()

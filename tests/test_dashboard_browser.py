@@ -42,7 +42,7 @@ WAIT_S = 20.0
 
 try:
     from selenium import webdriver
-    from selenium.common.exceptions import WebDriverException
+    from selenium.common.exceptions import StaleElementReferenceException, WebDriverException
     from selenium.webdriver.chrome.service import Service
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support import expected_conditions as EC
@@ -145,7 +145,10 @@ def browser() -> Iterator[Any]:
 
 
 def wait(driver: Any, condition: Any, what: str) -> Any:
-    return WebDriverWait(driver, WAIT_S, poll_frequency=0.05).until(condition, message=what)
+    # Live pages swap their sections in place: an element found a moment ago
+    # may be replaced before it is read, which only means "look again".
+    return WebDriverWait(driver, WAIT_S, poll_frequency=0.05,
+                         ignored_exceptions=[StaleElementReferenceException]).until(condition, message=what)
 
 
 def sign_in(driver: Any, server: Server, role: str) -> None:

@@ -342,7 +342,13 @@ BEGIN
                                 WHERE s.seat = r.seat AND s.state = 'leased'))
                     ORDER BY r.priority DESC, r.created_at, r.id
                     LIMIT 1
-                      FOR UPDATE SKIP LOCKED)
+                      -- NO KEY UPDATE is all this UPDATE needs (no key column
+                      -- changes), and unlike FOR UPDATE it does not conflict
+                      -- with the key-share locks every journal and attempt
+                      -- insert takes on its campaign through the foreign key;
+                      -- FOR UPDATE would make SKIP LOCKED wait while it walks
+                      -- a row's update chain.
+                      FOR NO KEY UPDATE SKIP LOCKED)
             RETURNING c.* INTO v_c;
             EXIT;
         EXCEPTION WHEN unique_violation THEN
