@@ -101,7 +101,17 @@ async def test_two_sensor_processes_observe_each_tick_once(db_url: str, admin, t
     procs = [subprocess.Popen([sys.executable, "-m", "ledger", "sensor", "run"], env=env,
                               stdout=subprocess.DEVNULL, stderr=open(tmp_path / f"s{i}.log", "wb"))
              for i in range(2)]
+    logs = [tmp_path / f"s{i}.log" for i in range(2)]
+
+    def contended() -> bool:
+        # Which process wins a tick is a race; what must hold is that both
+        # were there for it: each either observed a tick or was refused one.
+        texts = [log.read_text() for log in logs]
+        return (all('"event": "observed"' in t or "tick owned by another" in t for t in texts)
+                and any("tick owned by another" in t for t in texts))
+
     try:
+        await eventually(contended, timeout=20, what="both sensor processes contending for ticks")
         await eventually(lambda: admin.execute("SELECT count(*) AS n FROM ledger.observation").fetchone()["n"] >= 6,
                          timeout=20, what="six observed ticks")
     finally:
@@ -115,7 +125,6 @@ async def test_two_sensor_processes_observe_each_tick_once(db_url: str, admin, t
     assert sum(c["n"] for c in claims) == len(rows)
     runs = (tmp_path / "target.runs").read_text().count("run")
     assert runs == len(rows), "a tick was checked twice"
-    assert len(claims) == 2, "both processes should have taken part"
 
 
 async def test_a_restart_does_not_replay_missed_ticks(actors, admin, test_class, tmp_path) -> None:  # type: ignore[no-untyped-def]
