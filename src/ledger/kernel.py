@@ -10,7 +10,7 @@ role.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -19,6 +19,8 @@ from .database import Executor
 from .errors import Forbidden, InvalidInput, NotFound
 from .models import (
     Attempt,
+    AttemptRecord,
+    AttemptRecorded,
     Campaign,
     CampaignClass,
     CampaignDetail,
@@ -120,6 +122,14 @@ class Kernel:
                                 classes=list(classes) if classes is not None else None)
         return Claim.model_validate(rows[0]) if rows else None
 
+    async def claim_campaigns(self, worker: str, classes: Sequence[str] | None = None, *,
+                              limit: int = 10) -> list[Claim]:
+        """Lease up to ``limit`` eligible campaigns in one statement, each with
+        its own generation, lease and attempt; an empty list if none is ready."""
+        rows = await self._call("claim_campaigns", worker=worker, limit=limit,
+                                classes=list(classes) if classes is not None else None)
+        return [Claim.model_validate(r) for r in rows]
+
     async def heartbeat(self, campaign_id: int, generation: int) -> datetime:
         """Roll the lease forward; ``StaleLease`` means stand down."""
         return await self._scalar("heartbeat", campaign_id=campaign_id, generation=generation)
@@ -144,6 +154,15 @@ class Kernel:
             bundle=bundle, bundle_digest=bundle_digest, evidence_location=evidence_location,
             log_tail=log_tail,
         )
+
+    async def record_attempts(self, attempts: Sequence[AttemptRecord | Mapping[str, Any]]) -> list[AttemptRecorded]:
+        """Record many candidates in one call. A lost lease comes back as
+        ``stale`` for that item (stand down for it); bad input or a repeated
+        failed approach fails the whole call, as ``record_attempt`` would."""
+        items = [a if isinstance(a, AttemptRecord) else AttemptRecord.model_validate(a) for a in attempts]
+        rows = await self._call("record_attempts",
+                                attempts=[i.model_dump(exclude_none=True) for i in items])
+        return [AttemptRecorded.model_validate(r) for r in rows]
 
     async def fail_attempt(
         self,

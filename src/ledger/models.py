@@ -242,6 +242,29 @@ class Claim(_Row):
     max_attempts: int
 
 
+class AttemptRecord(BaseModel):
+    """One candidate for ``Kernel.record_attempts``."""
+
+    campaign_id: int
+    generation: int
+    candidate_sha: str
+    fingerprint: str
+    base_sha: str | None = None
+    bundle: dict[str, Any] | None = None
+    bundle_digest: str | None = None
+    evidence_location: str | None = None
+    log_tail: str | None = None
+
+
+class AttemptRecorded(_Row):
+    """What became of one item of a batch record: ``recorded`` or ``stale``."""
+
+    campaign_id: int
+    generation: int
+    status: Literal["recorded", "stale"]
+    attempt_no: int | None
+
+
 class Reaped(_Row):
     """A lease the reaper returned to ready (or exhausted)."""
 

@@ -1,0 +1,146 @@
+"""Run every benchmark section in one invocation, against one server, and
+write ``bench/results/<stamp>.json`` and ``<stamp>.md``.
+
+usage: python -m bench [--quick] [--only cycle,wake,...] [--database-url URL]
+
+Sections (each also runs alone: ``python -m bench.<name>``):
+  cycle      Ledger's claim+record cycle against the raw-SQL limit (N = 1, 2, 4, 8),
+             and batch claims of 10 and 100
+  peers      Procrastinate and PGQueuer draining no-op jobs on the same server
+  wake       open -> claimed with an idle worker: the hub and poll-only
+  scale      claim latency at 1k, 100k and 1M campaigns, and the claim's plan
+  heartbeat  leases heartbeating at their interval: sustained rate, database CPU
+  journal    an attempt printing 10,000 lines/s: journal rows, bytes, tail lag
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import importlib
+import json
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from bench.harness import Context, Section, Target, admin_url, describe_machine, describe_server
+from ledger import logs
+
+SECTIONS = ("cycle", "peers", "wake", "scale", "heartbeat", "journal")
+RESULTS = Path(__file__).parent / "results"
+
+
+def cross_targets(sections: dict[str, Section]) -> list[Target]:
+    """Targets that compare two sections of this run: Ledger against its peers."""
+    cycle, peers = sections.get("cycle"), sections.get("peers")
+    if not cycle or not peers:
+        return []
+    out = []
+    ledger_one = {r["concurrency"]: r["per_s"] for r in cycle.rows if r["what"] == "ledger claim+record"}
+    peer_one: dict[str, dict[int, float]] = {}
+    peer_batch: dict[int, float] = {}
+    for r in peers.rows:
+        if r.get("mode") == "one-at-a-time":
+            peer_one.setdefault(r["peer"], {})[r["concurrency"]] = r["jobs_per_s"]
+        elif r.get("peer") == "pgqueuer" and str(r.get("mode", "")).startswith("batch"):
+            peer_batch[int(str(r["mode"]).split()[-1])] = r["jobs_per_s"]
+    for peer, rates in peer_one.items():
+        common = sorted(set(rates) & set(ledger_one))
+        if common:
+            ratios = {n: ledger_one[n] / rates[n] for n in common}
+            out.append(Target(f"Ledger / {peer}, one at a time", "> 1 at every N",
+                              ", ".join(f"N={n}: {r:.2f}" for n, r in ratios.items()),
+                              min(ratios.values()) > 1))
+    ledger_batch = {r["batch"]: r["per_s"] for r in cycle.rows if r["what"] == "ledger batch"}
+    for k in sorted(set(ledger_batch) & set(peer_batch)):
+        out.append(Target(f"Ledger batch {k} / PGQueuer batch {k}", "> 1",
+                          f"{ledger_batch[k] / peer_batch[k]:.2f} ({ledger_batch[k]:.0f} vs {peer_batch[k]:.0f}/s)",
+                          ledger_batch[k] > peer_batch[k]))
+    wake = peers.extra.get("wake", {})
+    hub = next((s for s in [sections.get("wake")] if s), None)
+    if hub and wake:
+        ours = hub.rows[0]["p50"]
+        for peer, lat in wake.items():
+            if "p50" in lat:
+                out.append(Target(f"wake p50: Ledger hub vs {peer}", "≤ peer",
+                                  f"{ours} vs {lat['p50']} ms", ours <= lat["p50"]))
+    return out
+
+
+def markdown(report: dict[str, Any], sections: list[Section], cross: list[Target]) -> str:
+    lines = [f"# Ledger benchmarks, {report['stamp']}", "",
+             f"{'quick smoke run' if report['quick'] else 'full run'}; "
+             f"PostgreSQL {report['server'].get('server_version')}; "
+             f"{report['machine']['cpus']} CPUs ({report['machine']['cpu']}), "
+             f"{report['machine']['memory_gib']} GiB; Python {report['machine']['python']}; "
+             f"{report['seconds']:.0f} s", "",
+             "Server settings: " + ", ".join(f"{k}={v}" for k, v in report["server"].items()), ""]
+    targets = [t for s in sections for t in s.targets] + cross
+    if targets:
+        lines += ["## Targets", "", "| target | goal | this run | met |", "|---|---|---|---|"]
+        lines += [f"| {t.name} | {t.goal} | {t.value} | "
+                  f"{'yes' if t.met else 'no' if t.met is not None else 'n/a'} |" for t in targets]
+        lines.append("")
+    for s in sections:
+        lines += [f"## {s.title}", ""]
+        if s.rows:
+            keys = list(dict.fromkeys(k for r in s.rows for k in r))
+            lines += ["| " + " | ".join(keys) + " |", "|" + "---|" * len(keys)]
+            lines += ["| " + " | ".join(str(r.get(k, "")) for k in keys) + " |" for r in s.rows]
+            lines.append("")
+        lines += [f"- {n}" for n in s.notes]
+        plan = s.extra.get("claim_plan_at_largest")
+        if plan:
+            lines += ["", "```", *plan, "```"]
+        lines.append("")
+    return "\n".join(lines)
+
+
+async def main() -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="a ~1 minute smoke run")
+    parser.add_argument("--only", help="comma-separated sections (default: all)")
+    parser.add_argument("--database-url", help="admin URL of the server to measure (default: "
+                        "LEDGER_BENCH_DATABASE_URL, else a throwaway embedded PostgreSQL 18)")
+    parser.add_argument("--out", type=Path, default=RESULTS, help="where to write the results")
+    args = parser.parse_args()
+    names = [n.strip() for n in args.only.split(",")] if args.only else list(SECTIONS)
+    unknown = set(names) - set(SECTIONS)
+    if unknown:
+        parser.error(f"unknown section(s): {', '.join(sorted(unknown))}; choose from {', '.join(SECTIONS)}")
+    logs.configure("warning")
+    ctx = Context(admin_url(args.database_url), quick=args.quick)
+    started = time.perf_counter()
+    stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    report: dict[str, Any] = {"stamp": stamp, "quick": args.quick, "machine": describe_machine(),
+                              "server": describe_server(ctx.admin_url), "sections": {}}
+    done: dict[str, Section] = {}
+    for name in names:
+        print(f"[{time.perf_counter() - started:6.1f} s] {name} ...", flush=True)
+        module = importlib.import_module(f"bench.{name}")
+        try:
+            done[name] = await module.run(ctx)
+        except Exception as exc:  # one broken section must not lose the others' figures
+            done[name] = Section(name, name, notes=[f"failed: {type(exc).__name__}: {exc}"])
+        for t in done[name].targets:
+            print(f"    {t.name}: {t.value} (goal {t.goal}) -> {'met' if t.met else 'MISSED'}", flush=True)
+    cross = cross_targets(done)
+    for t in cross:
+        print(f"    {t.name}: {t.value} (goal {t.goal}) -> {'met' if t.met else 'MISSED'}")
+    report["seconds"] = time.perf_counter() - started
+    report["sections"] = {n: s.to_json() for n, s in done.items()}
+    report["cross_targets"] = [t.__dict__ for t in cross]
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / f"{stamp}.json").write_text(json.dumps(report, indent=2, default=str, ensure_ascii=False))
+    md = markdown(report, list(done.values()), cross)
+    (args.out / f"{stamp}.md").write_text(md)
+    print()
+    print(md)
+    print(f"wrote {args.out / stamp}.json and .md")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(asyncio.run(main()))

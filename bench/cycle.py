@@ -1,0 +1,159 @@
+"""Throughput of the work cycle: Ledger against the raw-SQL limit, same server,
+same run, same driver (psycopg 3, asyncio, one connection per claimer).
+
+- **limit**: the bare loop a hand-written queue would run -- one-statement
+  ``UPDATE ... WHERE id = (SELECT ... FOR UPDATE SKIP LOCKED) RETURNING``
+  claim, then a completion ``UPDATE``, autocommit, on a plain table of the
+  campaign's shape with the same partial index.
+- **ledger**: ``claim_campaign`` then ``record_attempt`` through Ledger's own
+  Python API (``Kernel`` over a ``Session`` acting as the worker role): the
+  generation bump, lease, attempt row, journal events, transition checks and
+  the verifier's NOTIFY included.
+- **ledger batch K**: ``claim_campaigns`` (up to K campaigns in one
+  statement, each with its own generation and lease) then ``record_attempts``
+  (the K candidates in one call).
+
+Every row is pre-opened (like the peers' pre-enqueued jobs), so only the
+draining is timed.
+
+usage: python -m bench.cycle [--quick] [--database-url URL]
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+
+import psycopg
+
+from bench.harness import Context, Section, Target, cli
+from ledger import Database, Kernel
+
+RAW_SETUP = """
+DROP TABLE IF EXISTS bench_raw;
+CREATE TABLE bench_raw (
+    id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    state text NOT NULL, priority int NOT NULL DEFAULT 0, created_at timestamptz NOT NULL DEFAULT now(),
+    generation bigint NOT NULL DEFAULT 0, lease_owner text, lease_expires_at timestamptz,
+    candidate text);
+CREATE INDEX bench_raw_ready ON bench_raw (priority DESC, created_at, id) WHERE state = 'ready';
+"""
+RAW_CLAIM = """
+UPDATE bench_raw SET state = 'leased', generation = generation + 1, lease_owner = %s,
+       lease_expires_at = now() + interval '60 seconds'
+ WHERE id = (SELECT id FROM bench_raw WHERE state = 'ready'
+              ORDER BY priority DESC, created_at, id LIMIT 1 FOR UPDATE SKIP LOCKED)
+RETURNING id, generation"""
+RAW_COMPLETE = """
+UPDATE bench_raw SET state = 'attempted', lease_owner = NULL, lease_expires_at = NULL, candidate = %s
+ WHERE id = %s AND generation = %s AND state = 'leased'"""
+
+SHA = "a" * 40
+
+
+async def timed(claimers: int, loop: Callable[[int], Awaitable[int]]) -> tuple[int, float]:
+    """Run ``claimers`` loops at once; (items done, seconds)."""
+    start = time.perf_counter()
+    counts = await asyncio.gather(*(loop(i) for i in range(claimers)))
+    return sum(counts), time.perf_counter() - start
+
+
+async def raw_limit(url: str, claimers: int, n: int) -> tuple[int, float]:
+    with psycopg.connect(url, autocommit=True) as admin:
+        admin.execute(RAW_SETUP)
+        admin.execute("INSERT INTO bench_raw (state) SELECT 'ready' FROM generate_series(1, %s)", (n,))
+        admin.execute("VACUUM ANALYZE bench_raw")
+
+    async def loop(i: int) -> int:
+        done = 0
+        async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
+            while True:
+                row = await (await conn.execute(RAW_CLAIM, (f"raw-{i}",))).fetchone()
+                if row is None:
+                    return done
+                await conn.execute(RAW_COMPLETE, (SHA, row[0], row[1]))
+                done += 1
+    return await timed(claimers, loop)
+
+
+def fill(db: Database, n: int) -> str:
+    """``n`` ready campaigns of a new class, opened the way a sensor opens
+    them; returns the class. (The journal is append-only, so earlier rounds'
+    campaigns stay, as they would in a real ledger.)"""
+    with db.connect_sync(None) as admin:
+        class_ = f"bench-{admin.execute('SELECT count(*) FROM ledger.campaign_class').fetchone()['count']}"
+        admin.execute("SELECT ledger_api.register_class(%s, p_lease_seconds => 60)", (class_,))
+    with db.connect_sync("sensor") as sensor:
+        sensor.execute("SELECT ledger_api.open_campaign(%s, %s || '-' || i, 't') "
+                       "FROM generate_series(1, %s) i", (class_, class_, n))
+    with db.connect_sync(None) as admin:
+        admin.execute("VACUUM ANALYZE")
+    return class_
+
+
+async def ledger_cycle(db: Database, claimers: int, n: int) -> tuple[int, float]:
+    class_ = fill(db, n)
+    async with db.session("worker", min_size=claimers, max_size=claimers) as session:
+        kernel = Kernel(session)
+
+        async def loop(i: int) -> int:
+            done, worker = 0, f"bench-{i}"
+            while (claim := await kernel.claim_campaign(worker, [class_])) is not None:
+                await kernel.record_attempt(claim.campaign_id, claim.generation, base_sha=SHA,
+                                            candidate_sha=SHA, fingerprint=f"bench:{claim.campaign_id:08d}")
+                done += 1
+            return done
+        return await timed(claimers, loop)
+
+
+async def ledger_batch(db: Database, claimers: int, n: int, k: int) -> tuple[int, float]:
+    class_ = fill(db, n)
+    async with db.session("worker", min_size=claimers, max_size=claimers) as session:
+        kernel = Kernel(session)
+
+        async def loop(i: int) -> int:
+            done, worker = 0, f"bench-{i}"
+            while claims := await kernel.claim_campaigns(worker, [class_], limit=k):
+                await kernel.record_attempts([
+                    {"campaign_id": c.campaign_id, "generation": c.generation, "base_sha": SHA,
+                     "candidate_sha": SHA, "fingerprint": f"bench:{c.campaign_id:08d}"} for c in claims])
+                done += len(claims)
+            return done
+        return await timed(claimers, loop)
+
+
+async def run(ctx: Context) -> Section:
+    n = 2000 if ctx.quick else 10000
+    section = Section("cycle", "Work cycle: Ledger against the raw-SQL limit")
+    ratios: dict[int, float] = {}
+    limits: dict[int, float] = {}
+    with ctx.database() as url:
+        db = ctx.as_ledger(url)
+        for claimers in ctx.concurrency:
+            done, secs = await raw_limit(url, claimers, n)
+            raw = limits[claimers] = done / secs
+            section.rows.append({"what": "raw SQL limit", "batch": 1, "concurrency": claimers,
+                                 "items": done, "seconds": round(secs, 3), "per_s": round(raw),
+                                 "ratio_to_limit": 1.0})
+            done, secs = await ledger_cycle(db, claimers, n)
+            rate = done / secs
+            ratios[claimers] = rate / raw
+            section.rows.append({"what": "ledger claim+record", "batch": 1, "concurrency": claimers,
+                                 "items": done, "seconds": round(secs, 3), "per_s": round(rate),
+                                 "ratio_to_limit": round(rate / raw, 2)})
+        top = max(ctx.concurrency)
+        for k in (10, 100):
+            done, secs = await ledger_batch(db, top, n, k)
+            section.rows.append({"what": "ledger batch", "batch": k, "concurrency": top,
+                                 "items": done, "seconds": round(secs, 3), "per_s": round(done / secs),
+                                 "ratio_to_limit": round(done / secs / limits[top], 2)})
+    worst = min(ratios.values())
+    section.targets.append(Target("ledger cycle / raw limit, one at a time", "≥ 0.6× at every N",
+                                  ", ".join(f"N={c}: {r:.2f}" for c, r in ratios.items()), worst >= 0.6))
+    section.extra["ratios"] = ratios
+    return section
+
+
+if __name__ == "__main__":
+    cli(run, __doc__)
