@@ -124,3 +124,53 @@ async def test_trim_removes_only_deltas_of_closed_campaigns(actors, admin, test_
     assert {"campaign_id": closed, "type": "output", "delta": True} not in kinds
     assert {"campaign_id": closed, "type": "command.started", "delta": False} in kinds
     assert {"campaign_id": open_cid, "type": "output", "delta": True} in kinds
+
+
+async def test_output_arriving_during_a_flush_is_flushed_without_more_output(actors, admin, test_class, db: Database) -> None:  # type: ignore[no-untyped-def]
+    """The coalescing timer must outlive a slow append: output buffered while a
+    flush is in flight reaches the journal within the window even if the
+    command then falls silent (before the fix it waited for close())."""
+    import asyncio
+
+    from drive import eventually
+    from ledger.journal import JournalWriter
+
+    sensor, worker = await actors("sensor"), await actors("worker")
+    cid = (await sensor.open_campaign(test_class, "slow-flush", "t")).campaign_id
+    claim = await worker.claim_campaign("w", [test_class])
+    journal = JournalWriter(worker, cid, claim.generation, flush_s=0.05)
+
+    def texts() -> str:
+        rows = admin.execute("SELECT payload ->> 'text' AS t FROM ledger.campaign_event "
+                             "WHERE campaign_id = %s AND type = 'output' ORDER BY seq", (cid,)).fetchall()
+        return "".join(r["t"] for r in rows)
+
+    # Hold the campaign row: the first flush's append waits on this lock.
+    blocker = db.connect_sync(None, autocommit=False)
+    blocker.execute("SELECT 1 FROM ledger.campaign WHERE id = %s FOR UPDATE", (cid,))
+    journal.output(b"first\n")
+    await eventually(lambda: admin.execute(
+        "SELECT count(*) AS n FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+        "AND application_name = 'ledger:worker'").fetchone()["n"] == 1, what="the flush to wait on the lock")
+    journal.output(b"second\n")  # arrives while the first flush is in flight
+    blocker.rollback()
+    blocker.close()
+    await eventually(lambda: texts() == "first\nsecond\n", timeout=5, what="both lines journaled")
+    await journal.close()
+    assert texts() == "first\nsecond\n"
+
+
+async def test_output_limit_counts_bytes_not_characters(actors, admin, test_class) -> None:  # type: ignore[no-untyped-def]
+    from ledger.journal import JournalWriter
+
+    sensor, worker = await actors("sensor"), await actors("worker")
+    cid = (await sensor.open_campaign(test_class, "limit", "t")).campaign_id
+    claim = await worker.claim_campaign("w", [test_class])
+    journal = JournalWriter(worker, cid, claim.generation, limit_bytes=10)
+    journal.output("ééééééé".encode())  # 7 characters, 14 bytes
+    await journal.close()
+    text = admin.execute("SELECT string_agg(payload ->> 'text', '' ORDER BY seq) AS t FROM ledger.campaign_event "
+                         "WHERE campaign_id = %s AND type = 'output'", (cid,)).fetchone()["t"]
+    kept, _, notice = text.partition("\n")
+    assert kept == "ééééé" and len(kept.encode()) == 10
+    assert "output beyond 10 bytes not journaled" in notice

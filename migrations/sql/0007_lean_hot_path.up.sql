@@ -112,7 +112,8 @@ $$;
 
 -- Up to p_limit ready campaigns in one statement. Same eligibility and order
 -- as claim_campaign; at most one campaign per seat per batch (the unique
--- index would refuse a second lease on a seat anyway).
+-- index would refuse a second lease on a seat anyway). Candidates it locked
+-- but left out stay locked only until this statement's transaction ends.
 CREATE FUNCTION ledger_api.claim_campaigns(p_worker text, p_classes text[] DEFAULT NULL,
                                            p_limit integer DEFAULT 10)
     RETURNS TABLE (campaign_id bigint, generation bigint, attempt_no integer,
@@ -138,7 +139,9 @@ BEGIN
         BEGIN
             PERFORM ledger.begin_transition('claim', 'worker', p_worker);
             WITH picked AS (
-                SELECT r.id, r.seat FROM ledger.campaign r
+                -- twice the batch, so campaigns that share a seat with a
+                -- better one can be left out and the batch still fills
+                SELECT r.id, r.seat, r.priority, r.created_at FROM ledger.campaign r
                  WHERE r.state = 'ready'
                    AND r.next_attempt_at <= v_now
                    AND (p_classes IS NULL OR r.class = ANY (p_classes))
@@ -146,13 +149,16 @@ BEGIN
                             SELECT 1 FROM ledger.campaign s
                              WHERE s.seat = r.seat AND s.state = 'leased'))
                  ORDER BY r.priority DESC, r.created_at, r.id
-                 LIMIT p_limit
+                 LIMIT 2 * p_limit
                    FOR NO KEY UPDATE SKIP LOCKED
             ), one_per_seat AS (
-                SELECT p.id FROM (SELECT p.id, row_number() OVER (
-                                      PARTITION BY coalesce(p.seat, p.id::text)) AS n
+                SELECT p.id FROM (SELECT p.*, row_number() OVER (
+                                      PARTITION BY coalesce(p.seat, p.id::text)
+                                      ORDER BY p.priority DESC, p.created_at, p.id) AS n
                                     FROM picked p) p
                  WHERE p.n = 1
+                 ORDER BY p.priority DESC, p.created_at, p.id
+                 LIMIT p_limit
             ), leased AS (
                 UPDATE ledger.campaign c
                    SET state = 'leased',
