@@ -8,7 +8,7 @@ set-based statements: sensors' red observations open the campaigns, workers
 claim and record, verifiers accept and reject, operators abandon, so the rows,
 journals and indexes look like a real ledger's.
 
-usage: python bench/board.py [--campaigns 10000] [--runs 20]
+usage: python -m bench.board [--campaigns 10000] [--runs 20]
 """
 
 from __future__ import annotations
@@ -16,17 +16,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import statistics
-import sys
 import time
-from pathlib import Path
 
 import httpx
 
-sys.path.insert(0, str(Path(__file__).parent))
-from harness import bench_database, server_version  # noqa: E402
-
-from ledger import Database  # noqa: E402
-from ledger.api import ApiOptions, TokenTable, create_app, hash_token, new_token  # noqa: E402
+from bench.harness import bench_database, server_version
+from ledger import Database
+from ledger.api import ApiOptions, TokenTable, create_app, hash_token, new_token
 
 CLASSES = ("fix-tests", "bump-deps", "lint")
 SENSORS = 20

@@ -16,9 +16,13 @@ own API (Procrastinate's ``schema_manager.apply_schema_async()``, PGQueuer's
   limit. The clock runs from the worker's start (connections already open) to
   the last job's function running. Enqueueing is not timed.
 * PGQueuer in batches of 10 and of 100: the same drain with N =
-  max(``ctx.concurrency``) QueueManagers (the N the last one-at-a-time row
-  uses) and with N = 1, i.e. one PGQueuer worker that claims a whole batch in
-  one round trip and runs its jobs concurrently.
+  max(``ctx.concurrency``) QueueManagers, each claiming up to a batch in one
+  round trip and running its jobs concurrently. That N is the one Ledger's
+  batch claimers use (bench/cycle.py), so these are the rows (mode
+  "batch 10"/"batch 100") set against Ledger's batches. The same drain with a
+  single QueueManager -- one PGQueuer worker, its natural batch setup, and on
+  a small machine often the faster -- goes to
+  ``extra["pgqueuer_batch_one_worker_jobs_per_s"]``.
 * idle wake latency: an idle worker (Procrastinate concurrency 1 with
   ``listen_notify``; one PGQueuer QueueManager in continuous mode) is already
   waiting on LISTEN/NOTIFY. Jobs are enqueued one at a time, each after the
@@ -66,8 +70,6 @@ ENTRYPOINT = "bench_noop"
 QUEUE = "bench"
 DRAIN_TIMEOUT_S = 120.0  # a drain still unfinished by then is given up on (and noted)
 WAKE_TIMEOUT_S = 5.0  # how long one wake sample may take before it is noted as lost
-COLUMNS = ("peer", "mode", "concurrency", "jobs", "seconds", "jobs_per_s",
-           "p50_ms", "p95_ms", "p99_ms", "max_ms")
 
 
 def library_versions() -> dict[str, str]:
@@ -117,20 +119,20 @@ class Drain:
     problems: list[str]
 
 
+def rate(drain: Drain) -> float:
+    return round(drain.jobs / drain.seconds, 1) if drain.seconds > 0 else 0.0
+
+
 def drain_row(peer: str, mode: str, concurrency: int, drain: Drain) -> dict[str, Any]:
-    rate = drain.jobs / drain.seconds if drain.seconds > 0 else 0.0
-    row = dict.fromkeys(COLUMNS)
-    row.update(peer=peer, mode=mode, concurrency=concurrency, jobs=drain.jobs,
-               seconds=round(drain.seconds, 3), jobs_per_s=round(rate, 1))
-    return row
+    return {"peer": peer, "mode": mode, "concurrency": concurrency, "jobs": drain.jobs,
+            "seconds": round(drain.seconds, 3), "jobs_per_s": rate(drain)}
 
 
 def wake_row(peer: str, stats: dict[str, float]) -> dict[str, Any]:
-    row = dict.fromkeys(COLUMNS)
-    row.update(peer=peer, mode="wake", concurrency=1, jobs=int(stats.get("n", 0)),
-               p50_ms=stats.get("p50"), p95_ms=stats.get("p95"), p99_ms=stats.get("p99"),
-               max_ms=stats.get("max"))
-    return row
+    """A wake row leaves out seconds and jobs_per_s (the report leaves those cells
+    blank) and carries the latency percentiles in ms instead."""
+    return {"peer": peer, "mode": "wake", "concurrency": 1, "jobs": int(stats.get("n", 0)),
+            **{f"{k}_ms": stats[k] for k in ("p50", "p95", "p99", "max") if k in stats}}
 
 
 async def settle(task: asyncio.Future[Any], stop: Callable[[], Any], grace_s: float) -> None:
@@ -332,10 +334,11 @@ class PgQueuerPeer:
         return qm
 
     async def consumers(self, count: int, run: Callable[[Any], Awaitable[None]],
-                        body: Callable[[], Awaitable[None]]) -> list[str]:
+                        body: Callable[[list[asyncio.Future[None]]], Awaitable[None]],
+                        ) -> list[str]:
         """Open ``count`` connections, run a QueueManager on each while ``body``
-        runs, then shut every one down and close the connections; return what
-        went wrong."""
+        runs (given their tasks), then shut every one down and close the
+        connections; return what went wrong."""
         conns = []
         problems: list[str] = []
         try:
@@ -344,7 +347,7 @@ class PgQueuerPeer:
             managers = [self.manager(c) for c in conns]
             tasks = [asyncio.ensure_future(run(qm)) for qm in managers]
             try:
-                await body()
+                await body(tasks)
             finally:
                 for qm, task in zip(managers, tasks, strict=True):
                     await settle(task, qm.shutdown.set, 0)
@@ -367,11 +370,14 @@ class PgQueuerPeer:
             # drain: each QueueManager returns once it finds the queue empty.
             await qm.run(batch_size=batch_size, mode=QueueExecutionMode.drain)
 
-        async def body() -> None:
+        async def body(tasks: list[asyncio.Future[None]]) -> None:
             clock["start"] = time.perf_counter()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self.tally.done.wait(), DRAIN_TIMEOUT_S)
+            finished = asyncio.ensure_future(self.tally.done.wait())
+            # Over when every job ran, or when every consumer has quit (some jobs lost).
+            await asyncio.wait({finished, asyncio.gather(*tasks, return_exceptions=True)},
+                               timeout=DRAIN_TIMEOUT_S, return_when=asyncio.FIRST_COMPLETED)
             clock["end"] = self.tally.last_at if self.tally.done.is_set() else time.perf_counter()
+            finished.cancel()
 
         problems = await self.consumers(consumers, run, body)
         left = await self.conn.fetchval(f"SELECT count(*) FROM {self.tables.queue_table}")
@@ -390,7 +396,7 @@ class PgQueuerPeer:
         async def run(qm: Any) -> None:
             await qm.run(batch_size=1)  # continuous: idles on LISTEN/NOTIFY
 
-        async def body() -> None:
+        async def body(tasks: list[asyncio.Future[None]]) -> None:
             await asyncio.sleep(0.5)  # listening, found nothing: idle
             out["latencies"], out["problems"] = await wake_samples(
                 self.tally, samples, gap_s,
@@ -417,6 +423,7 @@ async def run(ctx: Context) -> Section:
     levels = list(ctx.concurrency)
     top = max(levels)
     wake: dict[str, Any] = {}
+    one_worker: dict[str, float] = {}
 
     def note(peer: str, what: str, problems: list[str]) -> None:
         section.notes.extend(f"{peer} {what}: {p}" for p in problems)
@@ -449,11 +456,13 @@ async def run(ctx: Context) -> Section:
                         note(peer.name, f"one-at-a-time N={level}", drain.problems)
                         section.rows.append(drain_row(peer.name, "one-at-a-time", level, drain))
                     for batch in (10, 100):
-                        for level in sorted({1, top}):
-                            drain = await peer.drain(n, level, batch)
-                            note(peer.name, f"batch {batch} N={level}", drain.problems)
-                            section.rows.append(drain_row(peer.name, f"batch {batch}", level,
-                                                          drain))
+                        drain = await peer.drain(n, top, batch)
+                        note(peer.name, f"batch {batch} N={top}", drain.problems)
+                        section.rows.append(drain_row(peer.name, f"batch {batch}", top, drain))
+                        if top != 1:  # one QueueManager as well: into extra, not rows
+                            drain = await peer.drain(n, 1, batch)
+                            note(peer.name, f"batch {batch} N=1", drain.problems)
+                            one_worker[f"batch {batch}"] = rate(drain)
                     latencies, problems = await peer.wake(samples, gap_s)
                     note(peer.name, "wake", problems)
                     wake[peer.name] = percentiles(latencies)
@@ -462,12 +471,16 @@ async def run(ctx: Context) -> Section:
 
     section.rows.extend(wake_row(peer, stats) for peer, stats in wake.items())
     section.extra["wake"] = wake
+    if one_worker:
+        section.extra["pgqueuer_batch_one_worker_jobs_per_s"] = one_worker
     section.notes.append(
         f"Throughput: {n} pre-enqueued no-op jobs per run, timed from the worker's start to "
         "the last job's function running; enqueueing untimed. Procrastinate: one worker, "
         "concurrency=N, one job per fetch. PGQueuer one-at-a-time: N QueueManagers, one "
-        f"connection each, batch_size=1. PGQueuer batches: N={top} (the largest level) "
-        "QueueManagers, and N=1 (a single worker), each claiming up to a batch per dequeue.")
+        f"connection each, batch_size=1. PGQueuer batches (rows): N={top} QueueManagers, "
+        "the N of Ledger's batch claimers, each claiming up to the batch per dequeue and "
+        "running those jobs concurrently; the same with one QueueManager is in "
+        f"extra.pgqueuer_batch_one_worker_jobs_per_s: {one_worker or 'not run (N=1)'}.")
     section.notes.append(
         f"Wake: {samples} jobs, one at a time, each enqueued once the previous one had "
         f"started plus ~{gap_s * 1000:.0f} ms; latency from the enqueue call returning "
@@ -489,7 +502,10 @@ def main() -> None:
     section = asyncio.run(run(Context(admin_url=args.database_url, quick=args.quick)))
     print(f"{section.title} ({time.perf_counter() - started:.1f} s)")
     for row in section.rows:
-        print("  " + "  ".join(f"{k}={v}" for k, v in row.items() if v is not None))
+        print("  " + "  ".join(f"{k}={v}" for k, v in row.items()))
+    if "pgqueuer_batch_one_worker_jobs_per_s" in section.extra:
+        print("  pgqueuer, one QueueManager, jobs/s: "
+              f"{section.extra['pgqueuer_batch_one_worker_jobs_per_s']}")
     print("  versions: " + ", ".join(f"{k} {v}" for k, v in section.extra["versions"].items()))
     for line in section.notes:
         print("  note: " + line)

@@ -45,6 +45,14 @@ class Executor(Protocol):
 
     async def fetch(self, query: Query, /, **params: Any) -> list[Row]: ...
 
+    async def hint(self, hints: Sequence[tuple[str, str]], /) -> None: ...
+
+
+def _hint_statement(hints: Sequence[tuple[str, str]]) -> sql.Composed:
+    return sql.SQL("SELECT {}").format(sql.SQL(", ").join(
+        sql.SQL("pg_notify({}, {})").format(sql.Literal(channel), sql.Literal(payload))
+        for channel, payload in hints))
+
 
 def _is_transient(exc: BaseException) -> bool:
     if isinstance(exc, errors.LedgerError):
@@ -123,6 +131,11 @@ class Transaction:
     async def fetch(self, query: Query, /, **params: Any) -> list[Row]:
         """Run a read query inside this transaction."""
         return await _run_query(self.conn, query, params)
+
+    async def hint(self, hints: Sequence[tuple[str, str]], /) -> None:
+        """NOTIFY ``(channel, payload)`` pairs when this transaction commits."""
+        if hints:
+            await self.conn.execute(_hint_statement(hints))
 
 
 class Session:
@@ -217,6 +230,26 @@ class Session:
                 async with self._pool.connection() as conn:
                     return await _run_query(conn, query, params)
         raise AssertionError("unreachable")  # pragma: no cover
+
+    async def hint(self, hints: Sequence[tuple[str, str]], /) -> None:
+        """NOTIFY ``(channel, payload)`` pairs after a committed write.
+
+        For writes whose waiters may be many per second (a recorded attempt
+        wakes verifiers and tails): PostgreSQL serialises the commits of
+        notifying transactions, WAL flush included, so a NOTIFY inside the
+        write capped a fleet at one write per flush (bench/cycle). Sent here,
+        in a transaction of its own that writes nothing worth a flush, the
+        serialised part is microseconds. A hint lost to a crash in between
+        costs a waiter one poll tick (DESIGN 5: signals are hints)."""
+        if not hints:
+            return
+        statement = sql.SQL("BEGIN; SET LOCAL synchronous_commit = off; {}; COMMIT").format(
+            _hint_statement(hints))
+        try:
+            async with self._pool.connection() as conn:
+                await conn.execute(statement)
+        except psycopg.Error:
+            pass  # a hint, not a write: the waiters' poll tick covers it
 
     @asynccontextmanager
     async def transaction(self, *, now: datetime | None = None) -> AsyncIterator[Transaction]:

@@ -41,6 +41,12 @@ from .models import (
 )
 
 
+def _attempted_hints(campaign_ids: Sequence[int]) -> list[tuple[str, str]]:
+    # Recorded attempts wake verifiers (ledger_attempted) and tails
+    # (ledger_event); the kernel function leaves these two to the caller.
+    return [(channel, str(cid)) for cid in campaign_ids for channel in ("ledger_attempted", "ledger_event")]
+
+
 class Kernel:
     """Typed access to the write API and the read views."""
 
@@ -147,13 +153,16 @@ class Kernel:
         evidence_location: str | None = None,
         log_tail: str | None = None,
     ) -> int:
-        """Record the candidate (leased -> attempted); returns the attempt number."""
-        return await self._scalar(
+        """Record the candidate (leased -> attempted); returns the attempt number.
+        Verifiers and tails are hinted after the commit (``Session.hint``)."""
+        attempt_no = await self._scalar(
             "record_attempt", campaign_id=campaign_id, generation=generation,
             base_sha=base_sha, candidate_sha=candidate_sha, fingerprint=fingerprint,
             bundle=bundle, bundle_digest=bundle_digest, evidence_location=evidence_location,
             log_tail=log_tail,
         )
+        await self.executor.hint(_attempted_hints([campaign_id]))
+        return attempt_no
 
     async def record_attempts(self, attempts: Sequence[AttemptRecord | Mapping[str, Any]]) -> list[AttemptRecorded]:
         """Record many candidates in one call. A lost lease comes back as
@@ -162,7 +171,9 @@ class Kernel:
         items = [a if isinstance(a, AttemptRecord) else AttemptRecord.model_validate(a) for a in attempts]
         rows = await self._call("record_attempts",
                                 attempts=[i.model_dump(exclude_none=True) for i in items])
-        return [AttemptRecorded.model_validate(r) for r in rows]
+        results = [AttemptRecorded.model_validate(r) for r in rows]
+        await self.executor.hint(_attempted_hints([r.campaign_id for r in results if r.status == "recorded"]))
+        return results
 
     async def fail_attempt(
         self,
