@@ -68,6 +68,13 @@ def cross_targets(sections: dict[str, Section]) -> list[Target]:
     return out
 
 
+def _cell(value: Any) -> str:
+    """A table cell: percentiles as 'p50 / p99 (n)', everything else as is."""
+    if isinstance(value, dict) and "p50" in value:
+        return f"p50 {value['p50']} / p99 {value['p99']} ms"
+    return str(value)
+
+
 def markdown(report: dict[str, Any], sections: list[Section], cross: list[Target]) -> str:
     lines = [f"# Ledger benchmarks, {report['stamp']}", "",
              f"{'quick smoke run' if report['quick'] else 'full run'}; "
@@ -87,7 +94,7 @@ def markdown(report: dict[str, Any], sections: list[Section], cross: list[Target
         if s.rows:
             keys = list(dict.fromkeys(k for r in s.rows for k in r))
             lines += ["| " + " | ".join(keys) + " |", "|" + "---|" * len(keys)]
-            lines += ["| " + " | ".join(str(r.get(k, "")) for k in keys) + " |" for r in s.rows]
+            lines += ["| " + " | ".join(_cell(r.get(k, "")) for k in keys) + " |" for r in s.rows]
             lines.append("")
         lines += [f"- {n}" for n in s.notes]
         plan = s.extra.get("claim_plan_at_largest")

@@ -140,7 +140,76 @@ CREATE TRIGGER campaign_event_notify AFTER INSERT ON ledger.campaign_event
     WHEN (NOT (NEW.type = 'transition' AND NEW.payload ->> 'to' IN ('leased', 'attempted')))
     EXECUTE FUNCTION ledger.journal_notify();
 
-ALTER FUNCTION ledger.campaign_guard() RESET search_path;
+-- The guard made up to three lookups per state change (is the old state
+-- terminal, which transition is this, is the new state terminal); one query
+-- now answers all three.
+CREATE OR REPLACE FUNCTION ledger.campaign_guard() RETURNS trigger
+    LANGUAGE plpgsql
+AS $$
+DECLARE
+    v_name  text := nullif(current_setting('ledger.transition', true), '');
+    v_role  text := nullif(current_setting('ledger.actor_role', true), '');
+    v_owner text;
+    v_known boolean;
+    v_old_terminal boolean;
+    v_new_terminal boolean;
+    v_now   timestamptz := ledger.now();
+BEGIN
+    IF TG_OP = 'INSERT' THEN
+        SELECT t.owner_role INTO v_owner FROM ledger.transition t
+         WHERE t.name = v_name AND t.from_state IS NULL AND t.to_state = NEW.state;
+        IF NOT FOUND OR v_owner IS DISTINCT FROM v_role THEN
+            RAISE EXCEPTION 'a campaign can only be created by the open transition (got %, by %)',
+                coalesce(v_name, 'none'), coalesce(v_role, 'nobody')
+                USING ERRCODE = 'LG002';
+        END IF;
+        NEW.generation := 0;
+        NEW.event_seq := 1;
+        NEW.created_at := v_now;
+        NEW.updated_at := v_now;
+        RETURN NEW;
+    END IF;
+
+    IF NEW.state IS DISTINCT FROM OLD.state THEN
+        SELECT so.is_terminal, sn.is_terminal, t.owner_role, t.name IS NOT NULL
+          INTO v_old_terminal, v_new_terminal, v_owner, v_known
+          FROM ledger.state so
+          LEFT JOIN ledger.state sn ON sn.name = NEW.state
+          LEFT JOIN ledger.transition t
+                 ON t.name = v_name AND t.from_state = OLD.state AND t.to_state = NEW.state
+         WHERE so.name = OLD.state;
+    ELSE
+        SELECT so.is_terminal INTO v_old_terminal FROM ledger.state so WHERE so.name = OLD.state;
+    END IF;
+    IF v_old_terminal THEN
+        RAISE EXCEPTION 'campaign % is %, a terminal state: it cannot change', OLD.id, OLD.state
+            USING ERRCODE = 'LG002';
+    END IF;
+    IF NEW.generation < OLD.generation THEN
+        RAISE EXCEPTION 'campaign %: generation never decreases (% -> %)',
+            OLD.id, OLD.generation, NEW.generation
+            USING ERRCODE = 'LG002';
+    END IF;
+    IF NEW.state IS DISTINCT FROM OLD.state THEN
+        IF NOT coalesce(v_known, false) THEN
+            RAISE EXCEPTION 'illegal transition % of campaign %: % -> %',
+                coalesce(v_name, '(none declared)'), OLD.id, OLD.state, NEW.state
+                USING ERRCODE = 'LG002';
+        END IF;
+        IF v_owner IS DISTINCT FROM v_role THEN
+            RAISE EXCEPTION 'transition % belongs to %, not %', v_name, v_owner, coalesce(v_role, 'nobody')
+                USING ERRCODE = 'LG003';
+        END IF;
+        NEW.event_seq := OLD.event_seq + 1;
+        IF v_new_terminal THEN
+            NEW.closed_at := v_now;
+        END IF;
+    END IF;
+    NEW.updated_at := v_now;
+    RETURN NEW;
+END
+$$;
+
 ALTER FUNCTION ledger.attempt_guard() RESET search_path;
 ALTER FUNCTION ledger.append_event(bigint, text, text, jsonb, boolean) RESET search_path;
 
@@ -158,6 +227,140 @@ ALTER FUNCTION ledger.append_event(bigint, text, text, jsonb, boolean) RESET sea
 -- ledger.transition's columns reference ledger.state: that is the invariant,
 -- in the schema, at no extra cost.
 ALTER TABLE ledger.campaign DROP CONSTRAINT campaign_state_fkey;
+
+------------------------------------------------------------------------------
+-- The two calls of every attempt, with fewer statements
+------------------------------------------------------------------------------
+
+-- claim_campaign and record_attempt as in 0004, but the transition is
+-- declared inline (one statement, not a call that runs one) and the attempt
+-- number is computed inside its INSERT: six statements fewer per cycle.
+CREATE OR REPLACE FUNCTION ledger_api.claim_campaign(p_worker text, p_classes text[] DEFAULT NULL)
+    RETURNS TABLE (campaign_id bigint, generation bigint, attempt_no integer,
+                   lease_expires_at timestamptz, class text, objective_key text, target text,
+                   desired_state jsonb, opening_observation jsonb, acceptance_criteria jsonb,
+                   attempt_count integer, max_attempts integer)
+    LANGUAGE plpgsql
+    SECURITY DEFINER
+    SET search_path = pg_catalog, pg_temp
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_now timestamptz := ledger.now();
+    v_c ledger.campaign;
+    v_attempt_no integer;
+BEGIN
+    IF p_worker IS NULL OR length(p_worker) NOT BETWEEN 1 AND 200 THEN
+        RAISE EXCEPTION 'worker identity must be 1 to 200 characters' USING ERRCODE = 'LG007';
+    END IF;
+    FOR i IN 1..3 LOOP
+        BEGIN
+            PERFORM set_config('ledger.transition', 'claim', true),
+                    set_config('ledger.actor_role', 'worker', true),
+                    set_config('ledger.actor', p_worker, true),
+                    set_config('ledger.detail', '{}', true);
+            UPDATE ledger.campaign c
+               SET state = 'leased',
+                   generation = c.generation + 1,
+                   lease_owner = p_worker,
+                   leased_at = v_now,
+                   lease_expires_at = v_now + make_interval(secs => (
+                       SELECT cc.lease_seconds FROM ledger.campaign_class cc WHERE cc.name = c.class))
+             WHERE c.id = (
+                   SELECT r.id FROM ledger.campaign r
+                    WHERE r.state = 'ready'
+                      AND r.next_attempt_at <= v_now
+                      AND (p_classes IS NULL OR r.class = ANY (p_classes))
+                      AND (r.seat IS NULL OR NOT EXISTS (
+                               SELECT 1 FROM ledger.campaign s
+                                WHERE s.seat = r.seat AND s.state = 'leased'))
+                    ORDER BY r.priority DESC, r.created_at, r.id
+                    LIMIT 1
+                      -- NO KEY UPDATE is all this UPDATE needs (no key column
+                      -- changes), and unlike FOR UPDATE it does not conflict
+                      -- with the key-share locks every journal and attempt
+                      -- insert takes on its campaign through the foreign key;
+                      -- FOR UPDATE would make SKIP LOCKED wait while it walks
+                      -- a row's update chain.
+                      FOR NO KEY UPDATE SKIP LOCKED)
+            RETURNING c.* INTO v_c;
+            EXIT;
+        EXCEPTION WHEN unique_violation THEN
+            -- another worker leased a campaign of the same seat a moment ago
+            v_c := NULL;
+        END;
+    END LOOP;
+    PERFORM set_config('ledger.transition', '', true), set_config('ledger.actor_role', '', true),
+            set_config('ledger.detail', '', true);
+    IF v_c.id IS NULL THEN
+        RETURN;
+    END IF;
+    INSERT INTO ledger.attempt (campaign_id, attempt_no, generation, worker, claimed_at, lease_expires_at)
+    SELECT v_c.id, coalesce(max(a.attempt_no), 0) + 1, v_c.generation, p_worker, v_now, v_c.lease_expires_at
+      FROM ledger.attempt a WHERE a.campaign_id = v_c.id
+    RETURNING attempt.attempt_no INTO v_attempt_no;
+    RETURN QUERY SELECT v_c.id, v_c.generation, v_attempt_no, v_c.lease_expires_at, v_c.class,
+                        v_c.objective_key, v_c.target, v_c.desired_state, v_c.opening_observation,
+                        v_c.acceptance_criteria, v_c.attempt_count, v_c.max_attempts;
+END
+$$;
+
+CREATE OR REPLACE FUNCTION ledger_api.record_attempt(
+        p_campaign_id bigint, p_generation bigint, p_base_sha text, p_candidate_sha text,
+        p_fingerprint text, p_bundle jsonb DEFAULT NULL, p_bundle_digest text DEFAULT NULL,
+        p_evidence_location text DEFAULT NULL, p_log_tail text DEFAULT NULL)
+    RETURNS integer
+    LANGUAGE plpgsql
+    SECURITY DEFINER
+    SET search_path = pg_catalog, pg_temp
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_now timestamptz := ledger.now();
+    v_c ledger.campaign;
+    v_attempt_no integer;
+BEGIN
+    SELECT * INTO v_c FROM ledger.campaign c WHERE c.id = p_campaign_id FOR UPDATE;
+    IF NOT FOUND OR v_c.generation <> p_generation OR v_c.state <> 'leased' THEN
+        PERFORM ledger.raise_stale(p_campaign_id, p_generation);
+    END IF;
+    IF p_fingerprint IS NULL OR p_fingerprint !~ '^[A-Za-z0-9:_.-]{8,200}$' THEN
+        RAISE EXCEPTION 'an attempt needs a fingerprint (8-200 characters of [A-Za-z0-9:_.-])'
+            USING ERRCODE = 'LG007';
+    END IF;
+    IF p_candidate_sha IS NULL OR p_candidate_sha !~ '^[0-9a-f]{7,64}$'
+       OR (p_base_sha IS NOT NULL AND p_base_sha !~ '^[0-9a-f]{7,64}$') THEN
+        RAISE EXCEPTION 'candidate and base must be hexadecimal commit ids' USING ERRCODE = 'LG007';
+    END IF;
+    IF EXISTS (SELECT 1 FROM ledger.attempt a
+                WHERE a.campaign_id = p_campaign_id AND a.fingerprint = p_fingerprint
+                  AND (a.outcome = 'failed' OR a.verdict = 'rejected')) THEN
+        RAISE EXCEPTION 'the next attempt must differ: approach % already failed on campaign %',
+            p_fingerprint, p_campaign_id USING ERRCODE = 'LG006';
+    END IF;
+    UPDATE ledger.attempt a
+       SET outcome = 'attempted', ended_at = v_now, fingerprint = p_fingerprint,
+           base_sha = p_base_sha, candidate_sha = p_candidate_sha, bundle = p_bundle,
+           bundle_digest = p_bundle_digest, log_tail = p_log_tail
+     WHERE a.campaign_id = p_campaign_id AND a.generation = p_generation
+    RETURNING a.attempt_no INTO v_attempt_no;
+    PERFORM set_config('ledger.transition', 'record_attempt', true),
+            set_config('ledger.actor_role', 'worker', true),
+            set_config('ledger.actor', v_c.lease_owner, true),
+            set_config('ledger.detail', jsonb_build_object(
+                'attempt_no', v_attempt_no, 'fingerprint', p_fingerprint,
+                'candidate_sha', p_candidate_sha, 'base_sha', p_base_sha)::text, true);
+    UPDATE ledger.campaign c
+       SET state = 'attempted', lease_owner = NULL, leased_at = NULL, lease_expires_at = NULL,
+           attempt_count = c.attempt_count + 1,
+           evidence_location = coalesce(p_evidence_location, c.evidence_location),
+           last_failure_reason = NULL
+     WHERE c.id = p_campaign_id;
+    PERFORM set_config('ledger.transition', '', true), set_config('ledger.actor_role', '', true),
+            set_config('ledger.detail', '', true);
+    RETURN v_attempt_no;
+END
+$$;
 
 ------------------------------------------------------------------------------
 -- Batch claim and batch record
@@ -264,64 +467,74 @@ AS $$
 #variable_conflict use_column
 DECLARE
     v_now timestamptz := ledger.now();
-    v_item jsonb;
-    v_id bigint;
-    v_generation bigint;
-    v_owner text;
-    v_no integer;
+    v_ids bigint[];
+    v_live record;
 BEGIN
     IF p_attempts IS NULL OR jsonb_typeof(p_attempts) <> 'array'
        OR jsonb_array_length(p_attempts) NOT BETWEEN 1 AND 1000 THEN
         RAISE EXCEPTION 'record_attempts takes a JSON array of 1 to 1000 attempts' USING ERRCODE = 'LG007';
     END IF;
-    -- Lock in id order, as every other writer of several campaigns does.
-    FOR v_item IN SELECT e FROM jsonb_array_elements(p_attempts) e
-                   ORDER BY (e ->> 'campaign_id')::bigint LOOP
-        v_id := (v_item ->> 'campaign_id')::bigint;
-        v_generation := (v_item ->> 'generation')::bigint;
-        IF coalesce(v_item ->> 'fingerprint', '') !~ '^[A-Za-z0-9:_.-]{8,200}$' THEN
-            RAISE EXCEPTION 'an attempt needs a fingerprint (8-200 characters of [A-Za-z0-9:_.-])'
-                USING ERRCODE = 'LG007';
-        END IF;
-        IF coalesce(v_item ->> 'candidate_sha', '') !~ '^[0-9a-f]{7,64}$'
-           OR (v_item ->> 'base_sha') !~ '^[0-9a-f]{7,64}$' THEN
-            RAISE EXCEPTION 'candidate and base must be hexadecimal commit ids' USING ERRCODE = 'LG007';
-        END IF;
-        SELECT c.lease_owner INTO v_owner FROM ledger.campaign c
-         WHERE c.id = v_id AND c.generation = v_generation AND c.state = 'leased'
-           FOR NO KEY UPDATE;
-        IF NOT FOUND THEN
-            campaign_id := v_id; generation := v_generation; status := 'stale'; attempt_no := NULL;
-            RETURN NEXT;
-            CONTINUE;
-        END IF;
-        IF EXISTS (SELECT 1 FROM ledger.attempt a
-                    WHERE a.campaign_id = v_id AND a.fingerprint = v_item ->> 'fingerprint'
-                      AND (a.outcome = 'failed' OR a.verdict = 'rejected')) THEN
-            RAISE EXCEPTION 'the next attempt must differ: approach % already failed on campaign %',
-                v_item ->> 'fingerprint', v_id USING ERRCODE = 'LG006';
-        END IF;
-        UPDATE ledger.attempt a
-           SET outcome = 'attempted', ended_at = v_now, fingerprint = v_item ->> 'fingerprint',
-               base_sha = v_item ->> 'base_sha', candidate_sha = v_item ->> 'candidate_sha',
-               bundle = v_item -> 'bundle', bundle_digest = v_item ->> 'bundle_digest',
-               log_tail = v_item ->> 'log_tail'
-         WHERE a.campaign_id = v_id AND a.generation = v_generation
-        RETURNING a.attempt_no INTO v_no;
-        PERFORM ledger.begin_transition('record_attempt', 'worker', v_owner,
-                    jsonb_build_object('attempt_no', v_no, 'fingerprint', v_item ->> 'fingerprint',
-                                       'candidate_sha', v_item ->> 'candidate_sha',
-                                       'base_sha', v_item ->> 'base_sha'));
+    IF EXISTS (SELECT 1 FROM jsonb_to_recordset(p_attempts) AS i(fingerprint text)
+                WHERE coalesce(i.fingerprint, '') !~ '^[A-Za-z0-9:_.-]{8,200}$') THEN
+        RAISE EXCEPTION 'an attempt needs a fingerprint (8-200 characters of [A-Za-z0-9:_.-])'
+            USING ERRCODE = 'LG007';
+    END IF;
+    IF EXISTS (SELECT 1 FROM jsonb_to_recordset(p_attempts)
+                             AS i(campaign_id bigint, generation bigint, candidate_sha text, base_sha text)
+                WHERE coalesce(i.candidate_sha, '') !~ '^[0-9a-f]{7,64}$' OR i.base_sha !~ '^[0-9a-f]{7,64}$'
+                   OR i.campaign_id IS NULL OR i.generation IS NULL) THEN
+        RAISE EXCEPTION 'each attempt needs campaign_id, generation and hexadecimal commit ids'
+            USING ERRCODE = 'LG007';
+    END IF;
+    -- Lock the live leases, in id order as every writer of several campaigns does.
+    SELECT coalesce(array_agg(l.id), '{}') INTO v_ids
+      FROM (SELECT c.id FROM ledger.campaign c
+              JOIN jsonb_to_recordset(p_attempts) AS i(campaign_id bigint, generation bigint)
+                ON i.campaign_id = c.id AND i.generation = c.generation
+             WHERE c.state = 'leased'
+             ORDER BY c.id FOR NO KEY UPDATE OF c) l;
+    IF EXISTS (SELECT 1 FROM jsonb_to_recordset(p_attempts) AS i(campaign_id bigint, fingerprint text)
+                 JOIN ledger.attempt a ON a.campaign_id = i.campaign_id AND a.fingerprint = i.fingerprint
+                WHERE i.campaign_id = ANY (v_ids) AND (a.outcome = 'failed' OR a.verdict = 'rejected')) THEN
+        RAISE EXCEPTION 'the next attempt must differ: an approach in this batch already failed on its campaign'
+            USING ERRCODE = 'LG006';
+    END IF;
+    UPDATE ledger.attempt a
+       SET outcome = 'attempted', ended_at = v_now, fingerprint = i.fingerprint,
+           base_sha = i.base_sha, candidate_sha = i.candidate_sha, bundle = i.bundle,
+           bundle_digest = i.bundle_digest, log_tail = i.log_tail
+      FROM jsonb_to_recordset(p_attempts) AS i(campaign_id bigint, generation bigint, candidate_sha text,
+               fingerprint text, base_sha text, bundle jsonb, bundle_digest text, log_tail text)
+     WHERE i.campaign_id = ANY (v_ids) AND a.campaign_id = i.campaign_id AND a.generation = i.generation;
+    -- The transition stays one UPDATE per campaign: its journal event carries
+    -- that attempt's details and lease holder, declared just before it.
+    FOR v_live IN
+        SELECT c.id, c.lease_owner, a.attempt_no, a.fingerprint, a.candidate_sha, a.base_sha,
+               i.evidence_location
+          FROM ledger.campaign c
+          JOIN ledger.attempt a ON a.campaign_id = c.id AND a.generation = c.generation
+          JOIN jsonb_to_recordset(p_attempts) AS i(campaign_id bigint, evidence_location text)
+            ON i.campaign_id = c.id
+         WHERE c.id = ANY (v_ids) ORDER BY c.id
+    LOOP
+        PERFORM ledger.begin_transition('record_attempt', 'worker', v_live.lease_owner,
+                    jsonb_build_object('attempt_no', v_live.attempt_no, 'fingerprint', v_live.fingerprint,
+                                       'candidate_sha', v_live.candidate_sha, 'base_sha', v_live.base_sha));
         UPDATE ledger.campaign c
            SET state = 'attempted', lease_owner = NULL, leased_at = NULL, lease_expires_at = NULL,
                attempt_count = c.attempt_count + 1,
-               evidence_location = coalesce(v_item ->> 'evidence_location', c.evidence_location),
+               evidence_location = coalesce(v_live.evidence_location, c.evidence_location),
                last_failure_reason = NULL
-         WHERE c.id = v_id;
-        campaign_id := v_id; generation := v_generation; status := 'recorded'; attempt_no := v_no;
-        RETURN NEXT;
+         WHERE c.id = v_live.id;
     END LOOP;
     PERFORM ledger.end_transition();
+    RETURN QUERY
+    SELECT i.campaign_id, i.generation,
+           CASE WHEN i.campaign_id = ANY (v_ids) THEN 'recorded' ELSE 'stale' END,
+           CASE WHEN i.campaign_id = ANY (v_ids) THEN a.attempt_no END
+      FROM jsonb_to_recordset(p_attempts) AS i(campaign_id bigint, generation bigint)
+      LEFT JOIN ledger.attempt a ON a.campaign_id = i.campaign_id AND a.generation = i.generation
+     ORDER BY i.campaign_id;
 END
 $$;
 

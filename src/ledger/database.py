@@ -23,6 +23,7 @@ import psycopg
 from psycopg import sql
 from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
+import psycopg_pool
 from psycopg_pool import AsyncConnectionPool
 from tenacity import (
     AsyncRetrying,
@@ -36,6 +37,9 @@ from .queries import Query
 from .settings import Settings, get_settings
 
 Row = dict[str, Any]
+
+#: How long a Session gathers post-commit hints before sending them together.
+HINT_WINDOW_S = 0.005
 
 
 class Executor(Protocol):
@@ -160,6 +164,8 @@ class Session:
             open=False,
             name=f"ledger-{actor or 'admin'}",
         )
+        self._hints: dict[tuple[str, str], None] = {}  # ordered, without repeats
+        self._hinter: asyncio.Task[None] | None = None
 
     async def _configure(self, conn: psycopg.AsyncConnection[Row]) -> None:
         if self.actor is not None:
@@ -181,7 +187,10 @@ class Session:
         return self
 
     async def close(self) -> None:
-        """Close the pool and its connections."""
+        """Send pending hints; close the pool and its connections."""
+        if self._hinter is not None and not self._hinter.done():
+            self._hinter.cancel()
+        await self.flush_hints()
         await self._pool.close()
 
     async def __aenter__(self) -> Session:
@@ -237,18 +246,35 @@ class Session:
         For writes whose waiters may be many per second (a recorded attempt
         wakes verifiers and tails): PostgreSQL serialises the commits of
         notifying transactions, WAL flush included, so a NOTIFY inside the
-        write capped a fleet at one write per flush (bench/cycle). Sent here,
-        in a transaction of its own that writes nothing worth a flush, the
-        serialised part is microseconds. A hint lost to a crash in between
-        costs a waiter one poll tick (DESIGN 5: signals are hints)."""
+        write capped a fleet at one write per flush (bench/cycle). Hints are
+        gathered for ``HINT_WINDOW_S`` and sent together in a transaction of
+        their own that writes nothing worth a flush: the serialised part is
+        microseconds and a busy worker pays one round trip for many hints. A
+        hint lost to a crash in between costs a waiter one poll tick (DESIGN
+        5: signals are hints; rows are truth)."""
         if not hints:
             return
+        self._hints.update(dict.fromkeys(hints))
+        if self._hinter is None or self._hinter.done():
+            self._hinter = asyncio.create_task(self._send_hints())
+
+    async def _send_hints(self) -> None:
+        # Hints that arrive while a batch is being sent go in the next round.
+        while self._hints:
+            await asyncio.sleep(HINT_WINDOW_S)  # the coalescing window, not a synchronisation
+            await self.flush_hints()
+
+    async def flush_hints(self) -> None:
+        """Send the hints gathered so far now."""
+        if not self._hints:
+            return
+        hints, self._hints = list(self._hints), {}
         statement = sql.SQL("BEGIN; SET LOCAL synchronous_commit = off; {}; COMMIT").format(
             _hint_statement(hints))
         try:
             async with self._pool.connection() as conn:
                 await conn.execute(statement)
-        except psycopg.Error:
+        except (psycopg.Error, psycopg_pool.PoolTimeout):
             pass  # a hint, not a write: the waiters' poll tick covers it
 
     @asynccontextmanager
