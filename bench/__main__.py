@@ -124,13 +124,16 @@ async def main() -> int:
     report: dict[str, Any] = {"stamp": stamp, "quick": args.quick, "machine": describe_machine(),
                               "server": describe_server(ctx.admin_url), "sections": {}}
     done: dict[str, Section] = {}
+    failed: list[str] = []
     for name in names:
         print(f"[{time.perf_counter() - started:6.1f} s] {name} ...", flush=True)
         module = importlib.import_module(f"bench.{name}")
         try:
             done[name] = await module.run(ctx)
         except Exception as exc:  # one broken section must not lose the others' figures
+            failed.append(name)
             done[name] = Section(name, name, notes=[f"failed: {type(exc).__name__}: {exc}"])
+            print(f"    {name} failed: {type(exc).__name__}: {exc}", flush=True)
         for t in done[name].targets:
             print(f"    {t.name}: {t.value} (goal {t.goal}) -> {'met' if t.met else 'MISSED'}", flush=True)
     cross = cross_targets(done)
@@ -146,7 +149,9 @@ async def main() -> int:
     print()
     print(md)
     print(f"wrote {args.out / stamp}.json and .md")
-    return 0
+    # Missed targets are figures to read, not failures; a section that could
+    # not run at all is.
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":
