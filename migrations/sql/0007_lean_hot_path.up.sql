@@ -393,7 +393,10 @@ BEGIN
     END IF;
     FOR i IN 1..3 LOOP
         BEGIN
-            PERFORM ledger.begin_transition('claim', 'worker', p_worker);
+            PERFORM set_config('ledger.transition', 'claim', true),
+                    set_config('ledger.actor_role', 'worker', true),
+                    set_config('ledger.actor', p_worker, true),
+                    set_config('ledger.detail', '{}', true);
             WITH picked AS (
                 -- twice the batch, so campaigns that share a seat with a
                 -- better one can be left out and the batch still fills
@@ -517,9 +520,12 @@ BEGIN
             ON i.campaign_id = c.id
          WHERE c.id = ANY (v_ids) ORDER BY c.id
     LOOP
-        PERFORM ledger.begin_transition('record_attempt', 'worker', v_live.lease_owner,
-                    jsonb_build_object('attempt_no', v_live.attempt_no, 'fingerprint', v_live.fingerprint,
-                                       'candidate_sha', v_live.candidate_sha, 'base_sha', v_live.base_sha));
+        PERFORM set_config('ledger.transition', 'record_attempt', true),
+                set_config('ledger.actor_role', 'worker', true),
+                set_config('ledger.actor', v_live.lease_owner, true),
+                set_config('ledger.detail', jsonb_build_object(
+                    'attempt_no', v_live.attempt_no, 'fingerprint', v_live.fingerprint,
+                    'candidate_sha', v_live.candidate_sha, 'base_sha', v_live.base_sha)::text, true);
         UPDATE ledger.campaign c
            SET state = 'attempted', lease_owner = NULL, leased_at = NULL, lease_expires_at = NULL,
                attempt_count = c.attempt_count + 1,
