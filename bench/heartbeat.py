@@ -191,6 +191,20 @@ class Beats:
         key = type(exc).__name__
         self.errors[key] = self.errors.get(key, 0) + 1
 
+    async def beat(self, kernel: Kernel, cid: int, gen: int) -> float | None:
+        """One timed heartbeat; its end time, or ``None`` if it failed."""
+        start = time.perf_counter()
+        try:
+            await kernel.heartbeat(cid, gen)
+        except Exception as exc:  # noqa: BLE001 -- counted, not raised: a lost beat
+            self.fail(exc)
+            return None
+        end = time.perf_counter()
+        self.latencies.append(end - start)
+        self.completed += 1
+        self.last_end = max(self.last_end, end)
+        return end
+
 
 async def paced(kernel: Kernel, cid: int, gen: int, interval: float, t0: float, t_end: float,
                 beats: Beats) -> None:
@@ -205,18 +219,9 @@ async def paced(kernel: Kernel, cid: int, gen: int, interval: float, t0: float, 
         delay = sched - time.perf_counter()
         if delay > 0:
             await asyncio.sleep(delay)
-        start = time.perf_counter()
-        try:
-            await kernel.heartbeat(cid, gen)
-        except Exception as exc:  # noqa: BLE001 -- counted, not raised: a lost beat
-            beats.fail(exc)
-        else:
-            end = time.perf_counter()
-            beats.latencies.append(end - start)
-            beats.completed += 1
-            beats.last_end = max(beats.last_end, end)
-            if end - sched > interval:
-                beats.late += 1
+        end = await beats.beat(kernel, cid, gen)
+        if end is not None and end - sched > interval:
+            beats.late += 1
         k += 1
         # A beat whose whole slot has passed while the one before ran is lost.
         now = time.perf_counter()
@@ -228,16 +233,7 @@ async def paced(kernel: Kernel, cid: int, gen: int, interval: float, t0: float, 
 async def flat_out(kernel: Kernel, cid: int, gen: int, t_end: float, beats: Beats) -> None:
     """Heartbeat again as soon as the last one returned, until t_end."""
     while time.perf_counter() < t_end:
-        start = time.perf_counter()
-        try:
-            await kernel.heartbeat(cid, gen)
-        except Exception as exc:  # noqa: BLE001
-            beats.fail(exc)
-        else:
-            end = time.perf_counter()
-            beats.latencies.append(end - start)
-            beats.completed += 1
-            beats.last_end = max(beats.last_end, end)
+        await beats.beat(kernel, cid, gen)
 
 
 async def measure(db: Database, sessions: list[Session], leases: list[tuple[int, int]],

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import random
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from datetime import datetime
 from functools import lru_cache
@@ -210,11 +210,18 @@ class Session:
 
     async def call(self, function: str, /, **args: Any) -> list[Row]:
         """Call ``ledger_api.<function>`` with named arguments in its own transaction."""
+        return await self._retried(lambda conn: _run_call(conn, function, args))
+
+    async def fetch(self, query: Query, /, **params: Any) -> list[Row]:
+        """Run a read query."""
+        return await self._retried(lambda conn: _run_query(conn, query, params))
+
+    async def _retried(self, work: Callable[[psycopg.AsyncConnection[Row]], Awaitable[list[Row]]]) -> list[Row]:
         # The first try runs outside tenacity: building its retry state on
         # every call cost more than the call's own Python work (bench/cycle).
         try:
             async with self._pool.connection() as conn:
-                return await _run_call(conn, function, args)
+                return await work(conn)
         except Exception as exc:
             if not _is_transient(exc):
                 raise
@@ -222,22 +229,7 @@ class Session:
         async for attempt in self._retrying(already=1):
             with attempt:
                 async with self._pool.connection() as conn:
-                    return await _run_call(conn, function, args)
-        raise AssertionError("unreachable")  # pragma: no cover
-
-    async def fetch(self, query: Query, /, **params: Any) -> list[Row]:
-        """Run a read query."""
-        try:
-            async with self._pool.connection() as conn:
-                return await _run_query(conn, query, params)
-        except Exception as exc:
-            if not _is_transient(exc):
-                raise
-            await asyncio.sleep(random.uniform(0, 0.1))  # the first of the jittered waits
-        async for attempt in self._retrying(already=1):
-            with attempt:
-                async with self._pool.connection() as conn:
-                    return await _run_query(conn, query, params)
+                    return await work(conn)
         raise AssertionError("unreachable")  # pragma: no cover
 
     async def hint(self, hints: Sequence[tuple[str, str]], /) -> None:
