@@ -171,3 +171,45 @@ async def test_unknown_channels_are_refused(db: Database) -> None:
             with source.subscribe("ledger_nonsense"):
                 pass
     assert "ledger_event" in CHANNELS
+
+
+async def test_recorded_attempts_hint_verifiers_and_tails_after_commit_once_each(db: Database, actors, test_class, admin) -> None:  # type: ignore[no-untyped-def]
+    """A recorded attempt's hints leave its transaction (NOTIFY would serialise
+    concurrent records) but still follow every committed record, once per
+    campaign and channel, and never a refused one."""
+    from drive import fingerprint, sha
+    from ledger.errors import StaleLease
+
+    d = Driver(actors, test_class)
+    leases = [await d.leased(f"worker-{i}") for i in range(3)]
+    worker = await actors("worker")
+    async with Hub(db) as hub:
+        with hub.subscribe("ledger_attempted") as verifiers, hub.subscribe("ledger_event") as tails:
+            await settle(admin, verifiers, "ledger_attempted")
+            await settle(admin, tails, "ledger_event")
+            for n, (cid, gen) in enumerate(leases):
+                await worker.record_attempt(cid, gen, base_sha=sha(1), candidate_sha=sha(2 + n),
+                                            fingerprint=fingerprint(n))
+            # A stale record (the lease was already used) changes nothing and hints nothing.
+            with pytest.raises(StaleLease):
+                await worker.record_attempt(leases[0][0], leases[0][1], base_sha=sha(1),
+                                            candidate_sha=sha(9), fingerprint=fingerprint(9))
+            expected = [str(cid) for cid, _ in leases]
+            assert await receive(verifiers, 3) == expected  # gathered, sent together, in order
+            assert await receive(tails, 3) == expected
+            assert await settle(admin, verifiers, "ledger_attempted") == []
+            assert await settle(admin, tails, "ledger_event") == []
+
+
+async def test_closing_a_session_sends_the_hints_it_gathered(db: Database, test_class, admin) -> None:  # type: ignore[no-untyped-def]
+    from ledger import Kernel
+
+    async with db.session("sensor") as s:
+        cid = (await Kernel(s).open_campaign(test_class, "hinted", "t")).campaign_id
+    async with Hub(db) as hub:
+        with hub.subscribe("ledger_attempted") as verifiers:
+            await settle(admin, verifiers, "ledger_attempted")
+            session = await db.session("worker").open()
+            await session.hint([("ledger_attempted", str(cid))])
+            await session.close()  # well inside the gathering window: close must send it
+            assert await settle(admin, verifiers, "ledger_attempted") == [str(cid)]
