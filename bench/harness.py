@@ -16,6 +16,7 @@ import os
 import platform
 import statistics
 import tempfile
+import time
 import uuid
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -153,5 +154,15 @@ def cli(run: Callable[[Context], Awaitable[Section]], doc: str | None) -> None:
     args = parser.parse_args()
     from ledger import logs
     logs.configure("warning")
+    started = time.perf_counter()
     section = asyncio.run(run(Context(admin_url(args.database_url), quick=args.quick)))
-    print(json.dumps(section.to_json(), indent=2, default=str, ensure_ascii=False))
+    print(f"== {section.title} ({time.perf_counter() - started:.1f} s)")
+    for row in section.rows:
+        print(json.dumps(row, default=str, ensure_ascii=False))
+    for t in section.targets:
+        mark = {True: "met", False: "MISSED", None: "n/a"}[t.met]
+        print(f"target {t.name}: goal {t.goal}; measured {t.value} -> {mark}")
+    for note in section.notes:
+        print(f"note: {note}")
+    for key, value in section.extra.items():
+        print(f"{key}: {json.dumps(value, default=str, ensure_ascii=False)}")

@@ -38,9 +38,7 @@ usage: python -m bench.heartbeat [--quick] [--database-url URL]
 
 from __future__ import annotations
 
-import argparse
 import asyncio
-import json
 import os
 import random
 import time
@@ -49,11 +47,10 @@ from typing import Any
 
 import psutil
 
-from bench.harness import Context, Section, Target, percentiles
+from bench.harness import Context, Section, Target, cli, percentiles
 from ledger import Database, Kernel
 from ledger.database import Session
 
-DEFAULT_URL = "postgresql://postgres@127.0.0.1:5432/postgres"
 WORKERS = 8  # simulated worker processes (Sessions)
 POOL = 2  # connections per worker process
 LEASE_S = 600  # long enough that no lease can expire during a run
@@ -343,32 +340,5 @@ async def run(ctx: Context) -> Section:
 # --- running alone ------------------------------------------------------------------
 
 
-def print_section(section: Section) -> None:
-    """The rows, targets and notes, readably."""
-    print(f"== {section.title}")
-    for row in section.rows:
-        print(json.dumps(row, default=str))
-    for t in section.targets:
-        mark = {True: "MET", False: "MISSED", None: "n/a"}[t.met]
-        print(f"target {t.name}: goal {t.goal}; measured {t.value} -> {mark}")
-    for note in section.notes:
-        print(f"note: {note}")
-
-
-def main(run_section: Any, doc: str | None) -> None:
-    parser = argparse.ArgumentParser(description=doc,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--quick", action="store_true", help="small sizes, short runs")
-    parser.add_argument("--database-url", default=os.environ.get("LEDGER_BENCH_DATABASE_URL")
-                        or DEFAULT_URL, help="admin URL of the server to measure")
-    args = parser.parse_args()
-    from ledger import logs
-    logs.configure("warning")
-    start = time.perf_counter()
-    section = asyncio.run(run_section(Context(admin_url=args.database_url, quick=args.quick)))
-    print_section(section)
-    print(f"({time.perf_counter() - start:.1f} s)")
-
-
 if __name__ == "__main__":
-    main(run, __doc__)
+    cli(run, __doc__)

@@ -46,8 +46,8 @@ from contextlib import aclosing
 from dataclasses import dataclass, field
 from typing import Any
 
-from bench.harness import Context, Section, Target, percentiles
-from bench.heartbeat import CpuMeter, main
+from bench.harness import Context, Section, Target, cli, percentiles
+from bench.heartbeat import CpuMeter
 from ledger import Database, Kernel
 from ledger.hub import Hub
 from ledger.journal import CHUNK_CHARS, JournalWriter
@@ -292,4 +292,4 @@ async def run(ctx: Context) -> Section:
 
 
 if __name__ == "__main__":
-    main(run, __doc__)
+    cli(run, __doc__)

@@ -41,19 +41,15 @@ Its psycopg driver is not used: it holds the connection's lock inside
 ``notifies(timeout=1.0)``, so every query on a listening connection waits for
 the next NOTIFY or for that second, which puts its wake latency near 2 s.
 
-usage: python -m bench.peers --quick [--database-url URL]
-       (URL: an admin URL of the server; by default LEDGER_BENCH_DATABASE_URL, or
-       postgresql://postgres@127.0.0.1:5432/postgres)
+usage: python -m bench.peers [--quick] [--database-url URL]
 """
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import contextlib
 import importlib.util
 import logging
-import os
 import random
 import time
 from collections.abc import Awaitable, Callable
@@ -63,9 +59,8 @@ from typing import Any, Self
 
 import psycopg
 
-from bench.harness import Context, Section, percentiles
+from bench.harness import Context, Section, cli, percentiles
 
-DEFAULT_URL = "postgresql://postgres@127.0.0.1:5432/postgres"
 ENTRYPOINT = "bench_noop"
 QUEUE = "bench"
 DRAIN_TIMEOUT_S = 120.0  # a drain still unfinished by then is given up on (and noted)
@@ -490,26 +485,5 @@ async def run(ctx: Context) -> Section:
     return section
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--quick", action="store_true", help="a smoke run of ~20 s")
-    parser.add_argument("--database-url",
-                        default=os.environ.get("LEDGER_BENCH_DATABASE_URL") or DEFAULT_URL,
-                        help="admin URL of the server to measure")
-    args = parser.parse_args()
-    started = time.perf_counter()
-    section = asyncio.run(run(Context(admin_url=args.database_url, quick=args.quick)))
-    print(f"{section.title} ({time.perf_counter() - started:.1f} s)")
-    for row in section.rows:
-        print("  " + "  ".join(f"{k}={v}" for k, v in row.items()))
-    if "pgqueuer_batch_one_worker_jobs_per_s" in section.extra:
-        print("  pgqueuer, one QueueManager, jobs/s: "
-              f"{section.extra['pgqueuer_batch_one_worker_jobs_per_s']}")
-    print("  versions: " + ", ".join(f"{k} {v}" for k, v in section.extra["versions"].items()))
-    for line in section.notes:
-        print("  note: " + line)
-
-
 if __name__ == "__main__":
-    main()
+    cli(run, __doc__)

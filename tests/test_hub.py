@@ -9,9 +9,9 @@ import uuid
 
 import pytest
 
-from drive import Driver
-from ledger import Database
-from ledger.errors import Unavailable
+from drive import Driver, fingerprint, sha
+from ledger import Database, Kernel
+from ledger.errors import StaleLease, Unavailable
 from ledger.hub import CHANNELS, Hub, NullHub, Subscription
 
 pytestmark = pytest.mark.anyio
@@ -177,9 +177,6 @@ async def test_recorded_attempts_hint_verifiers_and_tails_after_commit_once_each
     """A recorded attempt's hints leave its transaction (NOTIFY would serialise
     concurrent records) but still follow every committed record, once per
     campaign and channel, and never a refused one."""
-    from drive import fingerprint, sha
-    from ledger.errors import StaleLease
-
     d = Driver(actors, test_class)
     leases = [await d.leased(f"worker-{i}") for i in range(3)]
     worker = await actors("worker")
@@ -202,8 +199,6 @@ async def test_recorded_attempts_hint_verifiers_and_tails_after_commit_once_each
 
 
 async def test_closing_a_session_sends_the_hints_it_gathered(db: Database, test_class, admin) -> None:  # type: ignore[no-untyped-def]
-    from ledger import Kernel
-
     async with db.session("sensor") as s:
         cid = (await Kernel(s).open_campaign(test_class, "hinted", "t")).campaign_id
     async with Hub(db) as hub:

@@ -8,8 +8,9 @@ import pytest
 from psycopg import sql
 
 from conftest import TEST_PREFIX
-from drive import PROMOTING_CLASS, Driver, fingerprint, now, sha
+from drive import PROMOTING_CLASS, Driver, eventually, fingerprint, now, sha
 from ledger import Database, Kernel
+from ledger.journal import JournalWriter
 
 pytestmark = pytest.mark.anyio
 
@@ -130,11 +131,6 @@ async def test_output_arriving_during_a_flush_is_flushed_without_more_output(act
     """The coalescing timer must outlive a slow append: output buffered while a
     flush is in flight reaches the journal within the window even if the
     command then falls silent (before the fix it waited for close())."""
-    import asyncio
-
-    from drive import eventually
-    from ledger.journal import JournalWriter
-
     sensor, worker = await actors("sensor"), await actors("worker")
     cid = (await sensor.open_campaign(test_class, "slow-flush", "t")).campaign_id
     claim = await worker.claim_campaign("w", [test_class])
@@ -161,8 +157,6 @@ async def test_output_arriving_during_a_flush_is_flushed_without_more_output(act
 
 
 async def test_output_limit_counts_bytes_not_characters(actors, admin, test_class) -> None:  # type: ignore[no-untyped-def]
-    from ledger.journal import JournalWriter
-
     sensor, worker = await actors("sensor"), await actors("worker")
     cid = (await sensor.open_campaign(test_class, "limit", "t")).campaign_id
     claim = await worker.claim_campaign("w", [test_class])

@@ -20,10 +20,10 @@ from functools import lru_cache
 from typing import Any, Protocol
 
 import psycopg
+import psycopg_pool
 from psycopg import sql
 from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
-import psycopg_pool
 from psycopg_pool import AsyncConnectionPool
 from tenacity import (
     AsyncRetrying,
