@@ -98,14 +98,25 @@ CREATE OR REPLACE FUNCTION ledger.campaign_journal() RETURNS trigger
 AS $$
 DECLARE
     v_from text := CASE WHEN TG_OP = 'UPDATE' THEN OLD.state END;
+    v_name text := current_setting('ledger.transition', true);
     v_detail jsonb := coalesce(nullif(current_setting('ledger.detail', true), '')::jsonb, '{}');
+    v_actor text := coalesce(nullif(current_setting('ledger.actor', true), ''), 'system');
 BEGIN
+    IF v_name = 'record_attempt' THEN
+        -- The event describes the attempt it records, read from the row this
+        -- transaction just ended, by the lease holder it was recorded for:
+        -- so one UPDATE can record a whole batch (record_attempts).
+        SELECT jsonb_build_object('attempt_no', a.attempt_no, 'fingerprint', a.fingerprint,
+                                  'candidate_sha', a.candidate_sha, 'base_sha', a.base_sha)
+          INTO v_detail
+          FROM ledger.attempt a WHERE a.campaign_id = NEW.id AND a.generation = OLD.generation;
+        v_actor := coalesce(OLD.lease_owner, v_actor);
+    END IF;
     INSERT INTO ledger.campaign_event (campaign_id, seq, type, actor, generation, payload, created_at)
-    VALUES (NEW.id, NEW.event_seq, 'transition',
-            coalesce(nullif(current_setting('ledger.actor', true), ''), 'system'),
+    VALUES (NEW.id, NEW.event_seq, 'transition', v_actor,
             NEW.generation,
             v_detail || jsonb_build_object(
-                'transition', current_setting('ledger.transition', true),
+                'transition', v_name,
                 'from', v_from, 'to', NEW.state,
                 'attempt_count', NEW.attempt_count),
             ledger.now());
@@ -344,12 +355,11 @@ BEGIN
            bundle_digest = p_bundle_digest, log_tail = p_log_tail
      WHERE a.campaign_id = p_campaign_id AND a.generation = p_generation
     RETURNING a.attempt_no INTO v_attempt_no;
+    -- (The journal trigger describes the attempt from its row.)
     PERFORM set_config('ledger.transition', 'record_attempt', true),
             set_config('ledger.actor_role', 'worker', true),
             set_config('ledger.actor', v_c.lease_owner, true),
-            set_config('ledger.detail', jsonb_build_object(
-                'attempt_no', v_attempt_no, 'fingerprint', p_fingerprint,
-                'candidate_sha', p_candidate_sha, 'base_sha', p_base_sha)::text, true);
+            set_config('ledger.detail', '{}', true);
     UPDATE ledger.campaign c
        SET state = 'attempted', lease_owner = NULL, leased_at = NULL, lease_expires_at = NULL,
            attempt_count = c.attempt_count + 1,
@@ -471,7 +481,6 @@ AS $$
 DECLARE
     v_now timestamptz := ledger.now();
     v_ids bigint[];
-    v_live record;
 BEGIN
     IF p_attempts IS NULL OR jsonb_typeof(p_attempts) <> 'array'
        OR jsonb_array_length(p_attempts) NOT BETWEEN 1 AND 1000 THEN
@@ -509,30 +518,19 @@ BEGIN
       FROM jsonb_to_recordset(p_attempts) AS i(campaign_id bigint, generation bigint, candidate_sha text,
                fingerprint text, base_sha text, bundle jsonb, bundle_digest text, log_tail text)
      WHERE i.campaign_id = ANY (v_ids) AND a.campaign_id = i.campaign_id AND a.generation = i.generation;
-    -- The transition stays one UPDATE per campaign: its journal event carries
-    -- that attempt's details and lease holder, declared just before it.
-    FOR v_live IN
-        SELECT c.id, c.lease_owner, a.attempt_no, a.fingerprint, a.candidate_sha, a.base_sha,
-               i.evidence_location
-          FROM ledger.campaign c
-          JOIN ledger.attempt a ON a.campaign_id = c.id AND a.generation = c.generation
-          JOIN jsonb_to_recordset(p_attempts) AS i(campaign_id bigint, evidence_location text)
-            ON i.campaign_id = c.id
-         WHERE c.id = ANY (v_ids) ORDER BY c.id
-    LOOP
-        PERFORM set_config('ledger.transition', 'record_attempt', true),
-                set_config('ledger.actor_role', 'worker', true),
-                set_config('ledger.actor', v_live.lease_owner, true),
-                set_config('ledger.detail', jsonb_build_object(
-                    'attempt_no', v_live.attempt_no, 'fingerprint', v_live.fingerprint,
-                    'candidate_sha', v_live.candidate_sha, 'base_sha', v_live.base_sha)::text, true);
-        UPDATE ledger.campaign c
-           SET state = 'attempted', lease_owner = NULL, leased_at = NULL, lease_expires_at = NULL,
-               attempt_count = c.attempt_count + 1,
-               evidence_location = coalesce(v_live.evidence_location, c.evidence_location),
-               last_failure_reason = NULL
-         WHERE c.id = v_live.id;
-    END LOOP;
+    -- One UPDATE for the batch: the journal trigger reads each event's
+    -- details and lease holder from that campaign's own rows.
+    PERFORM set_config('ledger.transition', 'record_attempt', true),
+            set_config('ledger.actor_role', 'worker', true),
+            set_config('ledger.actor', 'worker', true),
+            set_config('ledger.detail', '{}', true);
+    UPDATE ledger.campaign c
+       SET state = 'attempted', lease_owner = NULL, leased_at = NULL, lease_expires_at = NULL,
+           attempt_count = c.attempt_count + 1,
+           evidence_location = coalesce(i.evidence_location, c.evidence_location),
+           last_failure_reason = NULL
+      FROM jsonb_to_recordset(p_attempts) AS i(campaign_id bigint, evidence_location text)
+     WHERE c.id = i.campaign_id AND c.id = ANY (v_ids);
     PERFORM ledger.end_transition();
     RETURN QUERY
     SELECT i.campaign_id, i.generation,
