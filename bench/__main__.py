@@ -52,6 +52,11 @@ def cross_targets(sections: dict[str, Section]) -> list[Target]:
             out.append(Target(f"Ledger / {peer}, one at a time", "> 1 at every N",
                               ", ".join(f"N={n}: {r:.2f}" for n, r in ratios.items()),
                               min(ratios.values()) > 1))
+    # PGQueuer's batches are set against its better configuration: N
+    # QueueManagers (the rows) or one (extra), whichever drained faster.
+    for mode, jobs_per_s in peers.extra.get("pgqueuer_batch_one_worker_jobs_per_s", {}).items():
+        k = int(str(mode).split()[-1])
+        peer_batch[k] = max(peer_batch.get(k, 0.0), jobs_per_s)
     ledger_batch = {r["batch"]: r["per_s"] for r in cycle.rows if r["what"] == "ledger batch"}
     for k in sorted(set(ledger_batch) & set(peer_batch)):
         out.append(Target(f"Ledger batch {k} / PGQueuer batch {k}", "> 1",

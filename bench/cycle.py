@@ -123,8 +123,23 @@ async def ledger_batch(db: Database, claimers: int, n: int, k: int) -> tuple[int
         return await timed(claimers, loop)
 
 
+def _rate(run: tuple[int, float]) -> float:
+    return run[0] / run[1]
+
+
+async def best_of(rounds: int, measure: Callable[[], Awaitable[tuple[int, float]]]) -> tuple[int, float, list[int]]:
+    """The fastest of ``rounds`` runs (items, seconds) and every run's rate.
+
+    The machine is shared: a neighbour's burst slows whichever run it lands
+    on. The best of a few runs is the least disturbed figure."""
+    runs = [await measure() for _ in range(rounds)]
+    best = max(runs, key=_rate)
+    return best[0], best[1], [round(_rate(r)) for r in runs]
+
+
 async def run(ctx: Context) -> Section:
-    n = 2000 if ctx.quick else 10000
+    n = 2000 if ctx.quick else 6000
+    rounds = 1 if ctx.quick else 3
     section = Section("cycle", "Work cycle: Ledger against the raw-SQL limit")
     ratios: dict[int, float] = {}
     limits: dict[int, float] = {}
@@ -135,23 +150,31 @@ async def run(ctx: Context) -> Section:
         # of an empty table until autovacuum's first ANALYZE).
         await ledger_cycle(db, 2, min(n, 1000))
         for claimers in ctx.concurrency:
-            done, secs = await raw_limit(url, claimers, n)
-            raw = limits[claimers] = done / secs
-            section.rows.append({"what": "raw SQL limit", "batch": 1, "concurrency": claimers,
-                                 "items": done, "seconds": round(secs, 3), "per_s": round(raw),
-                                 "ratio_to_limit": 1.0})
-            done, secs = await ledger_cycle(db, claimers, n)
-            rate = done / secs
+            raw_runs: list[tuple[int, float]] = []
+            led_runs: list[tuple[int, float]] = []
+            for _ in range(rounds):  # interleaved, so a slow spell hits both alike
+                raw_runs.append(await raw_limit(url, claimers, n))
+                led_runs.append(await ledger_cycle(db, claimers, n))
+            best_raw, best_led = max(raw_runs, key=_rate), max(led_runs, key=_rate)
+            raw = limits[claimers] = best_raw[0] / best_raw[1]
+            rate = best_led[0] / best_led[1]
             ratios[claimers] = rate / raw
+            section.rows.append({"what": "raw SQL limit", "batch": 1, "concurrency": claimers,
+                                 "items": best_raw[0], "seconds": round(best_raw[1], 3), "per_s": round(raw),
+                                 "runs_per_s": [round(_rate(r)) for r in raw_runs], "ratio_to_limit": 1.0})
             section.rows.append({"what": "ledger claim+record", "batch": 1, "concurrency": claimers,
-                                 "items": done, "seconds": round(secs, 3), "per_s": round(rate),
-                                 "ratio_to_limit": round(rate / raw, 2)})
+                                 "items": best_led[0], "seconds": round(best_led[1], 3), "per_s": round(rate),
+                                 "runs_per_s": [round(_rate(r)) for r in led_runs], "ratio_to_limit": round(rate / raw, 2)})
         top = max(ctx.concurrency)
         for k in (10, 100):
-            done, secs = await ledger_batch(db, top, n, k)
+            done, secs, runs = await best_of(rounds, lambda k=k: ledger_batch(db, top, n, k))
             section.rows.append({"what": "ledger batch", "batch": k, "concurrency": top,
                                  "items": done, "seconds": round(secs, 3), "per_s": round(done / secs),
-                                 "ratio_to_limit": round(done / secs / limits[top], 2)})
+                                 "runs_per_s": runs, "ratio_to_limit": round(done / secs / limits[top], 2)})
+    if rounds > 1:
+        section.notes.append(f"Each figure is the best of {rounds} interleaved runs of {n:,} campaigns "
+                             "(runs_per_s lists them all): the machine is shared, and the best run is "
+                             "the least disturbed one of each contender.")
     worst = min(ratios.values())
     section.targets.append(Target("ledger cycle / raw limit, one at a time", "≥ 0.6× at every N",
                                   ", ".join(f"N={c}: {r:.2f}" for c, r in ratios.items()), worst >= 0.6))
