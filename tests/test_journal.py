@@ -147,7 +147,8 @@ async def test_output_arriving_during_a_flush_is_flushed_without_more_output(act
     journal.output(b"first\n")
     await eventually(lambda: admin.execute(
         "SELECT count(*) AS n FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
-        "AND application_name = 'ledger:worker'").fetchone()["n"] == 1, what="the flush to wait on the lock")
+        "AND application_name = 'ledger:worker' AND datname = current_database()").fetchone()["n"] == 1,
+        what="the flush to wait on the lock")
     journal.output(b"second\n")  # arrives while the first flush is in flight
     blocker.rollback()
     blocker.close()
