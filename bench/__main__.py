@@ -24,7 +24,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from bench.harness import Context, Section, Target, admin_url, describe_machine, describe_server
+from bench.harness import (Context, Section, Target, add_server_arguments, admin_url, describe_machine,
+                           describe_server)
 from ledger import logs
 
 SECTIONS = ("cycle", "peers", "wake", "scale", "heartbeat", "journal")
@@ -63,8 +64,8 @@ def cross_targets(sections: dict[str, Section]) -> list[Target]:
                           f"{ledger_batch[k] / peer_batch[k]:.2f} ({ledger_batch[k]:.0f} vs {peer_batch[k]:.0f}/s)",
                           ledger_batch[k] > peer_batch[k]))
     wake = peers.extra.get("wake", {})
-    hub = next((s for s in [sections.get("wake")] if s), None)
-    if hub and wake:
+    hub = sections.get("wake")
+    if hub and hub.rows and wake:
         ours = hub.rows[0]["p50"]
         for peer, lat in wake.items():
             if "p50" in lat:
@@ -74,7 +75,7 @@ def cross_targets(sections: dict[str, Section]) -> list[Target]:
 
 
 def _cell(value: Any) -> str:
-    """A table cell: percentiles as 'p50 / p99 (n)', everything else as is."""
+    """A table cell: percentiles as 'p50 x / p99 y ms', everything else as is."""
     if isinstance(value, dict) and "p50" in value:
         return f"p50 {value['p50']} / p99 {value['p99']} ms"
     return str(value)
@@ -112,10 +113,8 @@ def markdown(report: dict[str, Any], sections: list[Section], cross: list[Target
 async def main() -> int:
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--quick", action="store_true", help="a ~1 minute smoke run")
+    add_server_arguments(parser)
     parser.add_argument("--only", help="comma-separated sections (default: all)")
-    parser.add_argument("--database-url", help="admin URL of the server to measure (default: "
-                        "LEDGER_BENCH_DATABASE_URL, else a throwaway embedded PostgreSQL 18)")
     parser.add_argument("--out", type=Path, default=RESULTS, help="where to write the results")
     args = parser.parse_args()
     names = [n.strip() for n in args.only.split(",")] if args.only else list(SECTIONS)
@@ -140,10 +139,10 @@ async def main() -> int:
             done[name] = Section(name, name, notes=[f"failed: {type(exc).__name__}: {exc}"])
             print(f"    {name} failed: {type(exc).__name__}: {exc}", flush=True)
         for t in done[name].targets:
-            print(f"    {t.name}: {t.value} (goal {t.goal}) -> {'met' if t.met else 'MISSED'}", flush=True)
+            print(f"    {t.line()}", flush=True)
     cross = cross_targets(done)
     for t in cross:
-        print(f"    {t.name}: {t.value} (goal {t.goal}) -> {'met' if t.met else 'MISSED'}")
+        print(f"    {t.line()}")
     report["seconds"] = time.perf_counter() - started
     report["sections"] = {n: s.to_json() for n, s in done.items()}
     report["cross_targets"] = [t.__dict__ for t in cross]

@@ -26,7 +26,7 @@ from typing import Any
 
 import psycopg
 
-from ledger import Database, migrations
+from ledger import Database, logs, migrations
 from ledger.embedded import create_database, drop_database, server_url
 
 PREFIX = os.environ.get("LEDGER_BENCH_ROLE_PREFIX", "ledgerbench_")
@@ -41,6 +41,11 @@ class Target:
     goal: str
     value: str
     met: bool | None  # None: not measured in this run
+
+    def line(self) -> str:
+        """One printed line: what was measured against the goal."""
+        verdict = {True: "met", False: "MISSED", None: "n/a"}[self.met]
+        return f"{self.name}: {self.value} (goal {self.goal}) -> {verdict}"
 
 
 @dataclass
@@ -145,14 +150,18 @@ def percentiles(values: Sequence[float], scale: float = 1000.0) -> dict[str, flo
             "p95": at(0.95), "p99": at(0.99), "max": round(ordered[-1] * scale, 3)}
 
 
-def cli(run: Callable[[Context], Awaitable[Section]], doc: str | None) -> None:
-    """Run one section alone: ``python -m bench.<name> [--quick] [--database-url URL]``."""
-    parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+def add_server_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--quick`` and ``--database-url``, as every entry point takes them."""
     parser.add_argument("--quick", action="store_true", help="a smoke run: small sizes, few samples")
     parser.add_argument("--database-url", help="admin URL of the server to measure "
                         "(default: LEDGER_BENCH_DATABASE_URL, else a throwaway embedded PostgreSQL 18)")
+
+
+def cli(run: Callable[[Context], Awaitable[Section]], doc: str | None) -> None:
+    """Run one section alone: ``python -m bench.<name> [--quick] [--database-url URL]``."""
+    parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_server_arguments(parser)
     args = parser.parse_args()
-    from ledger import logs
     logs.configure("warning")
     started = time.perf_counter()
     section = asyncio.run(run(Context(admin_url(args.database_url), quick=args.quick)))
@@ -160,8 +169,7 @@ def cli(run: Callable[[Context], Awaitable[Section]], doc: str | None) -> None:
     for row in section.rows:
         print(json.dumps(row, default=str, ensure_ascii=False))
     for t in section.targets:
-        mark = {True: "met", False: "MISSED", None: "n/a"}[t.met]
-        print(f"target {t.name}: goal {t.goal}; measured {t.value} -> {mark}")
+        print(f"target {t.line()}")
     for note in section.notes:
         print(f"note: {note}")
     for key, value in section.extra.items():

@@ -37,7 +37,6 @@ class JournalWriter:
         self.limit_bytes = limit_bytes
         self.fenced = False
         self.rows_written = 0
-        self.output_chars = 0
         self.output_bytes = 0
         self._pending: list[str] = []
         self._truncated = False
@@ -56,18 +55,17 @@ class JournalWriter:
         text = storable(self._decoder.decode(data))
         if not text:
             return
-        size = len(text.encode())
-        if self.output_bytes + size > self.limit_bytes:
-            room = max(self.limit_bytes - self.output_bytes, 0)
-            text = text.encode()[:room].decode(errors="ignore")  # never half a character
-            size = len(text.encode())
+        encoded = text.encode()
+        room = max(self.limit_bytes - self.output_bytes, 0)
+        if len(encoded) > room:
+            encoded = encoded[:room]
+            text = encoded.decode(errors="ignore")  # never half a character
             if not self._truncated:
                 self._truncated = True
                 text += f"\n[ledger: output beyond {self.limit_bytes} bytes not journaled]\n"
         if not text:
             return
-        self.output_bytes += size
-        self.output_chars += len(text)
+        self.output_bytes += len(encoded)
         self._pending.append(text)
         if self._flusher is None or self._flusher.done():
             self._flusher = asyncio.create_task(self._flush_later())
