@@ -371,7 +371,8 @@ async def test_a_candidate_missing_from_the_repository_fails_the_promotion(actor
 
 async def test_an_intent_claimed_when_its_campaign_was_abandoned_is_not_carried_out(actors, repo) -> None:  # type: ignore[no-untyped-def]
     """Abandon cancels pending intents; one a dispatcher had already claimed (and
-    then lost) must not be carried out by its successor either."""
+    then lost) must not be carried out by its successor either: its
+    generation is dead, so the next claim cancels it instead."""
     base = rev(repo)
     candidate = child(repo, base, "candidate")
     cid, effect = await accepted(actors, repo, candidate)
@@ -379,10 +380,10 @@ async def test_an_intent_claimed_when_its_campaign_was_abandoned_is_not_carried_
     assert claim is not None and claim.side_effect_id == effect
     await (await actors("operator")).abandon(cid, "not needed")
 
-    assert await after_lease(actors) == 1
+    assert await after_lease(actors) == 0, "nothing left to dispatch"
     assert rev(repo) == base, "the ref was not moved"
     se = await side_effect(actors, cid, effect)
-    assert se.state == "failed" and se.error is not None and "abandoned" in se.error
+    assert se.state == "cancelled" and se.error is not None and "generation" in se.error
 
 
 async def test_a_worker_intent_must_use_the_class_repository(actors, repo, tmp_path) -> None:  # type: ignore[no-untyped-def]

@@ -84,7 +84,7 @@ async def test_reaper_retests_expiry_inside_its_update(db: Database, actors, adm
     cid, gen = await d.leased()
     claimed_at = admin.execute("SELECT leased_at FROM ledger.campaign WHERE id = %s", (cid,)).fetchone()["leased_at"]
     reaper_now = claimed_at + timedelta(seconds=45)  # lease is 30 s: expired
-    worker_now = claimed_at + timedelta(seconds=40)  # renewal -> expires at +70 s
+    worker_now = claimed_at + timedelta(seconds=25)  # renewal while live -> expires at +55 s
 
     await actors("worker")
     await actors("reaper")

@@ -20,12 +20,13 @@ def _midday(days_ago: int) -> datetime:
 
 
 async def _close_one(actors, key: str, day: datetime) -> int:  # type: ignore[no-untyped-def]
-    """Open, attempt, verify and confirm a campaign, every step at ``day`` (pinned)."""
+    """Open, attempt, verify and confirm a campaign, every step at ``day`` (pinned),
+    a second apart (well within each lease)."""
     step = iter(range(1, 100))
 
     async def at(actor: str, fn):  # type: ignore[no-untyped-def]
         await actors(actor)
-        async with actors.session(actor).transaction(now=day + timedelta(minutes=next(step))) as tx:
+        async with actors.session(actor).transaction(now=day + timedelta(seconds=next(step))) as tx:
             return await fn(Kernel(tx))
 
     cid = (await at("sensor", lambda k: k.open_campaign("test", key, "t"))).campaign_id
@@ -34,7 +35,7 @@ async def _close_one(actors, key: str, day: datetime) -> int:  # type: ignore[no
                                                   candidate_sha=sha(2), fingerprint=fingerprint(1)))
     check = await at("verifier", lambda k: k.claim_verification("v"))
     await at("verifier", lambda k: k.accept(check.verification_id))
-    started = day + timedelta(minutes=next(step))
+    started = day + timedelta(seconds=next(step))
     await at("sensor", lambda k: k.record_observation("s", key, "t", "green", started_at=started))
     return cid
 

@@ -157,7 +157,8 @@ async def test_shadowing_through_search_path_changes_nothing(db: Database, admin
         conn.execute("SET search_path = evil, pg_temp, public, pg_catalog")
         claim = conn.execute("SELECT * FROM ledger_api.claim_campaign('w', ARRAY[%s])", (test_class,)).fetchone()
         assert claim["campaign_id"] == cid
-        expires = conn.execute("SELECT ledger_api.heartbeat(%s, %s) AS e", (cid, claim["generation"])).fetchone()["e"]
+        expires = conn.execute("SELECT lease_expires_at AS e FROM ledger_api.heartbeat(%s, %s)",
+                               (cid, claim["generation"])).fetchone()["e"]
         conn.execute("SELECT ledger_api.fail_attempt(%s, %s, 'x')", (cid, claim["generation"]))
     assert admin.execute("SELECT count(*) AS n FROM evil.calls").fetchone()["n"] == 0
     assert admin.execute("SELECT count(*) AS n FROM evil.campaign").fetchone()["n"] == 0
@@ -176,6 +177,7 @@ async def test_a_worker_cannot_move_the_clock(db: Database, actors, test_class) 
     with _as(db, "worker") as conn:
         with conn.transaction():
             conn.execute("SET LOCAL ledger.now = '2999-01-01'")
-            expires = conn.execute("SELECT ledger_api.heartbeat(%s, %s) AS e", (cid, gen)).fetchone()["e"]
+            expires = conn.execute("SELECT lease_expires_at AS e FROM ledger_api.heartbeat(%s, %s)",
+                                   (cid, gen)).fetchone()["e"]
     assert expires.year < 2999
     admin.close()

@@ -11,13 +11,17 @@ from .errors import (
     IllegalTransition,
     LedgerError,
     NotFound,
+    ObjectiveConflict,
+    OutcomeUnknown,
     RepeatedApproach,
     SameIdentity,
     StaleLease,
+    Unavailable,
 )
 from .kernel import Kernel
 
 __all__ = [
     "Database", "DuplicateObjective", "Forbidden", "IllegalTransition", "Kernel", "LedgerError",
-    "NotFound", "RepeatedApproach", "SameIdentity", "Session", "StaleLease",
+    "NotFound", "ObjectiveConflict", "OutcomeUnknown", "RepeatedApproach", "SameIdentity",
+    "Session", "StaleLease", "Unavailable",
 ]

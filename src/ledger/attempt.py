@@ -6,6 +6,15 @@ The lease keeper heartbeats every ``heartbeat_s`` and at once when the hub says
 the campaign was cancelled; a stale answer (reaped, abandoned) means *stand
 down*: the command's whole process group is killed, the worktree discarded, and
 nothing more is written for this attempt. The worktree is always removed.
+
+The holder also fences itself by its own clock (``ledger.lease``): every call
+it makes is bounded by the lease's remaining time, a heartbeat that fails
+(the database restarting, a silent network) is retried until then, and if no
+renewal is confirmed before the local deadline it stands down exactly as if
+the database had said so. So a restart shorter than the lease costs nothing,
+and a partition longer than it stops the command before another worker can
+legitimately claim the campaign. An ending whose reply was lost is retried
+(endings are idempotent) and, failing that, read back.
 """
 
 from __future__ import annotations
@@ -23,10 +32,11 @@ from typing import Any
 from . import bundle as bundles
 from . import repository
 from .config import CampaignClassConfig
-from .errors import LedgerError, RepeatedApproach, StaleLease
+from .errors import LedgerError, RepeatedApproach, StaleLease, Unavailable
 from .hub import NullHub, WakeSource
 from .journal import JournalWriter
 from .kernel import Kernel
+from .lease import LeaseClock
 from .logs import get_logger
 from .models import Claim
 from .processes import CommandResult, child_environment, run_command
@@ -74,25 +84,35 @@ def _alive(pid: int) -> bool:
 
 
 class StoodDown(Exception):
-    """The lease is gone; this attempt writes nothing more."""
+    """The lease is gone (or could not be confirmed in time); this attempt
+    writes nothing more."""
+
+
+#: How soon a failed heartbeat is tried again (the lease's own deadline bounds it).
+HEARTBEAT_RETRY_S = 0.5
 
 
 class AttemptRun:
     """Runs one claimed attempt to its single ending."""
 
     def __init__(self, kernel: Kernel, claim: Claim, cls: CampaignClassConfig, *, identity: str,
-                 data_dir: Path, hub: WakeSource | None = None):
+                 data_dir: Path, hub: WakeSource | None = None, lease: LeaseClock | None = None):
         self.kernel = kernel
         self.claim = claim
         self.cls = cls
         self.identity = identity
         self.data_dir = data_dir
         self.hub = hub or NullHub()
+        if lease is None:  # granted just now, as far as this caller knows
+            lease = LeaseClock()
+            lease.confirm(LeaseClock.now(), claim.lease_remaining_s)
+        self.lease = lease
         self.log = get_logger("attempt", campaign=claim.campaign_id, attempt=claim.attempt_no,
                               generation=claim.generation, worker=identity)
         self.journal = JournalWriter(kernel, claim.campaign_id, claim.generation,
-                                     limit_bytes=cls.log_limit_bytes)
+                                     limit_bytes=cls.log_limit_bytes, budget=self.lease.remaining)
         self.stood_down = asyncio.Event()
+        self.self_fenced = False
         self._command: asyncio.Task[CommandResult] | None = None
         self.outcome = "running"
         self.ending = False  # the single ending is being written: a stale heartbeat is expected
@@ -103,20 +123,49 @@ class AttemptRun:
     # -- lease --------------------------------------------------------------
 
     async def _keep_lease(self) -> None:
-        """Heartbeat every heartbeat_s, and at once on a cancel signal."""
-        with self.hub.subscribe("ledger_cancel", key=str(self.claim.campaign_id)) as cancel:
+        """Heartbeat every heartbeat_s, and at once on a cancel signal; retry a
+        failed heartbeat until the lease's local deadline, then stand down."""
+        loop = asyncio.get_running_loop()
+        c = self.claim
+        with self.hub.subscribe("ledger_cancel", key=str(c.campaign_id)) as cancel:
+            next_beat = loop.time() + self.cls.heartbeat_s
             while not self.stood_down.is_set():
-                await cancel.wait(self.cls.heartbeat_s)
+                until = min(next_beat - loop.time(), self.lease.remaining())
+                await cancel.wait(max(until, 0.0))
+                if self.stood_down.is_set():
+                    return
+                if self.lease.lapsed:
+                    self._fence_self()
+                    return
+                sent = LeaseClock.now()
                 try:
-                    await self.kernel.heartbeat(self.claim.campaign_id, self.claim.generation)
+                    renewed = await self.kernel.heartbeat(c.campaign_id, c.generation,
+                                                          timeout_s=self.lease.remaining())
                 except StaleLease:
                     if self.ending:
                         return
-                    self.log.warning("lease lost (reaped or abandoned): standing down")
+                    self.log.warning("lease lost (reaped, abandoned or expired): standing down")
                     self._stand_down()
                     return
-                except LedgerError as exc:  # database unreachable: keep trying
-                    self.log.warning("heartbeat failed", error=exc.message)
+                except LedgerError as exc:  # unreachable, or no reply in time: keep trying
+                    self.log.warning("heartbeat failed; retrying until the lease's local deadline",
+                                     error=exc.message, error_type=type(exc).__name__,
+                                     deadline_in_s=round(self.lease.remaining(), 1))
+                    next_beat = loop.time() + min(HEARTBEAT_RETRY_S, self.cls.heartbeat_s)
+                    continue
+                self.lease.confirm(sent, renewed.lease_remaining_s)
+                next_beat = loop.time() + self.cls.heartbeat_s
+
+    def _fence_self(self) -> None:
+        """No renewal was confirmed before the lease's local deadline: stop as
+        if the database had said the lease is gone (it may be, by now)."""
+        if self.stood_down.is_set() or self.ending:
+            return
+        self.self_fenced = True
+        self.log.warning("lease not confirmed before its local deadline: stopping the attempt "
+                         "and writing nothing more (self-fenced)")
+        self.journal.fenced = True
+        self._stand_down()
 
     def _stand_down(self) -> None:
         self.stood_down.set()
@@ -126,6 +175,14 @@ class AttemptRun:
         # Cancelling the command kills its whole process group (ledger.processes).
         if self._command is not None and not self._command.done():
             self._command.cancel()
+
+    def _budget(self) -> float:
+        """The time left for a call of this lease's holder; none left: stand down."""
+        remaining = self.lease.remaining()
+        if remaining <= 0:
+            self._fence_self()
+            raise StoodDown
+        return remaining
 
     # -- the attempt --------------------------------------------------------
 
@@ -139,6 +196,13 @@ class AttemptRun:
             self.outcome = await self._attempt(repo, worktree)
         except (StoodDown, StaleLease):
             self.outcome = "drained" if self.drained else "stood_down"
+        except Unavailable as exc:
+            # Every call is bounded by the lease's remaining time: the
+            # database stayed out of reach until the lease's local deadline.
+            self.log.warning("the database stayed unreachable for the rest of the lease",
+                             error=exc.message)
+            self._fence_self()
+            self.outcome = "stood_down"
         except asyncio.CancelledError:
             self._kill()
             raise
@@ -189,7 +253,11 @@ class AttemptRun:
     async def _context(self, base: str, worktree: Path) -> dict[str, Any]:
         """What the attempt command is told: the campaign and what failed before."""
         c = self.claim
-        detail = await self.kernel.campaign_detail(c.campaign_id)
+        try:
+            async with asyncio.timeout(self._budget()):
+                detail = await self.kernel.campaign_detail(c.campaign_id)
+        except TimeoutError:
+            raise Unavailable("could not read the campaign within the lease") from None
         reasons = {v.attempt_id: v.reason for v in detail.verifications if v.status == "rejected"}
         previous = [{"attempt_no": a.attempt_no, "outcome": a.outcome, "verdict": a.verdict,
                      "failure_reason": a.failure_reason or reasons.get(a.id),
@@ -248,8 +316,11 @@ class AttemptRun:
         await self.journal.close()
         self._check()
         self.ending = True
-        await self.kernel.fail_attempt(self.claim.campaign_id, self.claim.generation, reason,
-                                       fingerprint=fingerprint)
+        try:
+            await self.kernel.fail_attempt(self.claim.campaign_id, self.claim.generation, reason,
+                                           fingerprint=fingerprint, timeout_s=self._budget())
+        except Unavailable as exc:
+            return await self._resolve(exc)
         return "failed"
 
     async def _record(self, base: str, candidate: str, diff: bytes, fingerprint: str) -> str:
@@ -271,12 +342,31 @@ class AttemptRun:
                 c.campaign_id, c.generation, base_sha=base, candidate_sha=candidate,
                 fingerprint=fingerprint, bundle=frozen.model_dump(mode="json", by_alias=True),
                 bundle_digest=digest, evidence_location=str(campaign_dir),
-                log_tail=self.log_tail)
+                log_tail=self.log_tail, timeout_s=self._budget())
         except RepeatedApproach as exc:
             self.ending = False
             return await self._fail(exc.message, fingerprint)
+        except Unavailable as exc:
+            return await self._resolve(exc)
         self.log.info("attempt recorded", candidate=candidate, fingerprint=fingerprint)
         return "attempted"
+
+    async def _resolve(self, exc: Unavailable) -> str:
+        """The ending's reply never came, even retried within the lease: read
+        the attempt back to learn whether it is in. (Nothing more is written
+        either way: the lease's time is up.)"""
+        self.log.warning("the ending's reply was lost; reading the attempt back",
+                         error=exc.message, error_type=type(exc).__name__)
+        try:
+            attempt = await self.kernel.attempt_of(self.claim.campaign_id, self.claim.generation)
+        except LedgerError as read_error:
+            self.log.error("could not read the attempt back; its ending is unknown here "
+                           "(the database has it, or the reaper will record it as lost)",
+                           error=read_error.message)
+            return "unknown"
+        outcome = attempt.outcome if attempt is not None else "running"
+        self.log.info("attempt read back", outcome=outcome)
+        return {"running": "stood_down"}.get(outcome, outcome)
 
     async def drain(self) -> None:
         """Stop now (shutdown past the drain budget): kill the command and hand
@@ -288,7 +378,10 @@ class AttemptRun:
         self.stood_down.set()
         try:
             await self.kernel.fail_attempt(self.claim.campaign_id, self.claim.generation,
-                                           "drained: the worker shut down", drained=True)
+                                           "drained: the worker shut down", drained=True,
+                                           timeout_s=max(self.lease.remaining(), 0.001))
             self.outcome = "drained"
         except StaleLease:
             self.outcome = "stood_down"
+        except Unavailable as exc:
+            self.outcome = await self._resolve(exc)

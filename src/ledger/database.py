@@ -12,42 +12,88 @@ role's privileges -- the application can never do more than the role.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import os
 import random
+import socket
+import time
+import weakref
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from datetime import datetime
 from functools import lru_cache
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 import psycopg
 import psycopg_pool
 from psycopg import sql
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 from psycopg_pool import AsyncConnectionPool
-from tenacity import (
-    AsyncRetrying,
-    retry_if_exception,
-    stop_after_attempt,
-    wait_random_exponential,
-)
+from tenacity import AsyncRetrying, retry_if_exception, stop_before_delay, wait_random_exponential
 
 from . import errors
+from .logs import get_logger
 from .queries import Query
 from .settings import Settings, get_settings
 
 Row = dict[str, Any]
+T = TypeVar("T")
 
 #: How long a Session gathers post-commit hints before sending them together.
 HINT_WINDOW_S = 0.005
-#: The first wait before retrying a transient failure; each later one doubles.
+#: The first wait before retrying; each later one doubles, up to RETRY_CAP_S.
 RETRY_BASE_S = 0.05
+RETRY_CAP_S = 1.0
+#: A call's whole budget, retries included, unless the caller gives its own.
+CALL_TIMEOUT_S = 30.0
+#: How long one try may wait for its reply before the connection is dropped.
+TRY_TIMEOUT_S = 10.0
+#: A pooled connection idle for longer than this is checked before it is used.
+CHECK_IDLE_S = 1.0
+CHECK_TIMEOUT_S = 3.0
+
+#: libpq parameters every connection gets unless its URL sets them (DESIGN 14,
+#: issue "a silent network"): a bounded connect, keepalives on an idle
+#: connection, and TCP_USER_TIMEOUT so unacknowledged data fails the
+#: connection in seconds rather than after the kernel's retransmission limit.
+#: (Both only help where the path really drops packets; a path that ACKs but
+#: never answers is caught by each call's own deadline, below.)
+CONNECT_DEFAULTS: dict[str, str] = {
+    "connect_timeout": "5",
+    "keepalives": "1",
+    "keepalives_idle": "10",
+    "keepalives_interval": "3",
+    "keepalives_count": "3",
+    "tcp_user_timeout": "15000",
+}
+
+#: Server-side limits each runtime connection sets for itself: a statement
+#: nobody waits for any more, or a transaction whose client vanished, must not
+#: hold locks until the server's own keepalives notice (hours by default).
+SESSION_LIMITS: dict[str, tuple[str, str]] = {
+    # actor: (statement_timeout, idle_in_transaction_session_timeout)
+    "reader": ("120s", "60s"),
+    "operator": ("300s", "60s"),
+}
+DEFAULT_SESSION_LIMITS = ("30s", "60s")
+
+
+def with_connect_defaults(url: str) -> str:
+    """``url`` (a URL or conninfo string) with ``CONNECT_DEFAULTS`` added where it
+    says nothing. What the URL sets wins."""
+    params = conninfo_to_dict(url)
+    for key, value in CONNECT_DEFAULTS.items():
+        params.setdefault(key, value)
+    return make_conninfo(**params)
 
 
 class Executor(Protocol):
     """Something that can call kernel functions and run read queries."""
 
-    async def call(self, function: str, /, **args: Any) -> list[Row]: ...
+    async def call(self, function: str, args: Mapping[str, Any], /, *,
+                   idempotent: bool = False, timeout_s: float | None = None) -> list[Row]: ...
 
     async def fetch(self, query: Query, /, **params: Any) -> list[Row]: ...
 
@@ -60,10 +106,17 @@ def _hint_statement(hints: Sequence[tuple[str, str]]) -> sql.Composed:
         for channel, payload in hints))
 
 
-def _is_transient(exc: BaseException) -> bool:
-    if isinstance(exc, errors.LedgerError):
-        return exc.sqlstate in errors.TRANSIENT_SQLSTATES
-    return isinstance(exc, psycopg.OperationalError)
+def _retryable(exc: BaseException, idempotent: bool) -> bool:
+    """Whether a failed try may be made again: the statement certainly did not
+    take effect (a transient SQLSTATE, or nothing was sent), or it may have
+    but the call is idempotent (retrying it returns the first result)."""
+    if isinstance(exc, errors.OutcomeUnknown):
+        return idempotent
+    if isinstance(exc, errors.Unavailable):
+        # not sent, or refused before running (a standby, a starting server);
+        # a missing database or schema is no reason to wait
+        return exc.sqlstate not in ("3D000", "3F000", "42883", "42P01")
+    return isinstance(exc, errors.LedgerError) and exc.sqlstate in errors.TRANSIENT_SQLSTATES
 
 
 def _adapt(value: Any) -> Any:
@@ -77,19 +130,77 @@ def _adapt(value: Any) -> Any:
     return value
 
 
-def _translate(exc: psycopg.Error) -> errors.LedgerError:
-    if exc.sqlstate is None and isinstance(exc, psycopg.DataError):
-        # Raised by the driver before anything reaches the server (e.g. a NUL
-        # character in a text parameter): the caller's input is unusable.
-        return errors.InvalidInput(f"invalid input: {_first_line(exc)}")
+def _translate(exc: psycopg.Error, *, sent: bool = True) -> errors.LedgerError:
+    """The Ledger error for a driver error. ``sent``: whether a statement had
+    been sent on the connection when it failed (a lost connection is then an
+    unknown outcome, not merely an unreachable server)."""
+    if exc.sqlstate is None:
+        if isinstance(exc, psycopg.DataError):
+            # Raised by the driver before anything reaches the server (e.g. a
+            # NUL character in a text parameter): the caller's input is unusable.
+            return errors.InvalidInput(f"invalid input: {_first_line(exc)}")
+        if isinstance(exc, (psycopg.OperationalError, psycopg.InterfaceError)):
+            # The connection broke without the server saying why (killed,
+            # restarted, a dropped path): a reply may have been lost.
+            cls = errors.OutcomeUnknown if sent else errors.Unavailable
+            what = "the connection was lost during the call" if sent else "cannot connect to the database"
+            return cls(f"{what}: {_first_line(exc)}")
     diag = exc.diag
     message = diag.message_primary or str(exc).strip() or type(exc).__name__
-    return errors.from_sqlstate(exc.sqlstate, message, diag.message_detail)
+    return errors.from_sqlstate(exc.sqlstate, message, diag.message_detail, sent=sent)
 
 
 def _first_line(exc: BaseException) -> str:
     lines = [line for line in str(exc).splitlines() if line.strip()]
     return lines[-1].strip() if lines else type(exc).__name__
+
+
+def abort(conn: psycopg.AsyncConnection[Any]) -> None:
+    """Make a connection fail at once, whatever it is waiting for.
+
+    Shutting the socket down (through a duplicate of its descriptor, so the
+    driver's own descriptor stays valid) ends a read that would otherwise wait
+    for a reply that a silent path never delivers; the driver then sees the
+    connection closed and the pool discards it. Cancelling the task instead
+    would make psycopg send a cancel request over the same silent path and
+    wait up to 10 s for it."""
+    with contextlib.suppress(Exception):
+        fd = conn.pgconn.socket
+        dup = socket.socket(fileno=os.dup(fd))
+        try:
+            dup.shutdown(socket.SHUT_RDWR)
+        finally:
+            dup.close()
+
+
+async def bounded(conn: psycopg.AsyncConnection[Any], work: Awaitable[T], timeout_s: float) -> T:
+    """Await ``work`` (which uses ``conn``) for at most ``timeout_s``. Past it,
+    or if the caller is cancelled meanwhile, the connection is aborted (see
+    ``abort``) and ``OutcomeUnknown`` raised: the statement may have run."""
+    task = asyncio.ensure_future(work)
+    try:
+        done, _ = await asyncio.wait({task}, timeout=max(timeout_s, 0.0))
+    except asyncio.CancelledError:
+        abort(conn)
+        await _settle(task)
+        raise
+    if not done:
+        abort(conn)
+        await _settle(task)
+        raise errors.OutcomeUnknown(
+            f"no reply within {timeout_s:.1f}s: the connection was dropped "
+            "(the call may or may not have taken effect)")
+    return task.result()
+
+
+async def _settle(task: asyncio.Future[Any]) -> None:
+    # After abort() the driver's read ends at once; the bound is only a guard.
+    with contextlib.suppress(BaseException):
+        await asyncio.wait_for(asyncio.shield(task), timeout=2.0)
+    if not task.done():
+        task.cancel()
+        with contextlib.suppress(BaseException):
+            await task
 
 
 @lru_cache(maxsize=256)
@@ -130,13 +241,16 @@ class Transaction:
     def __init__(self, conn: psycopg.AsyncConnection[Row]):
         self.conn = conn
 
-    async def call(self, function: str, /, **args: Any) -> list[Row]:
-        """Call ``ledger_api.<function>`` with named arguments, inside this transaction."""
-        return await _run_call(self.conn, function, args)
+    async def call(self, function: str, args: Mapping[str, Any], /, *,
+                   idempotent: bool = False, timeout_s: float | None = None) -> list[Row]:
+        """Call ``ledger_api.<function>`` with named arguments, inside this
+        transaction (no retries: a failure aborts the transaction)."""
+        return await bounded(self.conn, _run_call(self.conn, function, args),
+                             timeout_s or CALL_TIMEOUT_S)
 
     async def fetch(self, query: Query, /, **params: Any) -> list[Row]:
         """Run a read query inside this transaction."""
-        return await _run_query(self.conn, query, params)
+        return await bounded(self.conn, _run_query(self.conn, query, params), CALL_TIMEOUT_S)
 
     async def hint(self, hints: Sequence[tuple[str, str]], /) -> None:
         """NOTIFY ``(channel, payload)`` pairs when this transaction commits."""
@@ -146,15 +260,23 @@ class Transaction:
 
 class Session:
     """A pool of connections acting as one role. Each call is its own
-    transaction and is retried on transient errors (serialization failure,
-    deadlock, lost connection) with jittered backoff -- the one place Ledger
-    retries database work."""
+    transaction with a deadline, retried with jittered backoff while its
+    budget lasts -- the one place Ledger retries database work:
+
+    * a transient SQLSTATE (serialization failure, deadlock, lock not
+      available) or a call that never left (``Unavailable``): always;
+    * a call whose reply was lost (``OutcomeUnknown``: the connection
+      dropped, or the try's deadline passed and the connection was
+      aborted): only when the call is idempotent, on a fresh connection.
+
+    A pooled connection idle for a while is checked before it is handed out,
+    so one killed by a server restart costs a reconnect, not a failed call."""
 
     def __init__(self, database: Database, actor: str | None, *, min_size: int = 1, max_size: int = 4):
         self.database = database
         self.actor = actor
         self._pool: AsyncConnectionPool[psycopg.AsyncConnection[Row]] = AsyncConnectionPool(
-            database.url_for(actor),
+            with_connect_defaults(database.url_for(actor)),
             min_size=min_size,
             max_size=max_size,
             kwargs={
@@ -163,27 +285,44 @@ class Session:
                 "application_name": f"ledger:{actor or 'admin'}",
             },
             configure=self._configure,
+            check=self._check,
             open=False,
             name=f"ledger-{actor or 'admin'}",
+            # a server that is down is retried by the pool itself this long
+            reconnect_timeout=24 * 3600.0,
         )
+        self._used: weakref.WeakKeyDictionary[psycopg.AsyncConnection[Row], float] = \
+            weakref.WeakKeyDictionary()
         self._hints: dict[tuple[str, str], None] = {}  # ordered, without repeats
         self._hinter: asyncio.Task[None] | None = None
+        self.log = get_logger("database", actor=actor or "admin")
 
     async def _configure(self, conn: psycopg.AsyncConnection[Row]) -> None:
-        if self.actor is not None:
-            await conn.execute(self.database.set_role_statement(self.actor))
+        await conn.execute(self.database.session_setup(self.actor))
 
-    async def open(self, *, wait: bool = True, timeout: float = 30.0) -> Session:
+    async def _check(self, conn: psycopg.AsyncConnection[Row]) -> None:
+        # A connection used a moment ago is very likely fine; one that idled
+        # may have been killed by a restart or forgotten by a middlebox.
+        if time.monotonic() - self._used.get(conn, 0.0) < CHECK_IDLE_S:
+            return
+        try:
+            await bounded(conn, conn.execute(b""), CHECK_TIMEOUT_S)
+        except errors.LedgerError as exc:
+            raise psycopg.OperationalError(exc.message) from exc
+
+    async def open(self, *, wait: bool = True, timeout: float = 30.0,
+                   wait_for_database_s: float = 0.0) -> Session:
         """Open the pool (waiting for its first connection by default).
 
         One direct connection first: a wrong URL or a missing database fails at
-        once with the server's own message, instead of the pool retrying."""
-        probe = await self.database.connect(self.actor)
-        await probe.close()
+        once with the server's own message, instead of the pool retrying. With
+        ``wait_for_database_s``, an unreachable or starting server is waited
+        for that long (with a log line per try) before ``Unavailable``."""
+        await self.database.wait_until_reachable(self.actor, wait_for_database_s)
         try:
             await self._pool.open(wait=wait, timeout=timeout)
         except psycopg.Error as exc:
-            raise _translate(exc) from exc
+            raise _translate(exc, sent=False) from exc
         except Exception as exc:  # psycopg_pool.PoolTimeout carries no SQLSTATE
             raise errors.Unavailable(f"cannot connect to the database: {exc}") from exc
         return self
@@ -201,40 +340,70 @@ class Session:
     async def __aexit__(self, *exc_info: object) -> None:
         await self.close()
 
-    def _retrying(self, already: int = 0) -> AsyncRetrying:
-        """Up to six tries in all (``already`` made before this loop), with
-        jittered exponential backoff between them: up to 0.05, 0.1, 0.2, 0.4
-        and 0.8 s, the schedule continuing where the tries made left off."""
-        return AsyncRetrying(
-            retry=retry_if_exception(_is_transient),
-            wait=wait_random_exponential(multiplier=RETRY_BASE_S * 2 ** already, max=2.0),
-            stop=stop_after_attempt(6 - already),
-            reraise=True,
-        )
-
-    async def call(self, function: str, /, **args: Any) -> list[Row]:
-        """Call ``ledger_api.<function>`` with named arguments in its own transaction."""
-        return await self._retried(lambda conn: _run_call(conn, function, args))
+    async def call(self, function: str, args: Mapping[str, Any], /, *,
+                   idempotent: bool = False, timeout_s: float | None = None) -> list[Row]:
+        """Call ``ledger_api.<function>`` with named arguments in its own
+        transaction, within ``timeout_s`` (retries included)."""
+        return await self._retried(lambda conn: _run_call(conn, function, args),
+                                   idempotent=idempotent, timeout_s=timeout_s)
 
     async def fetch(self, query: Query, /, **params: Any) -> list[Row]:
-        """Run a read query."""
-        return await self._retried(lambda conn: _run_query(conn, query, params))
+        """Run a read query (reads are always safe to retry)."""
+        return await self._retried(lambda conn: _run_query(conn, query, params),
+                                   idempotent=True, timeout_s=None)
 
-    async def _retried(self, work: Callable[[psycopg.AsyncConnection[Row]], Awaitable[list[Row]]]) -> list[Row]:
+    async def _retried(self, work: Callable[[psycopg.AsyncConnection[Row]], Awaitable[list[Row]]], *,
+                       idempotent: bool, timeout_s: float | None) -> list[Row]:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + (timeout_s if timeout_s is not None else CALL_TIMEOUT_S)
         # The first try runs outside tenacity: building its retry state on
         # every call cost more than the call's own Python work (bench/cycle).
         try:
-            async with self._pool.connection() as conn:
-                return await work(conn)
-        except Exception as exc:
-            if not _is_transient(exc):
+            return await self._try(work, min(deadline - loop.time(), TRY_TIMEOUT_S))
+        except errors.LedgerError as exc:
+            if not _retryable(exc, idempotent) or deadline - loop.time() <= RETRY_BASE_S:
                 raise
-            await asyncio.sleep(random.uniform(0, RETRY_BASE_S))  # the first of the jittered waits
-        async for attempt in self._retrying(already=1):
+            self.log.info("retrying a database call", error=exc.message,
+                          error_type=type(exc).__name__)
+        # Then jittered exponential waits (up to RETRY_CAP_S), tries on fresh
+        # connections, until the call's budget is spent.
+        retrying = AsyncRetrying(
+            retry=retry_if_exception(lambda exc: _retryable(exc, idempotent)),
+            wait=wait_random_exponential(multiplier=RETRY_BASE_S, max=RETRY_CAP_S),
+            stop=stop_before_delay(max(deadline - loop.time(), 0.0)),
+            reraise=True,
+        )
+        async for attempt in retrying:
             with attempt:
-                async with self._pool.connection() as conn:
-                    return await work(conn)
+                return await self._try(work, min(deadline - loop.time(), TRY_TIMEOUT_S))
         raise AssertionError("unreachable")  # pragma: no cover
+
+    async def _try(self, work: Callable[[psycopg.AsyncConnection[Row]], Awaitable[list[Row]]],
+                   timeout_s: float) -> list[Row]:
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        try:
+            conn = await self._pool.getconn(timeout=max(timeout_s, 0.001))
+        except psycopg_pool.PoolTimeout as exc:
+            raise errors.Unavailable(f"no database connection within {timeout_s:.1f}s") from exc
+        except psycopg_pool.PoolClosed as exc:
+            raise errors.Unavailable("the connection pool is closed") from exc
+        try:
+            result = await bounded(conn, work(conn), timeout_s - (loop.time() - started))
+            self._used[conn] = time.monotonic()
+            return result
+        except errors.OutcomeUnknown:
+            # whatever the connection was doing is over: never hand it out again
+            with contextlib.suppress(Exception):
+                await conn.close()
+            raise
+        except errors.ReadOnly:
+            # a standby: a new connection may find the (new) primary
+            with contextlib.suppress(Exception):
+                await conn.close()
+            raise
+        finally:
+            await self._pool.putconn(conn)
 
     async def hint(self, hints: Sequence[tuple[str, str]], /) -> None:
         """NOTIFY ``(channel, payload)`` pairs after a committed write.
@@ -267,11 +436,14 @@ class Session:
         hints, self._hints = list(self._hints), {}
         statement = sql.SQL("BEGIN; SET LOCAL synchronous_commit = off; {}; COMMIT").format(
             _hint_statement(hints))
-        try:
-            async with self._pool.connection() as conn:
-                await conn.execute(statement)
-        except (psycopg.Error, psycopg_pool.PoolTimeout):
-            pass  # a hint, not a write: the waiters' poll tick covers it
+
+        async def send(conn: psycopg.AsyncConnection[Row]) -> list[Row]:
+            await conn.execute(statement)
+            return []
+
+        with contextlib.suppress(errors.LedgerError, psycopg.Error):
+            # a hint, not a write: the waiters' poll tick covers a lost one
+            await self._try(send, CHECK_TIMEOUT_S)
 
     @asynccontextmanager
     async def transaction(self, *, now: datetime | None = None) -> AsyncIterator[Transaction]:
@@ -328,6 +500,16 @@ class Database:
         """``SET ROLE`` to the actor's role, safely quoted."""
         return sql.SQL("SET ROLE {}").format(sql.Identifier(self.role(actor)))
 
+    def session_setup(self, actor: str | None) -> sql.Composed:
+        """What a new connection of ``actor`` runs once: its role and its
+        server-side limits (``SESSION_LIMITS``), in one round trip."""
+        statement, idle = SESSION_LIMITS.get(actor or "", DEFAULT_SESSION_LIMITS)
+        parts = [sql.SQL("SET statement_timeout = {}").format(sql.Literal(statement)),
+                 sql.SQL("SET idle_in_transaction_session_timeout = {}").format(sql.Literal(idle))]
+        if actor is not None:
+            parts.insert(0, self.set_role_statement(actor))
+        return sql.SQL("; ").join(parts)
+
     def session(self, actor: str | None, *, min_size: int = 1, max_size: int = 4) -> Session:
         """A (not yet opened) pool acting as ``actor``; ``None`` acts as the administrator."""
         return Session(self, actor, min_size=min_size, max_size=max_size)
@@ -336,26 +518,30 @@ class Database:
         """One dedicated connection acting as ``actor`` (for LISTEN and the like)."""
         try:
             conn = await psycopg.AsyncConnection.connect(
-                self.url_for(actor),
+                with_connect_defaults(self.url_for(actor)),
                 autocommit=autocommit,
                 row_factory=dict_row,
                 application_name=f"ledger:{actor or 'admin'}",
             )
-            if actor is not None:
-                await conn.execute(self.set_role_statement(actor))
-                if not autocommit:
-                    await conn.commit()
-        except psycopg.OperationalError as exc:
-            raise errors.Unavailable(f"cannot connect to the database: {_first_line(exc)}") from exc
         except psycopg.Error as exc:
-            raise _translate(exc) from exc
+            raise _translate(exc, sent=False) from exc
+        try:
+            await bounded(conn, conn.execute(self.session_setup(actor)), CHECK_TIMEOUT_S)
+            if not autocommit:
+                await conn.commit()
+        except psycopg.Error as exc:
+            await conn.close()
+            raise _translate(exc, sent=False) from exc
+        except BaseException:
+            await conn.close()
+            raise
         return conn
 
     def connect_sync(self, actor: str | None = None, *, autocommit: bool = True) -> psycopg.Connection[Row]:
         """A blocking connection acting as ``actor`` (for scripts, tests and the CLI's admin work)."""
         try:
             conn = psycopg.connect(
-                self.url_for(actor),
+                with_connect_defaults(self.url_for(actor)),
                 autocommit=autocommit,
                 row_factory=dict_row,
                 application_name=f"ledger:{actor or 'admin'}",
@@ -364,10 +550,8 @@ class Database:
                 conn.execute(self.set_role_statement(actor))
                 if not autocommit:
                     conn.commit()
-        except psycopg.OperationalError as exc:
-            raise errors.Unavailable(f"cannot connect to the database: {_first_line(exc)}") from exc
         except psycopg.Error as exc:
-            raise _translate(exc) from exc
+            raise _translate(exc, sent=False) from exc
         return conn
 
     async def ping(self) -> None:
@@ -375,3 +559,27 @@ class Database:
         conn = await self.connect(None)
         await conn.close()
 
+    async def wait_until_reachable(self, actor: str | None, wait_s: float) -> None:
+        """Connect once as ``actor``; while the server is unreachable, starting
+        or read-only, try again with jittered backoff (capped at 2 s) for up to
+        ``wait_s`` seconds, logging each wait. Errors that waiting cannot mend
+        (a wrong password, a missing database) are raised at once."""
+        log = get_logger("database", actor=actor or "admin")
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + max(wait_s, 0.0)
+        tries = 0
+        while True:
+            tries += 1
+            try:
+                conn = await self.connect(actor)
+                await conn.close()
+                if tries > 1:
+                    log.info("the database is reachable", tries=tries)
+                return
+            except errors.Unavailable as exc:
+                delay = random.uniform(0.5, 1.0) * min(2.0, 0.25 * 2 ** min(tries - 1, 4))
+                if not _retryable(exc, False) or loop.time() + delay >= deadline:
+                    raise
+                log.warning("waiting for the database", error=exc.message, tries=tries,
+                            gives_up_in_s=round(deadline - loop.time(), 1))
+                await asyncio.sleep(delay)

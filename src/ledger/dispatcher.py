@@ -18,7 +18,14 @@ anything (``complete_side_effect``):
 
 Every claim starts by reading the target back: a dispatcher that died between
 the action and the record left the effect in place, and its successor records
-``done`` without acting again. Outcomes: ``done`` (the target shows the effect),
+``done`` without acting again. Just before acting, the dispatcher confirms
+(``confirm_side_effect``) that its claim is still its own and that the
+intent's generation is still live -- an intent whose lease holder lost its
+lease is cancelled there, never carried out -- and it never acts once its
+claim's lease has lapsed by its own clock (``ledger.lease``). What remains is
+the moment between that confirmation and the action itself; the
+compare-and-swap (git) and the Idempotency-Key (HTTP) bound what a late
+action can do, and the read-back decides what is recorded. Outcomes: ``done`` (the target shows the effect),
 ``conflict`` (the precondition failed: never retried blindly; a promotion then
 goes back to ready), ``retry`` (transient: network, 5xx, git lock contention;
 jittered backoff by tries) and ``failed`` (permanent, or out of tries).
@@ -40,10 +47,11 @@ from typing import Any, Literal
 import httpx
 
 from . import faults
-from .errors import StaleLease
+from .errors import StaleLease, Unavailable
 from .hub import NullHub, WakeSource
 from .identity import process_identity
 from .kernel import Kernel
+from .lease import LeaseClock
 from .logs import get_logger
 from .loops import Loop
 from .models import Campaign, SideEffectClaim
@@ -79,6 +87,11 @@ class Verdict:
     error: str | None = None
     #: a lower bound on the retry delay the target asked for (Retry-After)
     retry_after_s: float | None = None
+
+
+class _NotOurs(Exception):
+    """Do not act and record nothing: the claim is no longer this dispatcher's,
+    or the intent's generation died (and the kernel cancelled it)."""
 
 
 def _done(**result: Any) -> Verdict:
@@ -140,6 +153,7 @@ class Dispatcher(Loop):
         self.batch = batch
         self._http_client = http_client
         self._stop: asyncio.Event | None = None
+        self._lease = LeaseClock()  # of the claim being dispatched
         self.log = get_logger(self.name, dispatcher=self.identity)
         #: outcomes recorded by this dispatcher, for logs and tests
         self.recorded: dict[str, int] = {"done": 0, "conflict": 0, "retry": 0, "failed": 0}
@@ -150,11 +164,12 @@ class Dispatcher(Loop):
         """Dispatch every intent that is due now (up to ``batch``); returns how many."""
         handled = 0
         while handled < self.batch and not (self._stop and self._stop.is_set()):
+            sent = LeaseClock.now()
             claim = await self.kernel.claim_side_effect(self.identity, lease_s=self.lease_s,
                                                         kinds=self.kinds)
             if claim is None:
                 break
-            await self.dispatch(claim)
+            await self.dispatch(claim, sent_at=sent)
             handled += 1
         return handled
 
@@ -173,12 +188,18 @@ class Dispatcher(Loop):
 
     # --- one intent ------------------------------------------------------------
 
-    async def dispatch(self, claim: SideEffectClaim) -> Outcome:
+    async def dispatch(self, claim: SideEffectClaim, *, sent_at: float | None = None) -> Outcome | None:
         """Carry out one claimed intent and record what the read-back showed;
-        returns the outcome recorded (``retry`` past ``max_tries`` is ``failed``)."""
+        returns the outcome recorded (``retry`` past ``max_tries`` is ``failed``),
+        or ``None`` when it did not act because the claim or the intent's
+        generation was no longer live (nothing recorded by this dispatcher).
+        ``sent_at``: the local time the claim was sent (default: now)."""
         log = self.log.bind(side_effect=claim.side_effect_id, campaign=claim.campaign_id,
                             kind=claim.kind, purpose=claim.purpose, target=claim.target,
                             tries=claim.tries)
+        lease = LeaseClock()
+        lease.confirm(LeaseClock.now() if sent_at is None else sent_at, claim.lease_remaining_s)
+        self._lease = lease
         campaign = await self.kernel.campaign(claim.campaign_id)
         try:
             if claim.kind == "git.update_ref":
@@ -187,6 +208,9 @@ class Dispatcher(Loop):
                 verdict = await self._http(claim, campaign)
             else:  # the schema's CHECK makes this unreachable; say so if it is not
                 verdict = _failed(f"unknown side effect kind {claim.kind!r}")
+        except _NotOurs as exc:
+            log.warning("not carried out: " + str(exc))
+            return None
         except Exception as exc:  # noqa: BLE001 -- a bug must not strand the claim
             log.exception("dispatch raised")
             verdict = Verdict("retry", error=f"dispatcher error: {type(exc).__name__}: {exc}")
@@ -204,11 +228,15 @@ class Dispatcher(Loop):
         try:
             await self.kernel.complete_side_effect(claim.side_effect_id, claim.claim_token,
                                                    outcome, result=result, error=error,
-                                                   retry_after_s=retry_after)
-        except StaleLease:
-            # Our lease lapsed and another dispatcher claimed the intent: it
-            # reads back first, so whatever we did is seen and recorded there.
-            log.warning("claim lost before recording; the next claimant reads back", outcome=outcome)
+                                                   retry_after_s=retry_after,
+                                                   timeout_s=max(lease.remaining(), 0.001))
+        except (StaleLease, Unavailable) as exc:
+            # Our lease lapsed (another dispatcher may hold the intent now) or
+            # the database stayed out of reach for the rest of it: the next
+            # claimant reads back first, so whatever we did is seen and
+            # recorded there.
+            log.warning("claim lost before recording; the next claimant reads back",
+                        outcome=outcome, error=exc.message)
             return outcome
         self.recorded[outcome] += 1
         log_at = log.info if outcome == "done" else log.warning
@@ -216,6 +244,26 @@ class Dispatcher(Loop):
                retry_in_s=round(retry_after, 2) if outcome == "retry" else None,
                already_applied=verdict.result.get("already_applied"))
         return outcome
+
+    async def _go_ahead(self, claim: SideEffectClaim, *, needed_s: float) -> None:
+        """Just before acting: confirm the claim and the intent's generation
+        (extending the claim's lease), and that enough of the lease is left
+        for the action by this dispatcher's own clock; else ``_NotOurs``."""
+        lease = self._lease
+        if lease.lapsed:
+            raise _NotOurs("the claim's lease lapsed by the dispatcher's own clock")
+        sent = LeaseClock.now()
+        try:
+            renewed = await self.kernel.confirm_side_effect(
+                claim.side_effect_id, claim.claim_token, lease_s=self.lease_s,
+                timeout_s=lease.remaining())
+        except StaleLease as exc:
+            raise _NotOurs(exc.message) from exc
+        except Unavailable as exc:
+            raise _NotOurs(f"the claim could not be confirmed: {exc.message}") from exc
+        lease.confirm(sent, renewed.lease_remaining_s)
+        if lease.remaining() < needed_s:
+            raise _NotOurs(f"less than {needed_s:g}s of the claim's lease is left to act")
 
     def _gave_up(self, claim: SideEffectClaim) -> Verdict | None:
         # More claims than tries happen only when dispatchers died mid-dispatch
@@ -271,6 +319,7 @@ class Dispatcher(Loop):
         if await asyncio.to_thread(repo.rev_parse, new) != new:
             return _failed(f"commit {new} is not in {location}", read_back=current)
 
+        await self._go_ahead(claim, needed_s=1.0)
         try:
             await asyncio.to_thread(repo.update_ref, ref, new, old)
         except RefMoved as exc:
@@ -343,6 +392,7 @@ class Dispatcher(Loop):
                 return _failed("campaign abandoned before the intent was carried out")
             if (gave_up := self._gave_up(claim)) is not None:
                 return gave_up
+            await self._go_ahead(claim, needed_s=2 * self.http_timeout_s)
             try:
                 response = await client.request(method, url, headers=headers, content=content,
                                                 json=json_body)

@@ -119,6 +119,30 @@ class Unavailable(LedgerError):
     exit_code = 69  # EX_UNAVAILABLE
 
 
+class OutcomeUnknown(Unavailable):
+    """The call was sent but its reply was lost (the connection dropped, or the
+    call's deadline passed): it may or may not have taken effect. Idempotent
+    calls are retried by ``Session``; others must be resolved by reading back."""
+
+    slug = "outcome-unknown"
+    exit_code = 75  # EX_TEMPFAIL
+
+
+class ReadOnly(Unavailable):
+    """The server is read-only (a standby): no primary is reachable on this URL."""
+
+    slug = "read-only"
+
+
+class ObjectiveConflict(LedgerError):
+    """The objective is already open with a different request (priority,
+    labels, desired state ...): the open campaign is left as it is."""
+
+    slug = "objective-conflict"
+    http_status = 409
+    exit_code = 11
+
+
 class ConfigError(LedgerError):
     """A configuration file or setting is invalid."""
 
@@ -139,6 +163,8 @@ SQLSTATES: dict[str, type[LedgerError]] = {
     "LG008": SameIdentity,
     "LG009": ImmutableRecord,
     "LG010": IdempotencyConflict,
+    "LG011": ObjectiveConflict,
+    "25006": ReadOnly,  # read_only_sql_transaction: connected to a standby
     "42501": Forbidden,  # insufficient_privilege: the role may not call this
     "22P02": InvalidInput,  # invalid_text_representation
     "22007": InvalidInput,  # invalid_datetime_format
@@ -158,13 +184,31 @@ SQLSTATES: dict[str, type[LedgerError]] = {
     "42P01": Unavailable,  # undefined_table: not migrated
 }
 
-#: SQLSTATEs worth retrying with backoff (ledger.database does, in one place).
-TRANSIENT_SQLSTATES = frozenset({"40001", "40P01", "55P03", "57P01", "08000", "08003", "08006"})
+#: SQLSTATEs after which the statement certainly did not take effect and is
+#: worth retrying with backoff (ledger.database does, in one place).
+TRANSIENT_SQLSTATES = frozenset({"40001", "40P01", "55P03"})
+
+#: SQLSTATEs that end a connection. Met while connecting, nothing was sent
+#: (``Unavailable``); met during a call, its reply may be lost after the commit
+#: (``OutcomeUnknown``).
+CONNECTION_LOST_SQLSTATES = frozenset({"08000", "08003", "08006", "08007", "57P01", "57P02"})
+#: SQLSTATEs that refuse a connection before anything runs.
+CONNECTION_REFUSED_SQLSTATES = frozenset({"08001", "08004", "57P03", "53300"})
 
 
-def from_sqlstate(sqlstate: str | None, message: str, detail: str | None = None) -> LedgerError:
-    """Build the Ledger error for a database error's SQLSTATE."""
-    cls = SQLSTATES.get(sqlstate or "", LedgerError)
-    if cls is LedgerError and sqlstate and sqlstate.startswith("08"):
+def from_sqlstate(sqlstate: str | None, message: str, detail: str | None = None, *,
+                  sent: bool = True) -> LedgerError:
+    """Build the Ledger error for a database error's SQLSTATE. ``sent`` says
+    whether a call had been sent when the error arrived (a lost connection is
+    then ``OutcomeUnknown``, else ``Unavailable``)."""
+    code = sqlstate or ""
+    cls: type[LedgerError]
+    if code in CONNECTION_LOST_SQLSTATES:
+        cls = OutcomeUnknown if sent else Unavailable
+    elif code in CONNECTION_REFUSED_SQLSTATES:
         cls = Unavailable
+    else:
+        cls = SQLSTATES.get(code, LedgerError)
+        if cls is LedgerError and code.startswith("08"):
+            cls = OutcomeUnknown if sent else Unavailable
     return cls(message, sqlstate=sqlstate, detail=detail)

@@ -15,6 +15,11 @@ tick), so a lost notification costs latency, never correctness. Subscribe
 ``Hub`` is one LISTEN connection per process, owned by a supervisor task that
 reconnects with backoff and wakes every subscriber after each (re)connect
 (notifications sent while it was away are lost, so everyone re-reads rows).
+A connection that looks up is not trusted to hear: at every connect and then
+every ``ping_s`` the hub sends a NOTIFY to itself and waits for it, each step
+with a deadline. A miss -- a silent network path, a server that stopped
+answering, a pooler that lost the LISTEN -- drops the connection and
+reconnects; meanwhile every waiter polls on its tick.
 ``NullHub`` is the hub of a process without LISTEN: waits simply time out.
 
 This is the one module outside ``ledger.database`` that touches psycopg: the
@@ -25,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+import secrets
 from collections import deque
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager, contextmanager, suppress
@@ -33,11 +39,17 @@ from typing import Any, Protocol
 import psycopg
 from psycopg import sql
 
-from .database import Database
+from .database import Database, bounded
 from .errors import Unavailable
 from .logs import get_logger
 
 CHANNELS = ("ledger_ready", "ledger_cancel", "ledger_event", "ledger_attempted", "ledger_outbox")
+#: The hub's own channel: the round trip that proves it hears.
+HUB_CHANNEL = "ledger_hub"
+
+
+class Deaf(Exception):
+    """The LISTEN connection did not deliver the hub's own NOTIFY in time."""
 
 
 class Subscription(Protocol):
@@ -148,18 +160,21 @@ class Hub:
         *,
         actor: str = "reader",
         queue_size: int = 256,
-        ping_s: float = 30.0,
+        ping_s: float = 10.0,
+        ping_timeout_s: float = 5.0,
         backoff_base_s: float = 0.1,
-        backoff_cap_s: float = 3.0,
+        backoff_cap_s: float = 1.0,
     ):
         if queue_size < 1:
             raise ValueError(f"queue_size must be positive, not {queue_size}")
-        if ping_s <= 0 or backoff_base_s <= 0 or backoff_cap_s < backoff_base_s:
-            raise ValueError("ping_s and backoff_base_s must be positive, backoff_cap_s >= base")
+        if ping_s <= 0 or ping_timeout_s <= 0 or backoff_base_s <= 0 or backoff_cap_s < backoff_base_s:
+            raise ValueError("ping_s, ping_timeout_s and backoff_base_s must be positive, "
+                             "backoff_cap_s >= base")
         self.db = db
         self.actor = actor
         self.queue_size = queue_size
         self.ping_s = ping_s
+        self.ping_timeout_s = ping_timeout_s
         self.backoff_base_s = backoff_base_s
         self.backoff_cap_s = backoff_cap_s
         self.reconnects = 0
@@ -170,6 +185,12 @@ class Hub:
         self._up = asyncio.Event()
         self._connects = 0
         self._last_error: BaseException | None = None
+        self._expect: str | None = None  # the token of the round trip in flight
+        self._heard = asyncio.Event()
+        #: whether the last round trip to itself came back (False: waiters poll)
+        self.hearing = False
+        #: round trips that did not come back in time
+        self.misses = 0
         self.log = get_logger("hub", actor=actor)
 
     # --- metrics -------------------------------------------------------------
@@ -249,6 +270,10 @@ class Hub:
                 self._subscribers.pop((channel, key), None)
 
     def _dispatch(self, channel: str, payload: str) -> None:
+        if channel == HUB_CHANNEL:
+            if payload == self._expect:
+                self._heard.set()
+            return
         # Exact-key subscribers and channel-wide ones; nobody else is looked at,
         # so thousands of per-campaign tails cost nothing per notification.
         for key in (None, payload):
@@ -271,22 +296,42 @@ class Hub:
     async def _listen(self) -> psycopg.AsyncConnection[Any]:
         conn = await self.db.connect(self.actor)
         try:
-            for channel in CHANNELS:
-                await conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(channel)))
+            listen = sql.SQL("; ").join(sql.SQL("LISTEN {}").format(sql.Identifier(channel))
+                                        for channel in (*CHANNELS, HUB_CHANNEL))
+            await bounded(conn, conn.execute(listen), self.ping_timeout_s)
         except BaseException:
             await conn.close()
             raise
         return conn
 
+    async def _prove(self, conn: psycopg.AsyncConnection[Any]) -> None:
+        """A NOTIFY to itself, sent and heard back within ``ping_timeout_s``
+        each; else ``Deaf`` (or the send's own ``OutcomeUnknown``).
+        Notifications that arrive meanwhile are dispatched as usual."""
+        loop = asyncio.get_running_loop()
+        self._expect = secrets.token_hex(8)
+        self._heard.clear()
+        await bounded(conn, conn.execute("SELECT pg_notify(%s, %s)", (HUB_CHANNEL, self._expect)),
+                      self.ping_timeout_s)
+        deadline = loop.time() + self.ping_timeout_s
+        while not self._heard.is_set():
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                self.hearing = False
+                self.misses += 1
+                raise Deaf(f"the hub's own NOTIFY did not come back within {self.ping_timeout_s:g}s")
+            async for note in conn.notifies(timeout=remaining, stop_after=1):
+                self._dispatch(note.channel, note.payload)
+        self.hearing = True
+
     async def _pump(self, conn: psycopg.AsyncConnection[Any]) -> None:
-        """Dispatch notifications until the connection fails. Between rounds a
-        ping proves the server is still there; notifications that arrive during
-        the ping wait in psycopg's backlog and come first in the next round."""
+        """Dispatch notifications until the connection fails or goes deaf.
+        Every ``ping_s`` a round trip to itself proves the connection still
+        hears; notifications that arrive during it are dispatched in it."""
         while True:
             async for note in conn.notifies(timeout=self.ping_s):
                 self._dispatch(note.channel, note.payload)
-            async with asyncio.timeout(10.0):
-                await conn.execute(sql.SQL("SELECT 1"))
+            await self._prove(conn)
 
     async def _supervise(self) -> None:
         loop = asyncio.get_running_loop()
@@ -296,12 +341,13 @@ class Hub:
             up_since: float | None = None
             try:
                 conn = await self._listen()
+                await self._prove(conn)
                 self._conn, up_since = conn, loop.time()
                 if self._connects:
                     self.reconnects += 1
                 self._connects += 1
                 self._last_error = None
-                self.log.info("hub listening", backend_pid=self.backend_pid,
+                self.log.info("hub listening", backend_pid=conn.info.backend_pid,
                               reconnects=self.reconnects)
                 self._up.set()
                 # Anything sent while we were away is lost: everyone re-reads.
@@ -311,8 +357,14 @@ class Hub:
                 raise
             except Exception as exc:  # the supervisor outlives every failure
                 self._last_error = exc
-                self.log.warning("hub connection lost" if up_since is not None
-                                 else "hub cannot connect", error=_one_line(exc))
+                self.hearing = False
+                # One line per outage, then one per 30 tries: a server down
+                # for an hour must not fill the log.
+                if failures == 0 or (failures + 1) % 30 == 0:
+                    what = ("hub connected but deaf: waiters poll on their tick meanwhile"
+                            if isinstance(exc, Deaf) else
+                            "hub connection lost" if up_since is not None else "hub cannot connect")
+                    self.log.warning(what, error=_one_line(exc), tries=failures + 1)
             finally:
                 self._conn = None
                 if conn is not None:

@@ -6,15 +6,22 @@ written through at once; output is coalesced in memory and flushed at most every
 fenced by the lease's generation inside the INSERT (``append_events``): once the
 lease is gone, a batch writes nothing -- not even its NOTIFY -- and the writer
 goes quiet for good.
+
+Each batch carries a key of its own, so a batch whose reply was lost is sent
+again without being appended twice, and every append is bounded by the
+lease's remaining time by the holder's own clock (``budget``): past it the
+writer goes quiet as if fenced.
 """
 
 from __future__ import annotations
 
 import asyncio
 import codecs
+import uuid
+from collections.abc import Callable
 from typing import Any
 
-from .errors import StaleLease
+from .errors import LedgerError, StaleLease, Unavailable
 from .kernel import Kernel
 from .processes import storable
 
@@ -29,12 +36,14 @@ class JournalWriter:
     """Appends to one campaign's journal for one lease (generation)."""
 
     def __init__(self, kernel: Kernel, campaign_id: int, generation: int, *,
-                 flush_s: float = 0.25, limit_bytes: int = 256 * 1024):
+                 flush_s: float = 0.25, limit_bytes: int = 256 * 1024,
+                 budget: Callable[[], float] | None = None):
         self.kernel = kernel
         self.campaign_id = campaign_id
         self.generation = generation
         self.flush_s = flush_s
         self.limit_bytes = limit_bytes
+        self.budget = budget
         self.fenced = False
         self.rows_written = 0
         self.output_bytes = 0
@@ -77,8 +86,8 @@ class JournalWriter:
             await asyncio.sleep(self.flush_s)  # the coalescing window itself, not a synchronisation
             try:
                 await self.flush()
-            except StaleLease:
-                return  # fenced: the attempt is told through its heartbeat
+            except LedgerError:
+                return  # fenced or out of time: the attempt learns it from its lease
 
     async def flush(self) -> None:
         """Write buffered output now."""
@@ -104,10 +113,16 @@ class JournalWriter:
             batch = (self._take_output() if with_output else []) + events
             if self.fenced or not batch:
                 return
+            timeout_s = self.budget() if self.budget is not None else None
             try:
-                await self.kernel.append_events(self.campaign_id, self.generation, batch)
+                if timeout_s is not None and timeout_s <= 0:
+                    raise StaleLease("the lease lapsed by the holder's own clock: nothing more is written")
+                await self.kernel.append_events(self.campaign_id, self.generation, batch,
+                                                key=uuid.uuid4().hex, timeout_s=timeout_s)
                 self.rows_written += len(batch)
-            except StaleLease:
+            except (StaleLease, Unavailable):
+                # Unavailable here means the lease's remaining time ran out
+                # while retrying: as good as fenced.
                 self.fenced = True
                 self._pending.clear()
                 raise

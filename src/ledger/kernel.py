@@ -16,7 +16,7 @@ from typing import Any
 
 from . import queries
 from .database import Executor
-from .errors import Forbidden, InvalidInput, NotFound
+from .errors import Forbidden, InvalidInput, NotFound, StaleLease
 from .models import (
     Attempt,
     AttemptRecord,
@@ -26,6 +26,7 @@ from .models import (
     CampaignDetail,
     Claim,
     Event,
+    Lease,
     Observation,
     ObservationRecorded,
     Opened,
@@ -39,6 +40,17 @@ from .models import (
     Verification,
     VerificationClaim,
 )
+
+
+#: Kernel functions whose identical retry returns the first result (or does
+#: no harm), so ``Session`` may retry them when a reply was lost. The others
+#: (claims, abandon, reopen) raise ``OutcomeUnknown`` and their callers read back.
+IDEMPOTENT = frozenset({
+    "open_campaign", "claim_sensor_tick", "heartbeat", "record_attempt", "record_attempts",
+    "fail_attempt", "append_events", "request_side_effect", "expire_leases",
+    "heartbeat_verification", "accept", "reject", "complete_side_effect",
+    "register_class", "trim_journal", "confirm_side_effect",
+})
 
 
 def _attempted_hints(campaign_ids: Sequence[int]) -> list[tuple[str, str]]:
@@ -57,10 +69,12 @@ class Kernel:
         """The same API bound to another executor (e.g. an open transaction)."""
         return Kernel(executor)
 
-    async def _call(self, function: str, **args: Any) -> list[dict[str, Any]]:
-        return await self.executor.call(function, **args)
+    async def _call(self, function: str, /, *, _timeout_s: float | None = None,
+                    _idempotent: bool | None = None, **args: Any) -> list[dict[str, Any]]:
+        idempotent = function in IDEMPOTENT if _idempotent is None else _idempotent
+        return await self.executor.call(function, args, idempotent=idempotent, timeout_s=_timeout_s)
 
-    async def _scalar(self, function: str, **args: Any) -> Any:
+    async def _scalar(self, function: str, /, **args: Any) -> Any:
         rows = await self._call(function, **args)
         return next(iter(rows[0].values())) if rows else None
 
@@ -107,7 +121,8 @@ class Kernel:
     ) -> ObservationRecorded:
         """Record an observation and apply what it implies (open, regress, confirm, dismiss)."""
         rows = await self._call(
-            "record_observation", sensor=sensor, objective_key=objective_key, target=target,
+            "record_observation", _idempotent=tick is not None or idempotency_key is not None,
+            sensor=sensor, objective_key=objective_key, target=target,
             status=status, started_at=started_at, finished_at=finished_at,
             details=details or {}, **{"class": class_}, tick=tick,
             idempotency_key=idempotency_key, request_digest=request_digest,
@@ -136,9 +151,13 @@ class Kernel:
                                 classes=list(classes) if classes is not None else None)
         return [Claim.model_validate(r) for r in rows]
 
-    async def heartbeat(self, campaign_id: int, generation: int) -> datetime:
-        """Roll the lease forward; ``StaleLease`` means stand down."""
-        return await self._scalar("heartbeat", campaign_id=campaign_id, generation=generation)
+    async def heartbeat(self, campaign_id: int, generation: int, *,
+                        timeout_s: float | None = None) -> Lease:
+        """Roll the lease forward; ``StaleLease`` means stand down (the lease
+        was reaped, abandoned, re-claimed, or had already expired)."""
+        rows = await self._call("heartbeat", _timeout_s=timeout_s, campaign_id=campaign_id,
+                                generation=generation)
+        return Lease.model_validate(rows[0])
 
     async def record_attempt(
         self,
@@ -152,11 +171,13 @@ class Kernel:
         bundle_digest: str | None = None,
         evidence_location: str | None = None,
         log_tail: str | None = None,
+        timeout_s: float | None = None,
     ) -> int:
         """Record the candidate (leased -> attempted); returns the attempt number.
-        Verifiers and tails are hinted after the commit (``Session.hint``)."""
+        Retrying the identical record returns the same number; verifiers and
+        tails are hinted after the commit (``Session.hint``)."""
         attempt_no = await self._scalar(
-            "record_attempt", campaign_id=campaign_id, generation=generation,
+            "record_attempt", _timeout_s=timeout_s, campaign_id=campaign_id, generation=generation,
             base_sha=base_sha, candidate_sha=candidate_sha, fingerprint=fingerprint,
             bundle=bundle, bundle_digest=bundle_digest, evidence_location=evidence_location,
             log_tail=log_tail,
@@ -184,18 +205,24 @@ class Kernel:
         fingerprint: str | None = None,
         retry_after_s: float | None = None,
         drained: bool = False,
+        timeout_s: float | None = None,
     ) -> str:
-        """Record a failed (or drained) attempt; returns the new state."""
+        """Record a failed (or drained) attempt; returns the new state.
+        Retrying the identical ending returns the same state."""
         return await self._scalar(
-            "fail_attempt", campaign_id=campaign_id, generation=generation, reason=reason,
-            fingerprint=fingerprint, retry_after_s=retry_after_s, drained=drained,
+            "fail_attempt", _timeout_s=timeout_s, campaign_id=campaign_id, generation=generation,
+            reason=reason, fingerprint=fingerprint, retry_after_s=retry_after_s, drained=drained,
         )
 
     async def append_events(self, campaign_id: int, generation: int,
-                            events: Sequence[dict[str, Any]]) -> int:
-        """Append events to the journal, fenced by generation; returns the last seq."""
-        return await self._scalar("append_events", campaign_id=campaign_id,
-                                  generation=generation, events=list(events))
+                            events: Sequence[dict[str, Any]], *, key: str | None = None,
+                            timeout_s: float | None = None) -> int:
+        """Append events to the journal, fenced by generation and lease; returns
+        the last seq. With ``key`` (unique per batch) a retry of the same batch
+        returns the first try's seq instead of appending twice."""
+        return await self._scalar("append_events", _timeout_s=timeout_s,
+                                  _idempotent=key is not None, campaign_id=campaign_id,
+                                  generation=generation, events=list(events), key=key)
 
     async def request_side_effect(
         self,
@@ -237,20 +264,26 @@ class Kernel:
                                 classes=list(classes) if classes is not None else None)
         return VerificationClaim.model_validate(rows[0]) if rows else None
 
-    async def heartbeat_verification(self, verification_id: int, lease_s: float = 120.0) -> datetime:
+    async def heartbeat_verification(self, verification_id: int, lease_s: float = 120.0, *,
+                                     timeout_s: float | None = None) -> Lease:
         """Extend a verification's lease; ``StaleLease`` if it is no longer current."""
-        return await self._scalar("heartbeat_verification", verification_id=verification_id,
-                                  lease_s=lease_s)
+        rows = await self._call("heartbeat_verification", _timeout_s=timeout_s,
+                                verification_id=verification_id, lease_s=lease_s)
+        return Lease.model_validate(rows[0])
 
-    async def accept(self, verification_id: int, evidence: dict[str, Any] | None = None) -> int | None:
-        """Accept the candidate (attempted -> verified); returns the promotion intent id."""
-        return await self._scalar("accept", verification_id=verification_id, evidence=evidence or {})
+    async def accept(self, verification_id: int, evidence: dict[str, Any] | None = None, *,
+                     timeout_s: float | None = None) -> int | None:
+        """Accept the candidate (attempted -> verified); returns the promotion
+        intent id (the same one when an accept is retried)."""
+        return await self._scalar("accept", _timeout_s=timeout_s, verification_id=verification_id,
+                                  evidence=evidence or {})
 
     async def reject(self, verification_id: int, reason: str,
-                     evidence: dict[str, Any] | None = None) -> str:
-        """Reject the candidate (attempted -> ready/exhausted); returns the new state."""
-        return await self._scalar("reject", verification_id=verification_id, reason=reason,
-                                  evidence=evidence or {})
+                     evidence: dict[str, Any] | None = None, *, timeout_s: float | None = None) -> str:
+        """Reject the candidate (attempted -> ready/exhausted); returns the new
+        state (the same one when a reject with the same reason is retried)."""
+        return await self._scalar("reject", _timeout_s=timeout_s, verification_id=verification_id,
+                                  reason=reason, evidence=evidence or {})
 
     # --- dispatchers ---------------------------------------------------------
 
@@ -261,11 +294,30 @@ class Kernel:
                                 kinds=list(kinds) if kinds is not None else None)
         return SideEffectClaim.model_validate(rows[0]) if rows else None
 
+    async def confirm_side_effect(self, side_effect_id: int, claim_token: int, *,
+                                  lease_s: float = 60.0, timeout_s: float | None = None) -> Lease:
+        """Just before acting: is this claim still ours and the intent's
+        generation still live? Extends the claim's lease and returns it;
+        ``StaleLease`` (and the intent cancelled, if its generation died)
+        means do not act."""
+        rows = await self._call("confirm_side_effect", _timeout_s=timeout_s,
+                                side_effect_id=side_effect_id, claim_token=claim_token,
+                                lease_s=lease_s)
+        status = rows[0]["status"]
+        if status != "live":
+            raise StaleLease(f"side effect {side_effect_id}: "
+                             + ("its generation is no longer live; it was cancelled"
+                                if status == "cancelled" else "the claim is no longer this dispatcher's"),
+                             detail=status)
+        return Lease.model_validate(rows[0])
+
     async def complete_side_effect(self, side_effect_id: int, claim_token: int, outcome: str, *,
                                    result: dict[str, Any] | None = None, error: str | None = None,
-                                   retry_after_s: float = 5.0) -> str:
-        """Record what the read-back showed: done, conflict, retry or failed."""
-        return await self._scalar("complete_side_effect", side_effect_id=side_effect_id,
+                                   retry_after_s: float = 5.0, timeout_s: float | None = None) -> str:
+        """Record what the read-back showed: done, conflict, retry or failed
+        (a retried identical record returns the state it left)."""
+        return await self._scalar("complete_side_effect", _timeout_s=timeout_s,
+                                  side_effect_id=side_effect_id,
                                   claim_token=claim_token, outcome=outcome, result=result or {},
                                   error=error, retry_after_s=retry_after_s)
 
@@ -299,6 +351,19 @@ class Kernel:
         if not rows:
             raise NotFound(f"campaign {campaign_id} does not exist")
         return Campaign.model_validate(rows[0])
+
+    async def attempt_of(self, campaign_id: int, generation: int) -> Attempt | None:
+        """The attempt a lease (generation) of a campaign made, if any: how a
+        holder whose reply was lost learns how its attempt ended."""
+        rows = await self.executor.fetch(queries.GENERATION_ATTEMPT, campaign_id=campaign_id,
+                                         generation=generation)
+        return Attempt.model_validate(rows[0]) if rows else None
+
+    async def running_claims(self, worker: str) -> list[Claim]:
+        """Leases ``worker`` holds now, as claims: how a worker whose claim's
+        reply was lost finds (and adopts) what it was granted."""
+        rows = await self.executor.fetch(queries.RUNNING_CLAIMS, worker=worker)
+        return [Claim.model_validate(r) for r in rows]
 
     async def campaign_detail(self, campaign_id: int) -> CampaignDetail:
         """A campaign with its attempts, verifications, side effects and observations."""

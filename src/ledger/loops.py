@@ -8,8 +8,20 @@ import asyncio
 import random
 from abc import ABC, abstractmethod
 
-from .errors import LedgerError
+from .errors import LedgerError, Unavailable
 from .hub import Subscription
+
+#: The longest pause after a pass that could not reach the database: the
+#: server may be back any moment, and a wake-up (a hint, or the hub's
+#: reconnect) cuts it short.
+UNAVAILABLE_CAP_S = 2.0
+
+
+def unavailable_pause(failures: int) -> float:
+    """Jittered pause after ``failures`` consecutive passes that found the
+    database unreachable: 0.25 s doubling, at most ``UNAVAILABLE_CAP_S``."""
+    ceiling = min(UNAVAILABLE_CAP_S, 0.25 * 2 ** max(failures - 1, 0))
+    return ceiling / 2 + random.uniform(0, ceiling / 2)
 from .logs import get_logger
 
 
@@ -37,8 +49,10 @@ class Loop(ABC):
     async def run(self, stop: asyncio.Event, wake: Subscription | None = None) -> None:
         """Repeat ``run_once`` every interval until ``stop`` is set -- sooner when
         ``wake`` (a hub subscription, taken before the first pass) fires. A
-        failing pass is logged and retried with growing delay, which a wake-up
-        does not cut short; it never ends the loop."""
+        pass that could not reach the database is retried after a short pause
+        (``unavailable_pause``) that a wake-up cuts short; any other failing
+        pass with growing delay, which a wake-up does not cut short. Nothing
+        ends the loop but ``stop``."""
         while not stop.is_set():
             if wake is not None:
                 wake.drain()  # the pass reads the rows those payloads point at
@@ -50,6 +64,11 @@ class Loop(ABC):
                 if done:
                     self.log.info(f"{self.name} pass", work=done)
                 delay = self._pause()
+            except Unavailable as exc:
+                self.failures += 1
+                delay = unavailable_pause(self.failures)
+                self.log.warning(f"{self.name} pass could not reach the database", error=exc.message,
+                                 error_type=type(exc).__name__, retry_in_s=round(delay, 2))
             except (LedgerError, OSError) as exc:
                 self.failures += 1
                 delay = min(self.interval_s * 2 ** self.failures, 60.0)

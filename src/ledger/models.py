@@ -240,6 +240,16 @@ class Claim(_Row):
     acceptance_criteria: dict[str, Any]
     attempt_count: int
     max_attempts: int
+    #: the lease's length by the database's clock when it was granted
+    lease_remaining_s: float
+
+
+class Lease(_Row):
+    """A renewed lease: its expiry and how long that was from the renewal,
+    both by the database's clock (see ``ledger.lease``)."""
+
+    lease_expires_at: datetime
+    lease_remaining_s: float
 
 
 class AttemptRecord(BaseModel):
@@ -294,6 +304,8 @@ class VerificationClaim(_Row):
     evidence_location: str | None
     worker: str
     lease_expires_at: datetime
+    #: the verification lease's length by the database's clock
+    lease_remaining_s: float
 
 
 class SideEffectRequested(_Row):
@@ -318,6 +330,9 @@ class SideEffectClaim(_Row):
     payload: dict[str, Any]
     idempotency_key: str
     tries: int
+    lease_expires_at: datetime
+    #: the claim's lease length by the database's clock
+    lease_remaining_s: float
 
 
 class CampaignDetail(_Row):

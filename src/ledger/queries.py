@@ -154,6 +154,27 @@ CAMPAIGN_ATTEMPTS = compile_query(
     .order_by(attempts.c.attempt_no)
 )
 
+GENERATION_ATTEMPT = compile_query(
+    select(attempts).where(attempts.c.campaign_id == bindparam("campaign_id"),
+                           attempts.c.generation == bindparam("generation"))
+)
+
+# A worker's live leases, in the shape of a claim. The lease length is left at
+# 0: a read is no renewal, so the adopting worker confirms the lease (a
+# heartbeat) before it trusts it (ledger.lease).
+RUNNING_CLAIMS = compile_query(
+    select(campaigns.c.id.label("campaign_id"), campaigns.c.generation, attempts.c.attempt_no,
+           campaigns.c.lease_expires_at, campaigns.c["class"], campaigns.c.objective_key,
+           campaigns.c.target, campaigns.c.desired_state, campaigns.c.opening_observation,
+           campaigns.c.acceptance_criteria, campaigns.c.attempt_count, campaigns.c.max_attempts,
+           literal_column("0.0").label("lease_remaining_s"))
+    .join(attempts, and_(attempts.c.campaign_id == campaigns.c.id,
+                         attempts.c.generation == campaigns.c.generation))
+    .where(campaigns.c.state == "leased", campaigns.c.lease_owner == bindparam("worker"),
+           attempts.c.outcome == "running")
+    .order_by(campaigns.c.id)
+)
+
 CAMPAIGN_VERIFICATIONS = compile_query(
     select(verifications).where(verifications.c.campaign_id == bindparam("campaign_id"))
     .order_by(verifications.c.id)

@@ -34,12 +34,13 @@ import verifiers
 
 from . import bundle as bundles
 from . import faults
-from .errors import LedgerError, StaleLease
+from .errors import LedgerError, StaleLease, Unavailable
 from .hub import NullHub, WakeSource
 from .identity import process_identity
 from .kernel import Kernel
+from .lease import LeaseClock
 from .logs import get_logger
-from .loops import Loop, idle
+from .loops import Loop, idle, unavailable_pause
 from .models import VerificationClaim
 from .repository import GitError, Repository, head
 
@@ -127,10 +128,11 @@ class Verifier(Loop):
 
     async def run_once(self) -> int:
         """Claim and verify one candidate; 1 if there was one, else 0."""
+        sent = LeaseClock.now()
         claim = await self.claim()
         if claim is None:
             return 0
-        await self.verify(claim)
+        await self.verify(claim, sent_at=sent)
         return 1
 
     async def drain(self) -> int:
@@ -140,14 +142,18 @@ class Verifier(Loop):
             done += 1
         return done
 
-    async def verify(self, claim: VerificationClaim) -> Outcome:
+    async def verify(self, claim: VerificationClaim, *, sent_at: float | None = None) -> Outcome:
         """Check a claimed candidate, keeping the claim alive meanwhile, and
-        record the verdict. ``"stale"``: the claim was lost, nothing written."""
+        record the verdict. ``"stale"``: the claim was lost (or could not be
+        confirmed before its local deadline: ``ledger.lease``), nothing written.
+        ``sent_at`` is the local time the claim was sent (default: now)."""
         log = self.log.bind(campaign=claim.campaign_id, attempt=claim.attempt_no,
                             verification=claim.verification_id)
         log.info("verification started", candidate=claim.candidate_sha, worker=claim.worker)
+        lease = LeaseClock()
+        lease.confirm(LeaseClock.now() if sent_at is None else sent_at, claim.lease_remaining_s)
         check = asyncio.create_task(self._check(claim), name=f"check {claim.verification_id}")
-        beat = asyncio.create_task(self._keep_alive(claim.verification_id, log),
+        beat = asyncio.create_task(self._keep_alive(claim.verification_id, log, lease),
                                    name=f"heartbeat {claim.verification_id}")
         try:
             await asyncio.wait({check, beat}, return_when=asyncio.FIRST_COMPLETED)
@@ -169,14 +175,26 @@ class Verifier(Loop):
             raise
         await faults.point("verifier.before_verdict")
         try:
+            if lease.lapsed:
+                raise StaleLease("the verification lease lapsed by the verifier's own clock")
             if judgement.accepted:
-                await self.kernel.accept(claim.verification_id, judgement.evidence)
+                await self.kernel.accept(claim.verification_id, judgement.evidence,
+                                         timeout_s=lease.remaining())
             else:
                 assert judgement.reason is not None
-                await self.kernel.reject(claim.verification_id, judgement.reason, judgement.evidence)
+                await self.kernel.reject(claim.verification_id, judgement.reason, judgement.evidence,
+                                         timeout_s=lease.remaining())
         except StaleLease as exc:
             log.warning("verification went stale before its verdict; nothing recorded",
                         error=exc.message)
+            self.verdicts["stale"] += 1
+            return "stale"
+        except Unavailable as exc:
+            # Retried (verdicts are idempotent) until the lease's local
+            # deadline: whether it is in, the campaign's row says; if not,
+            # the verification lapses and the candidate is checked again.
+            log.warning("the verdict could not be confirmed within the verification lease",
+                        error=exc.message, error_type=type(exc).__name__)
             self.verdicts["stale"] += 1
             return "stale"
         outcome: Outcome = "accepted" if judgement.accepted else "rejected"
@@ -184,16 +202,28 @@ class Verifier(Loop):
         log.info(f"candidate {outcome}", reason=judgement.reason)
         return outcome
 
-    async def _keep_alive(self, verification_id: int, log: Any) -> None:
-        """Extend the verification's lease until cancelled; return when it is stale."""
+    async def _keep_alive(self, verification_id: int, log: Any, lease: LeaseClock) -> None:
+        """Extend the verification's lease until cancelled; return when it is
+        stale, or when no renewal was confirmed before its local deadline."""
+        wait = self.heartbeat_s
         while True:
-            await asyncio.sleep(self.heartbeat_s)
+            await asyncio.sleep(max(min(wait, lease.remaining()), 0.0))
+            if lease.lapsed:
+                log.warning("verification lease not confirmed before its local deadline: "
+                            "stopping the check (self-fenced)")
+                return
+            sent = LeaseClock.now()
             try:
-                await self.kernel.heartbeat_verification(verification_id, self.lease_s)
+                renewed = await self.kernel.heartbeat_verification(
+                    verification_id, self.lease_s, timeout_s=lease.remaining())
             except StaleLease:
                 return
-            except Exception as exc:  # a database hiccup: the next beat may succeed
+            except Exception as exc:  # a database hiccup: try again soon, until the deadline
                 log.warning("verification heartbeat failed", error=str(exc))
+                wait = min(0.5, self.heartbeat_s)
+                continue
+            lease.confirm(sent, renewed.lease_remaining_s)
+            wait = self.heartbeat_s
 
     async def _check(self, claim: VerificationClaim) -> _Judgement:
         """Everything between the claim and the verdict."""
@@ -282,6 +312,13 @@ class Verifier(Loop):
                 except _Stopped:
                     self.log.info("stopped mid-check; the verification is left to lapse")
                     break
+                except Unavailable as exc:
+                    self.failures += 1
+                    delay = unavailable_pause(self.failures)
+                    self.log.warning("verifier pass could not reach the database", error=exc.message,
+                                     error_type=type(exc).__name__, retry_in_s=round(delay, 2))
+                    await idle(stop, wake, delay)  # a wake-up (the hub reconnecting) cuts it short
+                    continue
                 except Exception as exc:  # never let one bad pass end the verifier
                     self.failures += 1
                     delay = min(self.interval_s * 2 ** self.failures, 60.0)

@@ -6,21 +6,28 @@ loop idles on the hub (``ledger_ready``) with the poll tick as timeout; every
 worker process also runs a reaper, once at boot and then on an interval.
 Shutdown has two phases: stop claiming at once, let in-flight attempts finish
 within the drain budget, then stop the rest and hand their campaigns back.
+
+A claim whose reply was lost (``OutcomeUnknown``) may have leased a campaign
+to this worker: it reads back the leases it holds and adopts them (a
+heartbeat confirms each lease before the attempt starts), so a lost reply
+costs neither the campaign's attempt nor a lease left to expire.
 """
 
 from __future__ import annotations
 
 import asyncio
+import random
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from .attempt import AttemptRun, sweep_orphans
 from .config import LedgerConfig
 from .database import Database
-from .errors import ConfigError, LedgerError
+from .errors import ConfigError, LedgerError, OutcomeUnknown, StaleLease, Unavailable
 from .hub import NullHub, WakeSource
 from .identity import process_identity
 from .kernel import Kernel
+from .lease import LeaseClock
 from .logs import get_logger
 from .models import Claim
 from .reaper import Reaper
@@ -103,22 +110,85 @@ class Worker:
                               "database; run: ledger classes sync")
 
     async def _claim_loop(self, kernel: Kernel) -> None:
+        unsure = False  # a claim's reply was lost: what we hold is not known here
         while await self._acquire_slot():
+            if unsure:
+                unsure = not await self._adopt(kernel)
+                continue
             # Subscribe before reading: a campaign opened between the claim
             # and the wait still wakes us.
             with self.hub.subscribe("ledger_ready") as ready:
+                wait_s = self.options.poll_s
+                sent = LeaseClock.now()
                 try:
                     claim = await kernel.claim_campaign(self.identity, self.classes)
+                except OutcomeUnknown as exc:
+                    self.log.warning("a claim's reply was lost; reading back what this worker holds",
+                                     error=exc.message)
+                    unsure = True
+                    self.slots.release()
+                    continue
                 except LedgerError as exc:
                     claim = None
-                    self.log.warning("claim failed", error=exc.message)
+                    self.log.warning("claim failed", error=exc.message,
+                                     error_type=type(exc).__name__)
+                    if isinstance(exc, Unavailable):
+                        # back soon: a hub reconnect or a hint cuts this short
+                        wait_s = min(wait_s, random.uniform(0.5, 1.0))
                 if claim is None:
                     self.slots.release()
-                    self.log.debug("idle: nothing to claim", wait_s=self.options.poll_s)
-                    await self._idle(ready.wait(self.options.poll_s))
+                    self.log.debug("idle: nothing to claim", wait_s=wait_s)
+                    await self._idle(ready.wait(wait_s))
                     continue
             self.claimed += 1
-            self._start(kernel, claim)
+            lease = LeaseClock()
+            lease.confirm(sent, claim.lease_remaining_s)
+            self._start(kernel, claim, lease)
+
+    async def _adopt(self, kernel: Kernel) -> bool:
+        """Adopt the leases this worker holds but runs no attempt for (a claim
+        whose reply was lost). Called holding one slot, which the first
+        adopted attempt takes; returns whether the read-back succeeded."""
+        try:
+            held = [c for c in await kernel.running_claims(self.identity)
+                    if c.campaign_id not in self.attempts]
+        except LedgerError as exc:
+            self.slots.release()
+            self.log.warning("could not read back this worker's leases; trying again",
+                             error=exc.message)
+            await self._idle(asyncio.sleep(random.uniform(0.5, 1.0)))
+            return False
+        slot = True  # the one held by the caller
+        for claim in held:
+            if not slot and not await self._try_slot():
+                self.log.warning("no free slot for a lease found on read-back; it will expire",
+                                 campaign=claim.campaign_id)
+                continue
+            slot = False
+            sent = LeaseClock.now()
+            try:
+                renewed = await kernel.heartbeat(claim.campaign_id, claim.generation)
+            except LedgerError as exc:
+                self.slots.release()
+                self.log.warning("a lease found on read-back could not be confirmed",
+                                 campaign=claim.campaign_id, error=exc.message,
+                                 stale=isinstance(exc, StaleLease))
+                continue
+            lease = LeaseClock()
+            lease.confirm(sent, renewed.lease_remaining_s)
+            self.claimed += 1
+            self.log.info("adopted a lease whose claim reply was lost", campaign=claim.campaign_id,
+                          attempt=claim.attempt_no, generation=claim.generation)
+            self._start(kernel, claim, lease)
+        if slot:
+            self.slots.release()
+        return True
+
+    async def _try_slot(self) -> bool:
+        if self.slots.locked():
+            return False
+        await self.slots.acquire()
+        return True
 
     async def _acquire_slot(self) -> bool:
         """Wait for a free slot; ``False`` (holding none) once stopping began."""
@@ -143,10 +213,10 @@ class Worker:
         for task in (waiter, stopping):
             task.cancel()
 
-    def _start(self, kernel: Kernel, claim: Claim) -> None:
+    def _start(self, kernel: Kernel, claim: Claim, lease: LeaseClock) -> None:
         cls = self.config.campaign_class(claim.class_)
         run = AttemptRun(kernel, claim, cls, identity=self.identity,
-                         data_dir=self.options.data_dir, hub=self.hub)
+                         data_dir=self.options.data_dir, hub=self.hub, lease=lease)
         task = asyncio.create_task(run.run(), name=f"attempt-{claim.campaign_id}-{claim.attempt_no}")
         self.attempts[claim.campaign_id] = (run, task)
         self.log.info("claimed", campaign=claim.campaign_id, attempt=claim.attempt_no,
