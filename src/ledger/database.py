@@ -27,6 +27,7 @@ from typing import Any, Protocol, TypeVar
 import psycopg
 import psycopg_pool
 from psycopg import sql
+from psycopg.adapt import Dumper
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
@@ -117,6 +118,30 @@ def _retryable(exc: BaseException, idempotent: bool) -> bool:
         # a missing database or schema is no reason to wait
         return exc.sqlstate not in ("3D000", "3F000", "42883", "42P01")
     return isinstance(exc, errors.LedgerError) and exc.sqlstate in errors.TRANSIENT_SQLSTATES
+
+
+class _Integer(int):
+    """An int sent as an untyped literal, so the kernel function's argument
+    decides its type: a value out of an ``integer`` argument's range is then
+    refused by the server as out of range (22003: ``InvalidInput``), instead of
+    psycopg sending a ``bigint`` that no function accepts (42883)."""
+
+
+class _IntegerDumper(Dumper):
+    oid = 0  # unknown: typed by the function's signature
+
+    def dump(self, obj: int) -> bytes:
+        return str(int(obj)).encode()
+
+
+psycopg.adapters.register_dumper(_Integer, _IntegerDumper)
+
+
+def _argument(value: Any) -> Any:
+    """A kernel function's argument: integers untyped (see ``_Integer``), the rest as ``_adapt``."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return _Integer(value)
+    return _adapt(value)
 
 
 def _adapt(value: Any) -> Any:
@@ -218,7 +243,7 @@ def _call_statement(function: str, names: tuple[str, ...]) -> bytes:
 
 
 async def _run_call(conn: psycopg.AsyncConnection[Row], function: str, args: Mapping[str, Any]) -> list[Row]:
-    params = {name: _adapt(value) for name, value in args.items()}
+    params = {name: _argument(value) for name, value in args.items()}
     try:
         cur = await conn.execute(_call_statement(function, tuple(params)), params)
         return await cur.fetchall() if cur.description else []
