@@ -10,6 +10,7 @@ from .database_restart import DatabaseRestart
 from .dispatcher_crash import DispatcherCrash
 from .drain import Drain
 from .forbidden_write import ForbiddenWrite
+from .frozen_worker import FrozenWorker
 from .heartbeat_race import HeartbeatRace
 from .intake import Intake
 from .kill_worker import KillWorker
@@ -21,6 +22,6 @@ from .verifier_crash import VerifierCrash
 from .zombie_worker import ZombieWorker
 
 #: In the order `ledger drill all` runs them (the issue's numbering).
-ALL = [Intake(), SecondAttemptDiffers(), KillWorker(), ZombieWorker(), HeartbeatRace(), BadPatch(),
+ALL = [Intake(), SecondAttemptDiffers(), KillWorker(), ZombieWorker(), FrozenWorker(), HeartbeatRace(), BadPatch(),
        ForbiddenWrite(), LostDoorbell(), DatabaseRestart(), DispatcherCrash(), StopMidAttempt(),
        Drain(), VerifierCrash(), Load()]
