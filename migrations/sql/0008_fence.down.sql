@@ -1,5 +1,7 @@
 -- 0008 down: the 0007 fence back (functions as 0004/0006/0007 left them).
 DROP FUNCTION IF EXISTS ledger_api.confirm_side_effect(bigint, bigint, double precision);
+DROP FUNCTION IF EXISTS ledger_api.rebase_promotion(bigint, bigint, text, text, jsonb, text, text);
+DELETE FROM ledger.transition WHERE name = 'rebase';
 DROP FUNCTION IF EXISTS ledger_api.claim_campaign(text, text[]);
 DROP FUNCTION IF EXISTS ledger_api.claim_campaigns(text, text[], integer);
 DROP FUNCTION IF EXISTS ledger_api.heartbeat(bigint, bigint);

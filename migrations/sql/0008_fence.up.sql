@@ -190,12 +190,13 @@ BEGIN
           FROM ledger.attempt a WHERE a.campaign_id = NEW.id AND a.generation = OLD.generation;
         v_actor := coalesce(OLD.lease_owner, v_actor);
     END IF;
-    -- A generation whose attempt is over without success (or a campaign
-    -- abandoned) takes its pending intents with it: nothing a lost lease
-    -- asked for is carried out later. Claimed intents are mid-dispatch; their
+    -- A generation whose attempt is over without success, or that is
+    -- superseded (a rebase), or a campaign abandoned, takes its pending
+    -- intents with it: nothing a lost lease asked for is carried out later. Claimed intents are mid-dispatch; their
     -- dispatcher confirms the generation just before acting.
     IF v_from IN ('leased', 'attempted', 'verified') AND NEW.state NOT IN ('attempted', 'verified', 'confirmed')
-       OR NEW.state = 'abandoned' THEN
+       OR NEW.state = 'abandoned'
+       OR (v_from IN ('attempted', 'verified') AND NEW.generation > OLD.generation) THEN
         WITH cancelled AS (
             UPDATE ledger.side_effect s
                SET state = 'cancelled', finished_at = ledger.now(), updated_at = ledger.now(),
@@ -1543,15 +1544,19 @@ BEGIN
                SET promoted_at = v_now, promoted_sha = v_s.payload ->> 'new'
              WHERE c.id = v_c.id;
         ELSIF p_outcome IN ('conflict', 'failed') THEN
+            -- An accepted candidate that could not land is no failed attempt:
+            -- the campaign gets the attempt back (one more allowed), so a
+            -- target that keeps moving cannot exhaust it.
             PERFORM ledger.begin_transition('promote_failed', 'dispatcher', v_s.claimed_by,
                         jsonb_build_object('side_effect_id', v_s.id, 'outcome', p_outcome,
-                                           'result', coalesce(p_result, '{}'), 'error', p_error));
+                                           'result', coalesce(p_result, '{}'), 'error', p_error,
+                                           'attempt_given_back', true));
             UPDATE ledger.campaign c
                SET state = 'ready', next_attempt_at = v_now, promoted_at = NULL, promoted_sha = NULL,
+                   max_attempts = c.max_attempts + 1,
                    last_failure_reason = left('promotion failed: ' || coalesce(p_error, p_outcome), 4000)
              WHERE c.id = v_c.id;
             PERFORM ledger.end_transition();
-            PERFORM ledger.exhaust_if_spent(v_c.id);
         END IF;
     END IF;
     RETURN v_state;
@@ -1733,6 +1738,97 @@ END
 $$;
 
 ------------------------------------------------------------------------------
+-- A verified candidate that lost its promotion's compare-and-swap is worth
+-- more than an attempt: the dispatcher rebases it onto the moved target and
+-- sends it back for verification (verified -> attempted, a new generation
+-- and attempt row that reuse the approach); only a rebase that conflicts
+-- returns the campaign to ready, and promote_failed gives the attempt back.
+------------------------------------------------------------------------------
+
+INSERT INTO ledger.transition (name, from_state, to_state, owner_role, note) VALUES
+    ('rebase', 'verified', 'attempted', 'dispatcher',
+     'the target moved: the candidate, rebased cleanly onto it, is verified again');
+
+CREATE FUNCTION ledger_api.rebase_promotion(
+        p_side_effect_id bigint, p_claim_token bigint, p_base_sha text, p_candidate_sha text,
+        p_bundle jsonb, p_bundle_digest text, p_evidence_location text)
+    RETURNS TABLE (campaign_id bigint, attempt_no integer, generation bigint)
+    LANGUAGE plpgsql
+    SECURITY DEFINER
+    SET search_path = pg_catalog, pg_temp
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_now timestamptz := ledger.now();
+    v_s ledger.side_effect;
+    v_c ledger.campaign;
+    v_a ledger.attempt;
+    v_attempt_no integer;
+BEGIN
+    IF p_side_effect_id IS NULL OR p_claim_token IS NULL THEN
+        RAISE EXCEPTION 'a side effect id and claim token are required' USING ERRCODE = 'LG007';
+    END IF;
+    IF p_candidate_sha IS NULL OR p_candidate_sha !~ '^[0-9a-f]{7,64}$'
+       OR p_base_sha IS NULL OR p_base_sha !~ '^[0-9a-f]{7,64}$' THEN
+        RAISE EXCEPTION 'candidate and base must be hexadecimal commit ids' USING ERRCODE = 'LG007';
+    END IF;
+    IF p_bundle IS NULL OR jsonb_typeof(p_bundle) <> 'object' OR coalesce(p_bundle_digest, '') = ''
+       OR coalesce(p_evidence_location, '') = '' THEN
+        RAISE EXCEPTION 'a rebased candidate needs its frozen bundle, digest and evidence location'
+            USING ERRCODE = 'LG007';
+    END IF;
+    SELECT * INTO v_s FROM ledger.side_effect s WHERE s.id = p_side_effect_id;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'side effect % does not exist', p_side_effect_id USING ERRCODE = 'LG004';
+    END IF;
+    SELECT * INTO v_c FROM ledger.campaign c WHERE c.id = v_s.campaign_id FOR UPDATE;
+    SELECT * INTO v_s FROM ledger.side_effect s WHERE s.id = p_side_effect_id FOR UPDATE;
+    IF v_s.state <> 'claimed' OR v_s.claim_token <> p_claim_token OR v_s.lease_expires_at <= v_now THEN
+        RAISE EXCEPTION 'side effect % is no longer claimed by this dispatcher (state %)',
+            p_side_effect_id, v_s.state USING ERRCODE = 'LG001';
+    END IF;
+    IF v_s.purpose <> 'promotion' OR v_c.state <> 'verified' OR v_c.generation <> v_s.generation THEN
+        RAISE EXCEPTION 'side effect % is not the live promotion of campaign % (it is %, generation %)',
+            p_side_effect_id, v_c.id, v_c.state, v_c.generation USING ERRCODE = 'LG002';
+    END IF;
+    SELECT * INTO v_a FROM ledger.attempt a
+     WHERE a.campaign_id = v_c.id AND a.generation = v_c.generation;
+    SELECT max(a.attempt_no) + 1 INTO v_attempt_no FROM ledger.attempt a WHERE a.campaign_id = v_c.id;
+    IF (p_bundle ->> 'attempt_no')::integer IS DISTINCT FROM v_attempt_no
+       OR (p_bundle ->> 'generation')::bigint IS DISTINCT FROM v_c.generation + 1
+       OR (p_bundle ->> 'candidate_sha') IS DISTINCT FROM p_candidate_sha THEN
+        RAISE EXCEPTION 'the bundle must describe attempt % at generation % with candidate %',
+            v_attempt_no, v_c.generation + 1, p_candidate_sha USING ERRCODE = 'LG007';
+    END IF;
+    UPDATE ledger.side_effect s
+       SET state = 'conflict', claimed_by = NULL, lease_expires_at = NULL,
+           result = jsonb_build_object('rebased_onto', p_base_sha, 'candidate', p_candidate_sha),
+           error = 'the target moved: rebased and sent back for verification',
+           finished_at = v_now, updated_at = v_now
+     WHERE s.id = v_s.id;
+    PERFORM ledger.begin_transition('rebase', 'dispatcher', v_s.claimed_by,
+                jsonb_build_object('side_effect_id', v_s.id, 'attempt_no', v_attempt_no,
+                                   'from_candidate', v_a.candidate_sha, 'candidate_sha', p_candidate_sha,
+                                   'base_sha', p_base_sha));
+    UPDATE ledger.campaign c
+       SET state = 'attempted', generation = c.generation + 1,
+           promoted_at = NULL, promoted_sha = NULL, evidence_location = p_evidence_location,
+           last_failure_reason = NULL
+     WHERE c.id = v_c.id;
+    PERFORM ledger.end_transition();
+    -- The rebased candidate is the same approach, made again by the
+    -- dispatcher: its own attempt row, which the budget does not count.
+    INSERT INTO ledger.attempt (campaign_id, attempt_no, generation, worker, claimed_at, lease_expires_at,
+                                outcome, ended_at, fingerprint, base_sha, candidate_sha, bundle,
+                                bundle_digest, log_tail)
+    VALUES (v_c.id, v_attempt_no, v_c.generation + 1, v_s.claimed_by, v_now, v_now,
+            'attempted', v_now, v_a.fingerprint, p_base_sha, p_candidate_sha, p_bundle,
+            p_bundle_digest, format('rebased from %s onto %s', v_a.candidate_sha, p_base_sha));
+    RETURN QUERY SELECT v_c.id, v_attempt_no, v_c.generation + 1;
+END
+$$;
+
+------------------------------------------------------------------------------
 -- Grants for what was (re)created; internal helpers run for nobody else
 ------------------------------------------------------------------------------
 
@@ -1748,7 +1844,8 @@ BEGIN
             ('ledger_api.claim_verification(text, text, double precision, text[])', 'verifier'),
             ('ledger_api.heartbeat_verification(bigint, double precision)', 'verifier'),
             ('ledger_api.claim_side_effect(text, double precision, text[])', 'dispatcher'),
-            ('ledger_api.confirm_side_effect(bigint, bigint, double precision)', 'dispatcher'))
+            ('ledger_api.confirm_side_effect(bigint, bigint, double precision)', 'dispatcher'),
+            ('ledger_api.rebase_promotion(bigint, bigint, text, text, jsonb, text, text)', 'dispatcher'))
             AS x(fn, actor)
     LOOP
         EXECUTE format('REVOKE ALL ON FUNCTION %s FROM PUBLIC', g.fn);

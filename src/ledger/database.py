@@ -336,14 +336,17 @@ class Session:
             raise psycopg.OperationalError(exc.message) from exc
 
     async def open(self, *, wait: bool = True, timeout: float = 30.0,
-                   wait_for_database_s: float = 0.0) -> Session:
+                   wait_for_database_s: float | None = None) -> Session:
         """Open the pool (waiting for its first connection by default).
 
         One direct connection first: a wrong URL or a missing database fails at
-        once with the server's own message, instead of the pool retrying. With
-        ``wait_for_database_s``, an unreachable or starting server is waited
-        for that long (with a log line per try) before ``Unavailable``."""
-        await self.database.wait_until_reachable(self.actor, wait_for_database_s)
+        once with the server's own message, instead of the pool retrying. An
+        unreachable or starting server is waited for ``wait_for_database_s``
+        (default: the database's ``wait_for_database_s``), with a log line per
+        try, before ``Unavailable``."""
+        await self.database.wait_until_reachable(
+            self.actor, self.database.wait_for_database_s if wait_for_database_s is None
+            else wait_for_database_s)
         try:
             await self._pool.open(wait=wait, timeout=timeout)
         except psycopg.Error as exc:
@@ -495,10 +498,13 @@ class Database:
         *,
         role_prefix: str = "ledger_",
         role_urls: Mapping[str, str] | None = None,
+        wait_for_database_s: float = 0.0,
     ):
         self.url = url
         self.role_prefix = role_prefix
         self.role_urls = dict(role_urls or {})
+        #: how long a service starting up waits for an unreachable server
+        self.wait_for_database_s = wait_for_database_s
 
     @classmethod
     def from_settings(cls, settings: Settings | None = None) -> Database:
@@ -586,7 +592,7 @@ class Database:
 
     async def wait_until_reachable(self, actor: str | None, wait_s: float) -> None:
         """Connect once as ``actor``; while the server is unreachable, starting
-        or read-only, try again with jittered backoff (capped at 2 s) for up to
+        or read-only, try again with jittered backoff (capped at 1 s) for up to
         ``wait_s`` seconds, logging each wait. Errors that waiting cannot mend
         (a wrong password, a missing database) are raised at once."""
         log = get_logger("database", actor=actor or "admin")
@@ -602,7 +608,8 @@ class Database:
                     log.info("the database is reachable", tries=tries)
                 return
             except errors.Unavailable as exc:
-                delay = random.uniform(0.5, 1.0) * min(2.0, 0.25 * 2 ** min(tries - 1, 4))
+                # capped at 1 s: a service is back within a second of its server
+                delay = random.uniform(0.5, 1.0) * min(1.0, 0.25 * 2 ** min(tries - 1, 4))
                 if not _retryable(exc, False) or loop.time() + delay >= deadline:
                     raise
                 log.warning("waiting for the database", error=exc.message, tries=tries,

@@ -26,8 +26,10 @@ claim's lease has lapsed by its own clock (``ledger.lease``). What remains is
 the moment between that confirmation and the action itself; the
 compare-and-swap (git) and the Idempotency-Key (HTTP) bound what a late
 action can do, and the read-back decides what is recorded. Outcomes: ``done`` (the target shows the effect),
-``conflict`` (the precondition failed: never retried blindly; a promotion then
-goes back to ready), ``retry`` (transient: network, 5xx, git lock contention;
+``conflict`` (the precondition failed: never retried blindly; a promotion
+whose target moved is rebased onto it and sent back for verification when
+its change applies cleanly -- ``ledger.rebase`` -- and otherwise goes back to
+ready, its attempt given back), ``retry`` (transient: network, 5xx, git lock contention;
 jittered backoff by tries) and ``failed`` (permanent, or out of tries).
 
 The dispatcher has the shape of the maintenance loops (``ledger.loops.Loop``):
@@ -42,11 +44,15 @@ import asyncio
 import random
 import re
 from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
 from typing import Any, Literal
 
 import httpx
 
+from . import bundle as bundles
 from . import faults
+from . import repository as repositories
 from .errors import StaleLease, Unavailable
 from .hub import NullHub, WakeSource
 from .identity import process_identity
@@ -55,12 +61,16 @@ from .lease import LeaseClock
 from .logs import get_logger
 from .loops import Loop
 from .models import Campaign, SideEffectClaim
+from .rebase import rebase
 from .repository import GitError, RefMoved, Repository
 
 OUTBOX_CHANNEL = "ledger_outbox"
 FAULT_AFTER_ACTION = "dispatcher.after_action"
 
 Outcome = Literal["done", "conflict", "retry", "failed"]
+#: What one dispatch did: an outcome recorded, or a promotion rebased (and
+#: sent back for verification instead of being recorded as a conflict).
+Dispatched = Outcome | Literal["rebased"]
 KINDS = ("git.update_ref", "http.request")
 
 _SHA = re.compile(r"^(?:[0-9a-f]{40}|[0-9a-f]{64})$")
@@ -82,7 +92,7 @@ def backoff_s(tries: int, *, base_s: float = 2.0, cap_s: float = 600.0, jitter: 
 class Verdict:
     """What one dispatch found; becomes one ``complete_side_effect`` call."""
 
-    outcome: Outcome
+    outcome: Dispatched
     result: dict[str, Any] = field(default_factory=dict)
     error: str | None = None
     #: a lower bound on the retry delay the target asked for (Retry-After)
@@ -129,6 +139,7 @@ class Dispatcher(Loop):
         kinds: list[str] | None = None,
         batch: int = 100,
         http_client: httpx.AsyncClient | None = None,
+        data_dir: Path | None = None,
     ):
         super().__init__(poll_s)
         if max_tries < 1:
@@ -151,6 +162,9 @@ class Dispatcher(Loop):
         self.http_timeout_s = http_timeout_s
         self.kinds = kinds
         self.batch = batch
+        #: where rebased candidates' bundles are frozen; without it a moved
+        #: promotion target is a plain conflict
+        self.data_dir = data_dir
         self._http_client = http_client
         self._stop: asyncio.Event | None = None
         self._lease = LeaseClock()  # of the claim being dispatched
@@ -188,7 +202,7 @@ class Dispatcher(Loop):
 
     # --- one intent ------------------------------------------------------------
 
-    async def dispatch(self, claim: SideEffectClaim, *, sent_at: float | None = None) -> Outcome | None:
+    async def dispatch(self, claim: SideEffectClaim, *, sent_at: float | None = None) -> Dispatched | None:
         """Carry out one claimed intent and record what the read-back showed;
         returns the outcome recorded (``retry`` past ``max_tries`` is ``failed``),
         or ``None`` when it did not act because the claim or the intent's
@@ -215,7 +229,12 @@ class Dispatcher(Loop):
             log.exception("dispatch raised")
             verdict = Verdict("retry", error=f"dispatcher error: {type(exc).__name__}: {exc}")
 
-        outcome, error = verdict.outcome, verdict.error
+        if verdict.outcome == "rebased":
+            log.info("promotion target moved: candidate rebased and sent back for verification",
+                     **verdict.result)
+            return "rebased"
+        outcome: Outcome = verdict.outcome
+        error = verdict.error
         retry_after = 0.0
         if outcome == "retry":
             if claim.tries >= self.max_tries:
@@ -312,6 +331,8 @@ class Dispatcher(Loop):
         if campaign.state == "abandoned":
             return _failed("campaign abandoned before the intent was carried out", read_back=current)
         if current != old:
+            if claim.purpose == "promotion" and current is not None and old is not None:
+                return await self._rebase(claim, campaign, repo, old, current, new)
             return Verdict("conflict", {"read_back": current, "expected": old},
                            f"{ref} is at {current or 'nothing'}, not the expected {old or 'nothing'}")
         if (gave_up := self._gave_up(claim)) is not None:
@@ -344,6 +365,39 @@ class Dispatcher(Loop):
             return Verdict("conflict", {"read_back": after, "expected": new},
                            f"{ref} moved to {after or 'nothing'} right after the update")
         return _done(read_back=after, previous=old)
+
+    async def _rebase(self, claim: SideEffectClaim, campaign: Campaign, repo: Repository,
+                      base: str, onto: str, candidate: str) -> Verdict:
+        """The promotion's target moved from ``base`` to ``onto``: replay the
+        candidate onto it and send it back for verification, or -- when it does
+        not apply cleanly, or bundles cannot be frozen here -- a conflict."""
+        moved = {"read_back": onto, "expected": base}
+        if self.data_dir is None:
+            return Verdict("conflict", moved, f"{claim.target} moved to {onto}")
+        attempts = await self.kernel.attempts_of(campaign.id)
+        accepted = next((a for a in attempts if a.generation == claim.generation), None)
+        if accepted is None or accepted.bundle is None:
+            return Verdict("conflict", moved, f"{claim.target} moved to {onto}; the accepted "
+                                              "attempt has no bundle to rebase")
+        attempt_no = max(a.attempt_no for a in attempts) + 1
+        rebased = await asyncio.to_thread(rebase, repo.path, base, onto, candidate,
+                                          f"ledger/{campaign.id}/{attempt_no}")
+        if rebased is None:
+            return Verdict("conflict", moved, f"{claim.target} moved to {onto} and the candidate "
+                                              "does not rebase onto it cleanly")
+        frozen = bundles.Bundle.model_validate({
+            **accepted.bundle, "attempt_no": attempt_no,
+            "generation": claim.generation + 1, "worker": self.identity, "base_sha": onto,
+            "candidate_sha": rebased, "created_at": datetime.now(timezone.utc)})
+        diff = await asyncio.to_thread(repositories.diff, repo.path, onto, rebased)
+        directory = bundles.evidence_dir(self.data_dir, campaign.id)
+        _, digest = await asyncio.to_thread(bundles.freeze, frozen, diff, directory)
+        await self._go_ahead(claim, needed_s=1.0)
+        await self.kernel.rebase_promotion(
+            claim.side_effect_id, claim.claim_token, base_sha=onto, candidate_sha=rebased,
+            bundle=frozen.model_dump(mode="json", by_alias=True), bundle_digest=digest,
+            evidence_location=str(directory))
+        return Verdict("rebased", {"onto": onto, "candidate": rebased, "attempt_no": attempt_no})
 
     async def _class_repository(self, campaign: Campaign) -> str | None:
         repository = (await self.kernel.campaign_class(campaign.class_)).promotion.get("repository")

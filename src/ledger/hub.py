@@ -389,5 +389,8 @@ async def listening(db: Database, enabled: bool = True) -> AsyncIterator[WakeSou
     if not enabled:
         yield NullHub()
         return
-    async with Hub(db) as hub:
+    hub = await Hub(db).start(timeout=max(10.0, db.wait_for_database_s))
+    try:
         yield hub
+    finally:
+        await hub.stop()

@@ -51,6 +51,8 @@ IDEMPOTENT = frozenset({
     "heartbeat_verification", "accept", "reject", "complete_side_effect",
     "register_class", "trim_journal", "confirm_side_effect",
 })
+# (rebase_promotion is not: a retry after its commit finds the promotion
+# no longer claimed; the dispatcher then reads the campaign back.)
 
 
 def _attempted_hints(campaign_ids: Sequence[int]) -> list[tuple[str, str]]:
@@ -310,6 +312,20 @@ class Kernel:
                                 if status == "cancelled" else "the claim is no longer this dispatcher's"),
                              detail=status)
         return Lease.model_validate(rows[0])
+
+    async def rebase_promotion(self, side_effect_id: int, claim_token: int, *, base_sha: str,
+                               candidate_sha: str, bundle: dict[str, Any], bundle_digest: str,
+                               evidence_location: str) -> int:
+        """The promotion's target moved and its candidate was rebased onto it:
+        send the campaign back for verification (verified -> attempted, a new
+        generation and attempt row); returns the new attempt number. Verifiers
+        and tails are hinted after the commit."""
+        rows = await self._call("rebase_promotion", side_effect_id=side_effect_id,
+                                claim_token=claim_token, base_sha=base_sha,
+                                candidate_sha=candidate_sha, bundle=bundle,
+                                bundle_digest=bundle_digest, evidence_location=evidence_location)
+        await self.executor.hint(_attempted_hints([rows[0]["campaign_id"]]))
+        return int(rows[0]["attempt_no"])
 
     async def complete_side_effect(self, side_effect_id: int, claim_token: int, outcome: str, *,
                                    result: dict[str, Any] | None = None, error: str | None = None,

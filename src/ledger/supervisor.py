@@ -112,7 +112,8 @@ async def run_everything(db: Database, config: LedgerConfig, run: RunOptions, hu
             supervisor.add("verifier", verifier.run)
         if run.dispatcher:
             session = await stack.enter_async_context(db.session("dispatcher", max_size=2))
-            dispatcher = Dispatcher(Kernel(session), hub=hub, poll_s=run.options.poll_s)
+            dispatcher = Dispatcher(Kernel(session), hub=hub, poll_s=run.options.poll_s,
+                                    data_dir=run.options.data_dir)
             supervisor.add("dispatcher", dispatcher.run)
         if run.sensors and config.sensors:
             session = await stack.enter_async_context(db.session("sensor", max_size=2))

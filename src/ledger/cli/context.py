@@ -35,9 +35,12 @@ class State:
             overrides["data_dir"] = Path(overrides["data_dir"])
         return cls(Settings(**overrides))
 
-    def database(self) -> Database:
-        """The database to use (starting the embedded server if none is configured)."""
-        return Database.from_settings(self.settings)
+    def database(self, *, wait_s: float = 0.0) -> Database:
+        """The database to use (starting the embedded server if none is
+        configured); a service waits up to ``wait_s`` for it at start-up."""
+        db = Database.from_settings(self.settings)
+        db.wait_for_database_s = wait_s
+        return db
 
 
 def state(ctx: typer.Context) -> State:

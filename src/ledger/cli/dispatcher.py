@@ -12,6 +12,7 @@ from ..dispatcher import Dispatcher
 from ..hub import Hub
 from ..kernel import Kernel
 from .context import console_err, run, state
+from .runtime import WAIT_OPTION
 
 
 def register(app: typer.Typer) -> None:
@@ -37,6 +38,7 @@ def dispatcher(
                                         "(repeatable)."),
     identity: str = typer.Option(None, "--identity",
                                  help="Name recorded on claims (default host:pid:random)."),
+    wait_for_database: float = WAIT_OPTION,
     log_level: str = typer.Option("info", "--log-level", envvar="LEDGER_LOG_LEVEL",
                                   show_envvar=True, help="debug, info, warning or error."),
 ) -> None:
@@ -46,7 +48,7 @@ def dispatcher(
     logs.configure(log_level)
 
     async def go() -> int:
-        db = state(ctx).database()
+        db = state(ctx).database(wait_s=wait_for_database)
         session = db.session("dispatcher")
         # One LISTEN connection wakes the dispatcher on ledger_outbox; --once
         # never idles, so it needs none.
@@ -54,7 +56,7 @@ def dispatcher(
         try:
             d = Dispatcher(Kernel(session), hub=hub, identity=identity, poll_s=poll,
                            lease_s=lease, max_tries=max_tries, http_timeout_s=http_timeout,
-                           kinds=kind or None)
+                           kinds=kind or None, data_dir=state(ctx).settings.data_dir)
         except ValueError as exc:  # checked before connecting: a usage error
             raise typer.BadParameter(str(exc)) from None
         async with session:

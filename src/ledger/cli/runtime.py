@@ -21,6 +21,10 @@ CONFIG_OPTION = typer.Option(None, "--config", envvar="LEDGER_CONFIG", show_envv
 LISTEN_OPTION = typer.Option(True, "--listen/--no-listen", envvar="LEDGER_LISTEN", show_envvar=True,
                              help="Wake on LISTEN/NOTIFY (needs a direct connection, not a "
                                   "transaction pooler); without it, poll only.")
+WAIT_OPTION = typer.Option(600.0, "--wait-for-database", min=0, envvar="LEDGER_WAIT_FOR_DATABASE_S",
+                           show_envvar=True, metavar="SECONDS",
+                           help="At start-up, wait this long for an unreachable or starting "
+                                "database (retrying, a log line per try) before exiting with 69.")
 LOG_OPTION = typer.Option("info", "--log-level", envvar="LEDGER_LOG_LEVEL", show_envvar=True,
                           help="debug, info, warning or error.")
 
@@ -61,6 +65,7 @@ def worker(
     grace: float = typer.Option(5.0, "--grace", min=0, envvar="LEDGER_REAPER_GRACE_S", show_envvar=True,
                                 help="Reaper grace past a lease's expiry."),
     listen: bool = LISTEN_OPTION,
+    wait_for_database: float = WAIT_OPTION,
     log_level: str = LOG_OPTION,
 ) -> None:
     """Claim campaigns and make one isolated attempt each, until SIGTERM (then drain)."""
@@ -72,7 +77,7 @@ def worker(
                             reaper_grace_s=grace, reaper_interval_s=max(min(grace, 5.0), 0.2))
 
     async def go() -> int:
-        db = st.database()
+        db = st.database(wait_s=wait_for_database)
         async with listening(db, listen) as hub:
             w = Worker(db, cfg, options, hub=hub)
             until_signalled(w.stop)
@@ -87,6 +92,7 @@ def sensor_run(
     names: list[str] = typer.Argument(None, help="Sensors to run (default: all in the config)."),
     config: Path = CONFIG_OPTION,
     once: bool = typer.Option(False, "--once", help="Observe each sensor once now and exit."),
+    wait_for_database: float = WAIT_OPTION,
     log_level: str = LOG_OPTION,
 ) -> None:
     """Run sensors on their schedules until SIGTERM; each observation may open,
@@ -98,7 +104,7 @@ def sensor_run(
     async def go() -> int:
         stop = asyncio.Event()
         until_signalled(stop.set)
-        async with st.database().session("sensor") as session:
+        async with st.database(wait_s=wait_for_database).session("sensor") as session:
             from ..kernel import Kernel
 
             await run_sensors(Kernel(session), cfg, names or [], process_identity("sensor"), stop,
@@ -121,6 +127,7 @@ def run_all(
     drain_timeout: float = typer.Option(30.0, "--drain-timeout", min=0, envvar="LEDGER_DRAIN_TIMEOUT_S",
                                         show_envvar=True, help="On SIGTERM, how long attempts may finish."),
     listen: bool = LISTEN_OPTION,
+    wait_for_database: float = WAIT_OPTION,
     log_level: str = LOG_OPTION,
 ) -> None:
     """Run sensors, a worker, a verifier and a dispatcher as one supervised process
@@ -135,7 +142,7 @@ def run_all(
                          model_family=model_family, sensors=not no_sensors)
 
     async def go() -> int:
-        db = st.database()
+        db = st.database(wait_s=wait_for_database)
         supervisor = Supervisor()
         until_signalled(supervisor.stop)
         async with listening(db, listen) as hub:

@@ -12,7 +12,7 @@ from ..hub import listening
 from ..kernel import Kernel
 from ..verifier import Verifier
 from .context import console_err, run, state
-from .runtime import LISTEN_OPTION
+from .runtime import LISTEN_OPTION, WAIT_OPTION
 
 
 def register(app: typer.Typer) -> None:
@@ -34,6 +34,7 @@ def verifier(
                                 help="Verification lease: how soon another verifier may take "
                                      "over if this one dies (heartbeated every third of it)."),
     listen: bool = LISTEN_OPTION,
+    wait_for_database: float = WAIT_OPTION,
     log_level: str = typer.Option("info", "--log-level", envvar="LEDGER_LOG_LEVEL",
                                   show_envvar=True, help="debug, info, warning or error."),
 ) -> None:
@@ -42,7 +43,7 @@ def verifier(
     settings = state(ctx).settings
 
     async def go() -> int:
-        db = state(ctx).database()
+        db = state(ctx).database(wait_s=wait_for_database)
         async with db.session("verifier") as session, listening(db, listen and not once) as hub:
             v = Verifier(Kernel(session), model_family=model_family, classes=class_ or None,
                          lease_s=lease, poll_s=poll, data_dir=settings.data_dir, hub=hub)

@@ -1,0 +1,135 @@
+"""A verified candidate whose promotion target moved is rebased and verified
+again before anything is re-attempted; only a change that does not apply
+cleanly returns the campaign to ready, and then without spending an attempt."""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from drive import Driver, fingerprint
+from ledger import bundle as bundles
+from ledger.dispatcher import Dispatcher
+from test_dispatcher import MAIN, git, rev
+
+pytestmark = pytest.mark.anyio
+
+
+def commit(repo: Path, parent: str, files: dict[str, str], message: str) -> str:
+    """A commit on ``parent`` that writes ``files`` (no ref moves)."""
+    work = repo.parent / f"work-{message.replace(' ', '-')}"
+    git(repo, "worktree", "add", "--quiet", "--detach", str(work), parent)
+    for name, text in files.items():
+        (work / name).write_text(text)
+    git(work, "add", ".")
+    git(work, "commit", "--quiet", "-m", message)
+    sha = git(work, "rev-parse", "HEAD")
+    git(repo, "worktree", "remove", "--force", str(work))
+    return sha
+
+
+@pytest.fixture
+def repo(tmp_path: Path) -> Path:
+    path = tmp_path / "repo.git"
+    git(tmp_path, "init", "--quiet", "--bare", "--initial-branch=main", str(path))
+    seed = tmp_path / "seed"
+    git(tmp_path, "init", "--quiet", "--initial-branch=main", str(seed))
+    (seed / "app.py").write_text("def add(a, b):\n    return a - b\n")
+    (seed / "notes.txt").write_text("notes\n")
+    git(seed, "add", ".")
+    git(seed, "commit", "--quiet", "-m", "base")
+    git(seed, "push", "--quiet", str(path), "main")
+    return path
+
+
+async def verified(actors: Any, repo: Path, tmp_path: Path, candidate: str, max_attempts: int = 3) -> int:
+    """A campaign whose candidate, frozen in a real bundle, was accepted."""
+    await (await actors("operator")).register_class(
+        "rebasing", max_attempts=max_attempts, lease_seconds=30, backoff_base_s=0, backoff_jitter=0,
+        promotion={"ref": MAIN, "repository": str(repo)})
+    d = Driver(actors, "rebasing")
+    cid, gen = await d.leased()
+    base = rev(repo)
+    diff = git(repo, "diff", "--binary", "--full-index", base, candidate).encode() + b"\n"
+    frozen = bundles.Bundle.model_validate({
+        "campaign_id": cid, "attempt_no": 1, "generation": gen, "worker": "worker-1", "class": "rebasing",
+        "objective_key": "k", "target": "t", "repository": str(repo), "base_ref": "main",
+        "base_sha": base, "candidate_sha": candidate, "fingerprint": fingerprint(1),
+        "acceptance": {"commands": [["true"]]}, "verifier": "command",
+        "created_at": datetime.now(timezone.utc)})
+    directory = bundles.evidence_dir(tmp_path / "worker-data", cid)
+    _, digest = bundles.freeze(frozen, diff, directory)
+    await (await actors("worker")).record_attempt(
+        cid, gen, base_sha=base, candidate_sha=candidate, fingerprint=fingerprint(1),
+        bundle=frozen.model_dump(mode="json", by_alias=True), bundle_digest=digest,
+        evidence_location=str(directory))
+    verifier = await actors("verifier")
+    claim = await verifier.claim_verification("verifier-1", classes=["rebasing"])
+    assert claim is not None
+    await verifier.accept(claim.verification_id, {"ok": True})
+    return cid
+
+
+async def test_a_moved_target_gets_the_candidate_rebased_and_verified_again(actors, admin, repo, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    base = rev(repo)
+    candidate = commit(repo, base, {"app.py": "def add(a, b):\n    return a + b\n"}, "fix add")
+    cid = await verified(actors, repo, tmp_path, candidate)
+    moved = commit(repo, base, {"notes.txt": "someone else's notes\n"}, "unrelated change")
+    git(repo, "update-ref", MAIN, moved)
+
+    dispatcher = Dispatcher(await actors("dispatcher"), data_dir=tmp_path / "dispatcher-data")
+    claim = await dispatcher.kernel.claim_side_effect(dispatcher.identity)
+    assert claim is not None
+    assert await dispatcher.dispatch(claim) == "rebased"
+    assert rev(repo) == moved, "nothing is promoted before the rebased candidate is verified"
+
+    campaign = await (await actors("reader")).campaign(cid)
+    assert campaign.state == "attempted" and campaign.generation == claim.generation + 1
+    assert (campaign.attempt_count, campaign.max_attempts) == (1, 3), "the rebase spent no attempt"
+    attempts = await (await actors("reader")).attempts_of(cid)
+    rebased = attempts[-1]
+    assert (rebased.attempt_no, rebased.outcome, rebased.worker) == (2, "attempted", dispatcher.identity)
+    assert rebased.base_sha == moved and rebased.fingerprint == fingerprint(1)
+    assert git(repo, "rev-parse", f"{rebased.candidate_sha}^") == moved
+    assert git(repo, "show", f"{rebased.candidate_sha}:app.py").endswith("return a + b")
+    assert git(repo, "show", f"{rebased.candidate_sha}:notes.txt") == "someone else's notes"
+    # its bundle is frozen, and loads against its digest, for the verifier
+    assert campaign.evidence_location is not None and rebased.bundle_digest is not None
+    frozen, _ = bundles.load(Path(campaign.evidence_location) / "attempt-2", rebased.bundle_digest)
+    assert (frozen.attempt_no, frozen.candidate_sha, frozen.base_sha) == (2, rebased.candidate_sha, moved)
+    transitions = [e.payload["transition"] for e in await (await actors("reader")).events(cid)
+                   if e.type == "transition"]
+    assert transitions[-2:] == ["accept", "rebase"]
+
+    # verified again, then promoted onto the moved target
+    verifier = await actors("verifier")
+    check = await verifier.claim_verification("verifier-2", classes=["rebasing"])
+    assert check is not None and check.candidate_sha == rebased.candidate_sha
+    await verifier.accept(check.verification_id, {"ok": True})
+    assert await dispatcher.run_once() == 1
+    assert rev(repo) == rebased.candidate_sha
+    assert (await (await actors("reader")).campaign(cid)).promoted_sha == rebased.candidate_sha
+
+
+async def test_a_candidate_that_does_not_rebase_cleanly_returns_to_ready_without_spending_an_attempt(
+        actors, admin, repo, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    base = rev(repo)
+    candidate = commit(repo, base, {"app.py": "def add(a, b):\n    return a + b\n"}, "fix add")
+    cid = await verified(actors, repo, tmp_path, candidate, max_attempts=1)
+    moved = commit(repo, base, {"app.py": "def add(a, b):\n    return b + a\n"}, "a rival fix")
+    git(repo, "update-ref", MAIN, moved)
+
+    dispatcher = Dispatcher(await actors("dispatcher"), data_dir=tmp_path / "dispatcher-data")
+    assert await dispatcher.run_once() == 1
+    assert rev(repo) == moved
+    campaign = await (await actors("reader")).campaign(cid)
+    # its one attempt was accepted: losing the race does not exhaust it
+    assert campaign.state == "ready", campaign.state
+    assert (campaign.attempt_count, campaign.max_attempts) == (1, 2)
+    events = await (await actors("reader")).events(cid)
+    last = [e for e in events if e.type == "transition"][-1]
+    assert last.payload["transition"] == "promote_failed" and last.payload["attempt_given_back"] is True
+    assert "does not rebase" in (campaign.last_failure_reason or "")
