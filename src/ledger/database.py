@@ -26,6 +26,8 @@ from typing import Any, Protocol, TypeVar
 
 import psycopg
 import psycopg_pool
+import psycopg_pool.base
+import psycopg_pool.pool_async
 from psycopg import sql
 from psycopg.adapt import Dumper
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
@@ -135,6 +137,28 @@ class _IntegerDumper(Dumper):
 
 
 psycopg.adapters.register_dumper(_Integer, _IntegerDumper)
+
+
+class _PromptReconnect(psycopg_pool.base.AttemptWithBackoff):
+    """psycopg_pool's reconnection schedule, capped at 1 s between tries.
+
+    The pool replaces a broken connection in the background, waiting 1 s,
+    then 2, 4, 8 ... between failed tries; after a restart that outlasted a
+    few tries, a pool kept its callers waiting for seconds while the server
+    was back. Capped, every pool is back within a second of its server."""
+
+    INITIAL_DELAY = 0.25
+    MAX_DELAY = 1.0
+
+    def update_delay(self, now: float) -> None:
+        super().update_delay(now)
+        self.delay = min(self.delay, self.MAX_DELAY)
+
+
+# The pool module names its schedule once; give it ours (the one change of
+# psycopg_pool's behaviour Ledger makes, tested by tests/test_restart.py).
+if hasattr(psycopg_pool.pool_async, "AttemptWithBackoff"):
+    psycopg_pool.pool_async.AttemptWithBackoff = _PromptReconnect  # type: ignore[misc]
 
 
 def _argument(value: Any) -> Any:
@@ -313,8 +337,6 @@ class Session:
             check=self._check,
             open=False,
             name=f"ledger-{actor or 'admin'}",
-            # a server that is down is retried by the pool itself this long
-            reconnect_timeout=24 * 3600.0,
         )
         self._used: weakref.WeakKeyDictionary[psycopg.AsyncConnection[Row], float] = \
             weakref.WeakKeyDictionary()

