@@ -389,7 +389,10 @@ async def listening(db: Database, enabled: bool = True) -> AsyncIterator[WakeSou
     if not enabled:
         yield NullHub()
         return
-    hub = await Hub(db).start(timeout=max(10.0, db.wait_for_database_s))
+    from .settings import get_settings
+
+    hub = await Hub(db, ping_s=get_settings().hub_ping_s).start(
+        timeout=max(10.0, db.wait_for_database_s))
     try:
         yield hub
     finally:

@@ -43,6 +43,9 @@ class Settings(BaseSettings):
     )
     role_prefix: str = Field(default="ledger_", pattern=r"^[a-z][a-z0-9_]{0,30}$")
     config: Path = Field(default=Path("ledger.toml"), description="Campaign classes and sensors")
+    hub_ping_s: float = Field(
+        default=10.0, gt=0, le=3600,
+        description="How often the hub proves it hears (a NOTIFY to itself); a miss reconnects it")
     # Only SHA-256 digests of tokens are configured, never the tokens themselves
     # (ledger.api.auth parses this; `ledger token create` prints an entry).
     api_tokens: str | None = Field(
