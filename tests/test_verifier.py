@@ -398,6 +398,41 @@ async def test_stale_heartbeat_stops_the_check_and_writes_nothing(
     assert [v.status for v in await verifications(actors, cid)] == ["lost", "accepted"]
 
 
+async def test_a_verifier_cut_off_from_the_database_stops_its_check_before_its_lease_expires(
+        actors: Any, worker: FakeWorker, test_class: str, tmp_path: Path, db_url: str) -> None:
+    """Self-fencing (ledger.lease): the path to the database goes silent, so
+    no heartbeat can confirm the verification's lease; the verifier stops the
+    check on its own clock, before the database would expire the lease, and
+    records nothing."""
+    from ledger import Database
+    from ledger.faultproxy import FaultProxy
+
+    marker, release = tmp_path / "checking.pid", tmp_path / "release"
+    acceptance = {"commands": [[PY, "-c", BLOCKING, str(marker), str(release)]], "timeout_s": 120.0}
+    cid = await worker.open("cut-off")
+    await worker.attempt(cid, worker.base, acceptance)
+    with FaultProxy.before(db_url) as proxy:
+        session = await Database(proxy.url(db_url), role_prefix=TEST_PREFIX).session("verifier").open()
+        try:
+            verifier = Verifier(Kernel(session), identity="verifier-cut-off", classes=[test_class],
+                                lease_s=3.0, heartbeat_s=0.5, work_dir=tmp_path)
+            checking = asyncio.ensure_future(verifier.run_once())
+            await eventually(marker.exists, what="the acceptance to start", timeout=30.0)
+            command = int(marker.read_text())
+            proxy.silence()
+            assert await asyncio.wait_for(checking, 10) == 1, "the check did not stop on its own"
+            stopped = now()
+        finally:
+            release.touch()
+            proxy.heal()
+            await session.close()
+    assert verifier.verdicts["stale"] == 1
+    await eventually(lambda: not alive(command), what="the check's command to be killed", timeout=10.0)
+    (running,) = await verifications(actors, cid)
+    assert running.status == "running", "nothing was recorded"
+    assert stopped < running.lease_expires_at, (stopped, running.lease_expires_at)
+
+
 # --- timeouts -----------------------------------------------------------------
 
 SPAWNS_AND_HANGS = textwrap.dedent("""\
