@@ -18,7 +18,7 @@ import pytest
 
 from conftest import TEST_PREFIX
 from ledger.embedded import create_database, drop_database
-from ledger import migrations
+from ledger import LedgerError, migrations
 
 SNAPSHOT = Path(__file__).parent / "schema.snapshot"
 
@@ -136,3 +136,11 @@ def snapshot(url: str) -> str:
             lines += sorted(f"{kind} {r[0]}" + (f" {body_digest(r[1])}" if len(r) > 1 else "")
                             for r in conn.execute(query))
     return "\n".join(lines) + "\n"
+
+
+def test_a_database_at_an_unknown_revision_is_one_readable_error(db_url: str) -> None:
+    """E.g. a database migrated before 0001-0007 were folded into the baseline."""
+    with psycopg.connect(db_url, autocommit=True) as conn:
+        conn.execute("UPDATE alembic_version SET version_num = '0007_lean_hot_path'")
+    with pytest.raises(LedgerError, match="^cannot migrate: .*'0007_lean_hot_path'"):
+        migrations.upgrade(db_url, TEST_PREFIX)

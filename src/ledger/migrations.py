@@ -21,12 +21,13 @@ from alembic import command
 from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
+from alembic.util import CommandError
 from psycopg import sql
 from sqlalchemy import create_engine
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.pool import NullPool
 
-from .errors import Unavailable, from_sqlstate
+from .errors import LedgerError, Unavailable, from_sqlstate
 
 #: Key of the advisory lock that serialises migrations of one database.
 MIGRATION_LOCK = 0x4C45444745520001  # "LEDGER" 0001
@@ -116,6 +117,9 @@ def _run(fn, url: str, role_prefix: str, revision: str) -> None:  # type: ignore
         # e.g. the privilege self-check (LG009): one readable line, not a traceback
         message = exc.diag.message_primary or str(exc)
         raise from_sqlstate(exc.sqlstate, f"migration failed: {message}") from exc
+    except CommandError as exc:
+        # e.g. a database at a revision this code does not know
+        raise LedgerError(f"cannot migrate: {exc}") from exc
 
 
 def current(url: str) -> str | None:

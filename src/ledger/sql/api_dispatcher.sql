@@ -1,9 +1,7 @@
 -- The dispatcher's API (the outbox)
 
--- Every write goes through a SECURITY DEFINER function in ledger_api, with a
--- pinned search_path and schema-qualified names inside; grants.sql grants
--- each to exactly one role. Errors carry Ledger's own SQLSTATEs (the table is
--- in api_helpers.sql and src/ledger/errors.py).
+-- SECURITY DEFINER, pinned search_path, names schema-qualified; grants.sql
+-- grants each to this one role. SQLSTATEs: see api_helpers.sql.
 
 CREATE OR REPLACE FUNCTION ledger_api.claim_side_effect(p_dispatcher text,
                                              p_lease_s double precision DEFAULT 60,

@@ -1,12 +1,10 @@
 -- The sensor's API: opening campaigns, recording observations, claiming ticks
 
--- Every write goes through a SECURITY DEFINER function in ledger_api, with a
--- pinned search_path and schema-qualified names inside; grants.sql grants
--- each to exactly one role. Errors carry Ledger's own SQLSTATEs (the table is
--- in api_helpers.sql and src/ledger/errors.py).
+-- SECURITY DEFINER, pinned search_path, names schema-qualified; grants.sql
+-- grants each to this one role. SQLSTATEs: see api_helpers.sql.
 
--- Opens a campaign unless one is open for the objective (shared by
--- open_campaign and record_observation).
+-- Opens a campaign unless one is open for the objective (an internal helper in
+-- schema ledger, shared by open_campaign and record_observation).
 CREATE OR REPLACE FUNCTION ledger.open_campaign(
         p_class text, p_objective_key text, p_target text, p_desired_state jsonb,
         p_observation jsonb, p_priority integer, p_seat text, p_labels text[],

@@ -1,9 +1,7 @@
 -- The verifier's API: claims, heartbeats and verdicts
 
--- Every write goes through a SECURITY DEFINER function in ledger_api, with a
--- pinned search_path and schema-qualified names inside; grants.sql grants
--- each to exactly one role. Errors carry Ledger's own SQLSTATEs (the table is
--- in api_helpers.sql and src/ledger/errors.py).
+-- SECURITY DEFINER, pinned search_path, names schema-qualified; grants.sql
+-- grants each to this one role. SQLSTATEs: see api_helpers.sql.
 
 -- Claim an attempted campaign for verification (SKIP LOCKED, own short lease).
 -- Verifications whose verifier vanished lapse here first.
@@ -94,7 +92,8 @@ BEGIN
 END
 $$;
 
--- Shared by accept and reject: lock and check the verification and campaign.
+-- Shared by accept and reject (internal, schema ledger): lock and check the
+-- verification and campaign.
 CREATE OR REPLACE FUNCTION ledger.current_verification(p_verification_id bigint)
     RETURNS ledger.verification
     LANGUAGE plpgsql

@@ -1,12 +1,10 @@
 -- The worker's API: claims, heartbeats, endings, journal appends, side-effect requests
 
--- Every write goes through a SECURITY DEFINER function in ledger_api, with a
--- pinned search_path and schema-qualified names inside; grants.sql grants
--- each to exactly one role. Errors carry Ledger's own SQLSTATEs (the table is
--- in api_helpers.sql and src/ledger/errors.py).
+-- SECURITY DEFINER, pinned search_path, names schema-qualified; grants.sql
+-- grants each to this one role. SQLSTATEs: see api_helpers.sql.
+
 -- Claim the next ready campaign in one statement: SKIP LOCKED, next_attempt_at
--- honoured, priority then age, one lease per seat. Bumps the generation. The
--- attempt number is computed inside the attempt's INSERT.
+-- honoured, priority then age, one lease per seat. Bumps the generation.
 CREATE OR REPLACE FUNCTION ledger_api.claim_campaign(p_worker text, p_classes text[] DEFAULT NULL)
     RETURNS TABLE (campaign_id bigint, generation bigint, attempt_no integer,
                    lease_expires_at timestamptz, class text, objective_key text, target text,

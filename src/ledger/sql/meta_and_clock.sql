@@ -65,7 +65,7 @@ $$;
 -- Runtime roles get no CREATE anywhere and no temporary objects: a shadowing
 -- object has nowhere to live. Database-level privileges are not copied by
 -- CREATE DATABASE ... TEMPLATE, so `ledger migrate` runs this every time, not
--- only here. Run by the administrator (SECURITY INVOKER).
+-- only in the baseline. Run by the administrator (SECURITY INVOKER).
 CREATE OR REPLACE FUNCTION ledger.secure_database() RETURNS void
     LANGUAGE plpgsql
     SET search_path = pg_catalog, pg_temp

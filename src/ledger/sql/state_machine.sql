@@ -5,7 +5,7 @@
 -- one of its rows (for the acting role), keeps generation monotonic, keeps
 -- terminal states sticky, and the journal trigger writes the event of every
 -- state change in the same transaction. The Python side loads these same rows
--- to build its `transitions` machine. States, actors and transitions are the
+-- to build its `transitions` machine. States and transitions are the
 -- contract: they change only by a migration. Applied again, this file keeps
 -- the rows it finds; a revision that changes a row does so with its own
 -- UPDATE (contract_frozen admits it during a migration).
@@ -110,7 +110,7 @@ BEGIN
 END
 $$;
 
--- Transitions, states and actors are the contract; they change only by migration.
+-- Transitions and states are the contract; they change only by migration.
 CREATE OR REPLACE FUNCTION ledger.contract_frozen() RETURNS trigger
     LANGUAGE plpgsql
     SET search_path = pg_catalog, pg_temp
