@@ -116,22 +116,28 @@ def test_no_function_is_executable_by_public(admin: psycopg.Connection) -> None:
         "SELECT has_function_privilege('public', 'ledger.later()', 'EXECUTE') AS ok").fetchone()["ok"]
 
 
-@pytest.mark.parametrize("breach", [
-    "GRANT EXECUTE ON FUNCTION ledger.now() TO PUBLIC",
-    "GRANT EXECUTE ON FUNCTION ledger.backoff(text, integer) TO {prefix}worker",
-    "GRANT EXECUTE ON FUNCTION ledger_api.heartbeat(bigint, bigint) TO {prefix}operator",
-    "REVOKE EXECUTE ON FUNCTION ledger_api.heartbeat(bigint, bigint) FROM {prefix}worker",
-    "ALTER FUNCTION ledger_api.heartbeat(bigint, bigint) RESET search_path",
-    "ALTER FUNCTION ledger_api.heartbeat(bigint, bigint) SECURITY INVOKER",
+@pytest.mark.parametrize(("breach", "said"), [
+    ("GRANT EXECUTE ON FUNCTION ledger.now() TO PUBLIC", "executable by PUBLIC: ledger.now()"),
+    ("GRANT EXECUTE ON FUNCTION ledger.backoff(text, integer) TO {prefix}worker",
+     "executable by a role other than the owner: ledger.backoff(text,integer)"),
+    ("GRANT EXECUTE ON FUNCTION ledger_api.heartbeat(bigint, bigint) TO {prefix}operator",
+     "not granted to exactly one runtime role: ledger_api.heartbeat(bigint,bigint)"),
+    ("REVOKE EXECUTE ON FUNCTION ledger_api.heartbeat(bigint, bigint) FROM {prefix}worker",
+     "not granted to exactly one runtime role: ledger_api.heartbeat(bigint,bigint)"),
+    ("ALTER FUNCTION ledger_api.heartbeat(bigint, bigint) RESET search_path",
+     "pinned search_path: ledger_api.heartbeat(bigint,bigint)"),
+    ("ALTER FUNCTION ledger_api.heartbeat(bigint, bigint) SECURITY INVOKER",
+     "pinned search_path: ledger_api.heartbeat(bigint,bigint)"),
 ])
-def test_every_upgrade_ends_with_the_privilege_check(db_url: str, breach: str) -> None:
+def test_every_upgrade_ends_with_the_privilege_check(db_url: str, breach: str, said: str) -> None:
     """At head no revision runs, yet the check does: a breach made by hand (or
-    by a revision that forgot grants.sql) fails ``ledger migrate``."""
+    by a revision that forgot grants.sql) fails ``ledger migrate``, naming it."""
     with psycopg.connect(db_url, autocommit=True) as conn:
         conn.execute(breach.format(prefix=TEST_PREFIX))
-    with pytest.raises(LedgerError, match="^migration failed: ") as failure:
+    with pytest.raises(LedgerError, match="^migration failed: privilege check failed: ") as failure:
         migrations.upgrade(db_url, TEST_PREFIX)
     assert failure.value.sqlstate == "LG009"
+    assert said in failure.value.message
 
 
 # --- Python's copies of the schema -----------------------------------------

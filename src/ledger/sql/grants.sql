@@ -79,46 +79,37 @@ AS $$
 DECLARE
     bad text;
 BEGIN
-    -- proacl NULL is the default ACL, which lets PUBLIC execute.
-    SELECT string_agg(p.oid::regprocedure::text, ', ' ORDER BY p.oid::regprocedure::text) INTO bad
-      FROM pg_catalog.pg_proc p JOIN pg_catalog.pg_namespace n ON n.oid = p.pronamespace
-     WHERE n.nspname IN ('ledger', 'ledger_api')
-       AND (p.proacl IS NULL OR EXISTS (SELECT 1 FROM aclexplode(p.proacl) a WHERE a.grantee = 0));
+    SELECT string_agg(format('%s: %s', f.problem, f.functions), '; ' ORDER BY f.problem) INTO bad
+      FROM (SELECT x.problem, string_agg(x.fn, ', ' ORDER BY x.fn) AS functions
+              FROM (SELECT p.oid::regprocedure::text AS fn,
+                           CASE
+                               -- proacl NULL is the default ACL, which lets PUBLIC execute
+                               WHEN p.proacl IS NULL
+                                    OR EXISTS (SELECT 1 FROM aclexplode(p.proacl) a WHERE a.grantee = 0)
+                               THEN 'executable by PUBLIC'
+                               WHEN n.nspname = 'ledger'
+                                    AND EXISTS (SELECT 1 FROM aclexplode(p.proacl) a
+                                                 WHERE a.grantee <> p.proowner)
+                               THEN 'internal, yet executable by a role other than the owner'
+                               WHEN n.nspname = 'ledger_api'
+                                    AND coalesce((SELECT array_agg(pg_get_userbyid(a.grantee)::text)
+                                                    FROM aclexplode(p.proacl) a
+                                                   WHERE a.grantee <> p.proowner), '{}')
+                                        NOT IN (SELECT ARRAY[ledger.role_name(r)]
+                                                  FROM unnest(ARRAY['sensor', 'worker', 'reaper', 'verifier',
+                                                                    'dispatcher', 'operator']) r)
+                               THEN 'not granted to exactly one runtime role'
+                               WHEN n.nspname = 'ledger_api'
+                                    AND (NOT p.prosecdef OR p.proconfig IS NULL
+                                         OR NOT 'search_path=pg_catalog, pg_temp' = ANY (p.proconfig))
+                               THEN 'not SECURITY DEFINER with a pinned search_path'
+                           END AS problem
+                      FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace
+                     WHERE n.nspname IN ('ledger', 'ledger_api')) x
+             WHERE x.problem IS NOT NULL
+             GROUP BY x.problem) f;
     IF bad IS NOT NULL THEN
-        RAISE EXCEPTION 'PUBLIC may execute %', bad USING ERRCODE = 'LG009';
-    END IF;
-
-    SELECT string_agg(p.oid::regprocedure::text, ', ' ORDER BY p.oid::regprocedure::text) INTO bad
-      FROM pg_catalog.pg_proc p JOIN pg_catalog.pg_namespace n ON n.oid = p.pronamespace
-     WHERE n.nspname = 'ledger'
-       AND EXISTS (SELECT 1 FROM aclexplode(p.proacl) a WHERE a.grantee <> p.proowner);
-    IF bad IS NOT NULL THEN
-        RAISE EXCEPTION 'internal functions are executable by a role other than the owner: %', bad
-            USING ERRCODE = 'LG009';
-    END IF;
-
-    -- Exactly one grantee besides the owner, and it is a runtime role.
-    SELECT string_agg(p.oid::regprocedure::text, ', ' ORDER BY p.oid::regprocedure::text) INTO bad
-      FROM pg_catalog.pg_proc p JOIN pg_catalog.pg_namespace n ON n.oid = p.pronamespace
-     WHERE n.nspname = 'ledger_api'
-       AND coalesce((SELECT array_agg(pg_catalog.pg_get_userbyid(a.grantee)::text)
-                       FROM aclexplode(p.proacl) a WHERE a.grantee <> p.proowner), '{}')
-           NOT IN (SELECT ARRAY[ledger.role_name(r)]
-                     FROM unnest(ARRAY['sensor', 'worker', 'reaper', 'verifier',
-                                       'dispatcher', 'operator']) r);
-    IF bad IS NOT NULL THEN
-        RAISE EXCEPTION 'ledger_api functions not granted to exactly one runtime role: %', bad
-            USING ERRCODE = 'LG009';
-    END IF;
-
-    SELECT string_agg(p.oid::regprocedure::text, ', ' ORDER BY p.oid::regprocedure::text) INTO bad
-      FROM pg_catalog.pg_proc p JOIN pg_catalog.pg_namespace n ON n.oid = p.pronamespace
-     WHERE n.nspname = 'ledger_api'
-       AND (NOT p.prosecdef OR p.proconfig IS NULL
-            OR NOT 'search_path=pg_catalog, pg_temp' = ANY (p.proconfig));
-    IF bad IS NOT NULL THEN
-        RAISE EXCEPTION 'ledger_api functions not SECURITY DEFINER with a pinned search_path: %', bad
-            USING ERRCODE = 'LG009';
+        RAISE EXCEPTION 'privilege check failed: %', bad USING ERRCODE = 'LG009';
     END IF;
 END
 $$;
