@@ -81,11 +81,12 @@ CREATE INDEX IF NOT EXISTS campaign_awaiting_verdict ON ledger.campaign (updated
 CREATE INDEX IF NOT EXISTS campaign_recent ON ledger.campaign (updated_at DESC, id DESC);
 CREATE INDEX IF NOT EXISTS campaign_by_class_state ON ledger.campaign (class, state);
 
--- Triggers and the internal helpers of the hot path pin no search_path of
--- their own: they inherit the pinned search_path of the SECURITY DEFINER
--- function that calls them (runtime roles can neither call them nor write the
--- tables directly), and they name everything schema-qualified. A pinned
--- search_path costs a setting push and pop per call.
+-- The triggers and helpers of the hot path (campaign_guard, campaign_journal,
+-- journal_notify, attempt_guard, append_event, begin/end_transition, now) pin
+-- no search_path of their own: they inherit the pinned search_path of the
+-- SECURITY DEFINER function that calls them (runtime roles can neither call
+-- them nor write the tables directly), and they name everything
+-- schema-qualified. A pinned search_path costs a setting push and pop per call.
 
 -- The guard refuses any state change that is not a declared transition for
 -- the acting role (see begin_transition in state_machine.sql), keeps
