@@ -1,8 +1,9 @@
-"""Alembic environment: one transaction, one advisory lock, every revision."""
+"""Alembic environment: one transaction, one advisory lock, every revision, then
+the privilege self-check."""
 
 from alembic import context
 
-from ledger.migrations import engine_for, prepare
+from ledger.migrations import engine_for, finish, prepare
 
 config = context.config
 url = config.attributes.get("ledger_url")
@@ -25,4 +26,5 @@ with engine.connect() as connection:
         prepare(connection, role_prefix)
         context.configure(connection=connection, transaction_per_migration=False)
         context.run_migrations()
+        finish(connection)
 engine.dispose()

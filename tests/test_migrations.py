@@ -1,10 +1,13 @@
 """Migrations tested as code: round trips, repeats, concurrent runs, and a
 normalised snapshot of the schema kept in the repository (schema changes show
-up in review). Regenerate it with LEDGER_UPDATE_SNAPSHOT=1."""
+up in review, a changed function body as a changed digest). Regenerate it with
+LEDGER_UPDATE_SNAPSHOT=1."""
 
 from __future__ import annotations
 
+import hashlib
 import os
+import re
 import subprocess
 import sys
 import uuid
@@ -15,7 +18,7 @@ import pytest
 
 from conftest import TEST_PREFIX
 from ledger.embedded import create_database, drop_database
-from ledger import migrations
+from ledger import LedgerError, migrations
 
 SNAPSHOT = Path(__file__).parent / "schema.snapshot"
 
@@ -76,8 +79,15 @@ def test_schema_matches_the_snapshot(db_url: str) -> None:
     if os.environ.get("LEDGER_UPDATE_SNAPSHOT"):
         SNAPSHOT.write_text(actual)
     assert actual == SNAPSHOT.read_text(), (
-        "the schema changed; review it and regenerate tests/schema.snapshot "
-        "with LEDGER_UPDATE_SNAPSHOT=1")
+        "the schema changed; review it and regenerate tests/schema.snapshot with\n"
+        "  LEDGER_UPDATE_SNAPSHOT=1 LEDGER_TEST_DATABASE_URL=... "
+        ".venv/bin/python -m pytest tests/test_migrations.py -k snapshot")
+
+
+def body_digest(body: str) -> str:
+    """A short digest of a function body, blind to trailing spaces and blank edges."""
+    normal = re.sub(r"[ \t]+$", "", body.replace("\r\n", "\n"), flags=re.M).strip("\n")
+    return "sha256:" + hashlib.sha256(normal.encode()).hexdigest()[:16]
 
 
 def snapshot(url: str) -> str:
@@ -100,10 +110,17 @@ def snapshot(url: str) -> str:
             SELECT indexname || ' ' || regexp_replace(indexdef, '^.* USING ', '')
               FROM pg_indexes WHERE schemaname = 'ledger'""",
         "function": """
-            SELECT format('%s.%s(%s) -> %s%s', n.nspname, p.proname,
+            SELECT format('%s.%s(%s) -> %s%s%s%s', n.nspname, p.proname,
                           pg_get_function_identity_arguments(p.oid),
                           pg_get_function_result(p.oid),
-                          CASE WHEN p.prosecdef THEN ' definer' ELSE '' END)
+                          CASE WHEN p.prosecdef THEN ' definer' ELSE '' END,
+                          CASE WHEN p.proconfig IS NOT NULL
+                               THEN ' set ' || array_to_string(p.proconfig, ' ') ELSE '' END,
+                          (SELECT coalesce(' to ' || string_agg(
+                                      replace(pg_get_userbyid(a.grantee), m.value, ''), ',' ORDER BY 1), '')
+                             FROM aclexplode(p.proacl) a, ledger.meta m
+                            WHERE a.grantee <> p.proowner AND m.key = 'role_prefix')),
+                   p.prosrc
               FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace
              WHERE n.nspname IN ('ledger', 'ledger_api')""",
         "trigger": """
@@ -116,5 +133,14 @@ def snapshot(url: str) -> str:
     lines: list[str] = []
     with psycopg.connect(url) as conn:
         for kind, query in queries.items():
-            lines += sorted(f"{kind} {r[0]}" for r in conn.execute(query))
+            lines += sorted(f"{kind} {r[0]}" + (f" {body_digest(r[1])}" if len(r) > 1 else "")
+                            for r in conn.execute(query))
     return "\n".join(lines) + "\n"
+
+
+def test_a_database_at_an_unknown_revision_is_one_readable_error(db_url: str) -> None:
+    """E.g. a database migrated before 0001-0007 were folded into the baseline."""
+    with psycopg.connect(db_url, autocommit=True) as conn:
+        conn.execute("UPDATE alembic_version SET version_num = '0007_lean_hot_path'")
+    with pytest.raises(LedgerError, match="^cannot migrate: .*'0007_lean_hot_path'"):
+        migrations.upgrade(db_url, TEST_PREFIX)

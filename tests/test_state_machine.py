@@ -37,6 +37,7 @@ DESIGN = {
     ("accept", "attempted", "verified", "verifier"),
     ("reject", "attempted", "ready", "verifier"),
     ("promote_failed", "verified", "ready", "dispatcher"),
+    ("rebase", "verified", "attempted", "dispatcher"),
     ("confirm", "verified", "confirmed", "sensor"),
     ("regress", "verified", "ready", "sensor"),
     ("dismiss", "ready", "dismissed", "sensor"),

@@ -1,8 +1,15 @@
-"""Schema migrations: Alembic revisions that each run one versioned SQL file.
+"""Schema migrations: the schema files and the Alembic revisions that apply them.
+
+The current definition of everything is in ``src/ledger/sql`` (the package's
+``sql`` folder), one file per concern, applied in the order of
+``SCHEMA_FILES``. The baseline revision applies them all; a later revision
+that changes a function, trigger or view re-applies that file with
+``apply_schema`` (see CONTRIBUTING.md, "Working on the schema").
 
 ``upgrade``/``downgrade`` run every pending revision in one transaction under an
 advisory lock, so running them twice, or from two processes at once, is
-harmless: the second waits, then finds nothing to do.
+harmless: the second waits, then finds nothing to do. Every migration ends with
+the privilege self-check (``finish``).
 """
 
 from __future__ import annotations
@@ -14,15 +21,44 @@ from alembic import command
 from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
+from alembic.util import CommandError
 from psycopg import sql
 from sqlalchemy import create_engine
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.pool import NullPool
 
-from .errors import Unavailable
+from .errors import LedgerError, Unavailable, from_sqlstate
 
 #: Key of the advisory lock that serialises migrations of one database.
 MIGRATION_LOCK = 0x4C45444745520001  # "LEDGER" 0001
+
+#: The schema files in apply order. Each may be applied again (every statement
+#: in them is idempotent: IF NOT EXISTS, OR REPLACE, ON CONFLICT DO NOTHING).
+SCHEMA_FILES: tuple[str, ...] = (
+    "roles.sql",            # roles and the two schemas (run as the administrator)
+    "meta_and_clock.sql",   # settings, role names, ledger.now()
+    "state_machine.sql",    # states, actors, transitions; begin/end_transition
+    "campaign.sql",         # classes, campaigns, their indexes, guard and journal triggers
+    "journal.sql",          # campaign_event: append-only, notify, append_event
+    "attempt.sql",
+    "observation.sql",
+    "verification.sql",
+    "outbox.sql",           # side_effect
+    "security_event.sql",
+    "sensor_tick.sql",
+    "api_helpers.sql",      # internal helpers the role APIs share
+    "api_sensor.sql",
+    "api_worker.sql",
+    "api_reaper.sql",
+    "api_verifier.sql",
+    "api_dispatcher.sql",
+    "api_operator.sql",
+    "views.sql",
+    "grants.sql",           # the function -> role table, and the self-check
+)
+
+#: Files run as the administrator; all others run as the owner role.
+ADMIN_FILES = frozenset({"roles.sql"})
 
 
 def migrations_dir() -> Path:
@@ -31,6 +67,11 @@ def migrations_dir() -> Path:
     if packaged.is_dir():
         return packaged
     return Path(__file__).resolve().parents[2] / "migrations"
+
+
+def schema_dir() -> Path:
+    """The folder of the schema files (inside the package, so a wheel has it)."""
+    return Path(__file__).parent / "sql"
 
 
 def engine_for(url: str) -> Engine:
@@ -72,6 +113,13 @@ def _run(fn, url: str, role_prefix: str, revision: str) -> None:  # type: ignore
         fn(alembic_config(url, role_prefix), revision)
     except psycopg.OperationalError as exc:
         raise Unavailable(f"cannot reach the database to migrate: {exc}") from exc
+    except psycopg.Error as exc:
+        # e.g. the privilege self-check (LG009): one readable line, not a traceback
+        message = exc.diag.message_primary or str(exc)
+        raise from_sqlstate(exc.sqlstate, f"migration failed: {message}") from exc
+    except CommandError as exc:
+        # e.g. a database at a revision this code does not know
+        raise LedgerError(f"cannot migrate: {exc}") from exc
 
 
 def current(url: str) -> str | None:
@@ -93,24 +141,64 @@ def head() -> str:
     return revision
 
 
-def prepare(connection: Connection, role_prefix: str) -> None:
+def prepare(connection: Connection | psycopg.Connection, role_prefix: str) -> None:
     """Called by env.py inside the migration transaction, before any revision."""
-    raw = connection.connection.driver_connection
-    assert isinstance(raw, psycopg.Connection)
+    raw = _driver(connection)
     raw.execute("SELECT pg_advisory_xact_lock(%s)", (MIGRATION_LOCK,))
     raw.execute("SELECT set_config('ledger.role_prefix', %s, true)", (role_prefix,))
     raw.execute("SELECT set_config('ledger.migrating', 'on', true)")
 
 
+def finish(connection: Connection | psycopg.Connection) -> None:
+    """Called by env.py after the revisions, in the same transaction: the
+    privilege self-check (grants.sql) fails the migration if any function is
+    executable by PUBLIC or is not granted and pinned as the API must be."""
+    raw = _driver(connection)
+    if raw.execute("SELECT to_regprocedure('ledger.check_privileges()') IS NOT NULL").fetchone()[0]:
+        raw.execute("SELECT ledger.check_privileges()")
+
+
+def apply_schema(connection: Connection | psycopg.Connection, *names: str,
+                 folder: Path | None = None) -> None:
+    """Apply schema files from ``folder`` (default ``schema_dir()``): the named
+    ones, or all of them.
+
+    Files run in ``SCHEMA_FILES`` order whatever the order named, each as one
+    script: ``roles.sql`` as the administrator, the others as the owner role,
+    so that what they create is owned by the owner. Called by the baseline
+    revision (all files) and by later revisions that re-apply the files they
+    change (``apply_schema(op.get_bind(), "api_worker.sql", "grants.sql")``).
+    """
+    unknown = sorted(set(names) - set(SCHEMA_FILES))
+    if unknown:
+        raise ValueError(f"not schema files: {', '.join(unknown)} (see SCHEMA_FILES)")
+    raw = _driver(connection)
+    for name in SCHEMA_FILES:
+        if not names or name in names:
+            text = ((folder or schema_dir()) / name).read_text()
+            _execute(raw, text, as_owner=name not in ADMIN_FILES)
+
+
 def run_sql(connection: Connection, filename: str, *, as_owner: bool) -> None:
-    """Run ``migrations/sql/<filename>`` as one script (called by revision files).
+    """Run ``migrations/sql/<filename>`` as one script (SQL that belongs to one
+    revision only, such as the baseline's downgrade).
 
     ``as_owner`` runs it as the owner role so that what it creates is owned by
     the owner, not by the administrator who migrates.
     """
+    _execute(_driver(connection), (migrations_dir() / "sql" / filename).read_text(),
+             as_owner=as_owner)
+
+
+def _driver(connection: Connection | psycopg.Connection) -> psycopg.Connection:
+    if isinstance(connection, psycopg.Connection):
+        return connection
     raw = connection.connection.driver_connection
     assert isinstance(raw, psycopg.Connection)
-    text = (migrations_dir() / "sql" / filename).read_text()
+    return raw
+
+
+def _execute(raw: psycopg.Connection, text: str, *, as_owner: bool) -> None:
     if as_owner:
         prefix = raw.execute("SELECT current_setting('ledger.role_prefix')").fetchone()[0]
         raw.execute(sql.SQL("SET ROLE {}").format(sql.Identifier(f"{prefix}owner")))

@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field
 
+#: A campaign's state, in display order. ledger.state (state_machine.sql) is
+#: the source; tests/test_schema.py checks these three against it.
 State = Literal["ready", "leased", "attempted", "verified", "exhausted",
                 "confirmed", "dismissed", "abandoned"]
+STATES: tuple[State, ...] = get_args(State)
 TERMINAL_STATES: frozenset[str] = frozenset({"confirmed", "dismissed", "abandoned"})
+OPEN_STATES: tuple[State, ...] = tuple(s for s in STATES if s not in TERMINAL_STATES)
 
 
 class _Row(BaseModel):

@@ -3,7 +3,7 @@
 The tables here are the *read views* of schema ``ledger_api`` (the raw tables in
 ``ledger`` are owner-only). Statements are built with SQLAlchemy Core and
 compiled once, at import, to psycopg's ``%(name)s`` form; ``ledger.database``
-runs them. Writes are never here: they are kernel functions (migrations/sql).
+runs them. Writes are never here: they are kernel functions (src/ledger/sql).
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@
 any cursor, through to the first terminal event, then stops. It subscribes to
 the hub *before* every catch-up read, so an append committed between a read
 and the wait still wakes it; and every wait is bounded by a poll tick, because
-notifications are only hints: claims deliberately do not NOTIFY (0003), and a
+notifications are only hints: claims deliberately do not NOTIFY (journal.sql), and a
 hub can be down. Any process can serve any tail: the cursor is the only state.
 """
 

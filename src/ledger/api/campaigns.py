@@ -20,7 +20,7 @@ from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
 
 from ..errors import Forbidden, InvalidInput, LedgerError
 from ..kernel import Kernel
-from ..models import Campaign, CampaignDetail, State
+from ..models import OPEN_STATES, Campaign, CampaignDetail, State
 from . import problems
 from .roles import CallerDep
 
@@ -28,7 +28,6 @@ router = APIRouter(tags=["campaigns"])
 
 BIGINT_MAX = 2**63 - 1
 CampaignId = Annotated[int, Path(ge=1, le=BIGINT_MAX, description="Campaign id")]
-OPEN_STATES: tuple[State, ...] = ("ready", "leased", "attempted", "verified", "exhausted")
 #: PostgreSQL text cannot hold NUL: refused here as invalid input (and so
 #: documented in the schema) rather than failing in the driver.
 NO_NUL = r"^[^\x00]*$"

@@ -45,7 +45,7 @@ from ..errors import Forbidden, InvalidInput, LedgerError, NotFound
 from ..hub import NullHub, Subscription
 from ..kernel import Kernel
 from ..logs import get_logger
-from ..models import TERMINAL_STATES, Campaign, Event
+from ..models import STATES, TERMINAL_STATES, Campaign, Event
 from ..report import autonomy_report
 from ..sensors import next_tick, trigger_for
 from . import cookies
@@ -60,8 +60,6 @@ if TYPE_CHECKING:
 log = get_logger("dashboard")
 
 HERE = Path(__file__).parent
-STATES = ("ready", "leased", "attempted", "verified", "exhausted",
-          "confirmed", "dismissed", "abandoned")
 #: Lanes of the board: one per open state, then the recently closed.
 LANES: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     ("ready", "Ready", ("ready",)), ("leased", "Leased", ("leased",)),
