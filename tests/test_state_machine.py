@@ -167,6 +167,15 @@ async def act_promote_failed(d: Driver, s: dict, role: str) -> int:
     return s["cid"]
 
 
+async def act_rebase(d: Driver, s: dict, role: str) -> int:
+    campaign = await (await d.k("reader")).campaign(s["cid"])
+    bundle = {"attempt_no": 2, "generation": campaign.generation + 1, "candidate_sha": sha(3)}
+    await (await _as(d, role)).rebase_promotion(s["effect"], s["token"], base_sha=sha(9),
+                                                candidate_sha=sha(3), bundle=bundle,
+                                                bundle_digest="sha256:x", evidence_location="/e")
+    return s["cid"]
+
+
 def _observe(status: str):  # type: ignore[no-untyped-def]
     async def act(d: Driver, s: dict, role: str) -> int:
         key = s.get("key") or (await (await d.k("reader")).campaign(s["cid"])).objective_key
@@ -197,6 +206,7 @@ CASES = [
     Case("reject", "attempted", "verifier", "test", _verifying, act_reject),
     Case("promote_failed", "verified", "dispatcher", PROMOTING_CLASS, _promotion_claimed,
          act_promote_failed),
+    Case("rebase", "verified", "dispatcher", PROMOTING_CLASS, _promotion_claimed, act_rebase),
     Case("confirm", "verified", "sensor", PROMOTING_CLASS, _promoted, _observe("green")),
     Case("regress", "verified", "sensor", PROMOTING_CLASS, _promoted, _observe("red")),
     Case("dismiss", "ready", "sensor", "test", _ready, _observe("green")),
