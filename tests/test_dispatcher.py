@@ -51,6 +51,19 @@ def rev(repo: Path, ref: str = MAIN) -> str:
     return git(repo, "rev-parse", ref)
 
 
+def landed(repo: Path, candidate: str, base: str) -> str:
+    """Main, checked to be what a promotion lands for ``candidate``: its tree
+    byte for byte, on ``base``, with Ledger's trailers."""
+    main = rev(repo)
+    assert main != candidate
+    assert git(repo, "rev-parse", f"{main}^{{tree}}") == git(repo, "rev-parse", f"{candidate}^{{tree}}")
+    assert git(repo, "rev-list", "--parents", "-n1", main).split()[1:] == [base]
+    trailers = git(repo, "log", "-1", "--format=%(trailers:only,unfold)", main).splitlines()
+    assert trailers[1:] == ["Ledger-Attempt: 1", "Ledger-Verdict: accepted by verifier-1"], trailers
+    assert trailers[0].startswith("Ledger-Campaign: ")
+    return main
+
+
 def promotions_in_reflog(repo: Path) -> int:
     return git(repo, "reflog", "show", "--format=%gs", MAIN).splitlines().count(PROMOTION_MESSAGE)
 
@@ -260,19 +273,20 @@ async def test_promotion_moves_the_ref_reads_it_back_and_marks_the_campaign(acto
     dispatcher = Dispatcher(await actors("dispatcher"))
     assert await dispatcher.run_once() == 1
 
-    assert rev(repo) == candidate
+    main = landed(repo, candidate, base)
     assert promotions_in_reflog(repo) == 1
     se = await side_effect(actors, cid, effect)
     assert (se.state, se.tries, se.error) == ("done", 1, None)
-    assert se.result is not None and se.result["read_back"] == candidate
+    assert se.result is not None and se.result["read_back"] == main == se.result["landed"]
+    assert se.result["candidate"] == candidate
     assert se.result["previous"] == base and "already_applied" not in se.result
     assert se.result["dispatcher"] == dispatcher.identity
     campaign = await (await actors("reader")).campaign(cid)
     assert campaign.state == "verified"
-    assert campaign.promoted_at is not None and campaign.promoted_sha == candidate
+    assert campaign.promoted_at is not None and campaign.promoted_sha == main
     events = await (await actors("reader")).events(cid)
     done = [e for e in events if e.type == "side_effect.done"]
-    assert len(done) == 1 and done[0].payload["result"]["read_back"] == candidate
+    assert len(done) == 1 and done[0].payload["result"]["read_back"] == main
     assert await dispatcher.run_once() == 0, "nothing is due any more"
 
 
@@ -316,7 +330,7 @@ async def test_crash_after_the_update_is_recorded_once_by_the_next_dispatcher(  
         await until(reached.exists, "the fault point", proc=proc, log=log)
     finally:
         kill(proc)
-    assert rev(repo) == candidate, "the first dispatcher did act"
+    main = landed(repo, candidate, base)  # the first dispatcher did act
     se = await side_effect(actors, cid, effect)
     assert (se.state, se.tries) == ("claimed", 1), "...but died before recording"
     assert (await (await actors("reader")).campaign(cid)).promoted_at is None
@@ -329,9 +343,9 @@ async def test_crash_after_the_update_is_recorded_once_by_the_next_dispatcher(  
     se = await side_effect(actors, cid, effect)
     assert (se.state, se.tries) == ("done", 2)
     assert se.result is not None and se.result["already_applied"] is True
-    assert se.result["read_back"] == candidate
+    assert se.result["read_back"] == main, "it built the very same commit to read back"
     campaign = await (await actors("reader")).campaign(cid)
-    assert campaign.promoted_sha == candidate and campaign.promoted_at is not None
+    assert campaign.promoted_sha == main and campaign.promoted_at is not None
 
 
 async def test_lock_contention_is_retried_with_backoff_then_done(actors, repo) -> None:  # type: ignore[no-untyped-def]
@@ -354,7 +368,7 @@ async def test_lock_contention_is_retried_with_backoff_then_done(actors, repo) -
 
     lock.unlink()
     assert await after_lease(actors) == 1
-    assert rev(repo) == candidate
+    landed(repo, candidate, base)
     se = await side_effect(actors, cid, effect)
     assert (se.state, se.tries) == ("done", 2)
 
@@ -618,12 +632,13 @@ async def test_run_idles_on_the_outbox_channel_and_wakes_for_new_intents(actors,
         candidate = child(repo, base, "candidate")
         cid, effect = await accepted(actors, repo, candidate)
         wake.event.set()  # the NOTIFY accept sent
-        await until(lambda: rev(repo) == candidate, "the promotion", timeout_s=10)
+        await until(lambda: rev(repo) != base, "the promotion", timeout_s=10)
         await until(lambda: dispatcher.recorded["done"] == 1, "the record", timeout_s=10)
     finally:
         stop.set()
         await asyncio.wait_for(task, 10)
     assert (await side_effect(actors, cid, effect)).state == "done"
+    landed(repo, candidate, base)
 
 
 async def test_command_wakes_on_notify_and_runs_until_sigterm(actors, repo, db_url, tmp_path) -> None:  # type: ignore[no-untyped-def]
@@ -654,7 +669,7 @@ async def test_command_wakes_on_notify_and_runs_until_sigterm(actors, repo, db_u
     finally:
         if proc.poll() is None:
             kill(proc)
-    assert rev(repo) == candidate
+    landed(repo, candidate, base)
     events = lines()
     assert {"dispatcher started", "side effect done", "dispatcher stopped"} <= {e["event"] for e in events}
     done_line = next(e for e in events if e["event"] == "side effect done")

@@ -129,6 +129,9 @@ async def test_two_sensor_processes_observe_each_tick_once(db_url: str, admin, t
 
 async def test_a_restart_does_not_replay_missed_ticks(actors, admin, test_class, tmp_path) -> None:  # type: ignore[no-untyped-def]
     cfg, _ = _config(tmp_path, cron="0 3 * * *")  # nightly: the due tick is in the past
+    # Registered two days ago: last night's tick was missed, not from before its time.
+    admin.execute("INSERT INTO ledger.sensor (name, registered_at, registered_by) "
+                  "VALUES ('tests', now() - interval '2 days', 'test')")
     for _ in range(2):  # start, stop, start again
         sensor = Sensor(await actors("sensor"), cfg.sensors["tests"], "sensor-x")
         stop = asyncio.Event()

@@ -115,6 +115,11 @@ class Kernel:
         )
         return ObservationRecorded.model_validate(rows[0])
 
+    async def register_sensor(self, sensor: str, identity: str) -> datetime:
+        """Register a sensor the first time it runs; returns when it was registered
+        (ticks before that are never observed)."""
+        return await self._scalar("register_sensor", sensor=sensor, identity=identity)
+
     async def claim_sensor_tick(self, sensor: str, tick: datetime, identity: str) -> bool:
         """Own one scheduled tick of a sensor; ``False`` if another process has it."""
         return bool(await self._scalar("claim_sensor_tick", sensor=sensor, tick=tick,
@@ -190,6 +195,15 @@ class Kernel:
             "fail_attempt", campaign_id=campaign_id, generation=generation, reason=reason,
             fingerprint=fingerprint, retry_after_s=retry_after_s, drained=drained,
         )
+
+    async def refuse_candidate(self, campaign_id: int, generation: int, reason: str, *,
+                               fingerprint: str, paths: Sequence[str]) -> str:
+        """Fail the attempt because its candidate changed protected ``paths``: as
+        ``fail_attempt`` (fenced; the reason is the failure reason, the
+        fingerprint is refused from now on), plus a ``security_event`` row and
+        a ``security.refused`` journal entry. Returns the new state."""
+        return await self._scalar("refuse_candidate", campaign_id=campaign_id, generation=generation,
+                                  reason=reason, fingerprint=fingerprint, paths=list(paths))
 
     async def append_events(self, campaign_id: int, generation: int,
                             events: Sequence[dict[str, Any]]) -> int:
