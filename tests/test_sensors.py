@@ -181,3 +181,69 @@ async def test_a_red_observation_after_promotion_regresses(actors, admin, promot
     campaign = await sensor.campaign(cid)
     assert campaign.state == "ready" and campaign.promoted_at is None
     assert admin.execute("SELECT count(*) AS n FROM ledger.campaign").fetchone()["n"] == 1
+
+
+# --- issue 14: sensor hygiene ---------------------------------------------------------------
+
+
+async def test_a_new_nightly_sensor_waits_for_its_next_tick(actors, admin, test_class, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """A brand-new `0 3 * * *` sensor used to fire at once for last night's 03:00."""
+    cfg, _ = _config(tmp_path, cron="0 3 * * *")
+    sensor = Sensor(await actors("sensor"), cfg.sensors["tests"], "sensor-new")
+    stop = asyncio.Event()
+    started = datetime.now(timezone.utc)
+    task = asyncio.create_task(sensor.run(stop))
+    try:
+        await eventually(lambda: sensor.waiting_for is not None, what="the sensor to wait for a tick")
+    finally:
+        stop.set()
+        await task
+    assert sensor.waiting_for == next_tick(trigger_for(cfg.sensors["tests"]), started)
+    assert admin.execute("SELECT count(*) AS n FROM ledger.sensor_tick").fetchone()["n"] == 0
+    assert admin.execute("SELECT count(*) AS n FROM ledger.observation").fetchone()["n"] == 0
+    [row] = admin.execute("SELECT name, registered_by FROM ledger.sensor").fetchall()
+    assert row == {"name": "tests", "registered_by": "sensor-new"}
+    # Registered once: a second process keeps the first registration.
+    again = await (await actors("sensor")).register_sensor("tests", "sensor-other")
+    assert again == admin.execute("SELECT registered_at FROM ledger.sensor").fetchone()["registered_at"]
+
+
+def test_a_sensor_must_watch_its_class_repository(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """A `beta#main` sensor of an alpha class had its campaign attempted on, and
+    promoted onto, alpha."""
+    from ledger.errors import ConfigError
+
+    def config(target: str):  # type: ignore[no-untyped-def]
+        return parse_config({
+            "classes": {"alpha": {"repository": str(tmp_path / "alpha.git"), "attempt_command": ["x"],
+                                  "promote_to": "refs/heads/release"}},
+            "sensors": {"s": {"target": target, "every_s": 60, "command": ["true"], "class": "alpha"}}})
+    for fine in ("alpha#main", "alpha", f"{tmp_path / 'alpha.git'}#main", "alpha#release",
+                 "alpha#refs/heads/main"):
+        config(fine)
+    with pytest.raises(ConfigError, match="sensors.s: target 'beta#main' is not in the repository of class alpha"):
+        config("beta#main")
+    with pytest.raises(ConfigError, match="names ref 'develop'"):
+        config("alpha#develop")
+
+
+async def test_an_exhausted_campaign_whose_target_turns_green_is_dismissed(actors, admin, test_class) -> None:  # type: ignore[no-untyped-def]
+    sensor, worker = await actors("sensor"), await actors("worker")
+    red = await sensor.record_observation("s", "broken", "target-1", "red",
+                                          datetime.now(timezone.utc), class_=test_class)
+    cid = red.campaign_id
+    for _ in range(3):
+        claim = await worker.claim_campaign("w", [test_class])
+        assert claim is not None and claim.campaign_id == cid
+        await worker.fail_attempt(cid, claim.generation, "no luck")
+    assert (await sensor.campaign(cid)).state == "exhausted"
+    still_red = await sensor.record_observation("s", "broken", "target-1", "red",
+                                                datetime.now(timezone.utc), class_=test_class)
+    assert (still_red.effect, (await sensor.campaign(cid)).state) == ("recorded", "exhausted")
+    green = await sensor.record_observation("s", "broken", "target-1", "green", datetime.now(timezone.utc))
+    assert (green.effect, green.campaign_id) == ("dismissed", cid)
+    campaign = await sensor.campaign(cid)
+    assert campaign.state == "dismissed" and campaign.closed_at is not None
+    last = admin.execute("SELECT actor, payload FROM ledger.campaign_event WHERE campaign_id = %s "
+                         "AND type = 'transition' ORDER BY seq DESC LIMIT 1", (cid,)).fetchone()
+    assert (last["actor"], last["payload"]["transition"], last["payload"]["from"]) == ("s", "dismiss", "exhausted")

@@ -91,7 +91,7 @@ async def collect(kernel: Kernel, config: LedgerConfig, data_dir: Path, *,
             except GitError as exc:
                 result.errors.append(f"{cls.repository}: {exc.message}")
             else:
-                result.pruned_worktrees += len([line for line in pruned.splitlines() if line])
+                result.pruned_worktrees += pruned
     if not dry_run:
         result.swept_workdirs = await asyncio.to_thread(sweep_orphans, data_dir)
     return result

@@ -300,9 +300,14 @@ class Repository:
             return False
         return True
 
-    def prune_worktrees(self) -> str:
-        """Forget the administrative files of worktrees whose directory is gone."""
-        return self._git("worktree", "prune", "--verbose")
+    def prune_worktrees(self) -> int:
+        """Forget the administrative files of worktrees whose directory is gone;
+        returns how many there were."""
+        listing = self._git("worktree", "list", "--porcelain", "-z")
+        stale = sum(1 for field in listing.split("\0") if field.startswith("prunable"))
+        if stale:
+            self._git("worktree", "prune")
+        return stale
 
 
 class _RefTransaction:
