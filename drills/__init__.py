@@ -10,6 +10,7 @@ from .database_restart import DatabaseRestart
 from .dispatcher_crash import DispatcherCrash
 from .drain import Drain
 from .forbidden_write import ForbiddenWrite
+from .gaming_agent import GamingAgent
 from .heartbeat_race import HeartbeatRace
 from .intake import Intake
 from .kill_worker import KillWorker
@@ -23,4 +24,4 @@ from .zombie_worker import ZombieWorker
 #: In the order `ledger drill all` runs them (the issue's numbering).
 ALL = [Intake(), SecondAttemptDiffers(), KillWorker(), ZombieWorker(), HeartbeatRace(), BadPatch(),
        ForbiddenWrite(), LostDoorbell(), DatabaseRestart(), DispatcherCrash(), StopMidAttempt(),
-       Drain(), VerifierCrash(), Load()]
+       Drain(), VerifierCrash(), GamingAgent(), Load()]

@@ -269,42 +269,46 @@ async def test_a_class_may_allow_protected_changes(bench: Bench) -> None:
 # --- the worker refuses first -------------------------------------------------------------
 
 
-def _worker_env(db_url: str, tmp_path: Path, config: Path) -> dict[str, str]:
-    return {**os.environ, "LEDGER_DATABASE_URL": db_url, "LEDGER_ROLE_PREFIX": TEST_PREFIX,
-            "LEDGER_DATA_DIR": str(tmp_path / "data"), "LEDGER_CONFIG": str(config)}
-
-
-async def test_the_worker_refuses_a_candidate_that_edits_a_test_and_the_next_attempt_is_told(
-        actors: Any, admin: Any, db_url: str, tmp_path: Path) -> None:
+async def attempts_by_a_worker(actors: Any, admin: Any, db_url: str, tmp_path: Path,
+                               plan: dict[str, Any], n: int, toml: str = "") -> tuple[int, Path]:
+    """Run a ``ledger worker`` process on a fresh campaign until ``n`` attempts
+    ended; returns the campaign and the repository."""
     repo, _ = make_repo(tmp_path / "repo")
-    plan = tmp_path / "plan.json"
-    plan.write_text(json.dumps({
-        "1": [["write", "tests/test_calc.py", SKIP_THE_TEST], ["exit", 0]],
-        "2": [["context", "seen"], ["write", "calc.py", FIXED], ["exit", 0]]}))
+    plan_file = tmp_path / "plan.json"
+    plan_file.write_text(json.dumps(plan))
     config = tmp_path / "ledger.toml"
     config.write_text(f"""
 [classes.{CLASS}]
 repository = "{repo}"
-attempt_command = ["{PY}", "{scripted_attempt()}", "{plan}"]
+attempt_command = ["{PY}", "{scripted_attempt()}", "{plan_file}"]
 max_attempts = 3
 lease_s = 10
 heartbeat_s = 1
 backoff = {{ base_s = 0, jitter = 0 }}
 verifier = "pytest"
 acceptance = {{ commands = [{json.dumps(PYTEST)}], timeout_s = 60, environment = {json.dumps(QUICK)} }}
-""")
+{toml}""")
     await (await actors("operator")).register_class(CLASS, **load_config(config).classes[CLASS].registration())
     cid = (await (await actors("sensor")).open_campaign(CLASS, "tests-pass", "repo#main")).campaign_id
-    worker = subprocess.Popen([sys.executable, "-m", "ledger", "worker", "--poll", "0.2"],
-                              env=_worker_env(db_url, tmp_path, config),
+    env = {**os.environ, "LEDGER_DATABASE_URL": db_url, "LEDGER_ROLE_PREFIX": TEST_PREFIX,
+           "LEDGER_DATA_DIR": str(tmp_path / "data"), "LEDGER_CONFIG": str(config)}
+    worker = subprocess.Popen([sys.executable, "-m", "ledger", "worker", "--poll", "0.2"], env=env,
                               stdout=subprocess.DEVNULL, stderr=open(tmp_path / "worker.log", "wb"))
     try:
         await eventually(lambda: admin.execute(
             "SELECT count(*) AS n FROM ledger.attempt WHERE campaign_id = %s AND outcome <> 'running'",
-            (cid,)).fetchone()["n"] == 2, timeout=60, what="two attempts ended")
+            (cid,)).fetchone()["n"] == n, timeout=60, what=f"{n} attempt(s) ended")
     finally:
         worker.kill()
         worker.wait()
+    return cid, repo
+
+
+async def test_the_worker_refuses_a_candidate_that_edits_a_test_and_the_next_attempt_is_told(
+        actors: Any, admin: Any, db_url: str, tmp_path: Path) -> None:
+    cid, _ = await attempts_by_a_worker(actors, admin, db_url, tmp_path, {
+        "1": [["write", "tests/test_calc.py", SKIP_THE_TEST], ["exit", 0]],
+        "2": [["context", "seen"], ["write", "calc.py", FIXED], ["exit", 0]]}, 2)
     first, second = admin.execute("SELECT outcome, failure_reason, fingerprint FROM ledger.attempt "
                                   "WHERE campaign_id = %s ORDER BY attempt_no", (cid,)).fetchall()
     assert first["outcome"] == "failed", (tmp_path / "worker.log").read_text()
@@ -323,6 +327,18 @@ acceptance = {{ commands = [{json.dumps(PYTEST)}], timeout_s = 60, environment =
     assert "tests/" in seen["protected"] and seen["allow_protected_changes"] is False
     assert seen["refused_fingerprints"] == [first["fingerprint"]]
     assert seen["previous_attempts"][0]["failure_reason"] == first["failure_reason"]
+
+
+async def test_the_attempts_message_and_the_class_author_make_the_candidate_commit(
+        actors: Any, admin: Any, db_url: str, tmp_path: Path) -> None:
+    cid, repo = await attempts_by_a_worker(actors, admin, db_url, tmp_path, {
+        "1": [["write", "calc.py", FIXED],
+              ["message", "Fix add: it subtracted\n\nLedger-Attempt: 99\n"], ["exit", 0]]}, 1,
+        toml='author = "Fixer Agent <agent@example.org>"\n')
+    [row] = admin.execute("SELECT candidate_sha FROM ledger.attempt WHERE campaign_id = %s", (cid,)).fetchall()
+    assert git(repo, "log", "-1", "--format=%B", row["candidate_sha"]) == (
+        f"Fix add: it subtracted\n\nLedger-Campaign: {cid}\nLedger-Attempt: 1")
+    assert git(repo, "log", "-1", "--format=%an <%ae>", row["candidate_sha"]) == "Fixer Agent <agent@example.org>"
 
 
 async def test_refusing_is_fenced_and_checked(actors: Any, admin: Any, test_class: str) -> None:
