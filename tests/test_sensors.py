@@ -247,3 +247,35 @@ async def test_an_exhausted_campaign_whose_target_turns_green_is_dismissed(actor
     last = admin.execute("SELECT actor, payload FROM ledger.campaign_event WHERE campaign_id = %s "
                          "AND type = 'transition' ORDER BY seq DESC LIMIT 1", (cid,)).fetchone()
     assert (last["actor"], last["payload"]["transition"], last["payload"]["from"]) == ("s", "dismiss", "exhausted")
+
+
+async def test_a_pytest_sensor_names_the_failing_tests(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """What becomes a campaign's baseline: run directly, or through the shipped
+    wrapper that exports a ref of a bare repository."""
+    from ledger.demo import examples_dir
+    from ledger.sensors import check
+
+    work, bare = tmp_path / "work", tmp_path / "app.git"
+    (work / "tests").mkdir(parents=True)
+    (work / "tests" / "test_app.py").write_text(
+        "import pytest\n\ndef test_ok():\n    pass\n\ndef test_broken():\n    assert 1 == 2\n\n"
+        "@pytest.mark.skip('later')\ndef test_later():\n    pass\n")
+    git = ["git", "-C", str(work), "-c", "user.name=t", "-c", "user.email=t@t"]
+    subprocess.run(["git", "init", "-q", "-b", "main", str(work)], check=True)
+    subprocess.run([*git, "add", "."], check=True)
+    subprocess.run([*git, "commit", "-qm", "x"], check=True)
+    subprocess.run(["git", "clone", "-q", "--bare", str(work), str(bare)], check=True)
+    quick = ["PYTEST_DISABLE_PLUGIN_AUTOLOAD=1", "PYTHONDONTWRITEBYTECODE=1"]
+    direct = parse_config({"sensors": {"s": {
+        "target": "app#main", "every_s": 60, "cwd": str(work), "class": "c", "environment": quick,
+        "command": [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider"]}}}).sensors["s"]
+    wrapped = parse_config({"sensors": {"s": {
+        "target": "app#main", "every_s": 60, "class": "c", "environment": quick,
+        "command": [sys.executable, str(examples_dir() / "run_tests_at.py"), str(bare), "main",
+                    "--pytest"]}}}).sensors["s"]
+    for sensor in (direct, wrapped):
+        reading = await check(sensor)
+        assert reading.status == "red"
+        assert reading.details["tests"] == {"collected": 3, "failed": ["tests/test_app.py::test_broken"],
+                                            "skipped": 1, "passed": 1}
+        assert reading.details["command"] == sensor.command
