@@ -39,7 +39,8 @@ _OUR_TRAILER = re.compile(r"^(?:" + "|".join(_TRAILER_KEYS) + r")\s*:.*$\n?", re
 _GIT_TRANSPORT = ("SSH_AUTH_SOCK", "SSH_AGENT_PID", "GIT_SSH", "GIT_SSH_COMMAND", "GIT_ASKPASS",
                   "SSH_ASKPASS", "GIT_CONFIG_GLOBAL", "GIT_CONFIG_SYSTEM", "GIT_CONFIG_NOSYSTEM",
                   "XDG_CONFIG_HOME", "http_proxy", "https_proxy", "no_proxy", "HTTP_PROXY",
-                  "HTTPS_PROXY", "NO_PROXY", "ALL_PROXY", "GIT_SSL_CAINFO", "GIT_SSL_NO_VERIFY")
+                  "HTTPS_PROXY", "NO_PROXY", "ALL_PROXY", "GIT_SSL_CAINFO", "GIT_SSL_NO_VERIFY",
+                  "SSL_CERT_FILE", "SSL_CERT_DIR", "CURL_CA_BUNDLE")
 
 
 class GitError(LedgerError):
