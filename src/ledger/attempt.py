@@ -190,7 +190,7 @@ class AttemptRun:
             reason = "the attempt command succeeded but changed nothing"
         if reason is not None:
             return await self._fail(reason, fingerprint)
-        if not self.acceptance["allow_protected_changes"]:
+        if not self.acceptance.get("allow_protected_changes"):
             touched = await asyncio.to_thread(
                 protection.Protection.of(self.acceptance).changes, worktree, base, candidate)
             if touched:
@@ -199,8 +199,10 @@ class AttemptRun:
 
     @property
     def acceptance(self) -> dict[str, Any]:
-        """The class's acceptance spec with its protected paths written out."""
-        return self.cls.acceptance.effective()
+        """What the candidate will be judged by: the campaign's acceptance
+        criteria (as the verifier reads them), else the class's."""
+        criteria = self.claim.acceptance_criteria
+        return dict(criteria) if criteria.get("commands") else self.cls.acceptance.effective()
 
     def _commit(self, worktree: Path) -> bool:
         """Commit what the command left, with its message (if it wrote one) and
@@ -242,8 +244,8 @@ class AttemptRun:
             "campaign_id": c.campaign_id, "attempt_no": c.attempt_no, "generation": c.generation,
             "class": c.class_, "objective_key": c.objective_key, "target": c.target,
             "desired_state": c.desired_state, "opening_observation": c.opening_observation,
-            "acceptance": self.acceptance, "protected": self.acceptance["protected"],
-            "allow_protected_changes": self.acceptance["allow_protected_changes"],
+            "acceptance": self.acceptance, "protected": protection.patterns_of(self.acceptance),
+            "allow_protected_changes": bool(self.acceptance.get("allow_protected_changes")),
             "commit_message_file": str(self.workdir / MESSAGE_FILE),  # type: ignore[operator]
             "base_ref": self.cls.base_ref,
             "base_sha": base, "worktree": str(worktree), "previous_attempts": previous,
