@@ -11,6 +11,7 @@ from .dispatcher_crash import DispatcherCrash
 from .drain import Drain
 from .forbidden_write import ForbiddenWrite
 from .frozen_worker import FrozenWorker
+from .gaming_agent import GamingAgent
 from .heartbeat_race import HeartbeatRace
 from .intake import Intake
 from .kill_worker import KillWorker
@@ -25,4 +26,4 @@ from .zombie_worker import ZombieWorker
 #: In the order `ledger drill all` runs them (the issue's numbering).
 ALL = [Intake(), SecondAttemptDiffers(), KillWorker(), ZombieWorker(), FrozenWorker(), HeartbeatRace(), BadPatch(),
        ForbiddenWrite(), LostDoorbell(), DatabaseRestart(), DispatcherCrash(), StopMidAttempt(),
-       Drain(), VerifierCrash(), Partition(), Load()]
+       Drain(), VerifierCrash(), Partition(), GamingAgent(), Load()]

@@ -2,6 +2,9 @@
 follows the plan for its attempt number (from a JSON file next to which it
 leaves markers). Steps:
   ["write", path, text]   write a file in the worktree
+  ["delete", path]        delete a file in the worktree
+  ["message", text]       leave a commit message in $LEDGER_COMMIT_MESSAGE_FILE
+  ["context", name]       save the campaign it was given as <name>-<campaign>-<attempt>.json
   ["lines", n]            print n lines
   ["block"]               write started-<campaign>-<attempt> (pid inside) and
                           wait until release-<campaign>-<attempt> exists
@@ -30,7 +33,14 @@ markers = plan_file.parent
 for step in steps:
     kind = step[0]
     if kind == "write":
+        Path(step[1]).parent.mkdir(parents=True, exist_ok=True)
         Path(step[1]).write_text(step[2])
+    elif kind == "delete":
+        Path(step[1]).unlink()
+    elif kind == "message":
+        Path(os.environ["LEDGER_COMMIT_MESSAGE_FILE"]).write_text(step[1])
+    elif kind == "context":
+        (markers / f"{step[1]}-{tag}.json").write_text(json.dumps(context))
     elif kind == "lines":
         for i in range(step[1]):
             print(f"line {i} of attempt {tag}", flush=False)

@@ -1,21 +1,31 @@
-"""A sensor check: run a repository's unit tests at a ref (exit 0: green).
+"""A sensor check: run a repository's tests at a ref (exit 0: green).
 
-usage: run_tests_at.py REPOSITORY REF
+usage: run_tests_at.py REPOSITORY REF [--pytest]
 The tree at REF is exported to a temporary directory (the repository itself is
-never touched) and ``python -m unittest`` runs there.
+never touched) and ``python -m unittest`` runs there -- or, with ``--pytest``,
+``python -m pytest``, writing its JUnit report where the sensor asks
+(``$LEDGER_JUNIT_XML``): the observation then names the tests that failed, and
+a campaign it opens holds its candidates to them.
 """
 
 import io
+import os
 import subprocess
 import sys
 import tarfile
 import tempfile
 
 repository, ref = sys.argv[1], sys.argv[2]
+use_pytest = "--pytest" in sys.argv[3:]
 archive = subprocess.run(["git", "-C", repository, "archive", "--format=tar", ref],
                          check=True, capture_output=True).stdout
 with tempfile.TemporaryDirectory(prefix="ledger-sensor-") as tree:
     with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
         tar.extractall(tree, filter="data")
-    result = subprocess.run([sys.executable, "-m", "unittest", "-q"], cwd=tree)
+    command = [sys.executable, "-m", "unittest", "-q"]
+    if use_pytest:
+        command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider"]
+        if os.environ.get("LEDGER_JUNIT_XML"):
+            command += [f"--junitxml={os.environ['LEDGER_JUNIT_XML']}", "-o", "junit_family=xunit1"]
+    result = subprocess.run(command, cwd=tree)
 sys.exit(result.returncode)

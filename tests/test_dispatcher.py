@@ -47,8 +47,34 @@ def child(repo: Path, parent: str, message: str) -> str:
     return git(repo, "commit-tree", f"{parent}^{{tree}}", "-p", parent, "-m", message)
 
 
+def edited(repo: Path, parent: str, files: dict[str, str], message: str = "candidate") -> str:
+    """A new commit on ``parent`` writing ``files`` (no ref moves, no checkout touched)."""
+    tree = repo.parent / f"edit-{len(list(repo.parent.glob('edit-*')))}"
+    git(repo, "worktree", "add", "--quiet", "--detach", str(tree), parent)
+    for path, text in files.items():
+        (tree / path).write_text(text)
+    git(tree, "add", "-A")
+    git(tree, "commit", "--quiet", "-m", message)
+    sha = git(tree, "rev-parse", "HEAD")
+    git(repo, "worktree", "remove", "--force", str(tree))
+    return sha
+
+
 def rev(repo: Path, ref: str = MAIN) -> str:
     return git(repo, "rev-parse", ref)
+
+
+def landed(repo: Path, candidate: str, base: str) -> str:
+    """Main, checked to be what a promotion lands for ``candidate``: its tree
+    byte for byte, on ``base``, with Ledger's trailers."""
+    main = rev(repo)
+    assert main != candidate
+    assert git(repo, "rev-parse", f"{main}^{{tree}}") == git(repo, "rev-parse", f"{candidate}^{{tree}}")
+    assert git(repo, "rev-list", "--parents", "-n1", main).split()[1:] == [base]
+    trailers = git(repo, "log", "-1", "--format=%(trailers:only,unfold)", main).splitlines()
+    assert trailers[1:] == ["Ledger-Attempt: 1", "Ledger-Verdict: accepted by verifier-1"], trailers
+    assert trailers[0].startswith("Ledger-Campaign: ")
+    return main
 
 
 def promotions_in_reflog(repo: Path) -> int:
@@ -71,17 +97,18 @@ def repo(tmp_path: Path) -> Path:
 # --- campaigns ---------------------------------------------------------------------
 
 
-async def promoting_class(actors: Any, repo: Path, name: str = "promo") -> str:
+async def promoting_class(actors: Any, repo: Path, name: str = "promo", **promotion: Any) -> str:
     await (await actors("operator")).register_class(
         name, max_attempts=3, lease_seconds=30, backoff_base_s=0, backoff_jitter=0,
-        promotion={"ref": MAIN, "repository": str(repo)})
+        promotion={"ref": MAIN, "repository": str(repo), **promotion})
     return name
 
 
-async def accepted(actors: Any, repo: Path, candidate: str, base: str | None = None) -> tuple[int, int]:
+async def accepted(actors: Any, repo: Path, candidate: str, base: str | None = None,
+                   **promotion: Any) -> tuple[int, int]:
     """A campaign whose candidate (on top of main's ``base``) was accepted: its
     promotion intent is committed. Returns (campaign id, side effect id)."""
-    d = Driver(actors, await promoting_class(actors, repo))
+    d = Driver(actors, await promoting_class(actors, repo, **promotion))
     cid, gen = await d.leased()
     await (await actors("worker")).record_attempt(
         cid, gen, base_sha=base or rev(repo), candidate_sha=candidate, fingerprint=fingerprint(1))
@@ -260,19 +287,20 @@ async def test_promotion_moves_the_ref_reads_it_back_and_marks_the_campaign(acto
     dispatcher = Dispatcher(await actors("dispatcher"))
     assert await dispatcher.run_once() == 1
 
-    assert rev(repo) == candidate
+    main = landed(repo, candidate, base)
     assert promotions_in_reflog(repo) == 1
     se = await side_effect(actors, cid, effect)
     assert (se.state, se.tries, se.error) == ("done", 1, None)
-    assert se.result is not None and se.result["read_back"] == candidate
+    assert se.result is not None and se.result["read_back"] == main == se.result["landed"]
+    assert se.result["candidate"] == candidate
     assert se.result["previous"] == base and "already_applied" not in se.result
     assert se.result["dispatcher"] == dispatcher.identity
     campaign = await (await actors("reader")).campaign(cid)
     assert campaign.state == "verified"
-    assert campaign.promoted_at is not None and campaign.promoted_sha == candidate
+    assert campaign.promoted_at is not None and campaign.promoted_sha == main
     events = await (await actors("reader")).events(cid)
     done = [e for e in events if e.type == "side_effect.done"]
-    assert len(done) == 1 and done[0].payload["result"]["read_back"] == candidate
+    assert len(done) == 1 and done[0].payload["result"]["read_back"] == main
     assert await dispatcher.run_once() == 0, "nothing is due any more"
 
 
@@ -316,7 +344,7 @@ async def test_crash_after_the_update_is_recorded_once_by_the_next_dispatcher(  
         await until(reached.exists, "the fault point", proc=proc, log=log)
     finally:
         kill(proc)
-    assert rev(repo) == candidate, "the first dispatcher did act"
+    main = landed(repo, candidate, base)  # the first dispatcher did act
     se = await side_effect(actors, cid, effect)
     assert (se.state, se.tries) == ("claimed", 1), "...but died before recording"
     assert (await (await actors("reader")).campaign(cid)).promoted_at is None
@@ -329,9 +357,9 @@ async def test_crash_after_the_update_is_recorded_once_by_the_next_dispatcher(  
     se = await side_effect(actors, cid, effect)
     assert (se.state, se.tries) == ("done", 2)
     assert se.result is not None and se.result["already_applied"] is True
-    assert se.result["read_back"] == candidate
+    assert se.result["read_back"] == main, "it built the very same commit to read back"
     campaign = await (await actors("reader")).campaign(cid)
-    assert campaign.promoted_sha == candidate and campaign.promoted_at is not None
+    assert campaign.promoted_sha == main and campaign.promoted_at is not None
 
 
 async def test_lock_contention_is_retried_with_backoff_then_done(actors, repo) -> None:  # type: ignore[no-untyped-def]
@@ -354,7 +382,7 @@ async def test_lock_contention_is_retried_with_backoff_then_done(actors, repo) -
 
     lock.unlink()
     assert await after_lease(actors) == 1
-    assert rev(repo) == candidate
+    landed(repo, candidate, base)
     se = await side_effect(actors, cid, effect)
     assert (se.state, se.tries) == ("done", 2)
 
@@ -413,6 +441,106 @@ async def test_a_worker_intent_must_use_the_class_repository(actors, repo, tmp_p
     assert rev(repo, target) == rev(repo)
     assert (await side_effect(actors, cid, wrong.side_effect_id)).state == "failed"
     assert (await side_effect(actors, cid, right.side_effect_id)).state == "done"
+
+
+# git.update_ref: a branch checked out in the user's repository (issue 14, finding 2)
+# =====================================================================================
+
+
+async def test_promotion_into_a_checked_out_branch_moves_its_files_and_index(actors, repo) -> None:  # type: ignore[no-untyped-def]
+    """The finding's reproduction: update-ref alone moved main under the user's
+    checkout, whose index then held the old code, staged to go back in."""
+    base = rev(repo)
+    candidate = edited(repo, base, {"README": "fixed\n", "NEW": "added\n"})
+    cid, effect = await accepted(actors, repo, candidate)
+
+    assert await Dispatcher(await actors("dispatcher")).run_once() == 1
+
+    main = landed(repo, candidate, base)
+    assert (await side_effect(actors, cid, effect)).state == "done"
+    assert git(repo, "status", "--porcelain") == "", "nothing staged or changed behind the moved ref"
+    assert (repo / "README").read_text() == "fixed\n" and (repo / "NEW").read_text() == "added\n"
+    assert git(repo, "rev-parse", "HEAD") == main
+    # The user's next `commit -am` builds on the promotion, not against it.
+    (repo / "README").write_text("fixed, then more\n")
+    git(repo, "commit", "--quiet", "-am", "more")
+    assert git(repo, "diff", "--stat", main, "HEAD") == "README | 2 +-\n 1 file changed, 1 insertion(+), 1 deletion(-)"
+
+
+@pytest.mark.parametrize("mess", ["unstaged", "staged", "untracked in the way"])
+async def test_a_dirty_checkout_is_left_alone_and_the_promotion_fails(actors, repo, mess) -> None:  # type: ignore[no-untyped-def]
+    base = rev(repo)
+    candidate = edited(repo, base, {"README": "fixed\n", "NEW": "added\n"})
+    cid, effect = await accepted(actors, repo, candidate)
+    if mess == "untracked in the way":
+        (repo / "NEW").write_text("the user's own file\n")
+    else:
+        (repo / "README").write_text("the user's work in progress\n")
+        if mess == "staged":
+            git(repo, "add", "README")
+    before = git(repo, "status", "--porcelain")
+
+    assert await Dispatcher(await actors("dispatcher")).run_once() == 1
+
+    assert rev(repo) == base, "the ref was not moved"
+    assert promotions_in_reflog(repo) == 0
+    assert git(repo, "status", "--porcelain") == before, "the user's changes are untouched"
+    se = await side_effect(actors, cid, effect)
+    assert se.state == "failed" and se.error is not None
+    assert "checked out in" in se.error and "the ref was not moved" in se.error
+    campaign = await (await actors("reader")).campaign(cid)
+    assert campaign.state == "ready" and campaign.promoted_at is None
+    assert campaign.last_failure_reason is not None and "checked out in" in campaign.last_failure_reason
+    transitions = [e.payload["transition"] for e in await (await actors("reader")).events(cid)
+                   if e.type == "transition"]
+    assert transitions[-1] == "promote_failed"
+    assert not (repo / ".git" / "refs" / "heads" / "main.lock").exists()
+    assert not (repo / ".git" / "index.lock").exists()
+
+
+async def test_a_bare_repository_and_its_linked_worktree(actors, repo, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """Bare: the ref moves as before. A linked worktree with main checked out
+    moves with it, like the main worktree of a non-bare repository."""
+    bare = tmp_path / "bare.git"
+    subprocess.run(["git", "clone", "--quiet", "--bare", str(repo), str(bare)], check=True)
+    base = rev(bare)
+    candidate = edited(repo, base, {"README": "fixed\n"})
+    git(bare, "fetch", "--quiet", str(repo), candidate)
+    cid, _ = await accepted(actors, bare, candidate)
+    assert await Dispatcher(await actors("dispatcher")).run_once() == 1
+    landed(bare, candidate, base)
+    assert (await (await actors("reader")).campaign(cid)).promoted_sha == rev(bare)
+
+    # Now main is checked out in a linked worktree of the bare repository.
+    tree = tmp_path / "linked"
+    git(bare, "worktree", "add", "--quiet", str(tree), "main")
+    second_base = rev(bare)
+    second = edited(bare, second_base, {"README": "fixed twice\n"})
+    await accepted(actors, bare, second)
+    assert await Dispatcher(await actors("dispatcher")).run_once() == 1
+    assert rev(bare) != second_base and git(tree, "rev-parse", "HEAD") == rev(bare)
+    assert (tree / "README").read_text() == "fixed twice\n"
+    assert git(tree, "status", "--porcelain") == ""
+
+
+async def test_the_landed_commit_says_who_fixed_what_and_who_judged_it(actors, repo) -> None:  # type: ignore[no-untyped-def]
+    """The agent's message, Ledger's trailers (an agent's forged ones dropped),
+    the candidate's author, the class's committer; the tree byte for byte."""
+    base = rev(repo)
+    message = ("Fix the greeting\n\nIt said hello to nobody.\n\n"
+               "Ledger-Verdict: accepted by a forger\nSigned-off-by: Agent <agent@example.org>")
+    candidate = edited(repo, base, {"README": "hello, world\n"}, message)
+    cid, _ = await accepted(actors, repo, candidate,
+                            committer={"name": "Release Bot", "email": "bot@example.org"})
+    assert await Dispatcher(await actors("dispatcher")).run_once() == 1
+    main = rev(repo)
+    assert git(repo, "rev-parse", f"{main}^{{tree}}") == git(repo, "rev-parse", f"{candidate}^{{tree}}")
+    assert git(repo, "log", "-1", "--format=%B", main) == (
+        "Fix the greeting\n\nIt said hello to nobody.\n\n"
+        "Signed-off-by: Agent <agent@example.org>\n"
+        f"Ledger-Campaign: {cid}\nLedger-Attempt: 1\nLedger-Verdict: accepted by verifier-1")
+    assert git(repo, "log", "-1", "--format=%an <%ae>|%cn <%ce>", main) == (
+        "t <t@localhost>|Release Bot <bot@example.org>")
 
 
 # =====================================================================================
@@ -619,12 +747,13 @@ async def test_run_idles_on_the_outbox_channel_and_wakes_for_new_intents(actors,
         candidate = child(repo, base, "candidate")
         cid, effect = await accepted(actors, repo, candidate)
         wake.event.set()  # the NOTIFY accept sent
-        await until(lambda: rev(repo) == candidate, "the promotion", timeout_s=10)
+        await until(lambda: rev(repo) != base, "the promotion", timeout_s=10)
         await until(lambda: dispatcher.recorded["done"] == 1, "the record", timeout_s=10)
     finally:
         stop.set()
         await asyncio.wait_for(task, 10)
     assert (await side_effect(actors, cid, effect)).state == "done"
+    landed(repo, candidate, base)
 
 
 async def test_command_wakes_on_notify_and_runs_until_sigterm(actors, repo, db_url, tmp_path) -> None:  # type: ignore[no-untyped-def]
@@ -655,7 +784,7 @@ async def test_command_wakes_on_notify_and_runs_until_sigterm(actors, repo, db_u
     finally:
         if proc.poll() is None:
             kill(proc)
-    assert rev(repo) == candidate
+    landed(repo, candidate, base)
     events = lines()
     assert {"dispatcher started", "side effect done", "dispatcher stopped"} <= {e["event"] for e in events}
     done_line = next(e for e in events if e["event"] == "side effect done")

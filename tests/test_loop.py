@@ -37,7 +37,9 @@ async def test_the_loop_closes_with_the_exact_transitions(db_url: str, admin, tm
     assert attempts[0]["fingerprint"] != attempts[1]["fingerprint"]
     effect = admin.execute("SELECT kind, state, result FROM ledger.side_effect").fetchone()
     assert (effect["kind"], effect["state"]) == ("git.update_ref", "done")
-    assert effect["result"]["read_back"] == attempts[1]["candidate_sha"] == campaign["promoted_sha"]
+    # What landed is the verified candidate's tree, with the verdict in its message.
+    assert effect["result"]["read_back"] == effect["result"]["landed"] == campaign["promoted_sha"]
+    assert effect["result"]["candidate"] == attempts[1]["candidate_sha"]
     # The confirming observation started after the promotion; the first one opened it.
     observations = admin.execute("SELECT status, effect FROM ledger.observation ORDER BY id").fetchall()
     assert observations[0] == {"status": "red", "effect": "opened"}

@@ -57,7 +57,7 @@ def test_upgrade_head_builds_what_the_schema_files_define(empty_url: str,
     for kind in migrated:
         assert migrated[kind] == direct[kind], kind
     # The listing is not vacuous.
-    assert len(migrated["function"]) > 40 and len(migrated["view"]) == 11
+    assert len(migrated["function"]) > 40 and len(migrated["view"]) >= 11
     assert len(migrated["transition"]) >= 18
 
 

@@ -129,6 +129,9 @@ async def test_two_sensor_processes_observe_each_tick_once(db_url: str, admin, t
 
 async def test_a_restart_does_not_replay_missed_ticks(actors, admin, test_class, tmp_path) -> None:  # type: ignore[no-untyped-def]
     cfg, _ = _config(tmp_path, cron="0 3 * * *")  # nightly: the due tick is in the past
+    # Registered two days ago: last night's tick was missed, not from before its time.
+    admin.execute("INSERT INTO ledger.sensor (name, registered_at, registered_by) "
+                  "VALUES ('tests', now() - interval '2 days', 'test')")
     for _ in range(2):  # start, stop, start again
         sensor = Sensor(await actors("sensor"), cfg.sensors["tests"], "sensor-x")
         stop = asyncio.Event()
@@ -178,3 +181,101 @@ async def test_a_red_observation_after_promotion_regresses(actors, admin, promot
     campaign = await sensor.campaign(cid)
     assert campaign.state == "ready" and campaign.promoted_at is None
     assert admin.execute("SELECT count(*) AS n FROM ledger.campaign").fetchone()["n"] == 1
+
+
+# --- issue 14: sensor hygiene ---------------------------------------------------------------
+
+
+async def test_a_new_nightly_sensor_waits_for_its_next_tick(actors, admin, test_class, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """A brand-new `0 3 * * *` sensor used to fire at once for last night's 03:00."""
+    cfg, _ = _config(tmp_path, cron="0 3 * * *")
+    sensor = Sensor(await actors("sensor"), cfg.sensors["tests"], "sensor-new")
+    stop = asyncio.Event()
+    started = datetime.now(timezone.utc)
+    task = asyncio.create_task(sensor.run(stop))
+    try:
+        await eventually(lambda: sensor.waiting_for is not None, what="the sensor to wait for a tick")
+    finally:
+        stop.set()
+        await task
+    assert sensor.waiting_for == next_tick(trigger_for(cfg.sensors["tests"]), started)
+    assert admin.execute("SELECT count(*) AS n FROM ledger.sensor_tick").fetchone()["n"] == 0
+    assert admin.execute("SELECT count(*) AS n FROM ledger.observation").fetchone()["n"] == 0
+    [row] = admin.execute("SELECT name, registered_by FROM ledger.sensor").fetchall()
+    assert row == {"name": "tests", "registered_by": "sensor-new"}
+    # Registered once: a second process keeps the first registration.
+    again = await (await actors("sensor")).register_sensor("tests", "sensor-other")
+    assert again == admin.execute("SELECT registered_at FROM ledger.sensor").fetchone()["registered_at"]
+
+
+def test_a_sensor_must_watch_its_class_repository(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """A `beta#main` sensor of an alpha class had its campaign attempted on, and
+    promoted onto, alpha."""
+    from ledger.errors import ConfigError
+
+    def config(target: str):  # type: ignore[no-untyped-def]
+        return parse_config({
+            "classes": {"alpha": {"repository": str(tmp_path / "alpha.git"), "attempt_command": ["x"],
+                                  "promote_to": "refs/heads/release"}},
+            "sensors": {"s": {"target": target, "every_s": 60, "command": ["true"], "class": "alpha"}}})
+    for fine in ("alpha#main", "alpha", f"{tmp_path / 'alpha.git'}#main", "alpha#release",
+                 "alpha#refs/heads/main"):
+        config(fine)
+    with pytest.raises(ConfigError, match="sensors.s: target 'beta#main' is not in the repository of class alpha"):
+        config("beta#main")
+    with pytest.raises(ConfigError, match="names ref 'develop'"):
+        config("alpha#develop")
+
+
+async def test_an_exhausted_campaign_whose_target_turns_green_is_dismissed(actors, admin, test_class) -> None:  # type: ignore[no-untyped-def]
+    sensor, worker = await actors("sensor"), await actors("worker")
+    red = await sensor.record_observation("s", "broken", "target-1", "red",
+                                          datetime.now(timezone.utc), class_=test_class)
+    cid = red.campaign_id
+    for _ in range(3):
+        claim = await worker.claim_campaign("w", [test_class])
+        assert claim is not None and claim.campaign_id == cid
+        await worker.fail_attempt(cid, claim.generation, "no luck")
+    assert (await sensor.campaign(cid)).state == "exhausted"
+    still_red = await sensor.record_observation("s", "broken", "target-1", "red",
+                                                datetime.now(timezone.utc), class_=test_class)
+    assert (still_red.effect, (await sensor.campaign(cid)).state) == ("recorded", "exhausted")
+    green = await sensor.record_observation("s", "broken", "target-1", "green", datetime.now(timezone.utc))
+    assert (green.effect, green.campaign_id) == ("dismissed", cid)
+    campaign = await sensor.campaign(cid)
+    assert campaign.state == "dismissed" and campaign.closed_at is not None
+    last = admin.execute("SELECT actor, payload FROM ledger.campaign_event WHERE campaign_id = %s "
+                         "AND type = 'transition' ORDER BY seq DESC LIMIT 1", (cid,)).fetchone()
+    assert (last["actor"], last["payload"]["transition"], last["payload"]["from"]) == ("s", "dismiss", "exhausted")
+
+
+async def test_a_pytest_sensor_names_the_failing_tests(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """What becomes a campaign's baseline: run directly, or through the shipped
+    wrapper that exports a ref of a bare repository."""
+    from ledger.demo import examples_dir
+    from ledger.sensors import check
+
+    work, bare = tmp_path / "work", tmp_path / "app.git"
+    (work / "tests").mkdir(parents=True)
+    (work / "tests" / "test_app.py").write_text(
+        "import pytest\n\ndef test_ok():\n    pass\n\ndef test_broken():\n    assert 1 == 2\n\n"
+        "@pytest.mark.skip('later')\ndef test_later():\n    pass\n")
+    git = ["git", "-C", str(work), "-c", "user.name=t", "-c", "user.email=t@t"]
+    subprocess.run(["git", "init", "-q", "-b", "main", str(work)], check=True)
+    subprocess.run([*git, "add", "."], check=True)
+    subprocess.run([*git, "commit", "-qm", "x"], check=True)
+    subprocess.run(["git", "clone", "-q", "--bare", str(work), str(bare)], check=True)
+    quick = ["PYTEST_DISABLE_PLUGIN_AUTOLOAD=1", "PYTHONDONTWRITEBYTECODE=1"]
+    direct = parse_config({"sensors": {"s": {
+        "target": "app#main", "every_s": 60, "cwd": str(work), "class": "c", "environment": quick,
+        "command": [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider"]}}}).sensors["s"]
+    wrapped = parse_config({"sensors": {"s": {
+        "target": "app#main", "every_s": 60, "class": "c", "environment": quick,
+        "command": [sys.executable, str(examples_dir() / "run_tests_at.py"), str(bare), "main",
+                    "--pytest"]}}}).sensors["s"]
+    for sensor in (direct, wrapped):
+        reading = await check(sensor)
+        assert reading.status == "red"
+        assert reading.details["tests"] == {"collected": 3, "failed": ["tests/test_app.py::test_broken"],
+                                            "skipped": 1, "passed": 1}
+        assert reading.details["command"] == sensor.command

@@ -41,6 +41,7 @@ DESIGN = {
     ("confirm", "verified", "confirmed", "sensor"),
     ("regress", "verified", "ready", "sensor"),
     ("dismiss", "ready", "dismissed", "sensor"),
+    ("dismiss", "exhausted", "dismissed", "sensor"),
     ("exhaust", "ready", "exhausted", "system"),
     ("reopen", "exhausted", "ready", "operator"),
     *{("abandon", s, "abandoned", "operator")
@@ -210,6 +211,7 @@ CASES = [
     Case("confirm", "verified", "sensor", PROMOTING_CLASS, _promoted, _observe("green")),
     Case("regress", "verified", "sensor", PROMOTING_CLASS, _promoted, _observe("red")),
     Case("dismiss", "ready", "sensor", "test", _ready, _observe("green")),
+    Case("dismiss", "exhausted", "sensor", "single", _exhausted, _observe("green")),
     Case("reopen", "exhausted", "operator", "single", _exhausted, act_reopen),
     Case("abandon", "ready", "operator", "test", _ready, act_abandon),
     Case("abandon", "leased", "operator", "test", _leased, act_abandon),

@@ -38,7 +38,7 @@ pytestmark = pytest.mark.anyio
 PY = sys.executable
 # Stray GIT_DIR / GIT_INDEX_FILE from a calling git would redirect the test repos.
 GIT_ENV = {**{k: v for k, v in os.environ.items() if not k.startswith("GIT_")},
-           **repository.IDENTITY}
+           **repository.LEDGER.env("AUTHOR"), **repository.LEDGER.env("COMMITTER")}
 
 BASE_CODE = "def add(a, b):\n    return a + b\n\n\ndef mul(a, b):\n    return a + b\n"
 TESTS = textwrap.dedent("""\

@@ -9,12 +9,20 @@ commands through ``ledger.processes.run_command`` so timeouts kill whole
 process groups.
 
 Built-ins: ``command`` (every acceptance command exits 0) and ``pytest`` (the
-same, naming the failed tests). Others are found through the entry-point group
+same, naming the failed tests, and held to the opening observation: every test
+that failed then must pass now, no fewer collected, no more skipped). Others
+are found through the entry-point group
 ``ledger.verifiers``; an entry point names a class (or zero-argument factory)
 that returns an implementation::
 
     [project.entry-points."ledger.verifiers"]
     lint = "my_package.lint:LintVerifier"
+
+The runtime has already made sure the checkout is the candidate's tree with
+the class's protected paths (tests, their configuration) as they were at the
+base; ``acceptance.baseline`` is what the observation that opened the campaign
+saw (when its sensor reported tests), and commands run with the class's
+allow-listed environment (``acceptance.environment``).
 
 This package depends on nothing but the standard library, so an implementation
 can be written and tested without Ledger's database.
@@ -31,7 +39,7 @@ from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
-from ledger.processes import CommandResult, run_command
+from ledger.processes import CommandResult, check_extra, child_environment, run_command
 
 ENTRY_POINT_GROUP = "ledger.verifiers"
 
@@ -52,16 +60,43 @@ class UnknownVerifier(LookupError):
 
 
 @dataclass(frozen=True)
+class Baseline:
+    """The tests the observation that opened the campaign saw: the node ids that
+    failed (or errored), and how many were collected and skipped."""
+
+    failed: tuple[str, ...]
+    collected: int | None = None
+    skipped: int | None = None
+
+    @classmethod
+    def from_tests(cls, tests: Any) -> Baseline | None:
+        """From a sensor's ``details["tests"]`` (``{"failed": [...], "collected": n,
+        "skipped": n}``); ``None`` if there is no usable report."""
+        if not isinstance(tests, Mapping) or not isinstance(tests.get("failed"), list):
+            return None
+        return cls(failed=tuple(str(t) for t in tests["failed"]),
+                   collected=_count(tests.get("collected")), skipped=_count(tests.get("skipped")))
+
+
+def _count(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
+
+
+@dataclass(frozen=True)
 class Acceptance:
     """What to run on the clean checkout: argv lists, and one time budget for
-    all of them together (``timeout_s``)."""
+    all of them together (``timeout_s``); the extra environment the commands
+    get; the opening observation's tests, when known."""
 
     commands: tuple[tuple[str, ...], ...]
     timeout_s: float
+    environment: tuple[str, ...] = ()
+    baseline: Baseline | None = None
 
     @classmethod
-    def from_spec(cls, spec: Mapping[str, Any]) -> Acceptance:
-        """Validate a bundle's ``acceptance`` mapping (``{"commands": [[...]], "timeout_s": n}``)."""
+    def from_spec(cls, spec: Mapping[str, Any], baseline: Baseline | None = None) -> Acceptance:
+        """Validate an ``acceptance`` mapping (``{"commands": [[...]], "timeout_s": n,
+        "environment": ["NAME", "NAME=VALUE"]}``)."""
         if not isinstance(spec, Mapping):
             raise InvalidAcceptance("the acceptance spec must be a mapping")
         commands = spec.get("commands")
@@ -77,7 +112,15 @@ class Acceptance:
         if (isinstance(timeout, bool) or not isinstance(timeout, (int, float))
                 or not math.isfinite(timeout) or timeout <= 0):
             raise InvalidAcceptance(f"acceptance timeout_s must be a positive number, not {timeout!r}")
-        return cls(commands=tuple(argvs), timeout_s=float(timeout))
+        environment = spec.get("environment") or []
+        if isinstance(environment, str) or not isinstance(environment, Sequence):
+            raise InvalidAcceptance("acceptance environment must be a list of NAME or NAME=VALUE")
+        try:
+            extras = tuple(check_extra(str(e)) for e in environment)
+        except ValueError as exc:
+            raise InvalidAcceptance(f"acceptance environment: {exc}") from None
+        return cls(commands=tuple(argvs), timeout_s=float(timeout), environment=extras,
+                   baseline=baseline)
 
 
 @dataclass(frozen=True)
@@ -119,7 +162,8 @@ async def run_acceptance(
     results: list[CommandResult] = []
     for i, argv in enumerate(acceptance.commands):
         command = list(prepare(i, argv)) if prepare else list(argv)
-        result = await run_command(command, checkout, timeout_s=deadline - time.monotonic())
+        result = await run_command(command, checkout, timeout_s=deadline - time.monotonic(),
+                                   env=child_environment(acceptance.environment))
         if annotate:
             result = annotate(i, result)
         results.append(result)
@@ -160,6 +204,6 @@ def _resolve(reference: str) -> Any:
 
 
 __all__ = [
-    "Acceptance", "CommandResult", "ENTRY_POINT_GROUP", "Implementation", "InvalidAcceptance",
+    "Acceptance", "Baseline", "CommandResult", "ENTRY_POINT_GROUP", "Implementation", "InvalidAcceptance",
     "UnknownVerifier", "Verdict", "load", "names", "run_acceptance", "run_command",
 ]

@@ -19,5 +19,6 @@ class CommandVerifier:
         evidence = {"commands": [r.evidence() for r in results], "not_run": skipped}
         failed = next((r for r in results if not r.passed), None)
         if failed is None:
+            evidence["summary"] = f"{len(results)} acceptance command(s) passed"
             return Verdict(accepted=True, evidence=evidence)
         return Verdict(accepted=False, reason=failed.describe(), evidence=evidence)

@@ -1,11 +1,19 @@
 """The ``pytest`` verifier: the acceptance commands must pass, and when one is a
 pytest run the evidence and the reject reason name the failed tests by node id.
 
+It is also held to the observation that opened the campaign
+(``acceptance.baseline``, from a sensor that ran pytest): every test that
+failed then must *pass* now -- a test that is skipped, xfailed, deselected or
+gone does not count -- the number of tests collected must not drop and the
+number skipped must not rise. A rejection names the tests.
+
 A pytest command gets ``--junitxml`` pointing outside the checkout (and the
 xunit1 flavour, whose ``file`` attribute makes node ids exact). A bare
 ``pytest`` becomes ``<its python> -m pytest`` so the checkout is on
 ``sys.path``: the tests import the candidate's code, not an installed copy.
-Commands that are not pytest run as they are.
+Commands that are not pytest run as they are. Sensors use the same functions
+(``junit_arguments``, ``read_report``), so the node ids of an observation and
+of a verdict are spelt alike.
 """
 
 from __future__ import annotations
@@ -16,11 +24,12 @@ import shutil
 import sys
 import tempfile
 import xml.etree.ElementTree as ElementTree
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
-from . import Acceptance, Verdict, run_acceptance
+from . import Acceptance, Baseline, Verdict, run_acceptance
 from ledger.processes import CommandResult
 
 #: Failed node ids listed in a reject reason (all of them go to the evidence).
@@ -38,7 +47,19 @@ class Report:
 
     tests: int
     failed: list[str]  # node ids of failures and errors, in report order
-    skipped: int
+    skipped: int  # skipped and xfailed
+    outcomes: dict[str, str] = field(default_factory=dict)  # node id -> passed, failed, skipped
+
+    def summary(self) -> dict[str, Any]:
+        """The JSON-ready record a sensor keeps with its observation (the
+        baseline a later verdict is held to)."""
+        return {"collected": self.tests, "failed": self.failed, "skipped": self.skipped,
+                "passed": sum(1 for o in self.outcomes.values() if o == "passed")}
+
+
+def junit_arguments(report: Path) -> list[str]:
+    """What a pytest command gets so that ``read_report(report)`` can read it."""
+    return [f"--junitxml={report}", "-o", "junit_family=xunit1"]
 
 
 def pytest_command(argv: Sequence[str]) -> list[str] | None:
@@ -103,14 +124,19 @@ def read_report(path: Path) -> Report | None:
         root = ElementTree.parse(path).getroot()
     except (OSError, ElementTree.ParseError):
         return None
-    tests, skipped, failed = 0, 0, []
+    tests, skipped, failed, outcomes = 0, 0, [], {}
     for case in root.iter("testcase"):
         tests += 1
+        name = node_id(case)
         if case.find("failure") is not None or case.find("error") is not None:
-            failed.append(node_id(case))
+            failed.append(name)
+            outcomes[name] = "failed"
         elif case.find("skipped") is not None:
             skipped += 1
-    return Report(tests=tests, failed=failed, skipped=skipped)
+            outcomes.setdefault(name, "skipped")
+        else:
+            outcomes.setdefault(name, "passed")
+    return Report(tests=tests, failed=failed, skipped=skipped, outcomes=outcomes)
 
 
 def _reason(result: CommandResult) -> str:
@@ -123,15 +149,49 @@ def _reason(result: CommandResult) -> str:
     return f"{len(failed)} test(s) failed: {shown}{more}"
 
 
+def held_to(baseline: Baseline, reports: Sequence[Report]) -> list[str]:
+    """What the reports of a passing run fall short of against the opening
+    observation (empty: nothing)."""
+    outcomes: dict[str, str] = {}
+    for report in reports:
+        outcomes.update(report.outcomes)
+
+    def outcome(test: str) -> str:
+        if test in outcomes:
+            return outcomes[test]
+        if "::" not in test:  # a module that failed to collect: judged by its tests now
+            inside = [o for k, o in outcomes.items() if k.startswith(test + "::")]
+            if inside:
+                return next((o for o in inside if o != "passed"), "passed")
+        return "not run"
+
+    problems = []
+    short = [(t, o) for t in baseline.failed if (o := outcome(t)) != "passed"]
+    if short:
+        shown = ", ".join(f"{t} ({o})" for t, o in short[:REASON_LIMIT])
+        more = f" and {len(short) - REASON_LIMIT} more" if len(short) > REASON_LIMIT else ""
+        problems.append(f"{len(short)} test(s) that failed at opening do not pass now: {shown}{more}")
+    collected = sum(r.tests for r in reports)
+    if baseline.collected is not None and collected < baseline.collected:
+        problems.append(f"{collected} test(s) collected, {baseline.collected} at opening")
+    skipped = sum(r.skipped for r in reports)
+    if baseline.skipped is not None and skipped > baseline.skipped:
+        problems.append(f"{skipped} test(s) skipped or xfailed, {baseline.skipped} at opening")
+    return problems
+
+
 class PytestVerifier:
-    """Run the acceptance commands; report failed pytest node ids."""
+    """Run the acceptance commands; report failed pytest node ids; hold a
+    passing run to the opening observation."""
 
     name = "pytest"
 
     async def verify(self, checkout: Path, acceptance: Acceptance) -> Verdict:
         """Run the commands in ``checkout`` (pytest ones with a JUnit report)."""
+        reports: list[Report] = []
+        ran_pytest = False
         with tempfile.TemporaryDirectory(prefix="ledger-junit-") as scratch:
-            reports = Path(scratch)
+            directory = Path(scratch)
             is_pytest: dict[int, bool] = {}
 
             def prepare(i: int, argv: tuple[str, ...]) -> list[str]:
@@ -139,25 +199,49 @@ class PytestVerifier:
                 is_pytest[i] = command is not None
                 if command is None:
                     return list(argv)
-                return [*command, f"--junitxml={reports / f'junit-{i}.xml'}",
-                        "-o", "junit_family=xunit1"]
+                return [*command, *junit_arguments(directory / f"junit-{i}.xml")]
 
             def annotate(i: int, result: CommandResult) -> CommandResult:
+                nonlocal ran_pytest
                 if not is_pytest[i]:
                     return result
-                report = read_report(reports / f"junit-{i}.xml")
-                extra = {"pytest": True, "report": report is not None,
-                         "failed_tests": report.failed if report else []}
+                ran_pytest = True
+                report = read_report(directory / f"junit-{i}.xml")
+                extra: dict[str, Any] = {"pytest": True, "report": report is not None,
+                                         "failed_tests": report.failed if report else []}
                 if report:
+                    reports.append(report)
                     extra.update(tests=report.tests, skipped=report.skipped)
                 return dataclasses.replace(result, extra=extra)
 
             results, skipped = await run_acceptance(checkout, acceptance, prepare, annotate)
-        evidence = {
+        evidence: dict[str, Any] = {
             "commands": [r.evidence() for r in results], "not_run": skipped,
             "failed_tests": [t for r in results for t in r.extra.get("failed_tests", [])],
         }
         failed = next((r for r in results if not r.passed), None)
-        if failed is None:
+        if failed is not None:
+            return Verdict(accepted=False, reason=_reason(failed), evidence=evidence)
+        baseline = acceptance.baseline
+        passed = sum(1 for r in reports for o in r.outcomes.values() if o == "passed")
+        summary = (f"{len(results)} command(s) passed; {passed} test(s) passed, "
+                   f"{sum(r.skipped for r in reports)} skipped")
+        if baseline is None:
+            evidence.update(baseline="none: the opening observation reported no tests",
+                            summary=summary)
             return Verdict(accepted=True, evidence=evidence)
-        return Verdict(accepted=False, reason=_reason(failed), evidence=evidence)
+        evidence["baseline"] = {"failed": list(baseline.failed), "collected": baseline.collected,
+                                "skipped": baseline.skipped}
+        if not ran_pytest:
+            evidence["summary"] = summary + "; not compared with the opening observation (no pytest command)"
+            return Verdict(accepted=True, evidence=evidence)
+        if len(reports) < sum(1 for r in results if r.extra.get("pytest")):
+            return Verdict(accepted=False, evidence=evidence,
+                           reason="a pytest run left no report: it cannot be compared with the "
+                                  "opening observation")
+        problems = held_to(baseline, reports)
+        if problems:
+            return Verdict(accepted=False, reason="; ".join(problems), evidence=evidence)
+        evidence["summary"] = (summary + f"; the {len(baseline.failed)} test(s) that failed at "
+                               "opening pass")
+        return Verdict(accepted=True, evidence=evidence)

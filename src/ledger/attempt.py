@@ -15,6 +15,12 @@ the database had said so. So a restart shorter than the lease costs nothing,
 and a partition longer than it stops the command before another worker can
 legitimately claim the campaign. An ending whose reply was lost is retried
 (endings are idempotent) and, failing that, read back.
+
+The command gets an allow-listed environment (``ledger.processes``) plus the
+class's ``attempt_environment``; it may leave a commit message in
+``$LEDGER_COMMIT_MESSAGE_FILE``. A candidate that changes a protected path
+(``ledger.protection``) is refused before it is recorded: the refusal is the
+attempt's failure reason and a ``security_event``.
 """
 
 from __future__ import annotations
@@ -30,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from . import bundle as bundles
-from . import repository
+from . import protection, repository
 from .config import CampaignClassConfig
 from .errors import LedgerError, RepeatedApproach, StaleLease, Unavailable
 from .hub import NullHub, WakeSource
@@ -44,6 +50,8 @@ from .repository import Repository
 
 _LOG_TAIL = 16 * 1024
 OWNER_FILE = "owner.json"
+MESSAGE_FILE = "commit-message.txt"
+_MESSAGE_LIMIT = 64 * 1024
 
 
 def make_workdir(data_dir: Path, claim: Claim, repository_location: str) -> Path:
@@ -234,9 +242,7 @@ class AttemptRun:
 
         exit_code, reason = await self._run_command(worktree, context_file, context)
         self._check()
-        changed = await asyncio.to_thread(
-            repository.commit_all, worktree,
-            f"ledger: campaign {c.campaign_id} attempt {c.attempt_no}\n\n{c.objective_key}")
+        changed = await asyncio.to_thread(self._commit, worktree)
         candidate = await asyncio.to_thread(repository.head, worktree)
         diff = b"" if candidate == base else await asyncio.to_thread(repository.diff, worktree, base, candidate)
         fingerprint = bundles.fingerprint_of(diff) if diff else None
@@ -248,7 +254,50 @@ class AttemptRun:
             reason = "the attempt command succeeded but changed nothing"
         if reason is not None:
             return await self._fail(reason, fingerprint)
+        if not self.acceptance.get("allow_protected_changes"):
+            touched = await asyncio.to_thread(
+                protection.Protection.of(self.acceptance).changes, worktree, base, candidate)
+            if touched:
+                return await self._refuse(touched, fingerprint)  # type: ignore[arg-type]
         return await self._record(base, candidate, diff, fingerprint)  # type: ignore[arg-type]
+
+    @property
+    def acceptance(self) -> dict[str, Any]:
+        """What the candidate will be judged by: the campaign's acceptance
+        criteria (as the verifier reads them), else the class's."""
+        criteria = self.claim.acceptance_criteria
+        return dict(criteria) if criteria.get("commands") else self.cls.acceptance.effective()
+
+    def _commit(self, worktree: Path) -> bool:
+        """Commit what the command left, with its message (if it wrote one) and
+        the campaign and attempt as trailers."""
+        c = self.claim
+        message = f"ledger: campaign {c.campaign_id} attempt {c.attempt_no}\n\n{c.objective_key}"
+        written = self.workdir / MESSAGE_FILE  # type: ignore[operator]
+        if written.is_file():
+            text = written.read_bytes()[:_MESSAGE_LIMIT].decode("utf-8", errors="replace").strip()
+            message = text or message
+        message = repository.with_trailers(worktree, message, [
+            ("Ledger-Campaign", str(c.campaign_id)), ("Ledger-Attempt", str(c.attempt_no))])
+        return repository.commit_all(worktree, message,
+                                     author=repository.Identity.parse(self.cls.author),
+                                     committer=repository.Identity.parse(self.cls.committer))
+
+    async def _refuse(self, touched: list[protection.Change], fingerprint: str) -> str:
+        reason = (f"refused before verification: the candidate changes protected paths "
+                  f"({protection.describe(touched)}); the tests and what configures them judge the "
+                  f"candidate, so change the code under test instead")
+        self.log.warning("candidate refused: protected paths changed", paths=[str(t) for t in touched])
+        await self.journal.close()
+        self._check()
+        self.ending = True
+        try:
+            await self.kernel.refuse_candidate(self.claim.campaign_id, self.claim.generation, reason,
+                                               fingerprint=fingerprint, paths=[str(t) for t in touched],
+                                               timeout_s=self._budget())
+        except Unavailable as exc:
+            return await self._resolve(exc)
+        return "failed"
 
     async def _context(self, base: str, worktree: Path) -> dict[str, Any]:
         """What the attempt command is told: the campaign and what failed before."""
@@ -267,7 +316,10 @@ class AttemptRun:
             "campaign_id": c.campaign_id, "attempt_no": c.attempt_no, "generation": c.generation,
             "class": c.class_, "objective_key": c.objective_key, "target": c.target,
             "desired_state": c.desired_state, "opening_observation": c.opening_observation,
-            "acceptance": self.cls.acceptance.model_dump(), "base_ref": self.cls.base_ref,
+            "acceptance": self.acceptance, "protected": protection.patterns_of(self.acceptance),
+            "allow_protected_changes": bool(self.acceptance.get("allow_protected_changes")),
+            "commit_message_file": str(self.workdir / MESSAGE_FILE),  # type: ignore[operator]
+            "base_ref": self.cls.base_ref,
             "base_sha": base, "worktree": str(worktree), "previous_attempts": previous,
             "refused_fingerprints": sorted({a["fingerprint"] for a in previous if a["fingerprint"]
                                             and (a["outcome"] == "failed" or a["verdict"] == "rejected")}),
@@ -280,10 +332,11 @@ class AttemptRun:
         values = {"campaign_file": str(context_file), "worktree": str(worktree),
                   "campaign_id": str(c.campaign_id), "attempt_no": str(c.attempt_no)}
         argv = [arg.format(**values) for arg in self.cls.attempt_command]
-        env = child_environment()
+        env = child_environment(self.cls.attempt_environment)
         env.update(LEDGER_CAMPAIGN_FILE=str(context_file), LEDGER_CAMPAIGN_ID=str(c.campaign_id),
                    LEDGER_ATTEMPT_NO=str(c.attempt_no), LEDGER_WORKTREE=str(worktree),
-                   LEDGER_OBJECTIVE=c.objective_key)
+                   LEDGER_OBJECTIVE=c.objective_key,
+                   LEDGER_COMMIT_MESSAGE_FILE=str(self.workdir / MESSAGE_FILE))  # type: ignore[operator]
         await self.journal.event("command.started", {"argv": argv})
         self._command = asyncio.create_task(run_command(
             argv, worktree, timeout_s=self.cls.attempt_timeout_s, env=env, tail_bytes=_LOG_TAIL,
@@ -330,7 +383,7 @@ class AttemptRun:
             worker=self.identity, **{"class": c.class_}, objective_key=c.objective_key,
             target=c.target, repository=str(self.cls.repository), base_ref=self.cls.base_ref,
             base_sha=base, candidate_sha=candidate, fingerprint=fingerprint,
-            acceptance=self.cls.acceptance.model_dump(), verifier=self.cls.verifier,
+            acceptance=self.acceptance, verifier=self.cls.verifier,
             created_at=datetime.now(timezone.utc))
         campaign_dir = bundles.evidence_dir(self.data_dir, c.campaign_id)
         _, digest = bundles.freeze(frozen, diff, campaign_dir)

@@ -2,6 +2,13 @@
 committed -- base and candidate SHAs, the diff and its digest (the approach
 fingerprint), the acceptance commands and the objective.
 
+The worker writes it, so it says *what* to judge, never *how*: the verifier
+takes the acceptance criteria and the verifier implementation from the
+campaign and its class in the database (the bundle's copy is a record of what
+the worker was told). Once a campaign is closed and ``ledger gc`` has deleted
+its attempt branches, the bundle is what remains of each candidate: its SHA,
+its diff and the digest over both.
+
 It is written to the campaign's evidence location
 (``<data_dir>/evidence/campaign-<id>/attempt-<n>/``); its content digest goes to
 the database with the attempt, so an edit after freezing is detected.

@@ -24,6 +24,14 @@ Example::
     promote_to = "refs/heads/main"
     authority.worker = { refs = ["refs/heads/ledger/*"] }
     authority.dispatcher = { refs = ["refs/heads/main"] }
+    attempt_environment = ["ANTHROPIC_API_KEY"]   # passed to the attempt command only
+    committer = "Ledger <ledger@example.org>"
+
+``acceptance.protected`` (default: derived from the commands, see
+``ledger.protection``), ``acceptance.allow_protected_changes`` and
+``acceptance.environment`` (the verifier's extras) travel with the acceptance
+spec: the kernel stores it with each campaign, and the verifier reads it from
+there, never from what the worker wrote.
 """
 
 from __future__ import annotations
@@ -35,9 +43,20 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from . import protection
 from .errors import ConfigError
+from .processes import check_extra
+from .repository import Identity
 
 NAME = r"^[a-z0-9][a-z0-9_.-]{0,62}$"
+#: How long attempt branches of a closed campaign are kept by default (7 days).
+BRANCH_RETENTION_S = 7 * 24 * 3600.0
+
+
+def _extras(value: list[str]) -> list[str]:
+    for extra in value:
+        check_extra(extra)
+    return value
 
 
 class _Strict(BaseModel):
@@ -54,10 +73,17 @@ class Backoff(_Strict):
 
 
 class Acceptance(_Strict):
-    """What the verifier runs on a clean checkout of the candidate."""
+    """What the verifier runs on a clean checkout of the candidate, and what a
+    candidate may not change to pass it."""
 
     commands: list[list[str]] = Field(default_factory=list)
     timeout_s: float = Field(600.0, gt=0)
+    protected: list[str] | None = Field(
+        None, description="gitignore-style patterns (or PATTERN#SECTION); default: derived "
+                          "from the commands")
+    allow_protected_changes: bool = False
+    environment: list[str] = Field(default_factory=list,
+                                   description="extra variables for the commands: NAME or NAME=VALUE")
 
     @field_validator("commands")
     @classmethod
@@ -66,6 +92,23 @@ class Acceptance(_Strict):
             if not argv or not argv[0]:
                 raise ValueError("each acceptance command is a non-empty argv list")
         return value
+
+    @field_validator("protected")
+    @classmethod
+    def _patterns(cls, value: list[str] | None) -> list[str] | None:
+        for pattern in value or []:
+            protection.check_pattern(pattern)
+        return value
+
+    _environment = field_validator("environment")(_extras)
+
+    def effective(self) -> dict[str, Any]:
+        """The spec as stored with campaigns and bundles: the protected
+        patterns resolved (the defaults written out)."""
+        spec = self.model_dump()
+        spec["protected"] = (self.protected if self.protected is not None
+                             else protection.default_patterns(self.commands))
+        return spec
 
 
 class RoleAuthority(_Strict):
@@ -93,6 +136,20 @@ class CampaignClassConfig(_Strict):
     promote_to: str | None = Field(None, description="ref a verified candidate is promoted onto")
     authority: dict[Literal["worker", "dispatcher"], RoleAuthority] = Field(default_factory=dict)
     log_limit_bytes: int = Field(256 * 1024, ge=1024)
+    attempt_environment: list[str] = Field(
+        default_factory=list, description="extra variables for the attempt command: NAME or NAME=VALUE")
+    author: str = Field(str(Identity()), description="author of candidate commits: Name <email>")
+    committer: str = Field(str(Identity()), description="committer of promoted commits: Name <email>")
+    branch_retention_s: float = Field(BRANCH_RETENTION_S, ge=0,
+                                      description="keep attempt branches this long after closing")
+
+    _attempt_environment = field_validator("attempt_environment")(_extras)
+
+    @field_validator("author", "committer")
+    @classmethod
+    def _identity(cls, value: str) -> str:
+        Identity.parse(value)
+        return value
 
     @model_validator(mode="after")
     def _heartbeat_within_lease(self) -> CampaignClassConfig:
@@ -103,10 +160,43 @@ class CampaignClassConfig(_Strict):
             raise ValueError("promote_to must be a full ref name such as refs/heads/main")
         return self
 
+    def repository_names(self) -> set[str]:
+        """How a sensor's target may name this class's repository: its location
+        (as written or resolved) or its name (the last path component without
+        ``.git``)."""
+        location = self.repository.rstrip("/")
+        names = {self.repository, location, _repository_name(location)}
+        if "://" not in location and not location.startswith("git@"):
+            names.add(str(Path(location).expanduser().resolve()))
+        return names
+
+    def refs(self) -> set[str]:
+        """The refs a sensor's target may name: the base ref and the promotion target."""
+        short = {r.removeprefix("refs/heads/") for r in (self.base_ref, self.promote_to) if r}
+        return short | {f"refs/heads/{r}" for r in short}
+
+    def target_problem(self, target: str) -> str | None:
+        """Why a sensor's ``target`` (``REPOSITORY`` or ``REPOSITORY#REF``) is
+        not in this class's repository, or ``None`` if it is."""
+        named, sep, ref = target.partition("#")
+        candidates = {named, named.rstrip("/")}
+        if "/" in named and "://" not in named:
+            candidates.add(str(Path(named).expanduser().resolve()))
+        if not candidates & self.repository_names():
+            return (f"target {target!r} is not in the repository of class {self.name} "
+                    f"({self.repository}); name it {_repository_name(self.repository.rstrip('/'))}"
+                    f"#{self.base_ref} or by its path")
+        if sep and ref not in self.refs():
+            return (f"target {target!r} names ref {ref!r}, but class {self.name} attempts on "
+                    f"{self.base_ref}" + (f" and promotes to {self.promote_to}" if self.promote_to else ""))
+        return None
+
     def registration(self) -> dict[str, Any]:
         """Keyword arguments for ``Kernel.register_class``: what the kernel judges."""
         authority = {role: profile.model_dump() for role, profile in self.authority.items()}
-        promotion = ({"ref": self.promote_to, "repository": self.repository}
+        committer = Identity.parse(self.committer)
+        promotion = ({"ref": self.promote_to, "repository": self.repository,
+                      "committer": {"name": committer.name, "email": committer.email}}
                      if self.promote_to else {})
         if self.promote_to:
             # The dispatcher may always move the class's own promotion target.
@@ -122,10 +212,15 @@ class CampaignClassConfig(_Strict):
             "backoff_jitter": self.backoff.jitter,
             "seat_policy": self.seat,
             "authority": authority,
-            "acceptance": self.acceptance.model_dump(),
+            "acceptance": self.acceptance.effective(),
             "promotion": promotion,
             "verifier": self.verifier,
         }
+
+
+def _repository_name(location: str) -> str:
+    tail = re.split(r"[/:]", location)[-1]
+    return tail[:-4] if tail.endswith(".git") else tail
 
 
 def _glob_match(pattern: str, value: str) -> bool:
@@ -146,6 +241,10 @@ class SensorConfig(_Strict):
     cwd: str | None = None
     objective: str = Field("{sensor}:{target}", description="objective key template")
     campaign_class: str = Field(pattern=NAME, alias="class")
+    environment: list[str] = Field(default_factory=list,
+                                   description="extra variables for the command: NAME or NAME=VALUE")
+
+    _environment = field_validator("environment")(_extras)
 
     model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
 
@@ -187,7 +286,7 @@ def parse_config(data: dict[str, Any], source: str = "config") -> LedgerConfig:
         unknown = set(data) - {"classes", "sensors"}
         if unknown:
             raise ConfigError(f"{source}: unknown top-level keys: {', '.join(sorted(unknown))}")
-        return LedgerConfig(
+        config = LedgerConfig(
             classes={name: CampaignClassConfig(name=name, **body) for name, body in raw_classes.items()},
             sensors={name: SensorConfig(name=name, **body) for name, body in raw_sensors.items()},
         )
@@ -199,6 +298,14 @@ def parse_config(data: dict[str, Any], source: str = "config") -> LedgerConfig:
                           ) from exc
     except TypeError as exc:
         raise ConfigError(f"{source}: {exc}") from exc
+    for sensor in config.sensors.values():
+        # A sensor's campaign is attempted on, and promoted onto, its class's
+        # repository: a target elsewhere would fix (and move) the wrong one.
+        cls = config.classes.get(sensor.campaign_class)
+        problem = cls.target_problem(sensor.target) if cls else None
+        if problem:
+            raise ConfigError(f"{source}: sensors.{sensor.name}: {problem}")
+    return config
 
 
 def load_config(path: Path) -> LedgerConfig:

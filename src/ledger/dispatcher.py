@@ -10,7 +10,15 @@ anything (``complete_side_effect``):
 ``git.update_ref``
     target = ref, payload = ``{"repository", "new"}``, precondition =
     ``{"old": sha | null}``. A compare-and-swap (``git update-ref ref new old``);
-    the ref is then read back.
+    the ref is then read back. When the ref is checked out in a work tree, the
+    work tree and index move with it if they are clean, and nothing moves if
+    they are not (``failed``: the campaign follows ``promote_failed``). A
+    promotion's payload also has ``landing`` (frozen by ``accept``): what
+    lands is then a commit built from the candidate -- its tree byte for byte,
+    its author and message, on the expected old commit, with the trailers
+    ``Ledger-Campaign``, ``Ledger-Attempt`` and ``Ledger-Verdict`` and the
+    class's committer at the verdict's time. It is deterministic, so the
+    read-back of a dispatcher that died after landing it finds it again.
 ``http.request``
     payload = ``{"method", "url", "body"?, "headers"?, "read_back"?: {"url",
     "expect_status"}}``, sent with ``Idempotency-Key: <the intent's key>``;
@@ -62,7 +70,7 @@ from .logs import get_logger
 from .loops import Loop
 from .models import Campaign, SideEffectClaim
 from .rebase import rebase
-from .repository import GitError, RefMoved, Repository
+from .repository import LEDGER, GitError, Identity, RefMoved, Repository, WorktreeDirty
 
 OUTBOX_CHANNEL = "ledger_outbox"
 FAULT_AFTER_ACTION = "dispatcher.after_action"
@@ -325,14 +333,27 @@ class Dispatcher(Loop):
             current = await asyncio.to_thread(repo.rev_parse, ref)
         except GitError as exc:
             return Verdict("retry", error=str(exc))
+        landing = claim.payload.get("landing") if claim.purpose == "promotion" else None
+        landed: dict[str, Any] = {}
+        if landing is not None:
+            if await asyncio.to_thread(repo.rev_parse, new) != new:
+                return _failed(f"commit {new} is not in {location}", read_back=current)
+            try:
+                new_sha = await asyncio.to_thread(_land, repo, new, old, landing)
+            except (GitError, ValueError, TypeError, KeyError) as exc:
+                return _failed(f"cannot build the commit to land for {new}: {exc}", read_back=current)
+            landed = {"landed": new_sha, "candidate": new}
+            new = new_sha
         # Read back FIRST: a dispatcher that died after acting left the effect.
         if current == new:
-            return _done(read_back=current, already_applied=True)
+            return _done(read_back=current, already_applied=True, **landed)
         if campaign.state == "abandoned":
             return _failed("campaign abandoned before the intent was carried out", read_back=current)
         if current != old:
             if claim.purpose == "promotion" and current is not None and old is not None:
-                return await self._rebase(claim, campaign, repo, old, current, new)
+                # the candidate itself, not the commit that would have landed
+                candidate = str(claim.payload.get("new") or "").lower()
+                return await self._rebase(claim, campaign, repo, old, current, candidate)
             return Verdict("conflict", {"read_back": current, "expected": old},
                            f"{ref} is at {current or 'nothing'}, not the expected {old or 'nothing'}")
         if (gave_up := self._gave_up(claim)) is not None:
@@ -347,6 +368,10 @@ class Dispatcher(Loop):
             if exc.actual != new:
                 return Verdict("conflict", {"read_back": exc.actual, "expected": old}, str(exc))
             # else: someone made the very same move meanwhile; the read-back decides
+        except WorktreeDirty as exc:
+            # Someone's work in progress on the checked-out branch: not ours to
+            # overwrite, and not a state a retry can be sure to fix.
+            return _failed(exc.message, read_back=current, **landed)
         except GitError as exc:
             # The ref is still at the expected commit (else RefMoved): another
             # writer held its lock. Transient.
@@ -364,7 +389,7 @@ class Dispatcher(Loop):
         if after != new:
             return Verdict("conflict", {"read_back": after, "expected": new},
                            f"{ref} moved to {after or 'nothing'} right after the update")
-        return _done(read_back=after, previous=old)
+        return _done(read_back=after, previous=old, **landed)
 
     async def _rebase(self, claim: SideEffectClaim, campaign: Campaign, repo: Repository,
                       base: str, onto: str, candidate: str) -> Verdict:
@@ -482,6 +507,23 @@ class Dispatcher(Loop):
             return _Borrowed(self._http_client)
         # Redirects are not followed: they could leave the authorised origin.
         return httpx.AsyncClient(timeout=self.http_timeout_s, follow_redirects=False)
+
+
+def _land(repo: Repository, candidate: str, old: str | None, landing: dict[str, Any]) -> str:
+    """The commit a promotion lands: ``candidate``'s tree on ``old`` with
+    Ledger's trailers, committed as the class's committer at the verdict."""
+    verdict = f"accepted by {landing['verifier']}"
+    if landing.get("model_family") not in (None, "", "none"):
+        verdict += f" (model family {landing['model_family']})"
+    if landing.get("summary"):
+        verdict += f": {landing['summary']}"
+    committer = landing.get("committer") or {}
+    return repo.land(
+        candidate, old,
+        trailers=[("Ledger-Campaign", str(int(landing["campaign_id"]))),
+                  ("Ledger-Attempt", str(int(landing["attempt_no"]))), ("Ledger-Verdict", verdict)],
+        committer=Identity(committer["name"], committer["email"]) if committer else LEDGER,
+        committed_at=int(landing["verified_at"]))
 
 
 class _Borrowed:

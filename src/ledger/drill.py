@@ -183,6 +183,7 @@ class DrillContext:
         subprocess.run(["git", "init", "-q", "-b", "main", str(repo)], check=True, env=env)
         subprocess.run(["git", "-C", str(repo), "config", "core.logAllRefUpdates", "always"], check=True)
         for path, text in (files or {"README": "a repository under repair\n"}).items():
+            (repo / path).parent.mkdir(parents=True, exist_ok=True)
             (repo / path).write_text(text)
         subprocess.run(["git", "-C", str(repo), "add", "."], check=True, env=env)
         subprocess.run(["git", "-C", str(repo), "commit", "-qm", "start"], check=True, env=env)

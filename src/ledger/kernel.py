@@ -49,7 +49,7 @@ IDEMPOTENT = frozenset({
     "open_campaign", "claim_sensor_tick", "heartbeat", "record_attempt", "record_attempts",
     "fail_attempt", "append_events", "request_side_effect", "expire_leases",
     "heartbeat_verification", "accept", "reject", "complete_side_effect",
-    "register_class", "trim_journal", "confirm_side_effect",
+    "register_class", "trim_journal", "confirm_side_effect", "refuse_candidate", "register_sensor",
 })
 # (rebase_promotion is not: a retry after its commit finds the promotion
 # no longer claimed; the dispatcher then reads the campaign back.)
@@ -131,6 +131,11 @@ class Kernel:
             desired_state=desired_state or {}, labels=list(labels),
         )
         return ObservationRecorded.model_validate(rows[0])
+
+    async def register_sensor(self, sensor: str, identity: str) -> datetime:
+        """Register a sensor the first time it runs; returns when it was registered
+        (ticks before that are never observed)."""
+        return await self._scalar("register_sensor", sensor=sensor, identity=identity)
 
     async def claim_sensor_tick(self, sensor: str, tick: datetime, identity: str) -> bool:
         """Own one scheduled tick of a sensor; ``False`` if another process has it."""
@@ -215,6 +220,18 @@ class Kernel:
             "fail_attempt", _timeout_s=timeout_s, campaign_id=campaign_id, generation=generation,
             reason=reason, fingerprint=fingerprint, retry_after_s=retry_after_s, drained=drained,
         )
+
+    async def refuse_candidate(self, campaign_id: int, generation: int, reason: str, *,
+                               fingerprint: str, paths: Sequence[str],
+                               timeout_s: float | None = None) -> str:
+        """Fail the attempt because its candidate changed protected ``paths``: as
+        ``fail_attempt`` (fenced; the reason is the failure reason, the
+        fingerprint is refused from now on), plus a ``security_event`` row and
+        a ``security.refused`` journal entry. Returns the new state (the same
+        one when the identical refusal is retried)."""
+        return await self._scalar("refuse_candidate", _timeout_s=timeout_s, campaign_id=campaign_id,
+                                  generation=generation, reason=reason, fingerprint=fingerprint,
+                                  paths=list(paths))
 
     async def append_events(self, campaign_id: int, generation: int,
                             events: Sequence[dict[str, Any]], *, key: str | None = None,

@@ -8,8 +8,13 @@ started* with one ``killpg``. The group is also killed after a normal exit, so
 a test suite that leaves a daemon behind cannot outlive its verdict. On Linux
 the command also dies with its parent: a SIGKILLed worker leaves no orphan.
 
-Commands get the environment minus Ledger's own settings (database URLs and
-passwords never reach an attempt or a candidate's tests).
+Commands get an allow-listed environment (``child_environment``): ``PATH``,
+``HOME``, the locale (``LANG``, ``LANGUAGE``, ``LC_*``), ``TZ``, a private
+temporary directory made for the command and removed after it, and the extras
+a class or sensor names. Nothing else of Ledger's environment -- database URLs,
+``PG*`` settings, API tokens, cloud credentials -- reaches an attempt, a
+candidate's tests or a sensor check, and no configuration can pass ``LEDGER_*``
+or ``PG*`` variables on.
 """
 
 from __future__ import annotations
@@ -18,10 +23,12 @@ import asyncio
 import contextlib
 import ctypes
 import os
+import re
 import signal
 import subprocess
+import tempfile
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -41,21 +48,48 @@ def die_with_parent() -> None:
     if _prctl is not None:
         _prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
 
-#: Environment variables never passed to a candidate's commands.
-_SECRET_PREFIXES = ("LEDGER_",)
-_SECRET_NAMES = frozenset({"PGPASSWORD", "PGPASSFILE", "PGSERVICEFILE"})
+#: What every untrusted command gets from Ledger's environment (plus ``LC_*``).
+ALLOWED = ("PATH", "HOME", "LANG", "LANGUAGE", "TZ")
+# Refused even when a class or sensor names them: Ledger's own settings (its
+# database URLs, API tokens, data dir) and libpq's (PGPASSWORD, PGHOST, ...).
+_FORBIDDEN = re.compile(r"^(LEDGER_|PG)|^DATABASE_URL$")
+_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+#: The variables naming the command's private temporary directory.
+TEMP_VARIABLES = ("TMPDIR", "TMP", "TEMP")
 
 # After the group is killed, how long the pipe may take to reach end-of-file. A
 # process that left the group (its own setsid) may hold it open forever.
 _DRAIN_S = 2.0
 
 
-def child_environment(base: Mapping[str, str] | None = None) -> dict[str, str]:
-    """The environment of an untrusted command: ``base`` (default: this
-    process's) without Ledger's settings or database passwords."""
+def check_extra(extra: str) -> str:
+    """Validate one environment extra: ``NAME`` (passed on from Ledger's
+    environment when set there) or ``NAME=VALUE``. ``ValueError`` for a
+    malformed or forbidden name."""
+    name = extra.partition("=")[0]
+    if not _NAME.match(name):
+        raise ValueError(f"{extra!r} is not NAME or NAME=VALUE")
+    if _FORBIDDEN.search(name):
+        raise ValueError(f"{name} is never given to a command Ledger runs "
+                         "(LEDGER_*, PG* and DATABASE_URL hold Ledger's secrets)")
+    return extra
+
+
+def child_environment(extras: Iterable[str] = (), *, base: Mapping[str, str] | None = None
+                      ) -> dict[str, str]:
+    """The environment of an untrusted command: the allow-list from ``base``
+    (default: this process's environment) plus ``extras`` (``NAME`` or
+    ``NAME=VALUE``, see ``check_extra``). The private temporary directory is
+    added by ``run_command``."""
     source = os.environ if base is None else base
-    return {k: v for k, v in source.items()
-            if not k.startswith(_SECRET_PREFIXES) and k not in _SECRET_NAMES}
+    env = {k: v for k, v in source.items() if k in ALLOWED or k.startswith("LC_")}
+    for extra in extras:
+        name, sep, value = check_extra(extra).partition("=")
+        if sep:
+            env[name] = value
+        elif name in source:
+            env[name] = source[name]
+    return env
 
 
 class Tail:
@@ -176,46 +210,50 @@ async def run_command(argv: Sequence[str], cwd: Path, *, timeout_s: float,
     """Run ``argv`` in ``cwd`` in its own process group, keep the tail of its
     output (and hand every chunk to ``on_output``), feed it ``stdin``, and kill
     the group at ``timeout_s``, on cancellation, and after it exits
-    (stragglers). Never raises for the command's own failure."""
+    (stragglers). ``env`` defaults to ``child_environment()``; either way the
+    command gets a private temporary directory (``TMPDIR``), removed after it.
+    Never raises for the command's own failure."""
     argv = [str(a) for a in argv]
     started = time.monotonic()
     tail = Tail(tail_bytes)
     loop = asyncio.get_running_loop()
-    try:
-        transport, capture = await loop.subprocess_exec(
-            lambda: _Capture(tail, on_output), *argv, cwd=cwd,
-            stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
-            preexec_fn=die_with_parent,
-            env=dict(env) if env is not None else child_environment())
-    except OSError as exc:
-        return CommandResult(argv=argv, exit_code=None, output="", output_bytes=0, truncated=False,
-                             duration_s=time.monotonic() - started,
-                             error=exc.strerror or type(exc).__name__)
-    if stdin is not None:
-        pipe = transport.get_pipe_transport(0)
-        with contextlib.suppress(OSError):  # the command may exit without reading it
-            pipe.write(stdin)  # type: ignore[union-attr]
-            pipe.close()  # type: ignore[union-attr]
-    pid = transport.get_pid()
-    timed_out = False
-    try:
+    with tempfile.TemporaryDirectory(prefix="ledger-cmd-", ignore_cleanup_errors=True) as scratch:
+        environment = dict(env) if env is not None else child_environment()
+        environment.update(dict.fromkeys(TEMP_VARIABLES, scratch))
         try:
-            await asyncio.wait_for(capture.exited.wait(), timeout=max(timeout_s, 0.0))
-        except TimeoutError:
-            timed_out = True
-    finally:
-        # The session leader's pid is the group id. On timeout or cancellation
-        # this kills the command and its children; after a normal exit, the
-        # children it left behind.
-        kill_group(pid)
+            transport, capture = await loop.subprocess_exec(
+                lambda: _Capture(tail, on_output), *argv, cwd=cwd,
+                stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
+                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
+                preexec_fn=die_with_parent, env=environment)
+        except OSError as exc:
+            return CommandResult(argv=argv, exit_code=None, output="", output_bytes=0, truncated=False,
+                                 duration_s=time.monotonic() - started,
+                                 error=exc.strerror or type(exc).__name__)
+        if stdin is not None:
+            pipe = transport.get_pipe_transport(0)
+            with contextlib.suppress(OSError):  # the command may exit without reading it
+                pipe.write(stdin)  # type: ignore[union-attr]
+                pipe.close()  # type: ignore[union-attr]
+        pid = transport.get_pid()
+        timed_out = False
         try:
-            await asyncio.shield(capture.exited.wait())
-            # A process that left the group (its own setsid) may hold the pipe.
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(asyncio.shield(capture.closed.wait()), timeout=_DRAIN_S)
+            try:
+                await asyncio.wait_for(capture.exited.wait(), timeout=max(timeout_s, 0.0))
+            except TimeoutError:
+                timed_out = True
         finally:
-            transport.close()
-    return CommandResult(argv=argv, exit_code=transport.get_returncode(), output=tail.text(),
-                         output_bytes=tail.total, truncated=tail.truncated,
-                         duration_s=time.monotonic() - started, timed_out=timed_out)
+            # The session leader's pid is the group id. On timeout or cancellation
+            # this kills the command and its children; after a normal exit, the
+            # children it left behind.
+            kill_group(pid)
+            try:
+                await asyncio.shield(capture.exited.wait())
+                # A process that left the group (its own setsid) may hold the pipe.
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(asyncio.shield(capture.closed.wait()), timeout=_DRAIN_S)
+            finally:
+                transport.close()
+        return CommandResult(argv=argv, exit_code=transport.get_returncode(), output=tail.text(),
+                             output_bytes=tail.total, truncated=tail.truncated,
+                             duration_s=time.monotonic() - started, timed_out=timed_out)

@@ -12,24 +12,10 @@ every candidate. A change that does not apply cleanly is not rebased.
 
 from __future__ import annotations
 
-import os
-import subprocess
 import tempfile
 from pathlib import Path
 
-from .repository import GitError
-
-#: Who commits a rebased candidate (each commit keeps its author).
-COMMITTER = {"GIT_COMMITTER_NAME": "Ledger", "GIT_COMMITTER_EMAIL": "ledger@localhost"}
-
-
-def _git(directory: Path, *args: str, ok: tuple[int, ...] = (0,)) -> subprocess.CompletedProcess[str]:
-    result = subprocess.run(["git", "-C", str(directory), *args], capture_output=True, text=True,
-                            env={**os.environ, **COMMITTER}, timeout=300)
-    if result.returncode not in ok:
-        detail = (result.stderr or result.stdout).strip().splitlines()
-        raise GitError(f"git {args[0]} failed: {detail[-1] if detail else result.returncode}")
-    return result
+from .repository import LEDGER, GitError, git
 
 
 def rebase(repository: Path, base: str, onto: str, candidate: str, branch: str) -> str | None:
@@ -38,13 +24,15 @@ def rebase(repository: Path, base: str, onto: str, candidate: str, branch: str) 
     does not apply cleanly onto what moved the target (nothing is written)."""
     with tempfile.TemporaryDirectory(prefix="ledger-rebase-") as scratch:
         work = Path(scratch) / "work"
-        _git(Path(scratch), "clone", "--quiet", "--shared", "--no-checkout", str(repository), str(work))
-        _git(work, "checkout", "--quiet", "--detach", onto)
-        picked = _git(work, "cherry-pick", "--allow-empty", "--keep-redundant-commits",
-                      f"{base}..{candidate}", ok=(0, 1))
-        if picked.returncode != 0:
-            return None
-        rebased = _git(work, "rev-parse", "HEAD").stdout.strip()
+        git(scratch, "clone", "--quiet", "--shared", "--no-checkout", str(repository), str(work))
+        git(work, "checkout", "--quiet", "--detach", onto)
+        try:
+            # each commit keeps its author; Ledger commits the replay
+            git(work, "cherry-pick", "--allow-empty", "--keep-redundant-commits",
+                f"{base}..{candidate}", env=LEDGER.env("COMMITTER"))
+        except GitError:
+            return None  # a conflict: not ours to resolve
+        rebased = git(work, "rev-parse", "HEAD")
         # the new objects live in the scratch clone: bring them home, under a branch
-        _git(repository, "fetch", "--quiet", "--no-tags", str(work), f"+HEAD:refs/heads/{branch}")
+        git(repository, "fetch", "--quiet", "--no-tags", str(work), f"+HEAD:refs/heads/{branch}")
         return rebased

@@ -4,20 +4,31 @@ APScheduler's triggers do the calendar arithmetic (interval or cron); ticks
 are the trigger's fire times, aligned to the epoch, so every process on the
 same schedule computes the same ticks. Before running a check, a process claims
 its tick in the database (``claim_sensor_tick``): two sensor processes never
-both observe one tick. At start a sensor looks back: if the latest due tick was
-missed (nobody was running), it observes it once -- missed runs are coalesced,
-never replayed in a burst. Each observation is one kernel call
+both observe one tick. The first run of a sensor registers it
+(``register_sensor``); at every start it looks back: if the latest due tick
+since its registration was missed (nobody was running), it observes it once --
+missed runs are coalesced, never replayed in a burst, and a new sensor's first
+tick is the next one. Each observation is one kernel call
 (``record_observation``) that opens, regresses, confirms or dismisses.
+
+A command check runs like every command Ledger does not trust
+(``ledger.processes``): its own process group, killed at the timeout, and an
+allow-listed environment (plus the sensor's ``environment`` extras), since
+after a promotion it runs code an agent wrote. A pytest command (or a wrapper
+that writes a JUnit report to ``$LEDGER_JUNIT_XML``) also reports which tests
+failed (``details["tests"]``): when the observation opens a campaign, that is
+the baseline its candidates are held to (see ``verifiers.pytest_report``).
 """
 
 from __future__ import annotations
 
 import asyncio
 import os
-import signal
+import tempfile
 import time
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -25,14 +36,19 @@ from apscheduler.triggers.base import BaseTrigger
 from apscheduler.triggers.cron import CronTrigger
 from apscheduler.triggers.interval import IntervalTrigger
 
+from verifiers.pytest_report import junit_arguments, pytest_command, read_report
+
 from .config import LedgerConfig, SensorConfig
 from .errors import ConfigError, LedgerError
 from .kernel import Kernel
 from .logs import get_logger
 from .models import ObservationRecorded
+from .processes import child_environment, run_command
 
 EPOCH = datetime(2000, 1, 1, tzinfo=timezone.utc)
 _OUTPUT_LIMIT = 8 * 1024
+#: Where a wrapper around pytest may write its JUnit report (``--junitxml``).
+JUNIT_VARIABLE = "LEDGER_JUNIT_XML"
 
 
 def trigger_for(sensor: SensorConfig) -> BaseTrigger:
@@ -89,24 +105,24 @@ async def check(sensor: SensorConfig) -> Reading:
 
 async def _run_command(sensor: SensorConfig) -> dict[str, Any]:
     assert sensor.command is not None
-    try:
-        proc = await asyncio.create_subprocess_exec(
-            *sensor.command, cwd=sensor.cwd, stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.STDOUT, stdin=asyncio.subprocess.DEVNULL,
-            start_new_session=True)
-    except OSError as exc:
-        return {"command": sensor.command, "error": f"cannot start: {exc.strerror}"}
-    try:
-        out, _ = await asyncio.wait_for(proc.communicate(), sensor.timeout_s)
-    except TimeoutError:
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        await proc.wait()
-        return {"command": sensor.command, "error": f"timed out after {sensor.timeout_s:g}s"}
-    return {"command": sensor.command, "exit_code": proc.returncode,
-            "output": out.decode(errors="replace")[-_OUTPUT_LIMIT:]}
+    with tempfile.TemporaryDirectory(prefix="ledger-sensor-") as scratch:
+        report = Path(scratch) / "junit.xml"
+        pytest = pytest_command(sensor.command)
+        argv = [*pytest, *junit_arguments(report)] if pytest else list(sensor.command)
+        env = {**child_environment(sensor.environment), JUNIT_VARIABLE: str(report)}
+        result = await run_command(argv, Path(sensor.cwd or os.getcwd()), timeout_s=sensor.timeout_s,
+                                   env=env, tail_bytes=_OUTPUT_LIMIT)
+        tests = read_report(report)
+    details: dict[str, Any] = {"command": sensor.command}
+    if result.error:
+        details["error"] = f"cannot start: {result.error}"
+    elif result.timed_out:
+        details["error"] = f"timed out after {sensor.timeout_s:g}s"
+    else:
+        details.update(exit_code=result.exit_code, output=result.output)
+    if tests is not None:
+        details["tests"] = tests.summary()
+    return details
 
 
 async def _probe(sensor: SensorConfig) -> dict[str, Any]:
@@ -129,6 +145,8 @@ class Sensor:
         self.trigger = trigger_for(config)
         self.log = get_logger("sensor", sensor=config.name, target=config.target)
         self.observed = 0
+        #: the tick the run loop is waiting for (``None`` until it first waits)
+        self.waiting_for: datetime | None = None
 
     async def observe(self, tick: datetime | None) -> ObservationRecorded | None:
         """Claim ``tick`` (if given), check, and record; ``None`` if another
@@ -146,16 +164,25 @@ class Sensor:
                       campaign=result.campaign_id, tick=tick.isoformat() if tick else None)
         return result
 
+    async def first_tick(self, now: datetime) -> datetime:
+        """The first tick to observe when starting at ``now``: the latest due
+        one if it was missed since the sensor's registration (registering it
+        on its first run), else the next one."""
+        registered = await self.kernel.register_sensor(self.config.name, self.identity)
+        due = latest_due_tick(self.trigger, now)
+        return due if due is not None and due >= registered else next_tick(self.trigger, now)
+
     async def run(self, stop: asyncio.Event) -> None:
         """Observe every tick until ``stop``; first the latest missed tick, once."""
         now = datetime.now(timezone.utc)
-        due = latest_due_tick(self.trigger, now)
-        upcoming = next_tick(self.trigger, now)
-        if due is not None:
-            await self._safely(due)
+        upcoming = await self.first_tick(now)
+        if upcoming <= now:
+            await self._safely(upcoming)
+            upcoming = next_tick(self.trigger, now)
         while not stop.is_set():
             delay = (upcoming - datetime.now(timezone.utc)).total_seconds()
             if delay > 0:
+                self.waiting_for = upcoming
                 try:
                     await asyncio.wait_for(stop.wait(), delay)
                     return

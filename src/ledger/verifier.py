@@ -17,6 +17,14 @@ run for reasons outside the candidate (git unreachable, an implementation
 crashing) records nothing either: the lease lapses and the campaign is
 verified again, by this verifier or another. Anything wrong *with the
 candidate or its bundle* is a rejection with evidence.
+
+What the candidate is judged by comes from the database, not from the bundle
+the worker wrote: the campaign's acceptance criteria (commands, protected
+paths, environment) and its class's verifier, and the observation that opened
+the campaign (the tests that failed then, for the pytest verifier). On the
+clean checkout the protected paths are restored from the base commit; a
+candidate that had changed them is rejected -- the verdict names the paths --
+even if its worker failed to refuse it.
 """
 
 from __future__ import annotations
@@ -33,7 +41,7 @@ from typing import Any, Literal, TypeVar
 import verifiers
 
 from . import bundle as bundles
-from . import faults
+from . import faults, protection, repository
 from .errors import LedgerError, StaleLease, Unavailable
 from .hub import NullHub, WakeSource
 from .identity import process_identity
@@ -254,14 +262,15 @@ class Verifier(Loop):
         ) if mine != theirs]
         if mismatch:
             return reject("bundle does not describe this attempt: " + "; ".join(mismatch))
-        evidence.update(implementation=frozen.verifier, repository=frozen.repository,
+        spec, verifier_name, baseline = await self._judged_by(claim, frozen)
+        evidence.update(implementation=verifier_name, repository=frozen.repository,
                         base_sha=frozen.base_sha)
         try:
-            acceptance = verifiers.Acceptance.from_spec(frozen.acceptance)
+            acceptance = verifiers.Acceptance.from_spec(spec, baseline)
         except verifiers.InvalidAcceptance as exc:
             return reject(f"invalid acceptance spec: {exc}")
         try:
-            implementation = verifiers.load(frozen.verifier)
+            implementation = verifiers.load(verifier_name)
         except verifiers.UnknownVerifier as exc:
             # Rejected rather than left hanging: the operator sees why in the
             # campaign's last failure, and no candidate waits forever.
@@ -284,13 +293,54 @@ class Verifier(Loop):
                 return reject(f"checkout is at {checked_out}, not the candidate "
                               f"{frozen.candidate_sha}")
             evidence["checked_out_sha"] = checked_out
+            changed: list[protection.Change] = []
+            if not spec.get("allow_protected_changes"):
+                changed = await _blocking(self._restore_protected, checkout, spec, frozen.base_sha,
+                                          frozen.candidate_sha)
+                evidence["protected_restored"] = [str(c) for c in changed]
             try:
                 verdict = await implementation.verify(checkout, acceptance)
             except Exception as exc:
-                raise CheckFailed(f"verifier {frozen.verifier!r} failed: {exc!r}") from exc
+                raise CheckFailed(f"verifier {verifier_name!r} failed: {exc!r}") from exc
         finally:
             await _blocking(shutil.rmtree, scratch, True)
-        return _Judgement(verdict.accepted, verdict.reason, {**evidence, **verdict.evidence})
+        if changed:
+            # Judged with the base's tests, but it would land its own: never
+            # accepted, whatever the run said (which the next attempt is told).
+            outcome = "passed" if verdict.accepted else f"failed: {verdict.reason}"
+            return reject(f"the candidate changes protected paths: {protection.describe(changed)} "
+                          f"(with them restored from the base, the acceptance {outcome})",
+                          **verdict.evidence)
+        evidence.update(verdict.evidence)
+        if verdict.accepted:  # the landed commit's Ledger-Verdict trailer quotes it
+            evidence.setdefault("summary", "acceptance passed")
+        return _Judgement(verdict.accepted, verdict.reason, evidence)
+
+    async def _judged_by(self, claim: VerificationClaim, frozen: bundles.Bundle
+                         ) -> tuple[dict[str, Any], str, verifiers.Baseline | None]:
+        """The acceptance spec, the verifier implementation and the baseline a
+        candidate is judged by: the campaign's criteria and its class's
+        verifier (what the operator registered), the bundle's only for a class
+        registered without acceptance commands; the baseline from the
+        observation that opened the campaign."""
+        campaign = await self.kernel.campaign(claim.campaign_id)
+        details = campaign.opening_observation.get("details")
+        tests = details.get("tests") if isinstance(details, dict) else None
+        baseline = verifiers.Baseline.from_tests(tests)
+        criteria = campaign.acceptance_criteria
+        if criteria.get("commands"):
+            cls = await self.kernel.campaign_class(claim.class_)
+            return dict(criteria), cls.verifier, baseline
+        return dict(frozen.acceptance), frozen.verifier, baseline
+
+    @staticmethod
+    def _restore_protected(checkout: Path, spec: dict[str, Any], base: str, candidate: str
+                           ) -> list[protection.Change]:
+        """Restore the protected paths from ``base`` over the candidate in
+        ``checkout``; returns what the candidate had changed there."""
+        changed = protection.Protection.of(spec).changes(checkout, base, candidate)
+        repository.restore(checkout, base, sorted({c.path for c in changed}))
+        return changed
 
     # --- the loop ------------------------------------------------------------
 

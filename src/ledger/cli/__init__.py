@@ -13,6 +13,7 @@ from . import journal
 from . import verifier
 from . import serve
 from . import drill
+from . import gc
 from .context import State, console_err
 
 app = typer.Typer(
@@ -52,6 +53,7 @@ runtime.register(app)
 classes.register(app)
 serve.register(app)
 drill.register(app)
+gc.register(app)
 
 
 def main() -> None:

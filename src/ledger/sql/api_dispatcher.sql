@@ -3,6 +3,9 @@
 -- SECURITY DEFINER, pinned search_path, names schema-qualified; grants.sql
 -- grants each to this one role. SQLSTATEs: see api_helpers.sql.
 
+-- Claim the next due intent whose generation is still live (the journal
+-- trigger cancels pending intents of a generation that ended; a claimed one
+-- whose dispatcher vanished and whose generation died is cancelled here).
 CREATE OR REPLACE FUNCTION ledger_api.claim_side_effect(p_dispatcher text,
                                              p_lease_s double precision DEFAULT 60,
                                              p_kinds text[] DEFAULT NULL)
@@ -170,8 +173,13 @@ BEGIN
                                    'error', p_error));
     IF v_s.purpose = 'promotion' AND v_c.state = 'verified' AND v_c.generation = v_s.generation THEN
         IF p_outcome = 'done' THEN
+            -- a promotion lands its own commit (the candidate's tree with
+            -- Ledger's trailers): promoted_sha is the one read back
             UPDATE ledger.campaign c
-               SET promoted_at = v_now, promoted_sha = v_s.payload ->> 'new'
+               SET promoted_at = v_now,
+                   promoted_sha = CASE WHEN p_result ->> 'landed' ~ '^[0-9a-f]{40}([0-9a-f]{24})?$'
+                                       THEN p_result ->> 'landed'
+                                       ELSE v_s.payload ->> 'new' END
              WHERE c.id = v_c.id;
         ELSIF p_outcome IN ('conflict', 'failed') THEN
             -- An accepted candidate that could not land is no failed attempt:

@@ -191,7 +191,7 @@ BEGIN
            AND p_started_at > v_c.promoted_at THEN
             -- only an observation that started after the promotion can confirm it
             v_transition := 'confirm'; v_to := 'confirmed'; v_effect := 'confirmed';
-        ELSIF v_c.state = 'ready' AND NOT EXISTS (
+        ELSIF v_c.state IN ('ready', 'exhausted') AND NOT EXISTS (
                   SELECT 1 FROM ledger.side_effect s
                    WHERE s.campaign_id = v_c.id AND s.state IN ('pending', 'claimed')) THEN
             v_transition := 'dismiss'; v_to := 'dismissed'; v_effect := 'dismissed';
@@ -242,5 +242,29 @@ BEGIN
     RETURN v_rows = 1 OR EXISTS (SELECT 1 FROM ledger.sensor_tick t
                                   WHERE t.sensor = p_sensor AND t.tick = p_tick
                                     AND t.claimed_by = p_identity);
+END
+$$;
+
+-- Registers a sensor the first time it runs; returns when it was registered.
+CREATE OR REPLACE FUNCTION ledger_api.register_sensor(p_sensor text, p_identity text)
+    RETURNS timestamptz
+    LANGUAGE plpgsql
+    SECURITY DEFINER
+    SET search_path = pg_catalog, pg_temp
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_at timestamptz;
+BEGIN
+    IF p_sensor IS NULL OR length(p_sensor) NOT BETWEEN 1 AND 200
+       OR p_identity IS NULL OR length(p_identity) NOT BETWEEN 1 AND 200 THEN
+        RAISE EXCEPTION 'a sensor name and an identity of 1 to 200 characters are needed'
+            USING ERRCODE = 'LG007';
+    END IF;
+    INSERT INTO ledger.sensor (name, registered_at, registered_by)
+    VALUES (p_sensor, ledger.now(), p_identity)
+    ON CONFLICT (name) DO NOTHING;
+    SELECT s.registered_at INTO v_at FROM ledger.sensor s WHERE s.name = p_sensor;
+    RETURN v_at;
 END
 $$;

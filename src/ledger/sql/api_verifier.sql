@@ -3,6 +3,12 @@
 -- SECURITY DEFINER, pinned search_path, names schema-qualified; grants.sql
 -- grants each to this one role. SQLSTATEs: see api_helpers.sql.
 
+-- Claim an attempted campaign for verification (SKIP LOCKED, own short
+-- lease). Verifications whose verifier vanished lapse here first.
+-- Two verifiers never collide on verification_one_running: the campaign row
+-- is locked first, and the "no running verification" test is made again,
+-- on a fresh snapshot, after the lock (the SELECT's own snapshot predates a
+-- verification that another claimer committed while it held the lock).
 CREATE OR REPLACE FUNCTION ledger_api.claim_verification(
         p_verifier text, p_model_family text DEFAULT NULL,
         p_lease_s double precision DEFAULT 120, p_classes text[] DEFAULT NULL)
@@ -73,6 +79,9 @@ BEGIN
 END
 $$;
 
+-- Extend a verification's own lease while it is live (running, unexpired,
+-- its campaign still attempted at its generation); returns the new expiry
+-- and the lease's length.
 CREATE OR REPLACE FUNCTION ledger_api.heartbeat_verification(p_verification_id bigint,
                                                   p_lease_s double precision DEFAULT 120)
     RETURNS TABLE (lease_expires_at timestamptz, lease_remaining_s double precision)
@@ -103,6 +112,8 @@ BEGIN
 END
 $$;
 
+-- Shared by accept and reject (internal): the verification and its
+-- campaign, locked (campaign first, as every writer does).
 CREATE OR REPLACE FUNCTION ledger.locked_verification(p_verification_id bigint)
     RETURNS ledger.verification
     LANGUAGE plpgsql
@@ -206,7 +217,16 @@ BEGIN
         VALUES (v_c.id, v_c.generation, 'git.update_ref', 'promotion', v_promotion ->> 'ref',
                 jsonb_build_object('old', v_a.base_sha),
                 jsonb_build_object('new', v_a.candidate_sha,
-                                   'repository', v_promotion ->> 'repository'),
+                                   'repository', v_promotion ->> 'repository',
+                                   -- what the landed commit says, frozen here so that every
+                                   -- dispatcher carrying the intent out builds the very same
+                                   -- commit (the candidate's tree with Ledger's trailers)
+                                   'landing', jsonb_build_object(
+                                       'campaign_id', v_c.id, 'attempt_no', v_a.attempt_no,
+                                       'verifier', v_v.verifier, 'model_family', v_v.model_family,
+                                       'summary', left(coalesce(p_evidence ->> 'summary', ''), 500),
+                                       'committer', v_promotion -> 'committer',
+                                       'verified_at', floor(extract(epoch FROM v_now))::bigint)),
                 format('promote:%s:%s:%s', v_c.id, v_c.generation, v_a.attempt_no),
                 v_v.verifier, 'verifier', v_now, v_now, v_now)
         RETURNING id INTO v_effect;

@@ -3,6 +3,10 @@
 -- SECURITY DEFINER, pinned search_path, names schema-qualified; grants.sql
 -- grants each to this one role. SQLSTATEs: see api_helpers.sql.
 
+-- Claim the next ready campaign in one statement: SKIP LOCKED, next_attempt_at
+-- honoured, priority then age, one lease per seat. Bumps the generation. Says
+-- how long the lease is by the database's clock (lease_remaining_s), so the
+-- holder can keep its own deadline (ledger.lease).
 CREATE OR REPLACE FUNCTION ledger_api.claim_campaign(p_worker text, p_classes text[] DEFAULT NULL)
     RETURNS TABLE (campaign_id bigint, generation bigint, attempt_no integer,
                    lease_expires_at timestamptz, class text, objective_key text, target text,
@@ -70,6 +74,10 @@ BEGIN
 END
 $$;
 
+-- Up to p_limit ready campaigns in one statement. Same eligibility and order
+-- as claim_campaign; at most one campaign per seat per batch (the unique
+-- index would refuse a second lease on a seat anyway). Candidates it locked
+-- but left out stay locked only until this statement's transaction ends.
 CREATE OR REPLACE FUNCTION ledger_api.claim_campaigns(p_worker text, p_classes text[] DEFAULT NULL,
                                            p_limit integer DEFAULT 10)
     RETURNS TABLE (campaign_id bigint, generation bigint, attempt_no integer,
@@ -153,6 +161,9 @@ BEGIN
 END
 $$;
 
+-- Roll the lease forward, if it is still live: a heartbeat at or after the
+-- expiry loses, reaped or not (LG001: stand down). Returns the new expiry and
+-- the lease's length by the database's clock.
 CREATE OR REPLACE FUNCTION ledger_api.heartbeat(p_campaign_id bigint, p_generation bigint)
     RETURNS TABLE (lease_expires_at timestamptz, lease_remaining_s double precision)
     LANGUAGE plpgsql
@@ -396,6 +407,67 @@ BEGIN
 END
 $$;
 
+-- A candidate refused for changing protected paths (tests, their
+-- configuration, CI files): leased -> ready (maybe -> exhausted) exactly as
+-- fail_attempt, whose fence it
+-- uses; then the refusal is kept in security_event and journaled. A stale
+-- caller raises LG001 from fail_attempt and nothing at all is written; an
+-- identical retry returns the first result and writes nothing again.
+CREATE OR REPLACE FUNCTION ledger_api.refuse_candidate(
+        p_campaign_id bigint, p_generation bigint, p_reason text, p_fingerprint text,
+        p_paths text[])
+    RETURNS text
+    LANGUAGE plpgsql
+    SECURITY DEFINER
+    SET search_path = pg_catalog, pg_temp
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_state text;
+    v_worker text;
+    v_attempt_no integer;
+BEGIN
+    IF p_campaign_id IS NULL OR p_generation IS NULL OR p_generation < 0 THEN
+        RAISE EXCEPTION 'a campaign id and a generation (0 or more) are needed' USING ERRCODE = 'LG007';
+    END IF;
+    IF p_fingerprint IS NULL OR p_fingerprint !~ '^[A-Za-z0-9:_.-]{8,200}$' THEN
+        RAISE EXCEPTION 'a refused candidate needs its fingerprint (8-200 characters of [A-Za-z0-9:_.-])'
+            USING ERRCODE = 'LG007';
+    END IF;
+    IF p_paths IS NULL OR cardinality(p_paths) NOT BETWEEN 1 AND 10000
+       OR array_position(p_paths, NULL) IS NOT NULL THEN
+        RAISE EXCEPTION 'name the protected paths the candidate changed (1 to 10000)'
+            USING ERRCODE = 'LG007';
+    END IF;
+    IF EXISTS (SELECT 1 FROM ledger.security_event e
+                WHERE e.campaign_id = p_campaign_id AND e.action = 'candidate.protected_paths'
+                  AND (e.details ->> 'generation')::bigint = p_generation) THEN
+        -- this very refusal, retried (its reply was lost): fail_attempt
+        -- returns the state it left, or refuses a different ending
+        RETURN ledger_api.fail_attempt(p_campaign_id, p_generation, p_reason, p_fingerprint);
+    END IF;
+    v_state := ledger_api.fail_attempt(p_campaign_id, p_generation, p_reason, p_fingerprint);
+    SELECT a.worker, a.attempt_no INTO v_worker, v_attempt_no
+      FROM ledger.attempt a WHERE a.campaign_id = p_campaign_id AND a.generation = p_generation;
+    INSERT INTO ledger.security_event (at, actor_role, actor, campaign_id, action, target, reason, details)
+    VALUES (ledger.now(), 'worker', v_worker, p_campaign_id, 'candidate.protected_paths',
+            left(array_to_string(p_paths[1:20], ', '), 2000), left(p_reason, 4000),
+            jsonb_build_object('generation', p_generation, 'attempt_no', v_attempt_no,
+                               'fingerprint', p_fingerprint, 'paths', to_jsonb(p_paths[1:1000])));
+    PERFORM ledger.append_event(p_campaign_id, 'security.refused', v_worker,
+                jsonb_build_object('kind', 'candidate.protected_paths', 'attempt_no', v_attempt_no,
+                                   'fingerprint', p_fingerprint, 'paths', to_jsonb(p_paths[1:100])));
+    RETURN v_state;
+END
+$$;
+
+-- Fenced journal append for the lease holder: generation, state and expiry
+-- are tested in the same statement that takes the seqs, so a fenced-out
+-- batch writes nothing (and, rolled back, wakes nobody). With p_key, a
+-- batch whose reply was lost and is sent again returns the seq it got the
+-- first time instead of being appended twice (the holder appends one batch
+-- at a time, so the last key is all it takes).
+-- p_events: [{"type": "output", "payload": {...}, "delta": true}, ...]
 CREATE OR REPLACE FUNCTION ledger_api.append_events(p_campaign_id bigint, p_generation bigint, p_events jsonb,
                                          p_key text DEFAULT NULL)
     RETURNS bigint

@@ -26,11 +26,12 @@ BEGIN
           FROM (VALUES
                 -- sensor (api_sensor.sql)
                 ('open_campaign', 'sensor'), ('record_observation', 'sensor'),
-                ('claim_sensor_tick', 'sensor'),
+                ('claim_sensor_tick', 'sensor'), ('register_sensor', 'sensor'),
                 -- worker (api_worker.sql)
                 ('claim_campaign', 'worker'), ('claim_campaigns', 'worker'), ('heartbeat', 'worker'),
                 ('record_attempt', 'worker'), ('record_attempts', 'worker'), ('fail_attempt', 'worker'),
                 ('append_events', 'worker'), ('request_side_effect', 'worker'),
+                ('refuse_candidate', 'worker'),
                 -- reaper (api_reaper.sql)
                 ('expire_leases', 'reaper'),
                 -- verifier (api_verifier.sql)

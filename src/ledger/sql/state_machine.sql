@@ -70,6 +70,7 @@ INSERT INTO ledger.transition (name, from_state, to_state, owner_role, note) VAL
     ('confirm',        'verified',  'confirmed', 'sensor',     'only an observation started after promotion counts'),
     ('regress',        'verified',  'ready',     'sensor',     'red observation after promotion'),
     ('dismiss',        'ready',     'dismissed', 'sensor',     'target green with nothing of ours in flight'),
+    ('dismiss',        'exhausted', 'dismissed', 'sensor',     'target green while exhausted: nothing left to decide'),
     ('exhaust',        'ready',     'exhausted', 'system',     'attempts used up'),
     ('reopen',         'exhausted', 'ready',     'operator',   'a human grants more attempts'),
     ('abandon',        'ready',     'abandoned', 'operator',   'bumps generation'),

@@ -56,3 +56,6 @@ SELECT t.name, t.from_state, t.to_state, t.owner_role, a.db_role, t.note
 
 CREATE OR REPLACE VIEW ledger_api.sensor_ticks AS
 SELECT sensor, tick, claimed_by, claimed_at FROM ledger.sensor_tick;
+
+CREATE OR REPLACE VIEW ledger_api.sensors AS
+SELECT name, registered_at, registered_by FROM ledger.sensor;
