@@ -157,7 +157,8 @@ def make_machine(db: Database, loop: asyncio.AbstractEventLoop, sessions: dict, 
             # A class without promotion: the verdict is the promotion point.
             expected = {("verified", True): ("confirmed", "confirmed"),
                         ("verified", False): ("ready", "regressed"),
-                        ("ready", True): ("dismissed", "dismissed")}.get(
+                        ("ready", True): ("dismissed", "dismissed"),
+                        ("exhausted", True): ("dismissed", "dismissed")}.get(
                             (self.state, green), (self.state, "recorded"))
             assert result.effect == expected[1]
             if expected[0] != self.state:

@@ -110,8 +110,11 @@ async def test_a_moved_target_gets_the_candidate_rebased_and_verified_again(acto
     assert check is not None and check.candidate_sha == rebased.candidate_sha
     await verifier.accept(check.verification_id, {"ok": True})
     assert await dispatcher.run_once() == 1
-    assert rev(repo) == rebased.candidate_sha
-    assert (await (await actors("reader")).campaign(cid)).promoted_sha == rebased.candidate_sha
+    # what lands is the rebased candidate's very tree, on the moved target
+    landed = rev(repo)
+    assert git(repo, "rev-parse", f"{landed}^{{tree}}") == git(repo, "rev-parse", f"{rebased.candidate_sha}^{{tree}}")
+    assert git(repo, "rev-parse", f"{landed}^") == moved
+    assert (await (await actors("reader")).campaign(cid)).promoted_sha == landed
 
 
 async def test_a_candidate_that_does_not_rebase_cleanly_returns_to_ready_without_spending_an_attempt(
