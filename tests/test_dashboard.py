@@ -363,3 +363,91 @@ async def test_autonomy_page_shows_idle_days_as_idle(ui: Ui, actors, test_class)
     assert page.text.count('<g class="day v-under-exercised"') == 2
     assert page.text.count('<g class="day v-no-closure"') == 1  # today: open, nothing closed
     assert (await ui.client.get("/ui/autonomy?days=0")).status_code == 422
+
+
+# --- issue 17: cards under a filter, timeline labels, the class view, retry -----------------
+
+
+async def test_cards_count_what_the_filter_matches_and_bulk_buttons_need_a_match(ui: Ui, actors, test_class) -> None:  # type: ignore[no-untyped-def]
+    op = await actors("operator")
+    await op.register_class("once", max_attempts=1, lease_seconds=30, backoff_base_s=0,
+                            backoff_jitter=0)
+    once = Driver(actors, "once")
+    for _ in range(3):
+        await once.exhausted()
+    d = Driver(actors, test_class)
+    for _ in range(2):
+        await d.open(labels=["mine"])
+    await ui.sign_in("operator")
+
+    def tile(page: str, state: str) -> int:
+        found = re.search(rf'data-state-count="{state}">\s*<span class="tile-n">(\d+)<', page)
+        assert found, page[:500]
+        return int(found.group(1))
+
+    everything = (await ui.client.get("/ui/")).text
+    assert tile(everything, "exhausted") == 3 and tile(everything, "ready") == 2
+    mine = (await ui.client.get("/ui/?label=mine")).text
+    assert tile(mine, "exhausted") == 0 and tile(mine, "ready") == 2  # not 3 above an empty lane
+    assert 'id="bulk-abandon"' in mine and 'id="bulk-reopen"' not in mine
+    nothing = (await ui.client.get("/ui/?label=nobody")).text
+    assert sum(tile(nothing, s) for s in ("ready", "exhausted", "abandoned")) == 0
+    assert 'id="bulk-abandon"' not in nothing and 'id="bulk-reopen"' not in nothing
+    spent = (await ui.client.get("/ui/?class=once")).text
+    assert 'id="bulk-reopen"' in spent and tile(spent, "exhausted") == 3
+    assert 'id="charts"' in everything and everything.count('class="hour-chart"') == 3
+
+
+async def test_timeline_labels_never_overlap(actors, test_class) -> None:  # type: ignore[no-untyped-def]
+    """The axis label of a tick just before "now" used to run into it ("00:53:27now")."""
+    k = await actors("reader")
+    cid = await Driver(actors, test_class).open()
+    campaign = await k.campaign(cid)
+    for seconds in range(1, 400, 7):  # "now" at every position relative to the ticks
+        tl = campaign_timeline(campaign, transitions=await k.transitions_of(cid), attempts=[],
+                               verifications=[], side_effects=[], observations=[],
+                               now=campaign.created_at + timedelta(seconds=seconds))
+        boxes = tl.axis_labels()
+        assert any(text == "now" for _, _, text in boxes)
+        for (_, right, a), (left, _, b) in zip(boxes, boxes[1:]):
+            assert right <= left, (seconds, a, b, boxes)
+
+
+async def test_class_view_counts_and_times_open_to_confirm(ui: Ui, actors, test_class) -> None:  # type: ignore[no-untyped-def]
+    from test_report import _close_one
+
+    hour_ago = now() - timedelta(hours=1)
+    for key in ("a", "b"):
+        await _close_one(actors, key, hour_ago)  # open at +1 min, confirmed at +7 min
+    await Driver(actors, test_class).open()
+    await ui.sign_in("reader")
+    page = await ui.client.get(f"/ui/classes/{test_class}")
+    assert page.status_code == 200, page.text[:500]
+    assert re.search(r'id="confirmed-n">2<', page.text)
+    assert 'id="confirm-p50">6m 00s<' in page.text and 'id="confirm-p95">6m 00s<' in page.text
+    assert re.search(r'data-state-count="confirmed"><span class="tile-n">2<', page.text)
+    assert re.search(r'data-state-count="ready"><span class="tile-n">1<', page.text)
+    assert "2 attempts started, 2 accepted, 0 rejected" in page.text
+    listing = await ui.client.get("/ui/classes")
+    assert f'data-class="{test_class}"' in listing.text
+    assert (await ui.client.get("/ui/classes/nope")).status_code == 404
+
+
+async def test_retry_now_from_the_campaign_page(ui: Ui, actors, test_class) -> None:  # type: ignore[no-untyped-def]
+    op = await actors("operator")
+    await op.register_class("slow", max_attempts=3, lease_seconds=30, backoff_base_s=3600,
+                            backoff_jitter=0)
+    cid, gen = await Driver(actors, "slow").leased()
+    csrf = await ui.sign_in("operator")
+    assert 'id="retry-now"' not in (await ui.client.get(f"/ui/campaigns/{cid}")).text
+    await (await actors("worker")).fail_attempt(cid, gen, "red", fingerprint=fingerprint(1))
+    assert 'id="retry-now"' in (await ui.client.get(f"/ui/campaigns/{cid}")).text
+    r = await ui.client.post(f"/ui/campaigns/{cid}/retry", data={"csrf": csrf})
+    assert r.status_code == 303
+    page = (await ui.client.get(r.headers["location"])).text
+    assert "may be claimed now" in page and 'id="retry-now"' not in page
+    last = (await (await actors("reader")).events(cid))[-1]
+    assert (last.type, last.actor, last.actor_role) == \
+        ("operator.retry_now", "http:operator-tok", "operator")
+    r = await ui.client.post(f"/ui/campaigns/{cid}/retry", data={"csrf": csrf})
+    assert r.status_code == 409 and "error-message" in r.text
