@@ -560,11 +560,11 @@ async def test_autonomy_report_counts_an_operators_actions_and_no_one_elses(api:
     spent = await Driver(actors, "once").exhausted()
 
     reader = await actors("reader")
+    today = (await autonomy_report(reader, 1)).days[-1]
+    assert today.human_actions == 0 and today.verdict == "no-closure", today
     roles = {e.actor_role for c in (cid, other, spent) for e in await reader.events(c)}
     assert {"sensor", "worker", "verifier", "dispatcher", "reaper", "system"} <= roles, roles
     assert "operator" not in roles
-    today = (await autonomy_report(reader, 1)).days[-1]
-    assert today.human_actions == 0 and today.verdict == "no-closure", today
 
     # An operator acts, under a name that looks like a robot's: that is a human's action.
     await op.reopen(spent, "robot-7", 1)

@@ -367,6 +367,8 @@ async def test_attempt_page_follows_the_output_live_and_resumes(server, browser,
     d.execute_script("Object.defineProperty(document, 'hidden', {value: false, configurable: true});"
                      "document.dispatchEvent(new Event('visibilitychange'));")
     wait(d, lambda d: "test_b PASSED" in d.find_element(By.ID, "output").text, "resumed output")
+    await worker.append_events(cid, claim.generation, [
+        {"type": "commit.made", "payload": {"sha": sha(2)}}])
     await worker.record_attempt(cid, claim.generation, base_sha=sha(1), candidate_sha=sha(2),
                                 fingerprint=fingerprint(1), log_tail="2 passed\n")
     wait(d, lambda d: d.find_element(By.ID, "outcome").text == "attempted", "the outcome")
@@ -375,6 +377,14 @@ async def test_attempt_page_follows_the_output_live_and_resumes(server, browser,
         "collecting tests", "test_a PASSED", "test_b PASSED"]
     assert "2 passed" in d.find_element(By.ID, "log-tail").text
     screenshot(d, "dashboard-attempt.png")
+    # The campaign's journal is wide enough for a whole SHA on one line.
+    d.get(f"{server.url}/ui/campaigns/{cid}")
+    wait(d, EC.presence_of_element_located((By.ID, "journal")), "the campaign page")
+    line = next(e for e in d.find_elements(By.CSS_SELECTOR, "#journal .what")
+                if sha(2) in e.text)
+    assert d.execute_script("return arguments[0].getClientRects().length", line) == 1
+    assert d.execute_script("return arguments[0].scrollWidth <= arguments[0].clientWidth + 1",
+                            line)
 
 
 async def test_class_view_from_the_board(server, browser, actors, test_class) -> None:  # type: ignore[no-untyped-def]

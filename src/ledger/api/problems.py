@@ -122,7 +122,7 @@ async def _on_validation_error(request: Request, exc: Exception) -> JSONResponse
     first = errors[0] if errors else {"loc": [], "msg": "invalid request"}
     where = ".".join(str(part) for part in first["loc"])
     return problem_response(422, InvalidInput.slug, f"{where}: {first['msg']}" if where
-                            else first["msg"], request, errors=errors)
+                            else str(first["msg"]), request, errors=errors)
 
 
 async def _on_http_error(request: Request, exc: Exception) -> JSONResponse:

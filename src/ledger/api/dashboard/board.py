@@ -165,14 +165,23 @@ async def board(request: Request) -> Response:
         return await k.campaigns(**flt.reads(wanted), limit=LANE_SIZE)
 
     # Independent reads, concurrently: each takes its own pooled connection.
-    (matching, summary, page_rows, expiring, summaries, classes, hourly,
-     *lane_rows) = await asyncio.gather(
-        k.matching_state_counts(**flt.reads()),
-        k.matching_summary(**flt.reads(), expiring_within_s=EXPIRING_WITHIN_S),
-        k.campaigns(**flt.reads(), cursor=cursor, limit=PAGE_SIZE + 1),
-        k.leases_expiring(EXPIRING_WITHIN_S, limit=50),
-        k.sensor_summaries(50), k.classes(), k.hourly_activity(CHART_HOURS, flt.class_),
-        *(lane(s) for _, _, s in lanes))
+    run = asyncio.create_task
+    matching_t = run(k.matching_state_counts(**flt.reads()))
+    summary_t = run(k.matching_summary(**flt.reads(), expiring_within_s=EXPIRING_WITHIN_S))
+    page_t = run(k.campaigns(**flt.reads(), cursor=cursor, limit=PAGE_SIZE + 1))
+    expiring_t = run(k.leases_expiring(EXPIRING_WITHIN_S, limit=50))
+    sensors_t = run(k.sensor_summaries(50))
+    classes_t = run(k.classes())
+    hourly_t = run(k.hourly_activity(CHART_HOURS, flt.class_))
+    lanes_t: asyncio.Future[list[list[Campaign]]] = asyncio.gather(*(lane(s) for _, _, s in lanes))
+    tasks = (matching_t, summary_t, page_t, expiring_t, sensors_t, classes_t, hourly_t, lanes_t)
+    try:
+        matching, summary, page_rows = await matching_t, await summary_t, await page_t
+        expiring, summaries, classes = await expiring_t, await sensors_t, await classes_t
+        hourly, lane_rows = await hourly_t, await lanes_t
+    finally:
+        for task in tasks:  # a failed read must not leave the others running
+            task.cancel()
     more = len(page_rows) > PAGE_SIZE
     page_rows = page_rows[:PAGE_SIZE]
     # The cards count what the filter matches: every state, zero included.
