@@ -17,6 +17,9 @@ it grows a bulk command), so the rule lives in one place:
    and previewed ids that no longer match (``no_longer_matching``).
 
 A bulk action never runs without a filter, and never on more than the cap.
+When more campaigns match than the cap, the selection is the most recently
+changed ``cap`` of them; a previewed campaign pushed out of that window by
+newer changes counts as no longer matching -- left alone, never the reverse.
 """
 
 from __future__ import annotations
