@@ -501,8 +501,7 @@ MATCHING_SUMMARY = compile_query(
 # became ready (backoff included: the journal has no separate "due" event),
 # attempts ended and their duration, verdicts. Percentiles are NULL in an hour
 # with nothing to measure. The journal is read by created_at (its
-# campaign_event_recent index), transitions only; a claim's wait needs the
-# transition before it, so the scan starts a day before the window.
+# campaign_event_recent index), transitions only.
 _HOURLY_ACTIVITY = text("""
 WITH hours AS (
     SELECT generate_series(date_trunc('hour', statement_timestamp())
@@ -513,14 +512,19 @@ WITH hours AS (
     SELECT date_trunc('hour', e.created_at) AS hour,
            e.payload ->> 'transition' AS name,
            e.payload ->> 'to' AS to_state,
-           CASE WHEN e.payload ->> 'transition' = 'claim'
-                THEN extract(epoch FROM e.created_at - lag(e.created_at) OVER w) END AS wait_s
+           extract(epoch FROM e.created_at - ready.created_at) AS wait_s
       FROM ledger_api.events e
       JOIN ledger_api.campaigns c ON c.id = e.campaign_id
+      -- a claim's wait: since the transition before it (the one that made the
+      -- campaign ready), one backward probe of the journal's key per claim
+      LEFT JOIN LATERAL (
+          SELECT p.created_at FROM ledger_api.events p
+           WHERE e.payload ->> 'transition' = 'claim'
+             AND p.campaign_id = e.campaign_id AND p.seq < e.seq AND p.type = 'transition'
+           ORDER BY p.seq DESC LIMIT 1) ready ON true
      WHERE e.type = 'transition'
        AND (CAST(:class AS text) IS NULL OR c.class = CAST(:class AS text))
-       AND e.created_at >= (SELECT min(hour) FROM hours) - interval '1 day'
-    WINDOW w AS (PARTITION BY e.campaign_id ORDER BY e.seq)
+       AND e.created_at >= (SELECT min(hour) FROM hours)
 ), journal AS (
     SELECT m.hour,
            count(*) FILTER (WHERE m.name = 'open') AS opened,
@@ -529,7 +533,6 @@ WITH hours AS (
            percentile_cont(0.5) WITHIN GROUP (ORDER BY m.wait_s) AS wait_p50,
            percentile_cont(0.95) WITHIN GROUP (ORDER BY m.wait_s) AS wait_p95
       FROM moves m
-     WHERE m.hour >= (SELECT min(hour) FROM hours)
      GROUP BY m.hour
 ), ended AS (
     SELECT date_trunc('hour', a.ended_at) AS hour, count(*) AS attempts_ended,
