@@ -102,6 +102,10 @@ class Pages:
     state: ApiState
     config: LedgerConfig | None
     env: jinja2.Environment = field(default_factory=environment)
+    #: Per-hour charts by class (None: all), with when they were read: a board
+    #: re-renders on every change (up to twice a second per browser), and an
+    #: hour's aggregates need not be fresher than CHART_TTL_S.
+    charts: dict[str | None, tuple[float, Any]] = field(default_factory=dict)
 
     def page(self, request: Request, template: str, viewer: Viewer | None = None, *,
              status: int = 200, **context: Any) -> HTMLResponse:
