@@ -14,7 +14,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from conftest import TEST_PREFIX, create_database, drop_database
-from drive import Driver, fingerprint, new_key, now
+from drive import Driver, fingerprint, new_key, now, sha
 from ledger import Database, Kernel
 from ledger.api import ApiOptions, TokenTable, create_app, hash_token, new_token
 from ledger.migrations import head
@@ -110,7 +110,12 @@ async def test_reader_cannot_abandon_operator_can_and_is_journaled(api: Api, act
         r = await api.post(f"/campaigns/{cid}/abandon", role, json={"reason": "try"})
         assert_problem(r, 403, "forbidden")
         assert_problem(await api.post(f"/campaigns/{cid}/reopen", role), 403, "forbidden")
+        # Previewing a bulk action is a read; acting on the preview is the refusal.
         r = await api.post("/campaigns/abandon", role, json={"filter": {"state": ["ready"]}})
+        assert r.status_code == 200 and r.json()["dry_run"] is True
+        r = await api.post("/campaigns/abandon", role, json={
+            "filter": {"state": ["ready"]}, "campaign_ids": r.json()["campaign_ids"],
+            "selection": r.json()["selection"]})
         assert_problem(r, 403, "forbidden")
     assert table_counts(admin) == before
 
@@ -309,7 +314,7 @@ async def test_detail_and_status(api: Api, actors, test_class) -> None:  # type:
     assert r.json()["leases_expiring"] == []
 
 
-async def test_bulk_abandon_and_reopen_dry_run_then_act(api: Api, actors, test_class) -> None:  # type: ignore[no-untyped-def]
+async def test_bulk_abandon_and_reopen_preview_then_act(api: Api, actors, test_class) -> None:  # type: ignore[no-untyped-def]
     op = await actors("operator")
     await op.register_class("once", max_attempts=1, lease_seconds=30, backoff_base_s=0,
                             backoff_jitter=0)
@@ -319,34 +324,97 @@ async def test_bulk_abandon_and_reopen_dry_run_then_act(api: Api, actors, test_c
     await op.abandon(closed, "already gone")
     await d.open()  # no label: untouched
 
-    r = await api.post("/campaigns/abandon", json={"filter": {"label": "sweep"}, "dry_run": True})
+    # A POST without a selection is a preview, whatever else it says.
+    r = await api.post("/campaigns/abandon", json={"filter": {"label": "sweep"}})
     assert r.status_code == 200, r.text
-    assert r.json()["matched"] == 3 and r.json()["outcomes"] == {}
-    assert sorted(r.json()["campaign_ids"]) == sorted(ready)
+    preview = r.json()
+    assert preview["dry_run"] is True and preview["matched"] == 3 and preview["outcomes"] == {}
+    assert sorted(preview["campaign_ids"]) == sorted(ready)
+    assert preview["selection"].startswith("sel1-")
     reader = await actors("reader")
     assert [(await reader.campaign(c)).state for c in ready] == ["ready"] * 3
-
     r = await api.post("/campaigns/abandon", json={"filter": {"label": "sweep"},
-                                                    "reason": "sweep", "max_campaigns": 2})
-    assert r.json()["matched"] == 2 and r.json()["truncated"] is True
-    assert r.json()["outcomes"] == {"abandoned": 2}
-    first = r.json()["campaign_ids"]
-    r = await api.post("/campaigns/abandon", json={"filter": {"label": "sweep"}})
-    assert r.json()["outcomes"] == {"abandoned": 1} and r.json()["truncated"] is False
+                                                    "dry_run": False})
+    assert_problem(r, 422, "invalid-input")  # acting needs what a preview answered
+    assert [(await reader.campaign(c)).state for c in ready] == ["ready"] * 3
+
+    r = await api.post("/campaigns/abandon", json={
+        "filter": {"label": "sweep"}, "reason": "sweep",
+        "campaign_ids": preview["campaign_ids"], "selection": preview["selection"]})
+    assert r.status_code == 200, r.text
+    done = r.json()
+    assert done["dry_run"] is False and done["outcomes"] == {"abandoned": 3}
+    assert sorted(done["campaign_ids"]) == sorted(ready)
+    assert done["not_previewed"] == [] and done["no_longer_matching"] == []
     assert [(await reader.campaign(c)).state for c in ready] == ["abandoned"] * 3
-    events = await reader.events(first[0])
+    events = await reader.events(ready[0])
     assert events[-1].actor == "http:operator-tok" and events[-1].payload["reason"] == "sweep"
 
     once = Driver(actors, "once")
     exhausted = [await once.exhausted() for _ in range(2)]
-    r = await api.post("/campaigns/reopen", json={"filter": {"class": ["once"]}, "dry_run": True})
-    assert r.json()["matched"] == 2
-    r = await api.post("/campaigns/reopen", json={"filter": {"class": ["once"]},
-                                                   "extra_attempts": 2})
+    preview = (await api.post("/campaigns/reopen", json={"filter": {"class": ["once"]},
+                                                         "max_campaigns": 1})).json()
+    assert preview["matched"] == 1 and preview["truncated"] is True
+    preview = (await api.post("/campaigns/reopen", json={"filter": {"class": ["once"]}})).json()
+    assert preview["matched"] == 2
+    r = await api.post("/campaigns/reopen", json={
+        "filter": {"class": ["once"]}, "extra_attempts": 2,
+        "campaign_ids": preview["campaign_ids"], "selection": preview["selection"]})
     assert r.json()["outcomes"] == {"reopened": 2}
     for c in exhausted:
         campaign = await reader.campaign(c)
         assert campaign.state == "ready" and campaign.max_attempts == 3
+
+
+async def test_bulk_api_acts_only_on_the_previewed_campaigns(api: Api, actors, test_class) -> None:  # type: ignore[no-untyped-def]
+    """Issue 17, defect 1, through the API: preview 8 for a label; one of them is
+    abandoned elsewhere and a new one opens with the label; acting abandons the
+    seven and reports both differences, and the new campaign is left alone."""
+    d = Driver(actors, test_class)
+    batch = [await d.open(labels=["batch"]) for _ in range(8)]
+    preview = (await api.post("/campaigns/abandon", json={"filter": {"label": "batch"}})).json()
+    assert preview["matched"] == 8
+    await (await actors("operator")).abandon(batch[0], "elsewhere", "cli:bob@host")
+    late = await d.open(labels=["batch"])
+    body = {"filter": {"label": "batch"}, "campaign_ids": preview["campaign_ids"],
+            "selection": preview["selection"]}
+    for forged in ({**body, "campaign_ids": [*body["campaign_ids"], late]},
+                   {**body, "filter": {"label": "batch", "class": [test_class]}}):
+        assert_problem(await api.post("/campaigns/abandon", json=forged), 422, "invalid-input")
+    r = await api.post("/campaigns/abandon", json=body)
+    assert r.status_code == 200, r.text
+    done = r.json()
+    assert done["outcomes"] == {"abandoned": 7}
+    assert done["not_previewed"] == [late] and done["no_longer_matching"] == [batch[0]]
+    reader = await actors("reader")
+    assert (await reader.campaign(late)).state == "ready"
+    assert [(await reader.campaign(c)).state for c in batch] == ["abandoned"] * 8
+    assert (await reader.events(batch[0]))[-1].actor == "cli:bob@host"
+
+
+async def test_retry_now_skips_a_backoff_and_is_refused_otherwise(api: Api, actors, test_class) -> None:  # type: ignore[no-untyped-def]
+    op = await actors("operator")
+    await op.register_class("slow", max_attempts=3, lease_seconds=30, backoff_base_s=3600,
+                            backoff_jitter=0)
+    d = Driver(actors, "slow")
+    cid, gen = await d.leased()
+    worker = await actors("worker")
+    assert_problem(await api.post(f"/campaigns/{cid}/retry"), 409, "illegal-transition")
+    await worker.fail_attempt(cid, gen, "red", fingerprint=fingerprint(1))
+    assert await worker.claim_campaign("w", ["slow"]) is None  # an hour of backoff to go
+    for role in ("reader", "sensor"):
+        assert_problem(await api.post(f"/campaigns/{cid}/retry", role), 403, "forbidden")
+    r = await api.post(f"/campaigns/{cid}/retry")
+    assert r.status_code == 200, r.text
+    event = (await (await actors("reader")).events(cid))[-1]
+    assert (event.type, event.actor, event.actor_role) == \
+        ("operator.retry_now", "http:operator-tok", "operator")
+    assert r.json() == {"campaign_id": cid, "outcome": "retry_now", "seq": event.seq}
+    assert event.payload["attempt_count"] == 1
+    claim = await worker.claim_campaign("w", ["slow"])
+    assert claim is not None and claim.campaign_id == cid
+    assert_problem(await api.post(f"/campaigns/{cid}/retry"), 409, "illegal-transition")
+    assert_problem(await api.post("/campaigns/424242/retry"), 404, "not-found")
 
 
 # --- metrics --------------------------------------------------------------------------------
@@ -385,7 +453,8 @@ async def test_metrics_match_the_database_after_a_scripted_sequence(api: Api, ac
     in_db = {row["state"]: row["n"] for row in rows}
     states = admin.execute("SELECT name FROM ledger.state").fetchall()
     for row in states:
-        assert got[("ledger_campaigns", (("state", row["name"]),))] == in_db.get(row["name"], 0)
+        assert got[("ledger_campaigns", (("class", test_class), ("state", row["name"])))] \
+            == in_db.get(row["name"], 0)
     assert in_db == {"verified": 1, "abandoned": 1, "ready": 5}
 
     claims = admin.execute("SELECT count(*) AS n FROM ledger.attempt").fetchone()["n"]
@@ -441,3 +510,161 @@ async def test_openapi_documents_problems_and_bearer_auth(api: Api) -> None:
     assert PROBLEM in abandon["responses"]["403"]["content"]
     assert "text/event-stream" in \
         spec["paths"]["/campaigns/{campaign_id}/events"]["get"]["responses"]["200"]["content"]
+
+
+# --- the autonomy report: humans by role ------------------------------------------------
+
+
+async def test_autonomy_report_counts_an_operators_actions_and_no_one_elses(api: Api, actors, test_class) -> None:  # type: ignore[no-untyped-def]
+    """Issue 17, defect 2: a human is the operator role (API, dashboard or CLI),
+    whatever the actor is called; every other role, under any name -- a sensor
+    posting through the API as http:<token> included -- is automation."""
+    from ledger.report import autonomy_report
+
+    op, worker, verifier = await actors("operator"), await actors("worker"), await actors("verifier")
+    dispatcher, reaper = await actors("dispatcher"), await actors("reaper")
+    await op.register_class("promoting", max_attempts=3, lease_seconds=30, backoff_base_s=0,
+                            backoff_jitter=0, promotion={"ref": "refs/heads/main",
+                                                         "repository": "/nonexistent"})
+    await op.register_class("once", max_attempts=1, lease_seconds=30, backoff_base_s=0,
+                            backoff_jitter=0)
+    # The sensor, through the API with its token (recorded as http:sensor-tok):
+    # a red observation opens a campaign, a green one dismisses another.
+    red = observation(new_key(), **{"class": "promoting"})
+    del red["sensor"]
+    r = await api.post("/observations", "sensor", json=red)
+    assert r.status_code == 202 and r.json()["effect"] == "opened", r.text
+    cid = r.json()["campaign_id"]
+    other = await Driver(actors, test_class).open()
+    green = observation((await (await actors("reader")).campaign(other)).objective_key,
+                        "green")
+    del green["sensor"]
+    r = await api.post("/observations", "sensor", json=green)
+    assert r.json()["effect"] == "dismissed", r.text
+    # Worker, verifier, dispatcher, reaper and the system, under names that look human.
+    claim = await worker.claim_campaign("http:alice", ["promoting"])
+    assert claim is not None and claim.campaign_id == cid
+    await worker.append_events(cid, claim.generation, [{"type": "attempt.started"}])
+    await worker.record_attempt(cid, claim.generation, base_sha=sha(1), candidate_sha=sha(2),
+                                fingerprint=fingerprint(1))
+    check = await verifier.claim_verification("cli:bob@host", classes=["promoting"])
+    await verifier.accept(check.verification_id, {"ok": True})
+    intent = await dispatcher.claim_side_effect("http:carol")
+    assert intent is not None and intent.campaign_id == cid
+    await dispatcher.complete_side_effect(intent.side_effect_id, intent.claim_token, "conflict",
+                                          result={"read_back": sha(3)})
+    again = await worker.claim_campaign("cli:dave@host", ["promoting"])
+    assert again is not None and again.campaign_id == cid
+    async with actors.session("reaper").transaction(now=now() + timedelta(seconds=40)) as tx:
+        assert [x.campaign_id for x in await Kernel(tx).expire_leases()] == [cid]
+    spent = await Driver(actors, "once").exhausted()
+
+    reader = await actors("reader")
+    today = (await autonomy_report(reader, 1)).days[-1]
+    assert today.human_actions == 0 and today.verdict == "no-closure", today
+    roles = {e.actor_role for c in (cid, other, spent) for e in await reader.events(c)}
+    assert {"sensor", "worker", "verifier", "dispatcher", "reaper", "system"} <= roles, roles
+    assert "operator" not in roles
+
+    # An operator acts, under a name that looks like a robot's: that is a human's action.
+    await op.reopen(spent, "robot-7", 1)
+    today = (await autonomy_report(reader, 1)).days[-1]
+    assert today.human_actions == 1 and today.verdict == "human-assisted"
+    # Through the API, too (http:operator-tok), a retry of a waiting campaign included.
+    await op.register_class("slow", max_attempts=3, lease_seconds=30, backoff_base_s=3600,
+                            backoff_jitter=0)
+    slow, gen = await Driver(actors, "slow").leased()
+    await worker.fail_attempt(slow, gen, "red", fingerprint=fingerprint(2))
+    assert (await api.post(f"/campaigns/{slow}/retry")).status_code == 200
+    assert (await api.post(f"/campaigns/{other}/abandon")).status_code == 409  # dismissed
+    today = (await autonomy_report(reader, 1)).days[-1]
+    assert today.human_actions == 2
+
+
+# --- docs, problem types, cursors and classes (issue 17, defects 6 and 7) -----------------
+
+
+async def test_docs_load_their_assets_from_this_server(api: Api) -> None:
+    """/docs and /redoc work offline: every script and stylesheet is served here."""
+    import re
+
+    for page in ("/docs", "/redoc"):
+        r = await api.client.get(page)
+        assert r.status_code == 200, page
+        assets = re.findall(r'(?:src|href)="([^"]+\.(?:js|css|png|svg))"', r.text)
+        assert assets, r.text
+        for url in assets:
+            assert url.startswith("/") and not url.startswith("//"), (page, url)
+            got = await api.client.get(url)
+            assert got.status_code == 200 and len(got.content) > 100, (page, url)
+    # The bundle is a Swagger UI that reads OpenAPI 3.1 (what FastAPI writes).
+    assert (await api.client.get("/openapi.json")).json()["openapi"].startswith("3.1")
+    assert b"isOAS31" in (await api.client.get("/docs/assets/swagger-ui-bundle.js")).content
+
+
+async def test_every_problem_type_has_a_page(api: Api, actors, test_class) -> None:
+    from ledger.api.problems import problem_types
+
+    types = problem_types()
+    for slug in ("invalid-input", "not-found", "forbidden", "unauthenticated", "illegal-transition",
+                 "stale-lease", "payload-too-large", "cursor-beyond-end", "internal-error",
+                 "method-not-allowed", "idempotency-conflict", "unavailable"):
+        assert slug in types, slug
+    for slug, t in types.items():
+        r = await api.client.get(f"/problems/{slug}")
+        assert r.status_code == 200 and r.headers["content-type"].startswith("text/html"), slug
+        assert f"<code>/problems/{slug}</code>" in r.text and str(t.status) in r.text
+    # A type an answer carries resolves.
+    body = assert_problem(await api.get("/campaigns/424242"), 404, "not-found")
+    assert (await api.client.get(body["type"])).status_code == 200
+    assert_problem(await api.client.get("/problems/no-such-thing"), 404, "not-found")
+    index = await api.client.get("/problems")
+    assert index.status_code == 200 and index.text.count('<a href="/problems/') == len(types)
+
+
+async def test_an_unknown_class_is_invalid_input_naming_it(api: Api, test_class, admin) -> None:  # type: ignore[no-untyped-def]
+    before = table_counts(admin)
+    for status in ("red", "green"):
+        r = await api.post("/observations", "sensor",
+                           json=observation(new_key(), status, **{"class": "no-such-class"}))
+        body = assert_problem(r, 422, "invalid-input")
+        assert "'no-such-class' is not registered" in body["detail"], body
+        assert "foreign key" not in body["detail"] and "violates" not in body["detail"]
+    assert table_counts(admin) == before
+
+
+async def test_a_stream_cursor_beyond_the_journal_is_refused(api: Api, actors, test_class) -> None:  # type: ignore[no-untyped-def]
+    cid = await Driver(actors, test_class).open()
+    head = (await (await actors("reader")).campaign(cid)).event_seq
+    for kw in ({"headers": {"Last-Event-ID": str(head + 5)}}, {"params": {"from": head + 1}}):
+        body = assert_problem(await api.get(f"/campaigns/{cid}/events", **kw), 422,
+                              "cursor-beyond-end")
+        assert f"its last seq is {head}" in body["detail"], body
+    # Closed, a cursor at or past the end still says "nothing more" (204).
+    await (await actors("operator")).abandon(cid, "done")
+    r = await api.get(f"/campaigns/{cid}/events", headers={"Last-Event-ID": str(head + 5)})
+    assert r.status_code == 204
+
+
+async def test_operations_have_names_and_metrics_have_classes_and_request_durations(api: Api, actors, test_class) -> None:  # type: ignore[no-untyped-def]
+    spec = (await api.client.get("/openapi.json")).json()
+    ids = {op["operationId"]: (path, method) for path, ops in spec["paths"].items()
+           for method, op in ops.items()}
+    assert len(ids) == sum(len(ops) for ops in spec["paths"].values())  # unique
+    for name in ("list_campaigns", "show_campaign", "abandon_campaign", "reopen_campaign",
+                 "retry_campaign", "abandon_campaigns", "reopen_campaigns", "campaign_events",
+                 "record_observation", "show_observation", "metrics", "show_status", "livez",
+                 "readyz"):
+        assert name in ids, sorted(ids)
+    assert all(i.replace("_", "").isalnum() and i.islower() for i in ids), sorted(ids)
+
+    await Driver(actors, test_class).open()
+    await api.get("/campaigns")
+    got = samples((await api.get("/metrics")).text)
+    assert got[("ledger_campaigns", (("class", test_class), ("state", "ready")))] == 1
+    assert got[("ledger_campaigns", (("class", test_class), ("state", "leased")))] == 0
+    count = got[("ledger_http_request_duration_seconds_count",
+                 (("method", "GET"), ("route", "/campaigns")))]
+    assert count >= 1
+    assert got[("ledger_http_request_duration_seconds_bucket",
+                (("le", "+Inf"), ("method", "GET"), ("route", "/campaigns")))] == count

@@ -94,8 +94,15 @@ async def test_sign_in_sets_a_strict_http_only_cookie_that_the_api_accepts(ui: U
     assert r.status_code == 200, r.text
     assert (await (await actors("reader")).events(cid))[-1].actor == "http:operator-tok"
     # Signing out ends it; the old CSRF token is worthless with another sign-in.
+    # The session is signed: an edited cookie is no sign-in at all.
+    value = ui.client.cookies["ledger_session"]
+    ui.client.cookies.set("ledger_session", value[:-2] + ("A" if value[-2] != "A" else "B")
+                          + value[-1])
+    assert (await ui.client.get("/campaigns")).status_code == 401
+    ui.client.cookies.set("ledger_session", value)
     r = await ui.client.post("/ui/logout", data={"csrf": csrf})
-    assert r.status_code == 303 and 'ledger_session=""' in r.headers["set-cookie"]
+    assert r.status_code == 303
+    assert "ledger_session=null" in r.headers["set-cookie"] and "1970" in r.headers["set-cookie"]
     ui.client.cookies.clear()
     assert (await ui.client.get("/campaigns")).status_code == 401
     other = await ui.sign_in("operator")
@@ -140,32 +147,81 @@ async def test_forms_need_the_csrf_token_and_the_database_has_the_last_word(ui: 
 # --- bulk -----------------------------------------------------------------------------
 
 
-async def test_bulk_abandon_previews_the_count_then_acts_on_what_was_confirmed(ui: Ui, actors, test_class) -> None:  # type: ignore[no-untyped-def]
+def preview_form(page: httpx.Response) -> dict[str, str]:
+    """The hidden fields of a bulk preview's confirmation form."""
+    fields = dict(re.findall(r'<input type="hidden" name="([a-z_]+)" value="([^"]*)"', page.text))
+    assert "ids" in fields and "selection" in fields, page.text[:2000]
+    return fields
+
+
+async def test_bulk_confirm_acts_only_on_the_previewed_campaigns(ui: Ui, actors, test_class) -> None:  # type: ignore[no-untyped-def]
+    """Issue 17, defect 1: preview "Abandon 8" for a label; elsewhere one of them is
+    abandoned and a new campaign opens with that label; the confirmation abandons
+    the seven still matching, not the new one, and shows both differences."""
     d = Driver(actors, test_class)
-    batch = [await d.open(labels=["batch"]) for _ in range(3)]
+    batch = [await d.open(labels=["batch"]) for _ in range(8)]
     spared = await d.open()
     csrf = await ui.sign_in("operator")
-    r = await ui.client.get("/ui/bulk/abandon")
-    assert r.status_code == 422  # never on everything
+    assert (await ui.client.get("/ui/bulk/abandon")).status_code == 422  # never on everything
     preview = await ui.client.get("/ui/bulk/abandon?label=batch")
-    assert preview.status_code == 200 and 'data-count="3"' in preview.text
-    assert [await state_of(actors, c) for c in batch] == ["ready"] * 3  # a preview changes nothing
-    # What matches changed since the preview: shown again, nothing done.
+    assert preview.status_code == 200 and 'data-count="8"' in preview.text
+    assert "Abandon 8" in preview.text and 'id="explain"' in preview.text
+    assert [await state_of(actors, c) for c in batch] == ["ready"] * 8  # a preview does nothing
+    form = preview_form(preview)
+    assert sorted(map(int, form["ids"].split(","))) == sorted(batch)
+
+    # Elsewhere: one is abandoned, and a new campaign opens with the label.
+    op = await actors("operator")
+    await op.abandon(batch[0], "by someone else", "cli:bob@host")
     late = await d.open(labels=["batch"])
-    r = await ui.client.post("/ui/bulk/abandon", data={"label": "batch", "expected": "3",
-                                                       "reason": "cleanup", "csrf": csrf})
-    assert r.status_code == 409 and 'data-count="4"' in r.text and 'id="changed"' in r.text
-    assert await state_of(actors, late) == "ready"
-    r = await ui.client.post("/ui/bulk/abandon", data={"label": "batch", "expected": "4",
-                                                       "reason": "cleanup", "csrf": csrf})
-    assert r.status_code == 303 and r.headers["location"] == "/ui/?label=batch"
+
+    r = await ui.client.post("/ui/bulk/abandon", data={**form, "reason": "cleanup",
+                                                       "csrf": csrf})
+    assert r.status_code == 200, r.text[:2000]
+    assert await state_of(actors, late) == "ready", "the campaign nobody previewed was abandoned"
     reader = await actors("reader")
-    for cid in [*batch, late]:
+    for cid in batch[1:]:
         last = (await reader.events(cid))[-1]
         assert (last.payload["to"], last.actor) == ("abandoned", "http:operator-tok")
+    assert (await reader.events(batch[0]))[-1].actor == "cli:bob@host"
     assert await state_of(actors, spared) == "ready"
-    board = await ui.client.get(r.headers["location"])
-    assert "4 abandoned" in board.text
+    # The difference is shown: what was left alone and what no longer matched.
+    assert 'id="difference"' in r.text and 'data-acted="7"' in r.text
+    not_previewed = r.text[r.text.index('id="not-previewed"'):r.text.index('id="no-longer-matching"')]
+    assert f'data-campaign="{late}"' in not_previewed
+    gone = r.text[r.text.index('id="no-longer-matching"'):r.text.index('id="preview"')]
+    assert f'data-campaign="{batch[0]}"' in gone
+    # ... and what matches now is offered as a fresh preview: only the new one.
+    assert 'data-count="1"' in r.text and preview_form(r)["ids"] == str(late)
+
+
+async def test_bulk_confirm_without_a_preview_or_with_a_forged_one_does_nothing(ui: Ui, actors, test_class) -> None:  # type: ignore[no-untyped-def]
+    d = Driver(actors, test_class)
+    batch = [await d.open(labels=["batch"]) for _ in range(3)]
+    csrf = await ui.sign_in("operator")
+    form = preview_form(await ui.client.get("/ui/bulk/abandon?label=batch"))
+    extra = await d.open(labels=["batch"])
+    for forged in ({"label": "batch"},  # the old form: a filter and a count
+                   {"label": "batch", "expected": "4"},
+                   {**form, "ids": f"{form['ids']},{extra}"},  # an id the preview never had
+                   {**form, "selection": "sel1-" + "0" * 32},
+                   {**form, "label": "other"}):  # the same ids under another filter
+        r = await ui.client.post("/ui/bulk/abandon", data={**forged, "csrf": csrf})
+        assert r.status_code == 422, (forged, r.status_code)
+    assert [await state_of(actors, c) for c in [*batch, extra]] == ["ready"] * 4
+    # Unchanged since the preview: all of it, and back to the board with a summary.
+    form = preview_form(await ui.client.get("/ui/bulk/abandon?label=batch"))
+    r = await ui.client.post("/ui/bulk/abandon", data={**form, "csrf": csrf})
+    assert r.status_code == 303 and r.headers["location"] == "/ui/?label=batch"
+    assert "4 abandoned" in (await ui.client.get(r.headers["location"])).text
+
+
+async def test_a_reader_sees_what_a_bulk_action_would_do_and_why_it_cannot(ui: Ui, actors, test_class) -> None:  # type: ignore[no-untyped-def]
+    await Driver(actors, test_class).open(labels=["batch"])
+    await ui.sign_in("reader")
+    page = await ui.client.get("/ui/bulk/abandon?label=batch")
+    assert page.status_code == 200 and 'id="reader-note"' in page.text
+    assert "only an operator" in page.text and 'id="confirm"' not in page.text
 
 
 # --- the board --------------------------------------------------------------------------
@@ -307,3 +363,91 @@ async def test_autonomy_page_shows_idle_days_as_idle(ui: Ui, actors, test_class)
     assert page.text.count('<g class="day v-under-exercised"') == 2
     assert page.text.count('<g class="day v-no-closure"') == 1  # today: open, nothing closed
     assert (await ui.client.get("/ui/autonomy?days=0")).status_code == 422
+
+
+# --- issue 17: cards under a filter, timeline labels, the class view, retry -----------------
+
+
+async def test_cards_count_what_the_filter_matches_and_bulk_buttons_need_a_match(ui: Ui, actors, test_class) -> None:  # type: ignore[no-untyped-def]
+    op = await actors("operator")
+    await op.register_class("once", max_attempts=1, lease_seconds=30, backoff_base_s=0,
+                            backoff_jitter=0)
+    once = Driver(actors, "once")
+    for _ in range(3):
+        await once.exhausted()
+    d = Driver(actors, test_class)
+    for _ in range(2):
+        await d.open(labels=["mine"])
+    await ui.sign_in("operator")
+
+    def tile(page: str, state: str) -> int:
+        found = re.search(rf'data-state-count="{state}">\s*<span class="tile-n">(\d+)<', page)
+        assert found, page[:500]
+        return int(found.group(1))
+
+    everything = (await ui.client.get("/ui/")).text
+    assert tile(everything, "exhausted") == 3 and tile(everything, "ready") == 2
+    mine = (await ui.client.get("/ui/?label=mine")).text
+    assert tile(mine, "exhausted") == 0 and tile(mine, "ready") == 2  # not 3 above an empty lane
+    assert 'id="bulk-abandon"' in mine and 'id="bulk-reopen"' not in mine
+    nothing = (await ui.client.get("/ui/?label=nobody")).text
+    assert sum(tile(nothing, s) for s in ("ready", "exhausted", "abandoned")) == 0
+    assert 'id="bulk-abandon"' not in nothing and 'id="bulk-reopen"' not in nothing
+    spent = (await ui.client.get("/ui/?class=once")).text
+    assert 'id="bulk-reopen"' in spent and tile(spent, "exhausted") == 3
+    assert 'id="charts"' in everything and everything.count('class="hour-chart"') == 3
+
+
+async def test_timeline_labels_never_overlap(actors, test_class) -> None:  # type: ignore[no-untyped-def]
+    """The axis label of a tick just before "now" used to run into it ("00:53:27now")."""
+    k = await actors("reader")
+    cid = await Driver(actors, test_class).open()
+    campaign = await k.campaign(cid)
+    for seconds in range(1, 400, 7):  # "now" at every position relative to the ticks
+        tl = campaign_timeline(campaign, transitions=await k.transitions_of(cid), attempts=[],
+                               verifications=[], side_effects=[], observations=[],
+                               now=campaign.created_at + timedelta(seconds=seconds))
+        boxes = tl.axis_labels()
+        assert any(text == "now" for _, _, text in boxes)
+        for (_, right, a), (left, _, b) in zip(boxes, boxes[1:]):
+            assert right <= left, (seconds, a, b, boxes)
+
+
+async def test_class_view_counts_and_times_open_to_confirm(ui: Ui, actors, test_class) -> None:  # type: ignore[no-untyped-def]
+    from test_report import _close_one
+
+    hour_ago = now() - timedelta(hours=1)
+    for key in ("a", "b"):
+        await _close_one(actors, key, hour_ago)  # open at +1 min, confirmed at +7 min
+    await Driver(actors, test_class).open()
+    await ui.sign_in("reader")
+    page = await ui.client.get(f"/ui/classes/{test_class}")
+    assert page.status_code == 200, page.text[:500]
+    assert re.search(r'id="confirmed-n">2<', page.text)
+    assert 'id="confirm-p50">6m 00s<' in page.text and 'id="confirm-p95">6m 00s<' in page.text
+    assert re.search(r'data-state-count="confirmed"><span class="tile-n">2<', page.text)
+    assert re.search(r'data-state-count="ready"><span class="tile-n">1<', page.text)
+    assert "2 attempts started, 2 accepted, 0 rejected" in page.text
+    listing = await ui.client.get("/ui/classes")
+    assert f'data-class="{test_class}"' in listing.text
+    assert (await ui.client.get("/ui/classes/nope")).status_code == 404
+
+
+async def test_retry_now_from_the_campaign_page(ui: Ui, actors, test_class) -> None:  # type: ignore[no-untyped-def]
+    op = await actors("operator")
+    await op.register_class("slow", max_attempts=3, lease_seconds=30, backoff_base_s=3600,
+                            backoff_jitter=0)
+    cid, gen = await Driver(actors, "slow").leased()
+    csrf = await ui.sign_in("operator")
+    assert 'id="retry-now"' not in (await ui.client.get(f"/ui/campaigns/{cid}")).text
+    await (await actors("worker")).fail_attempt(cid, gen, "red", fingerprint=fingerprint(1))
+    assert 'id="retry-now"' in (await ui.client.get(f"/ui/campaigns/{cid}")).text
+    r = await ui.client.post(f"/ui/campaigns/{cid}/retry", data={"csrf": csrf})
+    assert r.status_code == 303
+    page = (await ui.client.get(r.headers["location"])).text
+    assert "may be claimed now" in page and 'id="retry-now"' not in page
+    last = (await (await actors("reader")).events(cid))[-1]
+    assert (last.type, last.actor, last.actor_role) == \
+        ("operator.retry_now", "http:operator-tok", "operator")
+    r = await ui.client.post(f"/ui/campaigns/{cid}/retry", data={"csrf": csrf})
+    assert r.status_code == 409 and "error-message" in r.text

@@ -174,12 +174,14 @@ def same_page(driver: Any) -> bool:
     return driver.execute_script("return window.__ledgerMark") == "same page"
 
 
-def screenshot(driver: Any, name: str) -> Path:
+def screenshot(driver: Any, name: str, *, dark: bool = False) -> Path:
     """A full-page PNG in artifacts/ (the viewport stretched to the page's height)."""
     ARTIFACTS.mkdir(exist_ok=True)
     # Still pictures: no "just arrived" highlight fading in the journal.
-    driver.execute_cdp_cmd("Emulation.setEmulatedMedia", {
-        "features": [{"name": "prefers-reduced-motion", "value": "reduce"}]})
+    features = [{"name": "prefers-reduced-motion", "value": "reduce"}]
+    if dark:
+        features.append({"name": "prefers-color-scheme", "value": "dark"})
+    driver.execute_cdp_cmd("Emulation.setEmulatedMedia", {"features": features})
     height = driver.execute_script("return document.documentElement.scrollHeight")
     driver.execute_cdp_cmd("Emulation.setDeviceMetricsOverride", {
         "width": 1440, "height": min(int(height), 6000), "deviceScaleFactor": 1,
@@ -284,3 +286,189 @@ async def test_reader_sees_no_actions(server, browser, actors, test_class) -> No
     d.get(f"{server.url}/ui/campaigns/{cid}")
     wait(d, EC.presence_of_element_located((By.ID, "campaign-head")), "the campaign page")
     assert not d.find_elements(By.CSS_SELECTOR, "#abandon, #reopen, #actions")
+
+
+# --- issue 17: the operator's surface in a real browser ---------------------------------
+
+
+async def test_bulk_confirm_acts_only_on_what_the_browser_previewed(server, browser, actors,  # type: ignore[no-untyped-def]
+                                                                 test_class) -> None:
+    """Defect 1 as the issue found it: "Abandon 8" previewed for a label; elsewhere
+    one is abandoned and a new campaign opens with the label; the confirmation
+    leaves the new campaign alone and shows the difference."""
+    d = browser
+    sensor, op = await actors("sensor"), await actors("operator")
+    batch = [(await sensor.open_campaign(test_class, new_key("batch"), "repo#main",
+                                         labels=["nightly"])).campaign_id for _ in range(8)]
+    sign_in(d, server, "operator")
+    d.get(f"{server.url}/ui/?label=nothing-has-this")
+    wait(d, EC.presence_of_element_located((By.ID, "filter-summary")), "the filtered board")
+    assert not d.find_elements(By.CSS_SELECTOR, "#bulk-abandon, #bulk-reopen"), \
+        "bulk buttons offered with nothing to act on"
+    d.get(f"{server.url}/ui/?label=nightly")
+    wait(d, EC.presence_of_element_located((By.ID, "bulk-abandon")), "the bulk button")
+    assert d.find_element(By.CSS_SELECTOR, '[data-state-count="ready"] .tile-n').text == "8"
+    assert d.find_element(By.CSS_SELECTOR, '[data-state-count="abandoned"] .tile-n').text == "0"
+    assert not d.find_elements(By.ID, "bulk-reopen"), "nothing matching is exhausted"
+    d.find_element(By.ID, "bulk-abandon").click()
+    wait(d, EC.presence_of_element_located((By.ID, "confirm")), "the preview")
+    assert d.find_element(By.ID, "confirm").text == "Abandon 8"
+    assert "exactly the campaigns listed here" in d.find_element(By.ID, "explain").text
+    screenshot(d, "dashboard-bulk-preview.png")
+
+    await op.abandon(batch[0], "elsewhere", "cli:bob@host")
+    late = (await sensor.open_campaign(test_class, new_key("late"), "repo#main",
+                                       labels=["nightly"])).campaign_id
+    d.find_element(By.CSS_SELECTOR, ".confirm input[name=reason]").send_keys("cleanup")
+    d.find_element(By.ID, "confirm").click()
+    wait(d, EC.presence_of_element_located((By.ID, "difference")), "the difference")
+    left_alone = d.find_element(By.ID, "not-previewed").find_element(By.XPATH, "following-sibling::table[1]")
+    assert left_alone.find_elements(By.CSS_SELECTOR, f'tr[data-campaign="{late}"]')
+    gone = d.find_element(By.ID, "no-longer-matching").find_element(By.XPATH, "following-sibling::table[1]")
+    assert gone.find_elements(By.CSS_SELECTOR, f'tr[data-campaign="{batch[0]}"]')
+    assert d.find_element(By.ID, "confirm").text == "Abandon 1"  # what matches now: the new one
+    screenshot(d, "dashboard-bulk-difference.png")
+    reader = await actors("reader")
+    assert (await reader.campaign(late)).state == "ready"
+    assert [(await reader.campaign(c)).state for c in batch] == ["abandoned"] * 8
+
+
+async def test_attempt_page_follows_the_output_live_and_resumes(server, browser, actors,  # type: ignore[no-untyped-def]
+                                                               test_class) -> None:
+    """Defect 5: the attempt's page shows output as it is journaled, without a
+    reload, and a paused stream resumes where it stopped (each line once)."""
+    d = browser
+    sensor, worker = await actors("sensor"), await actors("worker")
+    cid = (await sensor.open_campaign(test_class, new_key(), "repo#main")).campaign_id
+    claim = await worker.claim_campaign("worker-9", [test_class])
+    assert claim is not None and claim.campaign_id == cid
+    await worker.append_events(cid, claim.generation, [
+        {"type": "attempt.started", "payload": {"attempt_no": 1}},
+        {"type": "output", "delta": True, "payload": {"text": "collecting tests\n"}}])
+    sign_in(d, server, "reader")
+    d.get(f"{server.url}/ui/campaigns/{cid}/attempts/1")
+    wait_live(d)
+    mark_page(d)
+    assert d.find_element(By.ID, "output").text == "collecting tests"
+    await worker.append_events(cid, claim.generation, [
+        {"type": "output", "delta": True, "payload": {"text": "test_a PASSED\n"}},
+        {"type": "command.exited", "payload": {"code": 0}}])
+    wait(d, lambda d: "test_a PASSED" in d.find_element(By.ID, "output").text, "live output")
+    wait(d, lambda d: "command.exited" in d.find_element(By.ID, "attempt-journal").text,
+         "the live journal")
+    # The tab is hidden: the stream closes; output keeps coming; shown again, the
+    # page resumes after the last seq it had.
+    d.execute_script("Object.defineProperty(document, 'hidden', {value: true, configurable: true});"
+                     "document.dispatchEvent(new Event('visibilitychange'));")
+    wait(d, lambda d: d.find_element(By.ID, "live").get_attribute("data-state") == "paused",
+         "the paused stream")
+    await worker.append_events(cid, claim.generation, [
+        {"type": "output", "delta": True, "payload": {"text": "test_b PASSED\n"}}])
+    d.execute_script("Object.defineProperty(document, 'hidden', {value: false, configurable: true});"
+                     "document.dispatchEvent(new Event('visibilitychange'));")
+    wait(d, lambda d: "test_b PASSED" in d.find_element(By.ID, "output").text, "resumed output")
+    await worker.append_events(cid, claim.generation, [
+        {"type": "commit.made", "payload": {"sha": sha(2)}}])
+    await worker.record_attempt(cid, claim.generation, base_sha=sha(1), candidate_sha=sha(2),
+                                fingerprint=fingerprint(1), log_tail="2 passed\n")
+    wait(d, lambda d: d.find_element(By.ID, "outcome").text == "attempted", "the outcome")
+    assert same_page(d), "the attempt page reloaded instead of updating in place"
+    assert d.find_element(By.ID, "output").text.splitlines() == [
+        "collecting tests", "test_a PASSED", "test_b PASSED"]
+    assert "2 passed" in d.find_element(By.ID, "log-tail").text
+    screenshot(d, "dashboard-attempt.png")
+    # The campaign's journal is wide enough for a whole SHA on one line.
+    d.get(f"{server.url}/ui/campaigns/{cid}")
+    wait(d, EC.presence_of_element_located((By.ID, "journal")), "the campaign page")
+    line = next(e for e in d.find_elements(By.CSS_SELECTOR, "#journal .what")
+                if sha(2) in e.text)
+    assert d.execute_script("return arguments[0].getClientRects().length", line) == 1
+    assert d.execute_script("return arguments[0].scrollWidth <= arguments[0].clientWidth + 1",
+                            line)
+
+
+async def test_class_view_from_the_board(server, browser, actors, test_class) -> None:  # type: ignore[no-untyped-def]
+    d = browser
+    sensor, worker = await actors("sensor"), await actors("worker")
+    ids = [(await sensor.open_campaign(test_class, new_key(), "repo#main")).campaign_id
+           for _ in range(3)]
+    claim = await worker.claim_campaign("worker-1", [test_class])
+    await worker.fail_attempt(claim.campaign_id, claim.generation, "red",
+                              fingerprint=fingerprint(1))
+    sign_in(d, server, "reader")
+    d.find_element(By.CSS_SELECTOR, f'#campaign-list tr[data-campaign="{ids[0]}"] a[href="/ui/classes/{test_class}"]').click()
+    wait(d, lambda d: d.execute_script("return document.body.dataset.page") == "class",
+         "the class view")
+    assert d.find_element(By.ID, "class-name").text == test_class
+    assert d.find_element(By.CSS_SELECTOR, '#class-counts [data-state-count="ready"] .tile-n').text == "3"
+    assert d.find_element(By.CSS_SELECTOR, "#exhausted .tile-n").text == "0"
+    assert d.find_element(By.CSS_SELECTOR, "#oldest-ready .tile-n").text != "–"
+    attempts = d.find_element(By.ID, "class-chart-1")
+    assert attempts.get_attribute("data-empty") == "false"
+    assert len(attempts.find_elements(By.CSS_SELECTOR, "rect.bar")) == 2  # started, ended
+    assert d.find_element(By.ID, "confirm-p50").text == "–"  # nothing confirmed yet
+    screenshot(d, "dashboard-class.png")
+    d.find_element(By.CSS_SELECTOR, 'nav a[href="/ui/classes"]').click()
+    wait(d, EC.presence_of_element_located((By.CSS_SELECTOR, f'#class-list tr[data-class="{test_class}"]')),
+         "the list of classes")
+
+
+def _luminance(css_colour: str) -> float:
+    """Relative luminance (0 black .. 1 white) of an rgb()/rgba() colour."""
+    parts = [float(p) for p in css_colour[css_colour.index("(") + 1:-1].split(",")[:3]]
+    r, g, b = (p / 255 for p in parts)
+    return 0.2126 * r + 0.7152 * g + 0.0722 * b
+
+
+async def test_dark_mode_focus_and_keyboard_navigation(server, browser, actors, test_class) -> None:  # type: ignore[no-untyped-def]
+    d = browser
+    sensor = await actors("sensor")
+    first = (await sensor.open_campaign(test_class, new_key(), "repo#main")).campaign_id
+    second = (await sensor.open_campaign(test_class, new_key(), "repo#main")).campaign_id
+    sign_in(d, server, "reader")
+
+    def colours() -> tuple[float, float, float]:
+        body = d.execute_script("return getComputedStyle(document.body).backgroundColor") or ""
+        bg = d.execute_script("return getComputedStyle(document.documentElement).backgroundColor")
+        panel = d.execute_script("return getComputedStyle(document.querySelector('.panel')).backgroundColor")
+        ink = d.execute_script("return getComputedStyle(document.querySelector('.panel')).color")
+        return _luminance(bg if "0, 0, 0, 0" in body or not body else body), _luminance(panel), _luminance(ink)
+
+    light = colours()
+    assert light[0] > 0.8 and light[1] > 0.9 and light[2] < 0.2, light
+    d.execute_cdp_cmd("Emulation.setEmulatedMedia", {
+        "features": [{"name": "prefers-color-scheme", "value": "dark"}]})
+    d.get(f"{server.url}/ui/")
+    wait(d, EC.presence_of_element_located((By.ID, "lanes")), "the board")
+    dark = colours()
+    assert dark[0] < 0.1 and dark[1] < 0.1 and dark[2] > 0.6, dark
+    screenshot_dark = screenshot(d, "dashboard-board-dark.png", dark=True)
+    assert screenshot_dark.exists()
+
+    # Keyboard: j moves to the first campaign, j again to the next, with a visible
+    # focus ring; Enter opens it.
+    d.find_element(By.TAG_NAME, "body").send_keys("j")
+    wait(d, lambda d: d.execute_script("return document.activeElement.dataset.campaign") is not None,
+         "a focused campaign")
+    focused = d.execute_script("return document.activeElement.dataset.campaign")
+    outline = d.execute_script("var s = getComputedStyle(document.activeElement);"
+                               "return [s.outlineStyle, s.outlineWidth]")
+    assert outline[0] != "none" and outline[1] != "0px", outline
+    d.switch_to.active_element.send_keys("j")
+    wait(d, lambda d: d.execute_script("return document.activeElement.dataset.campaign") not in (None, focused),
+         "the next campaign")
+    target = d.execute_script("return document.activeElement.dataset.campaign")
+    assert {focused, target} == {str(first), str(second)}
+    d.switch_to.active_element.send_keys("k")
+    wait(d, lambda d: d.execute_script("return document.activeElement.dataset.campaign") == focused,
+         "back to the first")
+    d.switch_to.active_element.send_keys("/")
+    wait(d, lambda d: d.execute_script("return document.activeElement.name") == "q", "the search")
+    d.execute_script("document.activeElement.blur()")
+    d.find_element(By.TAG_NAME, "body").send_keys("j")
+    wait(d, lambda d: d.execute_script("return document.activeElement.dataset.campaign") is not None,
+         "a focused campaign")
+    opened = d.execute_script("return document.activeElement.dataset.campaign")
+    d.switch_to.active_element.send_keys("\n")
+    wait(d, lambda d: d.execute_script("return document.body.dataset.campaign") == opened,
+         "the campaign opened from the keyboard")

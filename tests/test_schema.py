@@ -17,9 +17,8 @@ import pytest
 
 from catalog import catalog
 from conftest import TEST_PREFIX
-from ledger import LedgerError, machine, migrations, models, queries
-from ledger.api import campaigns as api_campaigns
-from ledger.api import dashboard
+from ledger import LedgerError, bulk, machine, migrations, models, queries
+from ledger.api.dashboard import board, render
 from ledger.embedded import create_database, drop_database
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -173,12 +172,12 @@ def test_state_names_in_python_are_the_databases(admin: psycopg.Connection) -> N
     assert models.STATES == tuple(r["name"] for r in rows) == get_args(models.State)
     assert models.TERMINAL_STATES == {r["name"] for r in rows if r["is_terminal"]}
     assert models.OPEN_STATES == tuple(r["name"] for r in rows if not r["is_terminal"])
-    assert api_campaigns.OPEN_STATES == models.OPEN_STATES
-    assert dashboard.STATES == models.STATES
+    assert bulk.ACTION_STATES["abandon"] == models.OPEN_STATES
+    assert render.STATES == models.STATES
     opened = admin.execute("SELECT to_state FROM ledger.transition WHERE from_state IS NULL").fetchall()
     assert [r["to_state"] for r in opened] == [machine.INITIAL]
     # The board's lanes show every state once.
-    laned = [s for _, _, states in dashboard.LANES for s in states]
+    laned = [s for _, _, states in board.LANES for s in states]
     assert sorted(laned) == sorted(models.STATES)
 
 

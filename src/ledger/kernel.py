@@ -24,8 +24,10 @@ from .models import (
     Campaign,
     CampaignClass,
     CampaignDetail,
+    ClassSummary,
     Claim,
     Event,
+    HourActivity,
     Lease,
     Observation,
     ObservationRecorded,
@@ -599,3 +601,49 @@ class Kernel:
         """A campaign's side effects, in order."""
         rows = await self.executor.fetch(queries.CAMPAIGN_SIDE_EFFECTS, campaign_id=campaign_id)
         return [SideEffect.model_validate(r) for r in rows]
+
+    # --- the operator's surface (issue 17): one write, then reads -----------------
+
+    async def retry_now(self, campaign_id: int, operator: str | None = None) -> int:
+        """Skip the rest of a ready campaign's backoff (a journaled operator
+        event, not a transition); returns the event's seq. ``IllegalTransition``
+        unless the campaign is ready and still waiting."""
+        return await self._scalar("retry_now", campaign_id=campaign_id, operator=operator)
+
+    async def class_state_counts(self) -> dict[tuple[str, str], int]:
+        """Campaigns per ``(class, state)``; pairs with none are left out."""
+        rows = await self.executor.fetch(queries.CLASS_STATE_COUNTS)
+        return {(r["class"], r["state"]): r["count"] for r in rows}
+
+    async def matching_summary(self, *, expiring_within_s: float = 60.0,
+                               states: Sequence[str] | None = None,
+                               classes: Sequence[str] | None = None,
+                               target: str | None = None, label: str | None = None,
+                               search: str | None = None) -> tuple[float | None, int]:
+        """Among the campaigns the filters match (as ``campaigns``): the oldest
+        ready one's age in seconds, and how many leases end within the window."""
+        params: dict[str, Any] = dict(queries.LIST_DEFAULTS)
+        params.update(states=list(states) if states else None,
+                      classes=list(classes) if classes else None,
+                      target=target, label=label, search=search, within_s=expiring_within_s)
+        row = (await self.executor.fetch(queries.MATCHING_SUMMARY, **params))[0]
+        return row["oldest_ready_age_s"], row["expiring"]
+
+    async def hourly_activity(self, hours: int = 24, class_: str | None = None
+                              ) -> list[HourActivity]:
+        """Throughput and latency per hour over the last ``hours`` (oldest first)."""
+        if not 1 <= hours <= 24 * 14:
+            raise InvalidInput("between 1 and 336 hours")
+        rows = await self.executor.fetch(queries.HOURLY_ACTIVITY, hours=hours, **{"class": class_})
+        return [HourActivity.model_validate(r) for r in rows]
+
+    async def class_summary(self, name: str, days: int = 7) -> ClassSummary:
+        """One class: campaigns per state, open-to-confirm percentiles over the
+        last ``days``, its oldest ready campaign; ``NotFound`` if not registered."""
+        if not 1 <= days <= 366:
+            raise InvalidInput("between 1 and 366 days")
+        await self.campaign_class(name)
+        states = {state: n for (cls, state), n in (await self.class_state_counts()).items()
+                  if cls == name}
+        row = (await self.executor.fetch(queries.CLASS_SUMMARY, days=days, **{"class": name}))[0]
+        return ClassSummary(name=name, states=states, days=days, **row)

@@ -91,6 +91,10 @@ class Event(_Row):
     delta: bool
     payload: dict[str, Any]
     created_at: datetime
+    #: The role whose call wrote it (an operator's is a human's action); None
+    #: for events journaled before roles were recorded, and for verifiers' and
+    #: dispatchers' bookkeeping events.
+    actor_role: str | None = None
 
 
 class Observation(_Row):
@@ -347,3 +351,31 @@ class CampaignDetail(_Row):
     verifications: list[Verification]
     side_effects: list[SideEffect]
     observations: list[Observation]
+
+
+class HourActivity(BaseModel):
+    """One hour of the ledger's throughput and latency (``Kernel.hourly_activity``)."""
+
+    hour: datetime
+    opened: int
+    closed: int
+    claims: int
+    wait_p50: float | None  # seconds from ready to claimed
+    wait_p95: float | None
+    attempts_ended: int
+    duration_p50: float | None  # seconds from claim to end of an attempt
+    duration_p95: float | None
+    accepted: int
+    rejected: int
+
+
+class ClassSummary(BaseModel):
+    """One class at a glance (``Kernel.class_summary``)."""
+
+    name: str
+    states: dict[str, int]
+    confirmed: int  # in the window
+    confirm_p50_s: float | None  # open to confirm, seconds
+    confirm_p95_s: float | None
+    oldest_ready_age_s: float | None
+    days: int

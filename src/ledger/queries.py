@@ -85,6 +85,7 @@ events = Table(
     Column("campaign_id", BigInteger, primary_key=True), Column("seq", BigInteger, primary_key=True),
     Column("type", Text), Column("actor", Text), Column("generation", BigInteger),
     Column("delta", Boolean), Column("payload", JSONB), Column("created_at", TS),
+    Column("actor_role", Text),
 )
 
 observations = Table(
@@ -281,11 +282,11 @@ WITH days AS (
 ), moves AS (
     SELECT date_trunc('day', e.created_at AT TIME ZONE 'UTC') AS day,
            e.payload ->> 'transition' AS name,
-           -- human: an operator's transition, or anything done by hand (CLI, HTTP)
-           (e.payload ->> 'transition' IN ('abandon', 'reopen')
-            OR e.actor LIKE 'cli:%' OR e.actor LIKE 'http:%') AS human
+           -- human: whatever an operator's role did (API, dashboard or CLI),
+           -- decided by the role that acted, never by the actor's name
+           e.actor_role IS NOT DISTINCT FROM 'operator' AS human
       FROM ledger_api.events e
-     WHERE e.type = 'transition'
+     WHERE (e.type = 'transition' OR e.actor_role = 'operator')
        AND e.created_at >= (SELECT min(day) FROM days) AT TIME ZONE 'UTC'
 )
 SELECT CAST(d.day AS date) AS day,
@@ -294,7 +295,7 @@ SELECT CAST(d.day AS date) AS day,
        count(m.name) FILTER (WHERE m.name = 'reject') AS rejections,
        count(m.name) FILTER (WHERE m.name = 'accept') AS verified,
        count(m.name) FILTER (WHERE m.name = 'confirm') AS confirmed,
-       count(m.name) FILTER (WHERE m.human) AS human_actions,
+       count(*) FILTER (WHERE m.human) AS human_actions,
        EXISTS (SELECT 1 FROM ledger_api.campaigns c
                 WHERE c.created_at < (d.day + interval '1 day') AT TIME ZONE 'UTC'
                   AND (c.closed_at IS NULL OR c.closed_at >= d.day AT TIME ZONE 'UTC')) AS exercised
@@ -487,3 +488,126 @@ RECENT_CAMPAIGN_OBSERVATIONS = compile_query(
     .order_by(observations.c.id.desc())
     .limit(bindparam("limit"))
 )
+
+# --- the operator's surface: summaries, charts, the per-class view -------------
+
+# Campaigns per (class, state): the class label of the ledger_campaigns gauge
+# and the per-class view's counts. Served by campaign_by_class_state.
+CLASS_STATE_COUNTS = compile_query(
+    select(campaigns.c["class"].label("class"), campaigns.c.state,
+           func.count().label("count"))
+    .group_by(campaigns.c["class"], campaigns.c.state)
+    .order_by(campaigns.c["class"], campaigns.c.state)
+)
+
+# The board's summary cards under a filter: the oldest ready campaign's age and
+# the leases ending within :within_s seconds, among what the filter matches
+# (same filters as CAMPAIGNS_PAGE), by the database's clock.
+MATCHING_SUMMARY = compile_query(
+    select(
+        func.extract("epoch", func.statement_timestamp()
+                     - func.min(_matching.c.created_at).filter(_matching.c.state == "ready"))
+        .cast(Float).label("oldest_ready_age_s"),
+        func.count().filter(
+            _matching.c.state == "leased",
+            _matching.c.lease_expires_at <= func.statement_timestamp()
+            + func.make_interval(0, 0, 0, 0, 0, 0, bindparam("within_s", type_=Float)))
+        .label("expiring"),
+    )
+)
+
+# Per hour over the last :hours hours (oldest first, every hour present), for
+# one class or all (:class NULL): campaigns opened and closed and claims (from
+# the journal's transitions), how long a claimed campaign had waited since it
+# became ready (backoff included: the journal has no separate "due" event),
+# attempts ended and their duration, verdicts. Percentiles are NULL in an hour
+# with nothing to measure. The journal is read by created_at (its
+# campaign_event_recent index), transitions only.
+_HOURLY_ACTIVITY = text("""
+WITH hours AS (
+    SELECT generate_series(date_trunc('hour', statement_timestamp())
+                               - (CAST(:hours AS integer) - 1) * interval '1 hour',
+                           date_trunc('hour', statement_timestamp()),
+                           interval '1 hour') AS hour
+), moves AS (
+    SELECT date_trunc('hour', e.created_at) AS hour,
+           e.payload ->> 'transition' AS name,
+           e.payload ->> 'to' AS to_state,
+           extract(epoch FROM e.created_at - ready.created_at) AS wait_s
+      FROM ledger_api.events e
+      JOIN ledger_api.campaigns c ON c.id = e.campaign_id
+      -- a claim's wait: since the transition before it (the one that made the
+      -- campaign ready), one backward probe of the journal's key per claim
+      LEFT JOIN LATERAL (
+          SELECT p.created_at FROM ledger_api.events p
+           WHERE e.payload ->> 'transition' = 'claim'
+             AND p.campaign_id = e.campaign_id AND p.seq < e.seq AND p.type = 'transition'
+           ORDER BY p.seq DESC LIMIT 1) ready ON true
+     WHERE e.type = 'transition'
+       AND (CAST(:class AS text) IS NULL OR c.class = CAST(:class AS text))
+       AND e.created_at >= (SELECT min(hour) FROM hours)
+), journal AS (
+    SELECT m.hour,
+           count(*) FILTER (WHERE m.name = 'open') AS opened,
+           count(*) FILTER (WHERE m.to_state IN ('confirmed', 'dismissed', 'abandoned')) AS closed,
+           count(*) FILTER (WHERE m.name = 'claim') AS claims,
+           percentile_cont(0.5) WITHIN GROUP (ORDER BY m.wait_s) AS wait_p50,
+           percentile_cont(0.95) WITHIN GROUP (ORDER BY m.wait_s) AS wait_p95
+      FROM moves m
+     GROUP BY m.hour
+), ended AS (
+    SELECT date_trunc('hour', a.ended_at) AS hour, count(*) AS attempts_ended,
+           percentile_cont(0.5) WITHIN GROUP (
+               ORDER BY extract(epoch FROM a.ended_at - a.claimed_at)) AS duration_p50,
+           percentile_cont(0.95) WITHIN GROUP (
+               ORDER BY extract(epoch FROM a.ended_at - a.claimed_at)) AS duration_p95
+      FROM ledger_api.attempts a
+      JOIN ledger_api.campaigns c ON c.id = a.campaign_id
+     WHERE a.ended_at >= (SELECT min(hour) FROM hours)
+       AND (CAST(:class AS text) IS NULL OR c.class = CAST(:class AS text))
+     GROUP BY 1
+), verdicts AS (
+    SELECT date_trunc('hour', v.finished_at) AS hour,
+           count(*) FILTER (WHERE v.status = 'accepted') AS accepted,
+           count(*) FILTER (WHERE v.status = 'rejected') AS rejected
+      FROM ledger_api.verifications v
+      JOIN ledger_api.campaigns c ON c.id = v.campaign_id
+     WHERE v.finished_at >= (SELECT min(hour) FROM hours)
+       AND (CAST(:class AS text) IS NULL OR c.class = CAST(:class AS text))
+     GROUP BY 1
+)
+SELECT h.hour,
+       coalesce(j.opened, 0) AS opened, coalesce(j.closed, 0) AS closed,
+       coalesce(j.claims, 0) AS claims, j.wait_p50, j.wait_p95,
+       coalesce(e.attempts_ended, 0) AS attempts_ended, e.duration_p50, e.duration_p95,
+       coalesce(v.accepted, 0) AS accepted, coalesce(v.rejected, 0) AS rejected
+  FROM hours h
+  LEFT JOIN journal j ON j.hour = h.hour
+  LEFT JOIN ended e ON e.hour = h.hour
+  LEFT JOIN verdicts v ON v.hour = h.hour
+ ORDER BY h.hour
+""")
+HOURLY_ACTIVITY = Query(str(_HOURLY_ACTIVITY.compile(dialect=_dialect)), {})
+
+# One class at a glance: how long its confirmed campaigns took from open to
+# confirm over the last :days days (p50, p95), and its oldest ready campaign.
+_CLASS_SUMMARY = text("""
+SELECT (SELECT count(*) FROM ledger_api.campaigns c
+         WHERE c.class = CAST(:class AS text) AND c.state = 'confirmed'
+           AND c.closed_at >= statement_timestamp() - make_interval(days => CAST(:days AS integer)))
+           AS confirmed,
+       (SELECT percentile_cont(0.5) WITHIN GROUP (ORDER BY extract(epoch FROM c.closed_at - c.created_at))
+          FROM ledger_api.campaigns c
+         WHERE c.class = CAST(:class AS text) AND c.state = 'confirmed'
+           AND c.closed_at >= statement_timestamp() - make_interval(days => CAST(:days AS integer)))
+           AS confirm_p50_s,
+       (SELECT percentile_cont(0.95) WITHIN GROUP (ORDER BY extract(epoch FROM c.closed_at - c.created_at))
+          FROM ledger_api.campaigns c
+         WHERE c.class = CAST(:class AS text) AND c.state = 'confirmed'
+           AND c.closed_at >= statement_timestamp() - make_interval(days => CAST(:days AS integer)))
+           AS confirm_p95_s,
+       (SELECT extract(epoch FROM statement_timestamp() - min(c.created_at))
+          FROM ledger_api.campaigns c
+         WHERE c.class = CAST(:class AS text) AND c.state = 'ready') AS oldest_ready_age_s
+""")
+CLASS_SUMMARY = Query(str(_CLASS_SUMMARY.compile(dialect=_dialect)), {})

@@ -1,6 +1,13 @@
 """The autonomy report: per day, what the ledger did on its own and what a
 human had to do, and the streak of days closed with no human help.
 
+A human action is anything done by the ``operator`` role -- from the HTTP API,
+the dashboard or the CLI -- decided by the role each journal event records
+(``campaign_event.actor_role``), never by the actor's name: a sensor posting
+observations through the API with its token is automation, however its
+actor is named. (Events journaled before roles were recorded have none and
+count as automation.)
+
 A day with no campaign open at any point is *under-exercised*: the system had
 nothing to prove, and the report never counts such a day as a success.
 """
@@ -26,7 +33,7 @@ class Day(BaseModel):
     rejections: int
     verified: int
     confirmed: int
-    human_actions: int
+    human_actions: int  # the operator role's actions: transitions and retries
     exercised: bool
 
     @property

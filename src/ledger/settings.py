@@ -51,6 +51,10 @@ class Settings(BaseSettings):
     api_tokens: str | None = Field(
         default=None, description="HTTP API bearer tokens: name:role:sha256hex, comma-separated"
     )
+    session_secret: str | None = Field(
+        default=None, description="Signs dashboard sessions (unset: derived from the tokens)")
+    secure_cookies: bool = Field(
+        default=False, description="Send the dashboard's session cookie over HTTPS only")
 
     def role_urls(self) -> dict[str, str]:
         """Per-role logins that were configured, by actor."""

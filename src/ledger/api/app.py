@@ -5,16 +5,31 @@ that owns this process's hub and per-role pools.
 ``app_from_settings()`` builds the one ``ledger serve`` runs (also usable as
 ``uvicorn --factory ledger.api:app_from_settings``). The operator's dashboard
 (``ledger.api.dashboard``) is mounted at ``/ui``.
+
+Maintained libraries do what they do well here: Starlette's
+``SessionMiddleware`` (itsdangerous) signs the browser session
+(``ledger.api.cookies``), asgi-correlation-id gives every request an id,
+fastapi-offline ships the Swagger UI and ReDoc assets that ``/docs`` and
+``/redoc`` serve from this server (no CDN: the docs work offline), and
+prometheus-client keeps the request-duration histogram. The body limit stays
+ours (``ledger.api.middleware``): neither Starlette nor uvicorn limits a
+request body.
 """
 
 from __future__ import annotations
 
+import re
+import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 
+from asgi_correlation_id import CorrelationIdMiddleware
 from fastapi import Depends, FastAPI
 from fastapi.responses import RedirectResponse
+from fastapi.routing import APIRoute
+from fastapi_offline import FastAPIOffline
+from starlette.middleware.sessions import SessionMiddleware
 
 from ..config import LedgerConfig, load_config
 from ..database import Database
@@ -22,13 +37,26 @@ from ..errors import ConfigError
 from ..hub import Hub
 from ..logs import get_logger
 from ..settings import Settings, get_settings
-from . import campaigns, contract, dashboard, events, health, metrics, observations, problems
+from . import (
+    campaigns,
+    contract,
+    cookies,
+    dashboard,
+    events,
+    health,
+    metrics,
+    observations,
+    problems,
+)
 from .auth import TokenTable
 from .metrics import ProcessCounters
 from .middleware import BodyLimit, RequestLog
 from .roles import RolePools
 
 log = get_logger("api")
+
+#: A client's X-Request-ID is kept if it looks like an id, else replaced.
+_REQUEST_ID = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
 
 
 @dataclass(frozen=True)
@@ -41,6 +69,10 @@ class ApiOptions:
     pool_max_size: int = 10  # connections per role
     ready_timeout_s: float = 5.0
     hub: bool = True  # LISTEN for wake-ups (else tails poll every poll_s)
+    #: Signs browser sessions; unset: derived from the configured tokens (so every
+    #: server process with the same tokens shares it).
+    session_secret: str | None = None
+    secure_cookies: bool = False  # the session cookie only over HTTPS
 
     def __post_init__(self) -> None:
         if self.keepalive_s <= 0 or self.poll_s <= 0 or self.ready_timeout_s <= 0:
@@ -86,7 +118,11 @@ def create_app(database: Database, tokens: TokenTable,
                 await state.hub.stop()
             await state.pools.close()
 
-    app = FastAPI(
+    app = FastAPIOffline(
+        static_url="/docs/assets",
+        favicon_url="/ui/static/favicon.svg",
+        # Named operations: the route function's name (list_campaigns, ...).
+        generate_unique_id_function=_operation_id,
         title="Ledger",
         version="1",
         summary="Durable campaigns for fleets of automation and AI-agent workers",
@@ -98,7 +134,7 @@ def create_app(database: Database, tokens: TokenTable,
     )
     app.state.ledger = state
     problems.install(app)
-    for module in (campaigns, events, observations, metrics, health):
+    for module in (campaigns, events, observations, metrics, health, problems):
         app.include_router(module.router)
     # Mounted, not included: pages are not part of the API's OpenAPI contract.
     app.mount("/ui", dashboard.create_dashboard(state, config))
@@ -107,10 +143,23 @@ def create_app(database: Database, tokens: TokenTable,
     async def home() -> RedirectResponse:
         return RedirectResponse("/ui/", status_code=307)
 
-    # Added last = outermost: the log sees every response, limits included.
+    # Added last = outermost: the request id is there for the log, and the log
+    # sees every response, limits included.
     app.add_middleware(BodyLimit, max_bytes=options.max_body_bytes)
+    app.add_middleware(SessionMiddleware,
+                       secret_key=cookies.session_secret(options.session_secret,
+                                                         (e.digest for e in tokens.entries)),
+                       session_cookie=cookies.COOKIE, max_age=cookies.MAX_AGE_S, path="/",
+                       same_site="strict", https_only=options.secure_cookies)
     app.add_middleware(RequestLog, counters=state.counters)
+    app.add_middleware(CorrelationIdMiddleware, header_name="X-Request-ID",
+                       generator=lambda: uuid.uuid4().hex,
+                       validator=lambda value: bool(_REQUEST_ID.match(value)))
     return app
+
+
+def _operation_id(route: APIRoute) -> str:
+    return route.name
 
 
 def app_from_settings(settings: Settings | None = None,
@@ -125,5 +174,7 @@ def app_from_settings(settings: Settings | None = None,
         except ConfigError as exc:
             log.warning("config not loaded: the dashboard shows no sensor schedules",
                         error=exc.message)
+    options = options or ApiOptions(session_secret=settings.session_secret,
+                                    secure_cookies=settings.secure_cookies)
     return create_app(Database.from_settings(settings), TokenTable.parse(settings.api_tokens),
                       options, config)

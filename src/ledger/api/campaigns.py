@@ -2,8 +2,11 @@
 
 Operator actions call the kernel as the caller's role, recording
 ``http:<token name>`` in the journal; the database refuses a role that may not
-(403). Bulk actions page through the filter's ids and act on each one, counting
-outcomes; ``dry_run`` only counts.
+(403). Bulk actions follow ``ledger.bulk``: a POST without a selection is a
+preview (it acts on nothing and answers the matching ids and a ``selection``
+token); to act, POST again with those ``campaign_ids`` and that ``selection``:
+only the previewed campaigns that still match are acted on, and what changed
+since the preview is answered, not acted on.
 """
 
 from __future__ import annotations
@@ -18,9 +21,9 @@ from typing import Annotated, Literal
 from fastapi import APIRouter, Body, Path, Query
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
 
-from ..errors import Forbidden, InvalidInput, LedgerError
-from ..kernel import Kernel
-from ..models import OPEN_STATES, Campaign, CampaignDetail, State
+from .. import bulk
+from ..errors import InvalidInput
+from ..models import Campaign, CampaignDetail, State
 from . import problems
 from .roles import CallerDep
 
@@ -100,6 +103,12 @@ class CampaignFilter(BaseModel):
         """Whether no field narrows anything."""
         return not any(v is not None for v in self.model_dump().values())
 
+    def selector(self) -> bulk.Selector:
+        """The filter as ``ledger.bulk`` takes it."""
+        return bulk.Selector(states=tuple(self.state or ()), classes=tuple(self.class_ or ()),
+                             target=self.target, objective_key=self.objective_key,
+                             label=self.label, updated_since=self.updated_since)
+
 
 class AbandonRequest(BaseModel):
     """Why a campaign is abandoned (kept in the journal)."""
@@ -126,31 +135,68 @@ class ActionResult(BaseModel):
     generation: int
 
 
-class BulkAbandonRequest(AbandonRequest):
-    """Abandon every open campaign the filter matches."""
+class RetryResult(BaseModel):
+    """A ready campaign's backoff skipped: it may be claimed now."""
+
+    campaign_id: int
+    outcome: Literal["retry_now"]
+    seq: int = Field(description="The journal event that records it")
+
+
+CampaignIds = Annotated[list[Annotated[int, Field(ge=1, le=BIGINT_MAX)]],
+                        Field(max_length=bulk.MAX_CAP)]
+
+
+class BulkRequest(BaseModel):
+    """A bulk action: first a preview, then the previewed campaigns."""
 
     filter: CampaignFilter
-    dry_run: bool = Field(default=False, description="Only count what would be abandoned")
-    max_campaigns: Annotated[int, Field(ge=1, le=10_000)] = 1000
+    dry_run: bool | None = Field(
+        default=None,
+        description="true: only preview. Unset: preview unless `selection` is given. "
+                    "false: act, which needs `campaign_ids` and `selection` from a preview")
+    campaign_ids: CampaignIds | None = Field(
+        default=None, description="To act: the `campaign_ids` a preview answered")
+    selection: Annotated[str, Field(max_length=100, pattern=r"^sel1-[0-9a-f]{32}$")] | None = \
+        Field(default=None, description="To act: the `selection` token a preview answered")
+    max_campaigns: Annotated[int, Field(ge=1, le=bulk.MAX_CAP)] = bulk.DEFAULT_CAP
+
+    def previewing(self) -> bool:
+        """Whether this request only previews."""
+        return self.dry_run if self.dry_run is not None else self.selection is None
 
 
-class BulkReopenRequest(ReopenRequest):
-    """Reopen every exhausted campaign the filter matches."""
+class BulkAbandonRequest(BulkRequest):
+    """Abandon the open campaigns the filter matches: preview, then confirm."""
 
-    filter: CampaignFilter
-    dry_run: bool = Field(default=False, description="Only count what would be reopened")
-    max_campaigns: Annotated[int, Field(ge=1, le=10_000)] = 1000
+    model_config = ConfigDict(extra="forbid")
+
+    reason: Annotated[str, Field(min_length=1, max_length=1000, pattern=NO_NUL)] = \
+        "abandoned by operator"
+
+
+class BulkReopenRequest(BulkRequest):
+    """Reopen the exhausted campaigns the filter matches: preview, then confirm."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    extra_attempts: Annotated[int, Field(ge=1, le=1000)] | None = None
 
 
 class BulkResult(BaseModel):
-    """What a bulk action matched and, per outcome, what became of it."""
+    """A preview (what matches and its `selection`) or what acting did."""
 
     dry_run: bool
-    matched: int = Field(description="Campaigns the filter matched (at most max_campaigns)")
+    matched: int = Field(description="Campaigns the filter matches now (at most max_campaigns)")
     truncated: bool = Field(description="More campaigns matched than max_campaigns")
     outcomes: dict[str, int] = Field(description="Per outcome (`abandoned`, `reopened`, or "
                                                  "an error's problem slug): how many")
-    campaign_ids: list[int]
+    campaign_ids: list[int] = Field(description="Preview: what matches. Act: what was acted on")
+    selection: str | None = Field(description="Preview: send it back with `campaign_ids` to act")
+    not_previewed: list[int] = Field(
+        default_factory=list, description="Matching now but not previewed: left alone")
+    no_longer_matching: list[int] = Field(
+        default_factory=list, description="Previewed but no longer matching: not acted on")
 
 
 # --- reads ---------------------------------------------------------------------
@@ -192,7 +238,7 @@ async def show_campaign(campaign_id: CampaignId, caller: CallerDep) -> CampaignD
 
 @router.get("/status", response_model=Status, tags=["status"],
             responses=problems.responses(401, 422, 503))
-async def status(
+async def show_status(
     caller: CallerDep,
     expiring_within_s: Annotated[float, Query(ge=0, le=86_400)] = 60.0,
 ) -> Status:
@@ -212,7 +258,7 @@ async def status(
 
 @router.post("/campaigns/{campaign_id}/abandon", response_model=ActionResult,
              responses=problems.responses(401, 403, 404, 409, 422, 503))
-async def abandon(campaign_id: CampaignId, caller: CallerDep,
+async def abandon_campaign(campaign_id: CampaignId, caller: CallerDep,
                   body: Annotated[AbandonRequest | None, Body()] = None) -> ActionResult:
     """Stop a campaign for good; a worker holding it is fenced out."""
     reason = (body or AbandonRequest()).reason
@@ -222,7 +268,7 @@ async def abandon(campaign_id: CampaignId, caller: CallerDep,
 
 @router.post("/campaigns/{campaign_id}/reopen", response_model=ActionResult,
              responses=problems.responses(401, 403, 404, 409, 422, 503))
-async def reopen(campaign_id: CampaignId, caller: CallerDep,
+async def reopen_campaign(campaign_id: CampaignId, caller: CallerDep,
                  body: Annotated[ReopenRequest | None, Body()] = None) -> ActionResult:
     """Give an exhausted campaign more attempts."""
     extra = (body or ReopenRequest()).extra_attempts
@@ -230,70 +276,49 @@ async def reopen(campaign_id: CampaignId, caller: CallerDep,
     return ActionResult(campaign_id=campaign_id, outcome="reopened", generation=generation)
 
 
-async def _matching_ids(kernel: Kernel, flt: CampaignFilter, allowed: tuple[State, ...],
-                        cap: int) -> tuple[list[int], bool]:
-    """Ids of campaigns the filter matches within ``allowed`` states (at most ``cap``)."""
-    if flt.is_empty():
-        raise InvalidInput("a bulk action needs a filter (state, class, target, "
-                           "objective_key, label or updated_since)")
-    states = [s for s in allowed if flt.state is None or s in flt.state]
-    if not states:
-        return [], False
-    ids: list[int] = []
-    cursor: tuple[datetime, int] | None = None
-    while len(ids) <= cap:
-        page = await kernel.campaigns(
-            states=states, classes=flt.class_, target=flt.target,
-            objective_key=flt.objective_key, label=flt.label,
-            updated_since=flt.updated_since, cursor=cursor, limit=min(500, cap + 1 - len(ids)))
-        ids.extend(c.id for c in page)
-        if not page or len(ids) > cap:
-            break
-        cursor = (page[-1].updated_at, page[-1].id)
-    return ids[:cap], len(ids) > cap
+@router.post("/campaigns/{campaign_id}/retry", response_model=RetryResult,
+             responses=problems.responses(401, 403, 404, 409, 422, 503))
+async def retry_campaign(campaign_id: CampaignId, caller: CallerDep) -> RetryResult:
+    """Let a ready campaign that waits out its backoff be claimed now (journaled)."""
+    seq = await caller.kernel.retry_now(campaign_id, caller.principal.identity)
+    return RetryResult(campaign_id=campaign_id, outcome="retry_now", seq=seq)
 
 
-async def _act_on_each(ids: list[int], act: Callable[[int], Awaitable[None]],
-                       done: str) -> dict[str, int]:
-    outcomes: dict[str, int] = {}
-    for cid in ids:
-        try:
-            await act(cid)
-            outcome = done
-        except Forbidden:
-            raise  # the role may not do this at all: no point going on
-        except LedgerError as exc:
-            outcome = exc.slug  # e.g. illegal-transition: it moved meanwhile
-        outcomes[outcome] = outcomes.get(outcome, 0) + 1
-    return outcomes
+async def _bulk(caller: CallerDep, action: str, body: BulkRequest,
+                act: Callable[[int], Awaitable[object]]) -> BulkResult:
+    selector = body.filter.selector()
+    if body.previewing():
+        preview = await bulk.select(caller.kernel, action, selector, body.max_campaigns)
+        return BulkResult(dry_run=True, matched=len(preview.ids), truncated=preview.truncated,
+                          outcomes={}, campaign_ids=list(preview.ids), selection=preview.token)
+    if body.campaign_ids is None or body.selection is None:
+        raise InvalidInput("a bulk action acts only on what was previewed: POST it with "
+                           "dry_run first, then send back its campaign_ids and selection")
+    done = await bulk.apply(caller.kernel, action, selector, body.campaign_ids, body.selection,
+                            act, body.max_campaigns)
+    return BulkResult(dry_run=False, matched=len(done.acted_on) + len(done.not_previewed),
+                      truncated=done.truncated, outcomes=done.outcomes,
+                      campaign_ids=done.acted_on, selection=None,
+                      not_previewed=done.not_previewed,
+                      no_longer_matching=done.no_longer_matching)
 
 
 @router.post("/campaigns/abandon", response_model=BulkResult,
              responses=problems.responses(401, 403, 422, 503))
-async def abandon_many(body: BulkAbandonRequest, caller: CallerDep) -> BulkResult:
-    """Abandon every open campaign the filter matches (or, with ``dry_run``, count them)."""
-    ids, truncated = await _matching_ids(caller.kernel, body.filter, OPEN_STATES,
-                                         body.max_campaigns)
-    outcomes: dict[str, int] = {}
-    if not body.dry_run:
-        async def act(cid: int) -> None:
-            await caller.kernel.abandon(cid, body.reason, caller.principal.identity)
-        outcomes = await _act_on_each(ids, act, "abandoned")
-    return BulkResult(dry_run=body.dry_run, matched=len(ids), truncated=truncated,
-                      outcomes=outcomes, campaign_ids=ids)
+async def abandon_campaigns(body: BulkAbandonRequest, caller: CallerDep) -> BulkResult:
+    """Preview, then abandon, the open campaigns a filter matches.
+
+    Without `selection` this only previews (nothing is abandoned): it answers
+    the matching `campaign_ids` and a `selection` token. Send both back to
+    abandon those of them that still match; campaigns that match by then but
+    were not previewed are listed in `not_previewed` and left alone."""
+    return await _bulk(caller, "abandon", body, lambda cid: caller.kernel.abandon(
+        cid, body.reason, caller.principal.identity))
 
 
 @router.post("/campaigns/reopen", response_model=BulkResult,
              responses=problems.responses(401, 403, 422, 503))
-async def reopen_many(body: BulkReopenRequest, caller: CallerDep) -> BulkResult:
-    """Reopen every exhausted campaign the filter matches (or, with ``dry_run``, count them)."""
-    ids, truncated = await _matching_ids(caller.kernel, body.filter, ("exhausted",),
-                                         body.max_campaigns)
-    outcomes: dict[str, int] = {}
-    if not body.dry_run:
-        async def act(cid: int) -> None:
-            await caller.kernel.reopen(cid, caller.principal.identity, body.extra_attempts)
-        outcomes = await _act_on_each(ids, act, "reopened")
-    return BulkResult(dry_run=body.dry_run, matched=len(ids), truncated=truncated,
-                      outcomes=outcomes, campaign_ids=ids)
-
+async def reopen_campaigns(body: BulkReopenRequest, caller: CallerDep) -> BulkResult:
+    """Preview, then reopen, the exhausted campaigns a filter matches (as for abandon)."""
+    return await _bulk(caller, "reopen", body, lambda cid: caller.kernel.reopen(
+        cid, caller.principal.identity, body.extra_attempts))

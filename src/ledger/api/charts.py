@@ -105,3 +105,92 @@ def autonomy_chart(report: Report) -> Chart:
             bar_w=round(bar_w, 2), confirmed_x=round(centre - bar_w - 1, 2),
             human_x=round(centre + 1, 2)))
     return chart
+
+
+# --- per-hour charts: throughput and latency, from the journal --------------------
+
+HOUR_W = 480.0
+HOUR_H = 170.0
+HOUR_LEFT = 48.0
+HOUR_BOTTOM = 24.0
+HOUR_TOP = 12.0
+
+
+@dataclass(frozen=True)
+class Bar:
+    """One series' bar in one hour."""
+
+    series: str  # CSS class suffix
+    x: float
+    y: float
+    width: float
+    height: float
+    value: float
+    title: str
+
+
+@dataclass
+class HourChart:
+    """A bar chart with one slot per hour and up to a few series side by side."""
+
+    title: str
+    unit: str  # "count" or "seconds"
+    series: list[tuple[str, str]]  # (key, legend label)
+    width: float = HOUR_W
+    height: float = HOUR_H
+    left: float = HOUR_LEFT
+    plot_top: float = HOUR_TOP
+    plot_bottom: float = HOUR_H - HOUR_BOTTOM
+    bars: list[Bar] = field(default_factory=list)
+    grid: list[tuple[float, str]] = field(default_factory=list)  # (y, label)
+    labels: list[tuple[float, str]] = field(default_factory=list)  # (x, hour) under the axis
+    empty: bool = True
+
+
+def _nice_seconds(value: float) -> float:
+    for top in (1, 2, 5, 10, 15, 30, 60, 120, 300, 600, 900, 1800, 3600, 7200, 14400,
+                28800, 86400):
+        if value <= top:
+            return float(top)
+    return float(math.ceil(value / 86400) * 86400)
+
+
+def _seconds_label(value: float) -> str:
+    if value < 60:
+        return f"{value:g}s"
+    if value < 3600:
+        return f"{value / 60:g}m"
+    return f"{value / 3600:g}h"
+
+
+def hour_chart(title: str, hours: list[str], series: list[tuple[str, str, list[float | None]]],
+               unit: str = "count") -> HourChart:
+    """A chart of ``series`` (key, label, one value per hour; None: nothing that hour)
+    over ``hours`` (their labels, oldest first)."""
+    chart = HourChart(title=title, unit=unit, series=[(k, label) for k, label, _ in series])
+    values = [v for _, _, vs in series for v in vs if v is not None]
+    chart.empty = not any(values)
+    peak = max(values, default=0.0)
+    top = float(_nice_max(int(math.ceil(peak)))) if unit == "count" else _nice_seconds(peak)
+    top = max(top, 1.0)
+    for fraction in (0.0, 0.5, 1.0):
+        value = top * fraction
+        label = (f"{value:g}" if unit == "count" else _seconds_label(value))
+        chart.grid.append((round(chart.plot_bottom - fraction * (chart.plot_bottom - chart.plot_top), 2),
+                           label))
+    n = max(len(hours), 1)
+    slot = (chart.width - chart.left - 6) / n
+    bar_w = max(slot * 0.8 / max(len(series), 1), 1.0)
+    for i, hour in enumerate(hours):
+        x0 = chart.left + i * slot + slot * 0.1
+        if i % max(n // 6, 1) == 0:
+            chart.labels.append((round(chart.left + i * slot + slot / 2, 2), hour))
+        for j, (key, label, vs) in enumerate(series):
+            v = vs[i] if i < len(vs) else None
+            if v is None or v <= 0:
+                continue
+            h = v / top * (chart.plot_bottom - chart.plot_top)
+            shown = f"{v:g}" if unit == "count" else _seconds_label(round(v, 1))
+            chart.bars.append(Bar(key, round(x0 + j * bar_w, 2), round(chart.plot_bottom - h, 2),
+                                  round(bar_w, 2), round(h, 2), v, f"{hour}: {label} {shown}"))
+    return chart

@@ -1,19 +1,24 @@
-"""Browser sign-in: a session cookie that the API's authentication also accepts.
+"""Browser sign-in: a signed session cookie that the API's authentication also accepts.
 
 A browser cannot send ``Authorization: Bearer`` by itself (an ``EventSource``
-cannot send headers at all), so the dashboard's sign-in form takes a token and
-puts it in a cookie -- ``HttpOnly`` (no script can read it), ``SameSite=Strict``
-(no other site's page makes the browser send it), ``Secure`` over HTTPS. The
-cookie is ``<nonce>.<token>``: the token is what ``TokenTable`` checks, exactly
-as for a bearer token, so any server process can serve any browser and
-revoking a token from ``LEDGER_API_TOKENS`` signs its browsers out.
+cannot send headers at all), so the dashboard's sign-in form takes a token
+and keeps it in the session. The session is Starlette's ``SessionMiddleware``
+(a cookie signed with itsdangerous, so nobody can edit what it holds):
+``HttpOnly`` (no script can read it), ``SameSite=Strict`` (no other site's
+page makes the browser send it), ``Secure`` when the server is configured so.
+It holds the token -- checked against ``TokenTable`` on every request exactly
+as a bearer token is, so any server process can serve any browser and
+revoking a token from ``LEDGER_API_TOKENS`` signs its browsers out -- and a
+random CSRF token made at sign-in.
 
-State-changing requests authenticated by the cookie must also carry the
-session's CSRF token (a form field on the dashboard, the ``X-CSRF-Token``
-header on the API): an HMAC of the nonce keyed by the token, so it differs per
-sign-in, needs no server-side storage, and cannot be computed without the
-token. ``SameSite=Strict`` alone would leave other ports of the same host
-(the same "site") able to post.
+State-changing requests authenticated by the session must also carry that
+CSRF token (a form field on the dashboard, the ``X-CSRF-Token`` header on the
+API): the synchronizer-token pattern, which a signed session makes a few
+lines. A CSRF middleware (asgi-csrf, starlette-csrf) was not used: they are
+double-submit-cookie schemes that read every form body of the whole app and
+would have to be taught to exempt bearer-token API calls, which need no CSRF
+protection at all. ``SameSite=Strict`` alone would leave other ports of the
+same host (the same "site") able to post.
 """
 
 from __future__ import annotations
@@ -21,10 +26,10 @@ from __future__ import annotations
 import hashlib
 import hmac
 import secrets
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from starlette.requests import HTTPConnection
-from starlette.responses import Response
 
 COOKIE = "ledger_session"
 CSRF_HEADER = "X-CSRF-Token"
@@ -37,48 +42,45 @@ SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 
 @dataclass(frozen=True)
 class BrowserSession:
-    """One sign-in: a random nonce and the token it was made with."""
+    """One sign-in: the token it was made with and its CSRF token."""
 
-    nonce: str
     token: str
-
-    @classmethod
-    def new(cls, token: str) -> BrowserSession:
-        """A fresh sign-in with ``token``."""
-        return cls(secrets.token_urlsafe(16), token)
-
-    @property
-    def value(self) -> str:
-        """The cookie's value."""
-        return f"{self.nonce}.{self.token}"
-
-    @property
-    def csrf(self) -> str:
-        """The CSRF token of this sign-in."""
-        return hmac.new(self.token.encode(), b"ledger-csrf:" + self.nonce.encode(),
-                        hashlib.sha256).hexdigest()
+    csrf: str
 
     def csrf_matches(self, given: str | None) -> bool:
         """Whether ``given`` is this sign-in's CSRF token (in constant time)."""
         return given is not None and hmac.compare_digest(self.csrf, given.strip())
 
 
+def sign_in(connection: HTTPConnection, token: str) -> BrowserSession:
+    """Start a sign-in with ``token`` (a fresh session, a fresh CSRF token)."""
+    connection.session.clear()
+    connection.session.update(token=token, csrf=secrets.token_hex(32))
+    return BrowserSession(token, connection.session["csrf"])
+
+
+def sign_out(connection: HTTPConnection) -> None:
+    """End the sign-in (the middleware then expires the cookie)."""
+    connection.session.clear()
+
+
 def session_of(connection: HTTPConnection) -> BrowserSession | None:
-    """The sign-in the request's cookie carries, if any (not yet checked against
-    the configured tokens)."""
-    value = connection.cookies.get(COOKIE)
-    if not value or "." not in value or len(value) > 512:
+    """The sign-in the request's session carries, if any (not yet checked
+    against the configured tokens)."""
+    if "session" not in connection.scope:
         return None
-    nonce, token = value.split(".", 1)
-    return BrowserSession(nonce, token) if nonce and token else None
+    token, csrf = connection.session.get("token"), connection.session.get("csrf")
+    if not isinstance(token, str) or not isinstance(csrf, str) or not token or not csrf:
+        return None
+    return BrowserSession(token, csrf)
 
 
-def set_session(response: Response, session: BrowserSession, *, secure: bool) -> None:
-    """Sign the browser in (see the module docstring for the attributes)."""
-    response.set_cookie(COOKIE, session.value, max_age=MAX_AGE_S, path="/", httponly=True,
-                        samesite="strict", secure=secure)
-
-
-def clear_session(response: Response) -> None:
-    """Sign the browser out."""
-    response.delete_cookie(COOKIE, path="/", httponly=True, samesite="strict")
+def session_secret(configured: str | None, token_digests: Iterable[str]) -> str:
+    """The key that signs sessions: the configured one, else one derived from
+    the configured tokens' digests -- the same in every server process with the
+    same configuration, and a new one (signing every browser out) when the
+    tokens change."""
+    if configured:
+        return configured
+    material = "\n".join(sorted(token_digests)).encode()
+    return hashlib.sha256(b"ledger-session-key\n" + material).hexdigest()

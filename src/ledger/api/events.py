@@ -5,7 +5,10 @@ type, ``data:`` the event as JSON. A client that reconnects sends the last id
 it saw as ``Last-Event-ID`` (or, the first time, ``?from=<seq>``) and gets
 every later event exactly once, in order. The stream ends after the terminal
 transition; a client resuming at or after it gets ``204 No Content``, which
-tells an ``EventSource`` to stop reconnecting. While nothing happens a comment
+tells an ``EventSource`` to stop reconnecting. A cursor beyond the journal's
+head of an open campaign (a journal it never saw: another database, a client
+bug) is refused with a ``cursor-beyond-end`` problem naming the head, rather
+than waiting silently for seqs that may never come. While nothing happens a comment
 line goes out every ``keepalive_s`` so proxies keep the connection open.
 
 The stream is ``ledger.tail`` over this process's hub: the cursor is the only
@@ -25,6 +28,7 @@ from sse_starlette import EventSourceResponse, ServerSentEvent
 from ..errors import InvalidInput
 from ..tail import Keepalive, TailItem, tail
 from . import problems
+from .problems import CursorBeyondEnd
 from .campaigns import BIGINT_MAX, CampaignId
 from .roles import CallerDep
 
@@ -72,6 +76,10 @@ async def campaign_events(
     campaign = await caller.kernel.campaign(campaign_id)  # NotFound before any byte is sent
     if campaign.is_terminal and after >= campaign.event_seq:
         return Response(status_code=204)
+    if after > campaign.event_seq:
+        raise CursorBeyondEnd(f"the cursor {after} is beyond the end of campaign "
+                              f"{campaign_id}'s journal (its last seq is {campaign.event_seq}); "
+                              f"resume from {campaign.event_seq} or less")
     api = request.app.state.ledger
     items = tail(caller.kernel, api.hub, campaign_id, after=after,
                  keepalive_s=api.options.keepalive_s, poll_s=api.options.poll_s)

@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from fastapi import APIRouter, Request, Response
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Histogram, generate_latest
 from prometheus_client.core import (
     CounterMetricFamily,
     GaugeMetricFamily,
@@ -34,7 +34,9 @@ router = APIRouter(tags=["metrics"])
 #: Upper bounds (seconds) of the duration histograms' buckets.
 DURATION_BUCKETS = (1, 5, 15, 30, 60, 120, 300, 600, 1200, 1800, 3600, 7200)
 
-Histogram = list[tuple[float, int, float]]
+Buckets = list[tuple[float, int, float]]
+#: Upper bounds (seconds) of the HTTP request-duration histogram's buckets.
+REQUEST_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 
 
 @dataclass
@@ -42,26 +44,39 @@ class Snapshot:
     """What one scrape read from the database."""
 
     states: dict[str, int]
+    class_states: dict[tuple[str, str], int]
     oldest_ready_age_s: float | None
     transitions: dict[str, int]
     attempts: dict[str, int]
     verifications: dict[str, int]
     side_effects: dict[tuple[str, str], int]
-    attempt_durations: Histogram
-    verification_durations: Histogram
+    attempt_durations: Buckets
+    verification_durations: Buckets
     read_s: float = 0.0
+
+
+def _request_durations() -> Histogram:
+    # Not registered anywhere: the scrape's collector yields its samples.
+    return Histogram("ledger_http_request_duration_seconds",
+                     "Time to answer a request (to its last byte; event streams excluded)",
+                     ["method", "route"], buckets=REQUEST_BUCKETS, registry=None)
 
 
 @dataclass
 class ProcessCounters:
-    """This process's own counters (requests by route template and status)."""
+    """This process's own counters: requests by route template and status, and
+    their durations (prometheus-client's histogram)."""
 
     requests: dict[tuple[str, str, str], int] = field(default_factory=dict)
+    durations: Histogram = field(default_factory=_request_durations)
 
-    def count_request(self, method: str, route: str, status: int) -> None:
-        """Count one answered request."""
+    def count_request(self, method: str, route: str, status: int,
+                      duration_s: float | None = None) -> None:
+        """Count one answered request (and how long it took, unless it streamed)."""
         key = (method, route, str(status))
         self.requests[key] = self.requests.get(key, 0) + 1
+        if duration_s is not None and not route.endswith("/events"):
+            self.durations.labels(method, route).observe(duration_s)
 
 
 async def read_snapshot(kernel: Kernel) -> Snapshot:
@@ -69,6 +84,7 @@ async def read_snapshot(kernel: Kernel) -> Snapshot:
     started = time.perf_counter()
     snapshot = Snapshot(
         states=await kernel.state_counts(),
+        class_states=await kernel.class_state_counts(),
         oldest_ready_age_s=await kernel.oldest_ready_age(),
         transitions=await kernel.transition_counts(),
         attempts=await kernel.attempt_outcomes(),
@@ -82,7 +98,7 @@ async def read_snapshot(kernel: Kernel) -> Snapshot:
     return snapshot
 
 
-def _histogram(name: str, doc: str, rows: Histogram) -> HistogramMetricFamily:
+def _histogram(name: str, doc: str, rows: Buckets) -> HistogramMetricFamily:
     buckets = [("+Inf" if le == float("inf") else f"{le:g}", count) for le, count, _ in rows]
     total = rows[-1][2] if rows else 0.0
     return HistogramMetricFamily(name, doc, buckets=buckets, sum_value=total)
@@ -99,9 +115,12 @@ class LedgerCollector(Collector):
     def collect(self) -> Iterator[Metric]:
         """Yield every metric family."""
         s = self.snapshot
-        campaigns = GaugeMetricFamily("ledger_campaigns", "Campaigns per state", labels=["state"])
-        for state, count in s.states.items():
-            campaigns.add_metric([state], count)
+        campaigns = GaugeMetricFamily("ledger_campaigns", "Campaigns per class and state",
+                                      labels=["class", "state"])
+        classes = sorted({cls for cls, _ in s.class_states})
+        for cls in classes:  # every state of every class with campaigns, zero included
+            for state in s.states:
+                campaigns.add_metric([cls, state], s.class_states.get((cls, state), 0))
         yield campaigns
         yield GaugeMetricFamily("ledger_oldest_ready_age_seconds",
                                 "Age of the oldest ready campaign (0: none is ready)",
@@ -166,6 +185,7 @@ class LedgerCollector(Collector):
         for (method, route, status), count in sorted(self.process.requests.items()):
             requests.add_metric([method, route, status], count)
         yield requests
+        yield from self.process.durations.collect()
         yield GaugeMetricFamily("ledger_metrics_read_seconds",
                                 "Time this scrape spent reading the database", value=s.read_s)
 

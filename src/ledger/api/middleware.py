@@ -1,16 +1,18 @@
 """ASGI middleware of the API: a body size limit and the request log.
 
 Both are plain ASGI (no buffering), so streamed responses -- the SSE tails --
-pass straight through.
+pass straight through. The body limit is ours because nothing maintained does
+it for an ASGI app: Starlette reads bodies unbounded and uvicorn limits only
+headers. Request ids come from asgi-correlation-id (``ledger.api.app``); the
+log binds the id it chose.
 """
 
 from __future__ import annotations
 
-import re
 import time
-import uuid
 
 import structlog
+from asgi_correlation_id import correlation_id
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -19,7 +21,6 @@ from ..logs import get_logger
 from .metrics import ProcessCounters
 from .problems import PayloadTooLarge, problem_for
 
-_REQUEST_ID = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
 #: Probes and scrapes are logged at debug: they would drown everything else.
 _QUIET = frozenset({"/livez", "/readyz", "/metrics"})
 
@@ -58,11 +59,12 @@ class BodyLimit:
 
 
 class RequestLog:
-    """One structured log line per request: method, route, status, duration, caller.
+    """One structured log line per request: method, route, status, duration, caller;
+    and the request's duration in this process's histogram.
 
-    A ``request_id`` (the client's ``X-Request-ID`` if it is sane, else a new
-    one) is bound for every line logged while the request runs, and returned in
-    the ``X-Request-ID`` response header."""
+    The ``request_id`` (asgi-correlation-id's: the client's ``X-Request-ID`` if
+    it is sane, else a new one, returned in the response's ``X-Request-ID``) is
+    bound for every line logged while the request runs."""
 
     def __init__(self, app: ASGIApp, counters: ProcessCounters):
         self.app = app
@@ -73,8 +75,7 @@ class RequestLog:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        given = dict(scope["headers"]).get(b"x-request-id", b"").decode("latin-1")
-        request_id = given if _REQUEST_ID.match(given) else uuid.uuid4().hex
+        request_id = correlation_id.get()
         started = time.perf_counter()
         status = 500  # if the app dies before it starts a response
 
@@ -82,8 +83,6 @@ class RequestLog:
             nonlocal status
             if message["type"] == "http.response.start":
                 status = message["status"]
-                message["headers"] = [*message.get("headers", []),
-                                      (b"x-request-id", request_id.encode())]
             await send(message)
 
         with structlog.contextvars.bound_contextvars(request_id=request_id):
@@ -92,11 +91,12 @@ class RequestLog:
             finally:
                 route = scope.get("route")
                 template = getattr(route, "path_format", None) or "unmatched"
-                self.counters.count_request(scope["method"], template, status)
+                elapsed = time.perf_counter() - started
+                self.counters.count_request(scope["method"], template, status, elapsed)
                 principal = scope.get("state", {}).get("principal")
                 level = "debug" if scope["path"] in _QUIET and status < 400 else "info"
                 getattr(self.log, level)(
                     "request", method=scope["method"], path=scope["path"], route=template,
-                    status=status, duration_ms=round((time.perf_counter() - started) * 1000, 2),
+                    status=status, duration_ms=round(elapsed * 1000, 2),
                     caller=principal.identity if principal else None,
                     role=principal.role if principal else None)

@@ -18,14 +18,13 @@ from typing import Annotated, Any, Literal
 from fastapi import APIRouter, Header, Path, Response
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
 
+from ..errors import InvalidInput, NotFound
 from ..models import Observation, ObservationRecorded
 from . import problems
 from .campaigns import BIGINT_MAX, Name, Text
-from .roles import CallerDep
+from .roles import Caller, CallerDep
 
 router = APIRouter(tags=["observations"])
-
-
 
 class ObservationIn(BaseModel):
     """What a sensor saw of a target."""
@@ -65,16 +64,39 @@ async def record_observation(
         alias="Idempotency-Key", min_length=1, max_length=200, pattern=r"^[\x21-\x7e]+$",
         description="Retries with the same key and body return the first result")] = None,
 ) -> ObservationRecorded:
-    """Record an observation and apply what it implies; 202 with its id and ``Location``."""
-    recorded = await caller.kernel.record_observation(
+    """Record an observation and apply what it implies; 202 with its id and ``Location``.
+
+    An unregistered ``class`` is invalid input (422), named as such."""
+    try:
+        recorded = await _record(body, caller, idempotency_key)
+    except NotFound as exc:
+        # The kernel's refusal is the observation's foreign key to the class;
+        # say which class, rather than hand over PostgreSQL's message.
+        if body.class_ is not None and not await _class_exists(caller, body.class_):
+            raise InvalidInput(f"class {body.class_!r} is not registered (ledger classes "
+                               "sync registers the classes of ledger.toml)") from exc
+        raise
+    response.headers["Location"] = f"/observations/{recorded.observation_id}"
+    return recorded
+
+
+async def _class_exists(caller: Caller, name: str) -> bool:
+    try:
+        await caller.kernel.campaign_class(name)
+    except NotFound:
+        return False
+    return True
+
+
+async def _record(body: ObservationIn, caller: Caller,
+                  idempotency_key: str | None) -> ObservationRecorded:
+    return await caller.kernel.record_observation(
         body.sensor or caller.principal.identity, body.objective_key, body.target, body.status,
         body.started_at, finished_at=body.finished_at, details=body.details,
         class_=body.class_, tick=body.tick, idempotency_key=idempotency_key,
         request_digest=body.digest() if idempotency_key else None,
         desired_state=body.desired_state, labels=body.labels,
     )
-    response.headers["Location"] = f"/observations/{recorded.observation_id}"
-    return recorded
 
 
 @router.get("/observations/{observation_id}", response_model=Observation,

@@ -7,20 +7,27 @@ refuses before a route runs (validation, unknown routes, wrong methods, bodies
 too large) gets a type of its own here. Nothing that a client sends can turn
 into a 500: an unexpected exception is logged and answered with an opaque
 ``internal-error`` problem.
+
+Every ``type`` resolves: ``GET /problems/{slug}`` is a page that says what the
+error means, its HTTP status and the CLI's exit code for it (``/problems``
+lists them all), so a client that follows a type URI learns something.
 """
 
 from __future__ import annotations
 
+import html
+import inspect
+from dataclasses import dataclass
 from typing import Any
 
-from fastapi import FastAPI, Request
+from fastapi import APIRouter, FastAPI, Request
 from fastapi.encoders import jsonable_encoder
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.responses import HTMLResponse, JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from ..errors import InvalidInput, LedgerError
+from ..errors import InvalidInput, LedgerError, NotFound
 from ..logs import get_logger
 
 PROBLEM_MEDIA_TYPE = "application/problem+json"
@@ -60,6 +67,12 @@ class PayloadTooLarge(LedgerError):
     slug = "payload-too-large"
     http_status = 413
     exit_code = 2
+
+
+class CursorBeyondEnd(InvalidInput):
+    """A stream was asked to resume after a seq its journal has not reached."""
+
+    slug = "cursor-beyond-end"
 
 
 def title_of(slug: str) -> str:
@@ -109,7 +122,7 @@ async def _on_validation_error(request: Request, exc: Exception) -> JSONResponse
     first = errors[0] if errors else {"loc": [], "msg": "invalid request"}
     where = ".".join(str(part) for part in first["loc"])
     return problem_response(422, InvalidInput.slug, f"{where}: {first['msg']}" if where
-                            else first["msg"], request, errors=errors)
+                            else str(first["msg"]), request, errors=errors)
 
 
 async def _on_http_error(request: Request, exc: Exception) -> JSONResponse:
@@ -139,3 +152,89 @@ def responses(*statuses: int) -> dict[int | str, dict[str, Any]]:
     return {status: {"description": title_of(_HTTP_SLUGS.get(status, "error")),
                      "content": {PROBLEM_MEDIA_TYPE: {"schema": schema}}}
             for status in statuses}
+
+
+# --- a page per problem type ---------------------------------------------------------
+
+router = APIRouter(tags=["problems"])
+
+#: What the framework's own refusals mean (they are not LedgerErrors).
+_HTTP_MEANINGS = {
+    "bad-request": "The request could not be read.",
+    "method-not-allowed": "The path exists, but not with this method.",
+    "not-acceptable": "The server cannot answer in a format the client accepts.",
+    "unsupported-media-type": "The body is not in a format this route takes.",
+    "internal-error": "The server failed on its own account; its log says why. Nothing the "
+                      "client sent causes this.",
+}
+
+
+@dataclass(frozen=True)
+class ProblemType:
+    """What one problem ``type`` means."""
+
+    slug: str
+    status: int
+    meaning: str
+    exit_code: int | None  # the CLI's, for the same error
+
+
+def _error_classes() -> list[type[LedgerError]]:
+    found: list[type[LedgerError]] = []
+    pending: list[type[LedgerError]] = [LedgerError]
+    while pending:
+        cls = pending.pop()
+        found.append(cls)
+        pending.extend(cls.__subclasses__())
+    return found
+
+
+def problem_types() -> dict[str, ProblemType]:
+    """Every problem type this API answers, by slug."""
+    types: dict[str, ProblemType] = {}
+    for cls in _error_classes():
+        types.setdefault(cls.slug, ProblemType(cls.slug, cls.http_status,
+                                               inspect.getdoc(cls) or "", cls.exit_code))
+    for status, slug in _HTTP_SLUGS.items():
+        types.setdefault(slug, ProblemType(slug, status, _HTTP_MEANINGS.get(slug, ""), None))
+    for slug, meaning in _HTTP_MEANINGS.items():
+        types.setdefault(slug, ProblemType(slug, 500 if slug == "internal-error" else 400,
+                                           meaning, None))
+    return dict(sorted(types.items()))
+
+
+_PAGE = """<!doctype html>
+<html lang="en"><head><meta charset="utf-8"><title>{title} · Ledger problem types</title>
+<link rel="stylesheet" href="/ui/static/dashboard.css"></head>
+<body data-page="problem"><main class="narrow"><section class="panel">{body}</section></main></body></html>
+"""
+
+
+def _describe(t: ProblemType) -> str:
+    exit_code = f"<dt>CLI exit code</dt><dd>{t.exit_code}</dd>" if t.exit_code is not None else ""
+    return (f'<h1 id="{html.escape(t.slug)}">{html.escape(title_of(t.slug))}</h1>'
+            f"<p>{html.escape(t.meaning)}</p><dl class=\"facts\">"
+            f"<dt>type</dt><dd><code>/problems/{html.escape(t.slug)}</code></dd>"
+            f"<dt>HTTP status</dt><dd>{t.status}</dd>{exit_code}</dl>"
+            '<p class="muted small">Every error of the Ledger API is '
+            "<code>application/problem+json</code> (RFC 9457) with one of these types: "
+            '<a href="/problems">all problem types</a>.</p>')
+
+
+@router.get("/problems", response_class=HTMLResponse, include_in_schema=False)
+async def problem_index() -> HTMLResponse:
+    """Every problem type, with what it means."""
+    rows = "".join(f'<li><a href="/problems/{html.escape(t.slug)}">{html.escape(t.slug)}</a> '
+                   f"({t.status}): {html.escape(t.meaning.splitlines()[0] if t.meaning else '')}"
+                   "</li>" for t in problem_types().values())
+    return HTMLResponse(_PAGE.format(title="Problem types", body=(
+        f'<h1>Problem types</h1><ul class="problem-types">{rows}</ul>')))
+
+
+@router.get("/problems/{slug}", response_class=HTMLResponse, include_in_schema=False)
+async def problem_page(slug: str) -> HTMLResponse:
+    """What one problem type means; 404 (a problem) for a type that does not exist."""
+    found = problem_types().get(slug)
+    if found is None:
+        raise NotFound(f"there is no problem type {slug!r}; see /problems")
+    return HTMLResponse(_PAGE.format(title=html.escape(title_of(slug)), body=_describe(found)))

@@ -24,6 +24,10 @@ AXIS_H = 26.0
 ROW_H = 30.0
 BAR_H = 18.0
 MIN_SPAN_PX = 3.0  # a span shorter than this is still drawn, as a sliver
+#: Width of one character of the axis labels (10.5 px system font), generously.
+AXIS_CHAR_PX = 6.5
+AXIS_LABEL_GAP = 6.0
+NOW_LABEL = "now"
 
 ROWS = (("state", "state"), ("lease", "lease"), ("attempt", "attempts"),
         ("verification", "verifications"), ("observation", "observations"),
@@ -101,6 +105,16 @@ class Timeline:
         """The spans of one row."""
         return [s for s in self.spans if s.row == row]
 
+    def axis_labels(self) -> list[tuple[float, float, str]]:
+        """Where each label above the axis is drawn: ``(left, right, text)``,
+        ticks centred on theirs, "now" ending just left of its line."""
+        boxes = [(t.x - len(t.label) * AXIS_CHAR_PX / 2, t.x + len(t.label) * AXIS_CHAR_PX / 2,
+                  t.label) for t in self.ticks if t.label]
+        if self.now_x is not None:
+            boxes.append((self.now_x - 4 - len(NOW_LABEL) * AXIS_CHAR_PX, self.now_x - 4,
+                          NOW_LABEL))
+        return sorted(boxes)
+
 
 def _clock(t: datetime, step_s: float) -> str:
     if step_s >= 86400:
@@ -161,6 +175,13 @@ def campaign_timeline(
     while t <= stop:
         tl.ticks.append(Tick(x(t), _clock(t, step)))
         t += timedelta(seconds=step)
+    if tl.now_x is not None:
+        # "now" wins: a tick whose label would touch it keeps its line, loses its text.
+        now_left = tl.now_x - 4 - len(NOW_LABEL) * AXIS_CHAR_PX - AXIS_LABEL_GAP
+        now_right = tl.now_x - 4 + AXIS_LABEL_GAP
+        tl.ticks = [tick if tick.x + len(tick.label) * AXIS_CHAR_PX / 2 < now_left
+                    or tick.x - len(tick.label) * AXIS_CHAR_PX / 2 > now_right
+                    else Tick(tick.x, "") for tick in tl.ticks]
 
     # State bands: each transition starts the band of the state it went to.
     for i, event in enumerate(transitions):

@@ -142,3 +142,48 @@ BEGIN
     RETURN v_deleted;
 END
 $$;
+
+-- An operator skips the rest of a ready campaign's backoff. Not a state
+-- change (ready stays ready), so not a transition: a journaled operator event
+-- that moves next_attempt_at to now, refused (LG002) unless the campaign is
+-- ready and still waiting.
+CREATE OR REPLACE FUNCTION ledger_api.retry_now(p_campaign_id bigint, p_operator text DEFAULT NULL)
+    RETURNS bigint
+    LANGUAGE plpgsql
+    SECURITY DEFINER
+    SET search_path = pg_catalog, pg_temp
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_now timestamptz := ledger.now();
+    v_c ledger.campaign;
+    v_seq bigint;
+BEGIN
+    IF p_campaign_id IS NULL THEN
+        RAISE EXCEPTION 'retry now needs a campaign id' USING ERRCODE = 'LG007';
+    END IF;
+    -- The row lock orders this against a claim: a worker that claimed first
+    -- made it leased (refused below); one that claims after sees now.
+    SELECT * INTO v_c FROM ledger.campaign c WHERE c.id = p_campaign_id FOR UPDATE;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'campaign % does not exist', p_campaign_id USING ERRCODE = 'LG004';
+    END IF;
+    IF v_c.state <> 'ready' OR v_c.next_attempt_at <= v_now THEN
+        RAISE EXCEPTION 'retry now: campaign % is %, not ready and waiting out a backoff',
+            p_campaign_id,
+            CASE WHEN v_c.state = 'ready' THEN 'ready with no wait left' ELSE v_c.state END
+            USING ERRCODE = 'LG002';
+    END IF;
+    UPDATE ledger.campaign c SET next_attempt_at = v_now WHERE c.id = p_campaign_id;
+    PERFORM pg_catalog.set_config('ledger.actor_role', 'operator', true);
+    v_seq := ledger.append_event(p_campaign_id, 'operator.retry_now',
+                                 coalesce(p_operator, 'operator'),
+                                 jsonb_build_object('waited_until', v_c.next_attempt_at,
+                                                    'attempt_count', v_c.attempt_count));
+    PERFORM pg_catalog.set_config('ledger.actor_role', '', true);
+    PERFORM pg_notify('ledger_ready', p_campaign_id::text);  -- a hint: workers wake
+    RETURN v_seq;
+END
+$$;
+COMMENT ON FUNCTION ledger_api.retry_now IS
+    'Skip the rest of a ready campaign''s backoff (journaled); refused unless it is waiting.';

@@ -511,10 +511,11 @@ BEGIN
            AND (p_key IS NULL OR c.last_append_key IS DISTINCT FROM p_key)
         RETURNING c.event_seq, c.generation, c.lease_owner
     ), written AS (
-        INSERT INTO ledger.campaign_event (campaign_id, seq, type, actor, generation, delta, payload, created_at)
+        INSERT INTO ledger.campaign_event (campaign_id, seq, type, actor, generation, delta, payload,
+                                           created_at, actor_role)
         SELECT p_campaign_id, head.event_seq - v_n + e.ord, e.value ->> 'type', head.lease_owner,
                head.generation, coalesce((e.value ->> 'delta')::boolean, false),
-               coalesce(e.value -> 'payload', '{}'), ledger.now()
+               coalesce(e.value -> 'payload', '{}'), ledger.now(), 'worker'
           FROM head, jsonb_array_elements(p_events) WITH ORDINALITY AS e(value, ord)
         RETURNING seq
     )

@@ -41,7 +41,7 @@ BEGIN
                 ('claim_side_effect', 'dispatcher'), ('confirm_side_effect', 'dispatcher'),
                 ('complete_side_effect', 'dispatcher'), ('rebase_promotion', 'dispatcher'),
                 -- operator (api_operator.sql)
-                ('abandon', 'operator'), ('reopen', 'operator'),
+                ('abandon', 'operator'), ('reopen', 'operator'), ('retry_now', 'operator'),
                 ('register_class', 'operator'), ('trim_journal', 'operator')
                ) AS x(name, actor)
           LEFT JOIN (pg_catalog.pg_proc p

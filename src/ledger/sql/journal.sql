@@ -14,6 +14,12 @@ CREATE TABLE IF NOT EXISTS ledger.campaign_event (
     delta       boolean NOT NULL DEFAULT false,
     payload     jsonb NOT NULL DEFAULT '{}',
     created_at  timestamptz NOT NULL,
+    -- the role that acted: the autonomy report decides "a human did this" by
+    -- it (an operator's call, from the API, the dashboard or the CLI), never
+    -- by the actor's name. The default reads ledger.actor_role, which
+    -- begin_transition sets for every state change, so the journal trigger's
+    -- events carry it; writers of other events set it where they know it.
+    actor_role  text DEFAULT nullif(pg_catalog.current_setting('ledger.actor_role', true), ''),
     PRIMARY KEY (campaign_id, seq)
 );
 CREATE INDEX IF NOT EXISTS campaign_event_recent ON ledger.campaign_event (created_at);

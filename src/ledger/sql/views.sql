@@ -18,7 +18,7 @@ SELECT id, campaign_id, attempt_no, generation, worker, claimed_at, lease_expire
   FROM ledger.attempt;
 
 CREATE OR REPLACE VIEW ledger_api.events AS
-SELECT campaign_id, seq, type, actor, generation, delta, payload, created_at
+SELECT campaign_id, seq, type, actor, generation, delta, payload, created_at, actor_role
   FROM ledger.campaign_event;
 
 CREATE OR REPLACE VIEW ledger_api.observations AS

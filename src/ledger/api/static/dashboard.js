@@ -6,6 +6,10 @@
 //   each swaps in fresh server-rendered copies of its [data-live-region] parts;
 // - the campaign page appends journal events as they arrive, resuming after the
 //   newest seq the server rendered (so a reload resumes where the page stands);
+// - an attempt's page, while the attempt runs, follows the same stream and
+//   appends that attempt's output and events as they are journaled;
+// - the board can be driven from the keyboard: j/k (or arrows) move between
+//   campaigns, Enter opens one, / goes to the search field;
 // - streams close while the tab is hidden (Page Visibility API) and reopen,
 //   with one refresh, when it is shown again;
 // - forms with data-confirm ask before they post.
@@ -39,6 +43,8 @@
       .then(function (html) {
         if (html === null || html === undefined) return;
         var fresh = new DOMParser().parseFromString(html, "text/html");
+        // Keep the keyboard where it was: a refreshed card takes the focus back.
+        var focused = document.activeElement && document.activeElement.dataset ? document.activeElement.dataset.campaign : null;
         document.querySelectorAll("[data-live-region]").forEach(function (region) {
           var next = fresh.getElementById(region.id);
           if (!next || next.innerHTML === region.innerHTML) return;
@@ -49,6 +55,10 @@
           });
           region.replaceWith(next);
         });
+        if (focused && !document.activeElement.closest("[data-live-region]")) {
+          var again = document.querySelector('#lanes .card[data-campaign="' + focused + '"]');
+          if (again) again.focus({ preventScroll: true });
+        }
         body.dataset.refreshes = String(Number(body.dataset.refreshes || "0") + 1);
       })
       .catch(function () { /* the next event or tick tries again */ })
@@ -104,62 +114,117 @@
     });
   }
 
-  // --- a campaign's journal --------------------------------------------------------
+  // --- journal streams (a campaign's page, an attempt's page) ----------------------
   var journalStream = body.dataset.journalStream;
-  var journal = document.getElementById("journal");
-  if (journalStream && journal) {
-    var lastSeq = Number(body.dataset.journalHead || "0");
-    var types = (body.dataset.eventTypes || "").split(",").filter(Boolean);
+  var types = (body.dataset.eventTypes || "").split(",").filter(Boolean);
 
-    function cell(cls, text, tag) {
-      var el = document.createElement(tag || "span");
-      el.className = cls;
-      el.textContent = text;
-      return el;
+  function cell(cls, text, tag) {
+    var el = document.createElement(tag || "span");
+    el.className = cls;
+    el.textContent = text;
+    return el;
+  }
+
+  function describe(e) {
+    var p = e.payload || {};
+    if (e.type === "transition") {
+      var line = (p.transition || "closed") + ": " + (p.from || "–") + " → " + p.to;
+      var extra = p.reason || p.failure_reason;
+      return extra ? line + " (" + extra + ")" : line;
     }
+    if (e.type === "output") return String(p.text || "");
+    var text = Object.keys(p).sort().map(function (key) {
+      var value = typeof p[key] === "string" ? p[key] : JSON.stringify(p[key]);
+      return key + "=" + (value.length > 40 ? value.slice(0, 40) + "…" : value);
+    }).join("  ");
+    return text.length > 200 ? text.slice(0, 200) + "…" : text;
+  }
 
-    function describe(e) {
-      var p = e.payload || {};
-      if (e.type === "transition") {
-        var line = (p.transition || "closed") + ": " + (p.from || "–") + " → " + p.to;
-        var extra = p.reason || p.failure_reason;
-        return extra ? line + " (" + extra + ")" : line;
-      }
-      if (e.type === "output") return String(p.text || "");
-      var text = Object.keys(p).sort().map(function (key) {
-        var value = typeof p[key] === "string" ? p[key] : JSON.stringify(p[key]);
-        return key + "=" + (value.length > 40 ? value.slice(0, 40) + "…" : value);
-      }).join("  ");
-      return text.length > 200 ? text.slice(0, 200) + "…" : text;
-    }
+  function appendEvent(list, e) {
+    var li = document.createElement("li");
+    li.dataset.seq = String(e.seq);
+    li.className = "ev fresh ev-" + String(e.type).replace(/\./g, "-");
+    var t = new Date(e.created_at);
+    li.appendChild(cell("seq", String(e.seq)));
+    li.appendChild(cell("t", t.toISOString().slice(11, 19)));
+    li.appendChild(cell("type", e.type));
+    li.appendChild(cell("actor", e.actor));
+    li.appendChild(e.type === "output" ? cell("out", describe(e), "pre") : cell("what", describe(e)));
+    var atBottom = list.scrollHeight - list.scrollTop - list.clientHeight < 40;
+    list.appendChild(li);
+    if (atBottom) list.scrollTop = list.scrollHeight;
+  }
 
-    function append(e) {
-      var li = document.createElement("li");
-      li.dataset.seq = String(e.seq);
-      li.className = "ev fresh ev-" + String(e.type).replace(/\./g, "-");
-      var t = new Date(e.created_at);
-      li.appendChild(cell("seq", String(e.seq)));
-      li.appendChild(cell("t", t.toISOString().slice(11, 19)));
-      li.appendChild(cell("type", e.type));
-      li.appendChild(cell("actor", e.actor));
-      li.appendChild(e.type === "output" ? cell("out", describe(e), "pre") : cell("what", describe(e)));
-      var atBottom = journal.scrollHeight - journal.scrollTop - journal.clientHeight < 40;
-      journal.appendChild(li);
-      if (atBottom) journal.scrollTop = journal.scrollHeight;
-    }
-
+  // Follow the journal from the head the server rendered; each event once,
+  // however often the stream reconnects (?from= on a new connection, and the
+  // browser's own Last-Event-ID when it reconnects by itself).
+  function followJournal(head, onEvent) {
+    var lastSeq = head;
     follow(function () { return journalStream + "?from=" + lastSeq; }, function (source, end) {
-      function onEvent(message) {
+      function handle(message) {
         var e;
         try { e = JSON.parse(message.data); } catch (err) { return; }
-        if (e.seq <= lastSeq && !e.synthetic) return;  // already shown
-        if (!e.synthetic) { lastSeq = e.seq; journal.dataset.head = String(lastSeq); append(e); }
-        // Output is shown as it comes; anything else may change the rest of the page.
-        if (e.type !== "output") schedule(250);
+        if (e.seq <= lastSeq && !e.synthetic) return;  // already handled
+        if (!e.synthetic) lastSeq = e.seq;
+        onEvent(e);
         if (e.type === "transition" && ["confirmed", "dismissed", "abandoned"].indexOf((e.payload || {}).to) !== -1) end();
       }
-      types.forEach(function (type) { source.addEventListener(type, onEvent); });
-      source.onmessage = onEvent;
+      types.forEach(function (type) { source.addEventListener(type, handle); });
+      source.onmessage = handle;
+    });
+  }
+
+  var journal = document.getElementById("journal");
+  if (journalStream && journal && body.dataset.page === "campaign") {
+    followJournal(Number(body.dataset.journalHead || "0"), function (e) {
+      if (!e.synthetic) { journal.dataset.head = String(e.seq); appendEvent(journal, e); }
+      // Output is shown as it comes; anything else may change the rest of the page.
+      if (e.type !== "output") schedule(250);
+    });
+  }
+
+  var output = document.getElementById("output");
+  var attemptJournal = document.getElementById("attempt-journal");
+  if (journalStream && output && body.dataset.page === "attempt") {
+    var generation = Number(body.dataset.generation);
+    var shown = Number(body.dataset.shownHead || "0");
+    followJournal(Number(body.dataset.journalHead || "0"), function (e) {
+      if (e.synthetic || e.seq <= shown) { schedule(250); return; }
+      if (e.generation === generation) {
+        if (e.type === "output") {
+          output.classList.remove("empty-log");
+          var atBottom = output.scrollHeight - output.scrollTop - output.clientHeight < 40;
+          output.appendChild(document.createTextNode(String((e.payload || {}).text || "")));
+          if (atBottom) output.scrollTop = output.scrollHeight;
+        } else if (attemptJournal) {
+          appendEvent(attemptJournal, e);
+        }
+      }
+      // A transition (recorded, failed, reaped, abandoned) ends or moves the
+      // attempt: refresh its header and log tail.
+      if (e.type !== "output") schedule(250);
+    });
+  }
+
+  // --- keyboard navigation of the board ------------------------------------------------
+  if (body.dataset.page === "board") {
+    var typing = function (el) {
+      return el && (el.tagName === "INPUT" || el.tagName === "SELECT" || el.tagName === "TEXTAREA" || el.isContentEditable);
+    };
+    document.addEventListener("keydown", function (event) {
+      if (event.altKey || event.ctrlKey || event.metaKey || typing(document.activeElement)) return;
+      var cards = Array.prototype.slice.call(document.querySelectorAll("#lanes .card, #campaign-list tbody tr[data-campaign] a:first-child"));
+      var at = cards.indexOf(document.activeElement);
+      var step = { j: 1, ArrowDown: 1, k: -1, ArrowUp: -1 }[event.key];
+      if (step && cards.length) {
+        event.preventDefault();
+        var next = at === -1 ? (step > 0 ? 0 : cards.length - 1) : Math.min(Math.max(at + step, 0), cards.length - 1);
+        cards[next].focus();
+        cards[next].scrollIntoView({ block: "nearest" });
+      } else if (event.key === "/") {
+        var search = document.querySelector("#filters input[name=q]");
+        if (search) { event.preventDefault(); search.focus(); }
+      }
     });
   }
 

@@ -1,0 +1,85 @@
+"""The operator's dashboard: server-rendered pages under ``/ui`` of ``ledger serve``.
+
+Pages, one router each (a module per group): the **board** and the autonomy
+chart (``board``), a **campaign** and an attempt (``campaign``), bulk action
+**previews** and confirmations (``bulk``), the per-**class** view
+(``classes``) and **sign-in** (``signin``). What they share: the template
+environment and redirects (``render``), who is looking and the forms they post
+(``viewer``), the board's filter (``filters``).
+
+Everything is rendered from the same ``Kernel`` reads as the API, as the
+database role of the signed-in token, so a page can show and do exactly what
+that role may: a reader gets no action buttons, and the database refuses a
+reader's forged form anyway. Operator actions are recorded as
+``http:<token name>``, like the API's. Progressive enhancement is one small
+script (``static/dashboard.js``): it follows ``/ui/board/events`` or a
+campaign's journal stream (``/campaigns/{id}/events``) and swaps in fresh
+copies of the page's live regions, appends journal events and an attempt's
+output as they arrive, and pauses while the tab is hidden; it also gives the
+board keyboard navigation. Without it every page still works.
+
+The dashboard is its own (mounted) application: its routes are pages, not part
+of the API's OpenAPI contract, and its errors are pages, not problem+json.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+from urllib.parse import urlencode
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import RedirectResponse, Response
+from fastapi.staticfiles import StaticFiles
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from ...config import LedgerConfig
+from ...errors import LedgerError
+from . import board, bulk, campaign, classes, signin
+from .board import board_changes, sensor_rows
+from .render import HERE, Pages, describe, duration, pages_of
+from .viewer import SignInRequired
+
+if TYPE_CHECKING:
+    from ..app import ApiState
+
+__all__ = ["board_changes", "create_dashboard", "describe", "duration", "sensor_rows"]
+
+
+async def _on_sign_in(request: Request, exc: Exception) -> Response:
+    if request.url.path.endswith("/events"):
+        return Response("sign in first", status_code=401, media_type="text/plain")
+    target = request.url.path + (f"?{request.url.query}" if request.url.query else "")
+    return RedirectResponse("/ui/login?" + urlencode({"next": target}), status_code=303)
+
+
+async def _on_ledger_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, LedgerError)
+    return pages_of(request).page(request, "error.html", status=exc.http_status,
+                                  title=exc.slug, message=exc.message)
+
+
+async def _on_invalid(request: Request, exc: Exception) -> Response:
+    return pages_of(request).page(request, "error.html", status=422, title="invalid-input",
+                                  message="the address or form is not valid here")
+
+
+async def _on_http(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, StarletteHTTPException)
+    return pages_of(request).page(request, "error.html", status=exc.status_code,
+                                  title=f"http-{exc.status_code}", message=str(exc.detail))
+
+
+def create_dashboard(state: ApiState, config: LedgerConfig | None = None) -> FastAPI:
+    """The dashboard application, to mount at ``/ui`` of the API."""
+    ui = FastAPI(openapi_url=None, docs_url=None, redoc_url=None)
+    ui.state.ledger = state
+    ui.state.pages = Pages(state, config)
+    ui.mount("/static", StaticFiles(directory=HERE / "static"), name="static")
+    ui.add_exception_handler(SignInRequired, _on_sign_in)
+    ui.add_exception_handler(LedgerError, _on_ledger_error)
+    ui.add_exception_handler(RequestValidationError, _on_invalid)
+    ui.add_exception_handler(StarletteHTTPException, _on_http)
+    for module in (signin, board, campaign, bulk, classes):
+        ui.include_router(module.router)
+    return ui

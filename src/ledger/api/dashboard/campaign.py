@@ -1,0 +1,129 @@
+"""A campaign's page (header, timeline, attempts, verdicts, side effects,
+observations, the live journal), an attempt's page (its output, live while it
+runs), and the single-campaign operator actions: abandon, reopen, retry now."""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import datetime, timezone
+
+from fastapi import APIRouter, Request
+from fastapi.responses import HTMLResponse, Response
+
+from ...errors import InvalidInput, NotFound
+from ..campaigns import BIGINT_MAX
+from ..timeline import campaign_timeline
+from .render import pages_of, redirect
+from .viewer import local_path, read_form, viewer_of
+
+router = APIRouter()
+
+JOURNAL_TAIL = 100
+#: Journal event types the page's script listens for by name (an EventSource
+#: cannot listen to "any" named event); types found in the journal are added.
+KNOWN_EVENT_TYPES = ("transition", "output", "progress", "attempt.started", "command.started",
+                     "command.exited", "commit.made", "verification.started",
+                     "side_effect.requested", "side_effect.done", "side_effect.conflict",
+                     "side_effect.retry", "side_effect.failed", "side_effect.cancelled",
+                     "operator.retry_now", "security.refused")
+
+
+def _check_id(campaign_id: int) -> None:
+    if not 1 <= campaign_id <= BIGINT_MAX:
+        raise NotFound(f"campaign {campaign_id} does not exist")
+
+
+def extra_attempts(text: str | None) -> int | None:
+    """The "extra attempts" field of a reopen form (empty: the class's budget)."""
+    if not text or not text.strip():
+        return None
+    if not text.strip().isdigit() or not 1 <= int(text) <= 1000:
+        raise InvalidInput("extra attempts: a whole number from 1 to 1000")
+    return int(text)
+
+
+@router.get("/campaigns/{campaign_id}", response_class=HTMLResponse)
+async def campaign_page(request: Request, campaign_id: int) -> Response:
+    """One campaign."""
+    _check_id(campaign_id)
+    viewer = await viewer_of(request)
+    k = viewer.kernel
+    # The journal before the rest: whatever happens after this read reaches
+    # the page through its stream (which starts after the journal's head)
+    # and refreshes it, so the page can never stay older than its journal.
+    journal = await k.recent_events(campaign_id, JOURNAL_TAIL)
+    campaign = await k.campaign(campaign_id)
+    (attempts, verifications, side_effects, observations,
+     transitions) = await asyncio.gather(
+        k.attempts_of(campaign_id), k.verifications_of(campaign_id),
+        k.side_effects_of(campaign_id), k.recent_observations(campaign_id, 200),
+        k.transitions_of(campaign_id))
+    now = datetime.now(timezone.utc)
+    timeline = campaign_timeline(campaign, transitions=transitions, attempts=attempts,
+                                 verifications=verifications, side_effects=side_effects,
+                                 observations=observations, now=now)
+    head = journal[-1].seq if journal else 0
+    types = sorted(set(KNOWN_EVENT_TYPES) | {e.type for e in journal})
+    return pages_of(request).page(
+        request, "campaign.html", viewer, c=campaign, now=now, attempts=attempts,
+        verifications=verifications, attempt_no={a.id: a.attempt_no for a in attempts},
+        side_effects=side_effects, observations=list(reversed(observations)),
+        timeline=timeline, journal=journal, journal_head=head, event_types=",".join(types),
+        journal_from=journal[0].seq if journal else 0,
+        waiting=campaign.state == "ready" and campaign.next_attempt_at > now)
+
+
+@router.get("/campaigns/{campaign_id}/attempts/{attempt_no}", response_class=HTMLResponse)
+async def attempt_page(request: Request, campaign_id: int, attempt_no: int) -> Response:
+    """One attempt: what its lease journaled, its output (live while it runs)."""
+    _check_id(campaign_id)
+    viewer = await viewer_of(request)
+    k = viewer.kernel
+    # The head first: the stream resumes after it, so an event appended after
+    # the reads below arrives through the stream (the page skips what it shows).
+    campaign = await k.campaign(campaign_id)
+    attempt = next((a for a in await k.attempts_of(campaign_id)
+                    if a.attempt_no == attempt_no), None)
+    if attempt is None:
+        raise NotFound(f"campaign {campaign_id} has no attempt {attempt_no}")
+    events = await k.generation_events(campaign_id, attempt.generation)
+    output = "".join(str(e.payload.get("text", "")) for e in events if e.type == "output")
+    live = attempt.outcome == "running" and not campaign.is_terminal
+    types = sorted(set(KNOWN_EVENT_TYPES) | {e.type for e in events})
+    return pages_of(request).page(
+        request, "attempt.html", viewer, c=campaign, a=attempt,
+        events=[e for e in events if e.type != "output"], output=output, live=live,
+        journal_head=campaign.event_seq, shown_head=max([e.seq for e in events], default=0),
+        event_types=",".join(types))
+
+
+@router.post("/campaigns/{campaign_id}/abandon")
+async def abandon(request: Request, campaign_id: int) -> Response:
+    """Abandon one campaign."""
+    viewer = await viewer_of(request)
+    form = await read_form(request, viewer)
+    reason = (form.get("reason") or "").strip()[:1000] or "abandoned by operator"
+    generation = await viewer.kernel.abandon(campaign_id, reason, viewer.principal.identity)
+    return redirect(request, local_path(form.get("next"), f"/ui/campaigns/{campaign_id}"),
+                    f"Campaign {campaign_id} abandoned (generation {generation}).")
+
+
+@router.post("/campaigns/{campaign_id}/reopen")
+async def reopen(request: Request, campaign_id: int) -> Response:
+    """Give an exhausted campaign more attempts."""
+    viewer = await viewer_of(request)
+    form = await read_form(request, viewer)
+    await viewer.kernel.reopen(campaign_id, viewer.principal.identity,
+                               extra_attempts(form.get("extra_attempts")))
+    return redirect(request, local_path(form.get("next"), f"/ui/campaigns/{campaign_id}"),
+                    f"Campaign {campaign_id} reopened.")
+
+
+@router.post("/campaigns/{campaign_id}/retry")
+async def retry_now(request: Request, campaign_id: int) -> Response:
+    """Let a ready campaign that waits out its backoff be claimed now."""
+    viewer = await viewer_of(request)
+    form = await read_form(request, viewer)
+    await viewer.kernel.retry_now(campaign_id, viewer.principal.identity)
+    return redirect(request, local_path(form.get("next"), f"/ui/campaigns/{campaign_id}"),
+                    f"Campaign {campaign_id} may be claimed now (its backoff was skipped).")
