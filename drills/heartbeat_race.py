@@ -27,7 +27,10 @@ class HeartbeatRace(Drill):
             leased_at = ctx.sql("SELECT leased_at FROM ledger.campaign WHERE id = %s", cid)[0]["leased_at"]
             await ctx.kernel("reaper")
             worker_s, reaper_s = ctx._sessions["worker"], ctx._sessions["reaper"]
-            async with worker_s.transaction(now=leased_at + timedelta(seconds=40)) as wtx:
+            # The heartbeat lands while the lease is still live (25 s of 30);
+            # the reaper's clock reads it as expired (45 s) but not the renewed
+            # one (25 + 30 = 55 s).
+            async with worker_s.transaction(now=leased_at + timedelta(seconds=25)) as wtx:
                 if renew:
                     await Kernel(wtx).heartbeat(cid, claim.generation)
                     ctx.step("worker heartbeats (uncommitted: it holds the row)")
