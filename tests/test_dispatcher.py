@@ -23,7 +23,7 @@ import pytest
 from conftest import TEST_PREFIX
 from drive import Driver, fingerprint, now
 from ledger import Forbidden, Kernel, StaleLease
-from ledger.dispatcher import FAULT_AFTER_ACTION, Dispatcher, backoff_s
+from ledger.dispatcher import FAULT_AFTER_ACTION, Dispatcher
 
 pytestmark = pytest.mark.anyio
 
@@ -796,10 +796,3 @@ async def test_command_once_with_nothing_due_exits_zero(db_url, tmp_path) -> Non
     proc, log = dispatcher_process(db_url, tmp_path, "--once", fault=False)
     assert proc.wait(timeout=60) == 0, log.read_text()
     assert "0 side effect(s) dispatched" in log.read_text()
-
-
-def test_backoff_grows_by_tries_is_capped_and_jittered() -> None:
-    samples = [backoff_s(3, base_s=2, cap_s=600, jitter=0.2) for _ in range(200)]
-    assert all(6.4 <= s <= 9.6 for s in samples) and len(set(samples)) > 1
-    assert all(480 <= backoff_s(40, base_s=2, cap_s=600, jitter=0.2) <= 720 for _ in range(50))
-    assert backoff_s(1, base_s=2, jitter=0) == 2 and backoff_s(2, base_s=2, jitter=0) == 4

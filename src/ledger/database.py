@@ -14,7 +14,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import random
 import socket
 import time
 import weakref
@@ -34,11 +33,12 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 from psycopg_pool import AsyncConnectionPool
-from tenacity import AsyncRetrying, retry_if_exception, stop_before_delay, wait_random_exponential
+from tenacity import AsyncRetrying, RetryCallState, retry_if_exception, stop_before_delay
 
 from . import errors
 from .logs import get_logger
 from .queries import Query
+from .runtime.backoff import backoff
 from .settings import Settings, get_settings
 
 Row = dict[str, Any]
@@ -49,6 +49,7 @@ HINT_WINDOW_S = 0.005
 #: The first wait before retrying; each later one doubles, up to RETRY_CAP_S.
 RETRY_BASE_S = 0.05
 RETRY_CAP_S = 1.0
+
 #: A call's whole budget, retries included, unless the caller gives its own.
 CALL_TIMEOUT_S = 30.0
 #: How long one try may wait for its reply before the connection is dropped.
@@ -107,6 +108,11 @@ def _hint_statement(hints: Sequence[tuple[str, str]]) -> sql.Composed:
     return sql.SQL("SELECT {}").format(sql.SQL(", ").join(
         sql.SQL("pg_notify({}, {})").format(sql.Literal(channel), sql.Literal(payload))
         for channel, payload in hints))
+
+
+def _retry_wait(state: RetryCallState) -> float:
+    # One try failed before the retry loop began, hence the + 1.
+    return backoff(state.attempt_number + 1, base_s=RETRY_BASE_S, cap_s=RETRY_CAP_S)
 
 
 def _retryable(exc: BaseException, idempotent: bool) -> bool:
@@ -419,7 +425,7 @@ class Session:
         # connections, until the call's budget is spent.
         retrying = AsyncRetrying(
             retry=retry_if_exception(lambda exc: _retryable(exc, idempotent)),
-            wait=wait_random_exponential(multiplier=RETRY_BASE_S, max=RETRY_CAP_S),
+            wait=_retry_wait,
             stop=stop_before_delay(max(deadline - loop.time(), 0.0)),
             reraise=True,
         )
@@ -631,7 +637,7 @@ class Database:
                 return
             except errors.Unavailable as exc:
                 # capped at 1 s: a service is back within a second of its server
-                delay = random.uniform(0.5, 1.0) * min(1.0, 0.25 * 2 ** min(tries - 1, 4))
+                delay = backoff(tries, base_s=0.25, cap_s=1.0)
                 if not _retryable(exc, False) or loop.time() + delay >= deadline:
                     raise
                 log.warning("waiting for the database", error=exc.message, tries=tries,

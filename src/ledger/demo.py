@@ -19,13 +19,12 @@ from __future__ import annotations
 
 import asyncio
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
 import time
 from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from contextlib import AsyncExitStack, asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -39,7 +38,8 @@ from .hub import Hub
 from .kernel import Kernel
 from .models import Event
 from .settings import Settings
-from .supervisor import RunOptions, Supervisor, run_everything
+from .runtime.host import Host, serve
+from .services import ReaperOptions, RunOptions, one_machine
 from .tail import SyntheticEvent, tail
 from .worker import WorkerOptions
 
@@ -202,17 +202,21 @@ async def _dashboard(db: Database, config: LedgerConfig, port: int | None,
         await server.stop()
 
 
+class _Serving:
+    """The dashboard keeps serving (in the background) until the host stops."""
+
+    name = "dashboard"
+
+    async def run_once(self) -> int:
+        return 0
+
+    async def run(self, stop: asyncio.Event) -> None:
+        await stop.wait()
+
+
 async def _serve_until_interrupted(console: Console) -> None:
     console.print("\nthe dashboard keeps serving; Ctrl-C to stop", highlight=False)
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
-    try:
-        await stop.wait()
-    finally:
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.remove_signal_handler(sig)
+    await serve([_Serving()], name="demo")
 
 
 async def run_demo(settings: Settings, console: Console, *, sensor_every_s: float = 2.0,
@@ -229,13 +233,18 @@ async def run_demo(settings: Settings, console: Console, *, sensor_every_s: floa
         narrator.line("repository", f"{repository}: calc.add subtracts; its unit test fails")
         logs.configure("error")  # the narration is the output; errors still show
         async with Hub(db) as hub, db.session("reader") as reading, \
-                db.session("operator") as operating, \
+                db.session("operator") as operating, AsyncExitStack() as stack, \
                 _dashboard(db, config, ui_port, console) as dashboard:
             await Kernel(operating).register_class(DEMO_CLASS, **config.classes[DEMO_CLASS].registration())
-            supervisor = Supervisor()
-            options = RunOptions(WorkerOptions(data_dir=root / "data", poll_s=1.0, reaper_grace_s=2.0,
-                                               reaper_interval_s=2.0), verification_lease_s=15.0)
-            running = asyncio.create_task(run_everything(db, config, options, hub, supervisor))
+            options = RunOptions(WorkerOptions(data_dir=root / "data", poll_s=1.0),
+                                 ReaperOptions(grace_s=2.0, interval_s=2.0),
+                                 verification_lease_s=15.0)
+            # The narration runs beside the host, so Ctrl-C stays the demo's
+            # (KeyboardInterrupt, exit 130): the host handles no signal here.
+            host = Host(name="demo", policy="restart", handle_signals=False)
+            for service in await one_machine(stack, db, config, options, hub):
+                host.add(service)
+            running = asyncio.create_task(host.run())
             reader = Kernel(reading)
             objective = config.sensors[DEMO_SENSOR].objective_key()
             try:
@@ -248,7 +257,7 @@ async def run_demo(settings: Settings, console: Console, *, sensor_every_s: floa
                 console.print(f"[red]the loop did not close within {DEADLINE_S:g}s[/]")
                 return 1
             finally:
-                supervisor.stop()
+                host.stop()
                 await running
             final = await reader.campaign(cid)
             narrator.journal(await reader.events(cid))

@@ -40,7 +40,7 @@ its change applies cleanly -- ``ledger.rebase`` -- and otherwise goes back to
 ready, its attempt given back), ``retry`` (transient: network, 5xx, git lock contention;
 jittered backoff by tries) and ``failed`` (permanent, or out of tries).
 
-The dispatcher has the shape of the maintenance loops (``ledger.loops.Loop``):
+The dispatcher is a periodic service (``ledger.runtime.service.Loop``):
 ``run_once`` drains what is due (tests call it directly) and ``run(stop)``
 repeats it, idling on the ``ledger_outbox`` channel of a ``WakeSource`` with the
 poll tick as timeout. It is cheap to embed in any process.
@@ -49,7 +49,6 @@ poll tick as timeout. It is cheap to embed in any process.
 from __future__ import annotations
 
 import asyncio
-import random
 import re
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -62,14 +61,15 @@ from . import bundle as bundles
 from . import faults
 from . import repository as repositories
 from .errors import StaleLease, Unavailable
-from .hub import NullHub, WakeSource
+from .hub import WakeSource
 from .identity import process_identity
 from .kernel import Kernel
 from .lease import LeaseClock
 from .logs import get_logger
-from .loops import Loop
+from .runtime.service import Loop
 from .models import Campaign, SideEffectClaim
 from .rebase import rebase
+from .runtime.backoff import backoff
 from .repository import LEDGER, GitError, Identity, RefMoved, Repository, WorktreeDirty
 
 OUTBOX_CHANNEL = "ledger_outbox"
@@ -87,13 +87,6 @@ _METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE"})
 # the same Idempotency-Key still in flight (IETF idempotency-key draft), 425,
 # 429 and every 5xx.
 _TRANSIENT_STATUSES = frozenset({408, 409, 425, 429})
-
-
-def backoff_s(tries: int, *, base_s: float = 2.0, cap_s: float = 600.0, jitter: float = 0.2) -> float:
-    """Delay before try ``tries + 1``: ``base * 2^(tries-1)``, capped, +/- ``jitter``
-    (so a fleet of dispatchers does not hammer a recovering target in lockstep)."""
-    delay = min(cap_s, base_s * 2 ** max(tries - 1, 0))
-    return max(0.0, delay * (1 + jitter * (2 * random.random() - 1)))
 
 
 @dataclass(frozen=True)
@@ -131,6 +124,7 @@ class Dispatcher(Loop):
     """
 
     name = "dispatcher"
+    wake_channel = OUTBOX_CHANNEL
 
     def __init__(
         self,
@@ -149,7 +143,7 @@ class Dispatcher(Loop):
         http_client: httpx.AsyncClient | None = None,
         data_dir: Path | None = None,
     ):
-        super().__init__(poll_s)
+        super().__init__(poll_s, hub=hub)
         if max_tries < 1:
             raise ValueError(f"dispatcher: max_tries must be at least 1, not {max_tries}")
         if batch < 1:
@@ -161,7 +155,6 @@ class Dispatcher(Loop):
             raise ValueError(f"dispatcher: lease_s ({lease_s}) must exceed 3 x http_timeout_s "
                              f"({http_timeout_s}), or a slow target outlives the claim")
         self.kernel = kernel
-        self.hub: WakeSource = hub or NullHub()
         self.identity = identity or process_identity("dispatcher")
         self.lease_s = lease_s
         self.max_tries = max_tries
@@ -203,9 +196,7 @@ class Dispatcher(Loop):
         the record would only leave work for the next dispatcher's read-back."""
         self._stop = stop
         self.log.info("dispatcher started", poll_s=self.interval_s, lease_s=self.lease_s)
-        # Subscribe before the first read, so a wake-up during a pass is kept.
-        with self.hub.subscribe(OUTBOX_CHANNEL) as wake:
-            await super().run(stop, wake)
+        await super().run(stop)
         self.log.info("dispatcher stopped", recorded=self.recorded)
 
     # --- one intent ------------------------------------------------------------
@@ -248,8 +239,10 @@ class Dispatcher(Loop):
             if claim.tries >= self.max_tries:
                 outcome, error = "failed", f"gave up after {claim.tries} tries: {error}"
             else:
-                retry_after = max(backoff_s(claim.tries, base_s=self.backoff_base_s,
-                                            cap_s=self.backoff_cap_s),
+                # jittered, so a fleet of dispatchers does not hammer a
+                # recovering target in lockstep
+                retry_after = max(backoff(claim.tries, base_s=self.backoff_base_s,
+                                          cap_s=self.backoff_cap_s, jitter=0.2),
                                   min(verdict.retry_after_s or 0.0, self.backoff_cap_s))
         result = {**verdict.result, "dispatcher": self.identity}
         try:

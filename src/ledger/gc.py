@@ -11,7 +11,7 @@ attempts whose worker died on this host.
 
 Branches of campaigns that this database does not know, and of open or
 exhausted campaigns, are kept. ``Collector`` is the same work as a
-maintenance loop (``ledger.loops.Loop``).
+periodic service (``ledger.runtime.service.Loop``).
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from .attempt import sweep_orphans
 from .config import CampaignClassConfig, LedgerConfig
 from .errors import NotFound
 from .kernel import Kernel
-from .loops import Loop
+from .runtime.service import Loop
 from .models import Campaign
 from .repository import GitError, Repository
 

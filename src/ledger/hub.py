@@ -29,7 +29,6 @@ asynchronous notification API has no place in the executor interface.
 from __future__ import annotations
 
 import asyncio
-import random
 import secrets
 from collections import deque
 from collections.abc import AsyncIterator, Iterator
@@ -42,6 +41,7 @@ from psycopg import sql
 from .database import Database, bounded
 from .errors import Unavailable
 from .logs import get_logger
+from .runtime.backoff import backoff
 
 CHANNELS = ("ledger_ready", "ledger_cancel", "ledger_event", "ledger_attempted", "ledger_outbox")
 #: The hub's own channel: the round trip that proves it hears.
@@ -290,8 +290,7 @@ class Hub:
     def _backoff(self, failures: int) -> float:
         # Exponential, capped, with "equal jitter": never zero, never in lockstep
         # with the other processes that lost the same server.
-        ceiling = min(self.backoff_cap_s, self.backoff_base_s * 2 ** min(failures, 30))
-        return ceiling / 2 + random.uniform(0, ceiling / 2)
+        return backoff(failures + 1, base_s=self.backoff_base_s, cap_s=self.backoff_cap_s)
 
     async def _listen(self) -> psycopg.AsyncConnection[Any]:
         conn = await self.db.connect(self.actor)

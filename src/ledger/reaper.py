@@ -9,7 +9,7 @@ process a moment ago, is left alone.
 from __future__ import annotations
 
 from .kernel import Kernel
-from .loops import Loop
+from .runtime.service import Loop
 
 
 class Reaper(Loop):

@@ -26,6 +26,7 @@ import asyncio
 import os
 import tempfile
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
@@ -202,21 +203,34 @@ class Sensor:
             self.log.warning("observation failed", tick=tick.isoformat(), error=exc.message)
 
 
-async def run_sensors(kernel: Kernel, config: LedgerConfig, names: list[str], identity: str,
-                      stop: asyncio.Event, *, once: bool = False) -> int:
-    """Run the named sensors (all when empty) until ``stop``; ``once``: observe
-    each once now, outside the schedule, and return. Returns the number of
-    observations."""
-    chosen = names or sorted(config.sensors)
-    unknown = [n for n in chosen if n not in config.sensors]
-    if unknown:
-        raise ConfigError(f"unknown sensor(s): {', '.join(unknown)}")
-    if not chosen:
-        raise ConfigError("the config declares no sensors")
-    sensors = [Sensor(kernel, config.sensors[n], identity) for n in chosen]
-    if once:
-        for sensor in sensors:
-            await sensor.observe(None)  # a manual observation, outside the schedule
-    else:
-        await asyncio.gather(*(sensor.run(stop) for sensor in sensors))
-    return sum(s.observed for s in sensors)
+class Sensors:
+    """The chosen sensors of a config (all when ``names`` is empty) as one
+    service: ``run(stop)`` observes every tick of each until stopped;
+    ``run_once`` observes each once now, outside the schedule (``--once``).
+    Unknown names are a ``ConfigError`` here, before anything connects."""
+
+    name = "sensors"
+
+    def __init__(self, kernel: Kernel, config: LedgerConfig, names: Sequence[str], identity: str):
+        chosen = list(names) or sorted(config.sensors)
+        unknown = [n for n in chosen if n not in config.sensors]
+        if unknown:
+            raise ConfigError(f"unknown sensor(s): {', '.join(unknown)}")
+        if not chosen:
+            raise ConfigError("the config declares no sensors")
+        self.sensors = [Sensor(kernel, config.sensors[n], identity) for n in chosen]
+
+    @property
+    def observed(self) -> int:
+        """Observations recorded so far, by every sensor."""
+        return sum(s.observed for s in self.sensors)
+
+    async def run_once(self) -> int:
+        """Observe each sensor once now (a manual observation, no tick)."""
+        for sensor in self.sensors:
+            await sensor.observe(None)
+        return len(self.sensors)
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Observe every tick of every sensor until ``stop`` is set."""
+        await asyncio.gather(*(sensor.run(stop) for sensor in self.sensors))

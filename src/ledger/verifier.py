@@ -33,7 +33,7 @@ import asyncio
 import contextlib
 import shutil
 import tempfile
-from collections.abc import Callable, Coroutine, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, TypeVar
@@ -43,13 +43,13 @@ import verifiers
 from . import bundle as bundles
 from . import faults, protection, repository
 from .errors import LedgerError, StaleLease, Unavailable
-from .hub import NullHub, WakeSource
+from .hub import WakeSource
 from .identity import process_identity
 from .kernel import Kernel
 from .lease import LeaseClock
 from .logs import get_logger
-from .loops import Loop, idle, unavailable_pause
 from .models import VerificationClaim
+from .runtime.service import Loop
 from .repository import GitError, Repository, head
 
 T = TypeVar("T")
@@ -93,6 +93,10 @@ class Verifier(Loop):
     with a poll tick of ``poll_s``."""
 
     name = "verifier"
+    wake_channel = "ledger_attempted"
+    #: a verifier implementation may raise anything; one bad pass must not
+    #: end the verifier
+    survives = (Exception,)
 
     def __init__(
         self,
@@ -108,7 +112,7 @@ class Verifier(Loop):
         data_dir: Path | None = None,
         work_dir: Path | None = None,
     ):
-        super().__init__(poll_s)
+        super().__init__(poll_s, hub=hub)
         if lease_s <= 0:
             raise ValueError(f"verification lease must be positive, not {lease_s}")
         self.heartbeat_s = heartbeat_s if heartbeat_s is not None else lease_s / 3
@@ -120,7 +124,6 @@ class Verifier(Loop):
         self.model_family = model_family
         self.classes = list(classes) if classes else None
         self.lease_s = lease_s
-        self.hub: WakeSource = hub or NullHub()
         self.cache_dir = data_dir / "repos" if data_dir is not None else None
         self.work_dir = work_dir
         self.log = get_logger(self.name, verifier=self.identity, model_family=model_family)
@@ -344,56 +347,15 @@ class Verifier(Loop):
 
     # --- the loop ------------------------------------------------------------
 
+    async def one_pass(self, stop: asyncio.Event) -> int:
+        """Verify every waiting candidate. Stopping mid-check kills the check
+        and records nothing: the short verification lease lapses and another
+        verifier takes over."""
+        return await self.unless_stopped(asyncio.ensure_future(self.drain()), stop)
+
     async def run(self, stop: asyncio.Event) -> None:
         """Verify until ``stop`` is set. Waiting candidates are drained, then the
-        verifier idles until a ``ledger_attempted`` wake-up or its poll tick.
-        Stopping mid-check kills the check and records nothing: the short
-        verification lease lapses and another verifier takes over."""
+        verifier idles until a ``ledger_attempted`` wake-up or its poll tick."""
         self.log.info("verifier started", classes=self.classes, lease_s=self.lease_s)
-        with self.hub.subscribe("ledger_attempted") as wake:
-            while not stop.is_set():
-                delay = self._pause()
-                try:
-                    done = await self._unless_stopped(self.drain(), stop)
-                    self.runs += 1
-                    self.failures = 0
-                    if done:
-                        self.log.info("verifier pass", verified=done)
-                except _Stopped:
-                    self.log.info("stopped mid-check; the verification is left to lapse")
-                    break
-                except Unavailable as exc:
-                    self.failures += 1
-                    delay = unavailable_pause(self.failures)
-                    self.log.warning("verifier pass could not reach the database", error=exc.message,
-                                     error_type=type(exc).__name__, retry_in_s=round(delay, 2))
-                    await idle(stop, wake, delay)  # a wake-up (the hub reconnecting) cuts it short
-                    continue
-                except Exception as exc:  # never let one bad pass end the verifier
-                    self.failures += 1
-                    delay = min(self.interval_s * 2 ** self.failures, 60.0)
-                    self.log.warning("verifier pass failed", error=str(exc),
-                                     retry_in_s=round(delay, 2), exc_info=not isinstance(exc, LedgerError))
-                wake.drain()
-                await idle(stop, wake, delay)
+        await super().run(stop)
         self.log.info("verifier stopped", **self.verdicts)
-
-    @staticmethod
-    async def _unless_stopped(work: Coroutine[Any, Any, T], stop: asyncio.Event) -> T:
-        """Await ``work``, cancelling it (and raising ``_Stopped``) if ``stop`` is set first."""
-        task = asyncio.ensure_future(work)
-        stopper = asyncio.ensure_future(stop.wait())
-        try:
-            await asyncio.wait({task, stopper}, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            stopper.cancel()
-            if not task.done():
-                task.cancel()
-            await asyncio.gather(task, stopper, return_exceptions=True)
-        if task.cancelled():
-            raise _Stopped
-        return task.result()
-
-
-class _Stopped(Exception):
-    """``stop`` was set while work was in flight."""

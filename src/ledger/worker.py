@@ -1,11 +1,12 @@
 """The worker process (``ledger worker``): claim, attempt, let go.
 
-Read top to bottom: a semaphore bounds concurrent attempts and is acquired
-*before* claiming, so a saturated worker never strands a claimed row; the claim
-loop idles on the hub (``ledger_ready``) with the poll tick as timeout; every
-worker process also runs a reaper, once at boot and then on an interval.
-Shutdown has two phases: stop claiming at once, let in-flight attempts finish
-within the drain budget, then stop the rest and hand their campaigns back.
+A service (``ledger.runtime.service.Service``) that the host runs beside a
+reaper (``ledger.reaper``: every worker process runs one). Read top to bottom:
+a semaphore bounds concurrent attempts and is acquired *before* claiming, so a
+saturated worker never strands a claimed row; the claim loop idles on the hub
+(``ledger_ready``) with the poll tick as timeout. Shutdown has two phases: stop
+claiming at once, let in-flight attempts finish within the drain budget, then
+stop the rest and hand their campaigns back.
 
 A claim whose reply was lost (``OutcomeUnknown``) may have leased a campaign
 to this worker: it reads back the leases it holds and adopts them (a
@@ -16,7 +17,7 @@ costs neither the campaign's attempt nor a lease left to expire.
 from __future__ import annotations
 
 import asyncio
-import random
+from collections.abc import Awaitable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -30,7 +31,7 @@ from .kernel import Kernel
 from .lease import LeaseClock
 from .logs import get_logger
 from .models import Claim
-from .reaper import Reaper
+from .runtime.backoff import backoff
 
 
 @dataclass
@@ -42,8 +43,6 @@ class WorkerOptions:
     classes: list[str] = field(default_factory=list)  # empty: every class in the config
     poll_s: float = 5.0
     drain_timeout_s: float = 30.0
-    reaper_grace_s: float = 5.0
-    reaper_interval_s: float = 5.0
 
     def __post_init__(self) -> None:
         if self.concurrency < 1:
@@ -53,7 +52,9 @@ class WorkerOptions:
 
 
 class Worker:
-    """One worker process: a claim loop, its attempts and a reaper."""
+    """One worker: a claim loop and its attempts."""
+
+    name = "worker"
 
     def __init__(self, db: Database, config: LedgerConfig, options: WorkerOptions, *,
                  hub: WakeSource | None = None, identity: str | None = None):
@@ -74,33 +75,56 @@ class Worker:
         self.log = get_logger("worker", worker=self.identity)
 
     def stop(self) -> None:
-        """Begin shutdown: claim nothing more (signal handlers call this)."""
+        """Begin shutdown: claim nothing more (the host's stop leads here)."""
         if not self.stopping.is_set():
             self.log.info("stopping: no new claims; draining", in_flight=len(self.attempts))
             self.stopping.set()
 
-    async def run(self) -> int:
-        """Work until ``stop()``; returns the exit code (0 on a clean drain)."""
-        work = await self.db.session("worker", max_size=self.options.concurrency + 2).open()
-        reap = await self.db.session("reaper", max_size=1).open()
+    async def run(self, stop: asyncio.Event) -> int:
+        """Claim and attempt until ``stop`` is set, then drain; returns 0."""
+        self.stopping = asyncio.Event()
+        follow = asyncio.create_task(self._follow(stop), name="worker:stop")
         try:
-            await self._check_registered(Kernel(work))
-            reaper = Reaper(Kernel(reap), grace_s=self.options.reaper_grace_s,
-                            interval_s=self.options.reaper_interval_s)
-            await reaper.run_once()  # the reconciler: leases lost while nobody was running
-            swept = await asyncio.to_thread(sweep_orphans, self.options.data_dir)
-            if swept:
-                self.log.info("removed worktrees of dead workers", count=swept)
-            self.log.info("worker started", classes=self.classes,
-                          concurrency=self.options.concurrency)
-            reaper_task = asyncio.create_task(reaper.run(self.stopping), name="reaper")
-            await self._claim_loop(Kernel(work))
-            await self._drain()
-            await reaper_task
+            async with self.db.session("worker", max_size=self.options.concurrency + 2) as work:
+                kernel = Kernel(work)
+                await self._boot(kernel)
+                self.log.info("worker started", classes=self.classes,
+                              concurrency=self.options.concurrency)
+                try:
+                    await self._claim_loop(kernel)
+                finally:
+                    # Also when the claim loop died: the attempts in flight
+                    # are drained, never left running behind the host's back.
+                    self.stop()
+                    await self._drain()
             return 0
         finally:
-            await work.close()
-            await reap.close()
+            follow.cancel()
+
+    async def run_once(self) -> int:
+        """Claim one campaign and see its attempt through; 1 if there was one."""
+        self.stopping = asyncio.Event()
+        async with self.db.session("worker", max_size=2) as work:
+            kernel = Kernel(work)
+            await self._boot(kernel)
+            claim = await kernel.claim_campaign(self.identity, self.classes)
+            if claim is None:
+                return 0
+            self.claimed += 1
+            await self.slots.acquire()
+            self._start(kernel, claim, LeaseClock())
+            await asyncio.wait([task for _, task in self.attempts.values()])
+            return 1
+
+    async def _follow(self, stop: asyncio.Event) -> None:
+        await stop.wait()
+        self.stop()
+
+    async def _boot(self, kernel: Kernel) -> None:
+        await self._check_registered(kernel)
+        swept = await asyncio.to_thread(sweep_orphans, self.options.data_dir)
+        if swept:
+            self.log.info("removed worktrees of dead workers", count=swept)
 
     async def _check_registered(self, kernel: Kernel) -> None:
         registered = {c.name for c in await kernel.classes()}
@@ -134,7 +158,7 @@ class Worker:
                                      error_type=type(exc).__name__)
                     if isinstance(exc, Unavailable):
                         # back soon: a hub reconnect or a hint cuts this short
-                        wait_s = min(wait_s, random.uniform(0.5, 1.0))
+                        wait_s = min(wait_s, backoff(1, base_s=1.0, cap_s=1.0))
                 if claim is None:
                     self.slots.release()
                     self.log.debug("idle: nothing to claim", wait_s=wait_s)
@@ -156,7 +180,7 @@ class Worker:
             self.slots.release()
             self.log.warning("could not read back this worker's leases; trying again",
                              error=exc.message)
-            await self._idle(asyncio.sleep(random.uniform(0.5, 1.0)))
+            await self._idle(asyncio.sleep(backoff(1, base_s=1.0, cap_s=1.0)))
             return False
         slot = True  # the one held by the caller
         for claim in held:
@@ -206,10 +230,10 @@ class Worker:
             return False
         return True
 
-    async def _idle(self, wake: object) -> None:
-        waiter = asyncio.ensure_future(wake)  # type: ignore[arg-type]
-        stopping = asyncio.create_task(self.stopping.wait())
-        await asyncio.wait({waiter, stopping}, return_when=asyncio.FIRST_COMPLETED)
+    async def _idle(self, wake: Awaitable[object]) -> None:
+        waiter: asyncio.Future[object] = asyncio.ensure_future(wake)
+        stopping: asyncio.Future[object] = asyncio.ensure_future(self.stopping.wait())
+        await asyncio.wait([waiter, stopping], return_when=asyncio.FIRST_COMPLETED)
         for task in (waiter, stopping):
             task.cancel()
 

@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-import asyncio
-import signal
-
 import typer
 
 from .. import logs
 from ..dispatcher import Dispatcher
 from ..hub import Hub
 from ..kernel import Kernel
+from ..runtime.host import serve
 from .context import console_err, run, state
 from .runtime import WAIT_OPTION
 
@@ -62,17 +60,15 @@ def dispatcher(
         async with session:
             if hub is None:
                 return await d.run_once()
-            stop = asyncio.Event()
-            loop = asyncio.get_running_loop()
-            for sig in (signal.SIGTERM, signal.SIGINT):
-                loop.add_signal_handler(sig, stop.set)
             # Not waiting for the first LISTEN: wake-ups are hints, and until the
             # hub is up (or while it reconnects) the poll tick still finds every intent.
             await hub.start(wait=False)
             try:
-                await d.run(stop)
+                code = await serve([d], name="dispatcher")
             finally:
                 await hub.stop()
+            if code:
+                raise typer.Exit(code)
             return sum(d.recorded.values())
 
     handled = run(go())

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 from pathlib import Path
 
@@ -13,7 +12,7 @@ from ..config import load_config
 from ..gc import Collector, collect
 from ..kernel import Kernel
 from .context import console_err, emit_json, run, state
-from .runtime import CONFIG_OPTION, LOG_OPTION, config_path, until_signalled
+from .runtime import CONFIG_OPTION, LOG_OPTION, config_path
 
 
 def register(app: typer.Typer) -> None:
@@ -53,9 +52,11 @@ def gc(
                                      dry_run=dry_run)
             collector = Collector(kernel, cfg, st.settings.data_dir, interval_s=every,
                                   classes=class_)
-            stop = asyncio.Event()
-            until_signalled(stop.set)
-            await collector.run(stop)
+            from ..runtime.host import serve
+
+            code = await serve([collector], name="gc")
+            if code:
+                raise typer.Exit(code)
             return collector.last
 
     done = run(go())

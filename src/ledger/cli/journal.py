@@ -119,6 +119,8 @@ def trim(
                                         "(90s, 30m, 24h, 7d)."),
     as_json: bool = typer.Option(False, "--json", envvar="LEDGER_JSON", show_envvar=True,
                                  help="Print JSON for machines."),
+    every: float = typer.Option(None, "--every", min=1.0, metavar="SECONDS",
+                                help="Keep running: a pass every this many seconds, until SIGTERM."),
 ) -> None:
     """Delete output deltas of campaigns closed longer ago than --older-than.
 
@@ -126,8 +128,17 @@ def trim(
     seconds = parse_duration(older_than)
 
     async def go() -> int:
+        from ..runtime.host import serve
+        from ..trimmer import Trimmer
+
         async with state(ctx).database().session("operator") as s:
-            return await Kernel(s).trim_journal(seconds)
+            trimmer = Trimmer(Kernel(s), older_than_s=seconds, interval_s=every or 3600.0)
+            if every is None:
+                return await trimmer.run_once()
+            code = await serve([trimmer], name="trimmer")
+            if code:
+                raise typer.Exit(code)
+            return trimmer.removed
     removed = run(go())
     if as_json:
         typer.echo(json.dumps({"removed": removed, "older_than_s": seconds}))

@@ -1,9 +1,10 @@
-"""Long-running processes: ``ledger worker`` (more join it as they land)."""
+"""Long-running processes: ``ledger worker``, ``ledger run``, ``ledger sensor
+run``. Each builds its services and hands them to the host
+(``ledger.runtime.host``), which owns signals, watching and shutdown."""
 
 from __future__ import annotations
 
-import asyncio
-import signal
+from contextlib import AsyncExitStack
 from pathlib import Path
 
 import typer
@@ -12,8 +13,9 @@ from .. import logs
 from ..config import load_config
 from ..hub import listening
 from ..identity import process_identity
-from ..sensors import run_sensors
-from ..worker import Worker, WorkerOptions
+from ..runtime.host import serve
+from ..services import ReaperOptions, worker_services
+from ..worker import WorkerOptions
 from .context import run, state
 
 CONFIG_OPTION = typer.Option(None, "--config", envvar="LEDGER_CONFIG", show_envvar=True,
@@ -44,13 +46,6 @@ def config_path(ctx: typer.Context, option: Path | None) -> Path:
     return option or state(ctx).settings.config
 
 
-def until_signalled(stop) -> None:  # type: ignore[no-untyped-def]
-    """Call ``stop()`` on SIGTERM or SIGINT (the first starts a graceful stop)."""
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop)
-
-
 def worker(
     ctx: typer.Context,
     config: Path = CONFIG_OPTION,
@@ -73,15 +68,14 @@ def worker(
     st = state(ctx)
     cfg = load_config(config_path(ctx, config))
     options = WorkerOptions(data_dir=st.settings.data_dir, concurrency=concurrency,
-                            classes=class_, poll_s=poll, drain_timeout_s=drain_timeout,
-                            reaper_grace_s=grace, reaper_interval_s=max(min(grace, 5.0), 0.2))
+                            classes=class_, poll_s=poll, drain_timeout_s=drain_timeout)
+    reaper = ReaperOptions(grace_s=grace, interval_s=max(min(grace, 5.0), 0.2))
 
     async def go() -> int:
         db = st.database(wait_s=wait_for_database)
-        async with listening(db, listen) as hub:
-            w = Worker(db, cfg, options, hub=hub)
-            until_signalled(w.stop)
-            return await w.run()
+        async with listening(db, listen) as hub, AsyncExitStack() as stack:
+            return await serve(await worker_services(stack, db, cfg, options, reaper, hub),
+                               name="worker")
 
     raise typer.Exit(run(go()))
 
@@ -102,14 +96,15 @@ def sensor_run(
     cfg = load_config(config_path(ctx, config))
 
     async def go() -> int:
-        stop = asyncio.Event()
-        until_signalled(stop.set)
-        async with st.database(wait_s=wait_for_database).session("sensor") as session:
-            from ..kernel import Kernel
+        from ..kernel import Kernel
+        from ..sensors import Sensors
 
-            await run_sensors(Kernel(session), cfg, names or [], process_identity("sensor"), stop,
-                              once=once)
-        return 0
+        async with st.database(wait_s=wait_for_database).session("sensor") as session:
+            sensors = Sensors(Kernel(session), cfg, names or [], process_identity("sensor"))
+            if once:
+                await sensors.run_once()
+                return 0
+            return await serve([sensors], name="sensor")
 
     raise typer.Exit(run(go()))
 
@@ -126,26 +121,32 @@ def run_all(
                                help="Poll tick of every component when nothing wakes it."),
     drain_timeout: float = typer.Option(30.0, "--drain-timeout", min=0, envvar="LEDGER_DRAIN_TIMEOUT_S",
                                         show_envvar=True, help="On SIGTERM, how long attempts may finish."),
+    trim_after: str = typer.Option(None, "--trim-after", metavar="DURATION",
+                                   envvar="LEDGER_TRIM_AFTER", show_envvar=True,
+                                   help="Also trim journal deltas (output, progress) of campaigns "
+                                        "closed longer ago than this (90s, 30m, 24h, 7d), hourly."),
     listen: bool = LISTEN_OPTION,
     wait_for_database: float = WAIT_OPTION,
     log_level: str = LOG_OPTION,
 ) -> None:
-    """Run sensors, a worker, a verifier and a dispatcher as one supervised process
-    (a single machine); SIGTERM stops them all, draining the worker."""
-    from ..supervisor import RunOptions, Supervisor, run_everything
+    """Run sensors, a worker and its reaper, a verifier and a dispatcher (and with
+    --trim-after the journal trimmer) in one process on one machine; a part that
+    dies is restarted; SIGTERM stops them all, draining the worker."""
+    from ..services import RunOptions, one_machine
+    from .journal import parse_duration
 
     logs.configure(log_level)
     st = state(ctx)
     cfg = load_config(config_path(ctx, config))
     options = RunOptions(WorkerOptions(data_dir=st.settings.data_dir, concurrency=workers, poll_s=poll,
-                                       drain_timeout_s=drain_timeout),
-                         model_family=model_family, sensors=not no_sensors)
+                                       drain_timeout_s=drain_timeout), ReaperOptions(),
+                         model_family=model_family, sensors=not no_sensors,
+                         trim_after_s=parse_duration(trim_after) if trim_after else None)
 
     async def go() -> int:
         db = st.database(wait_s=wait_for_database)
-        supervisor = Supervisor()
-        until_signalled(supervisor.stop)
-        async with listening(db, listen) as hub:
-            return await run_everything(db, cfg, options, hub, supervisor)
+        async with listening(db, listen) as hub, AsyncExitStack() as stack:
+            return await serve(await one_machine(stack, db, cfg, options, hub), name="run",
+                               policy="restart")
 
     raise typer.Exit(run(go()))

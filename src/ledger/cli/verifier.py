@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import asyncio
-import signal
-
 import typer
 
 from .. import logs
 from ..hub import listening
 from ..kernel import Kernel
+from ..runtime.host import serve
 from ..verifier import Verifier
 from .context import console_err, run, state
 from .runtime import LISTEN_OPTION, WAIT_OPTION
@@ -49,11 +47,9 @@ def verifier(
                          lease_s=lease, poll_s=poll, data_dir=settings.data_dir, hub=hub)
             if once:
                 return await v.drain()
-            stop = asyncio.Event()
-            loop = asyncio.get_running_loop()
-            for sig in (signal.SIGTERM, signal.SIGINT):
-                loop.add_signal_handler(sig, stop.set)
-            await v.run(stop)
+            code = await serve([v], name="verifier")
+            if code:
+                raise typer.Exit(code)
             return sum(v.verdicts.values())
 
     done = run(go())

@@ -1,0 +1,265 @@
+"""The host: runs a set of services in one process until it is told to stop.
+
+Each service runs as a task named after it. SIGTERM and SIGINT are handled
+here and only here: the first asks every service to stop (``stop`` is set;
+the worker drains), later ones are logged and change nothing. The host
+watches every task it started: a service that raises -- or returns before it
+was asked to stop -- is handled by its policy:
+
+* ``fail`` (the default): the host stops the others, waits for them, and
+  raises that service's exception (the CLI turns a Ledger error into its
+  one-line message and exit code). A process manager restarts the process.
+* ``restart``: it is logged and run again after the shared ``backoff``
+  (``ledger run``, where one machine runs everything and a bug in one part
+  must not stop the rest).
+
+When every service has returned, the host checks that nothing outlived them:
+no asyncio task that a service started (directly or through what it called;
+tasks of the code around the host are not its business) and no child process
+that was not there at start. What it finds is logged, cancelled or killed,
+and makes the exit code 70 (EX_SOFTWARE): a service that leaves work running
+behind its back is a defect even when everything else went well.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import os
+import signal
+import weakref
+from collections.abc import Coroutine, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from ..logs import get_logger
+from .backoff import backoff
+from .service import Service
+
+Policy = Literal["fail", "restart"]
+POLICIES: tuple[Policy, ...] = ("fail", "restart")
+#: The exit code when the host had to clean up after its services.
+EX_SOFTWARE = 70
+SIGNALS = (signal.SIGTERM, signal.SIGINT)
+#: The host whose service runs in this context (tasks inherit it).
+_HOST: contextvars.ContextVar[Host | None] = contextvars.ContextVar("ledger_host", default=None)
+
+
+@dataclass
+class Hosted:
+    """One service under the host, and what became of it."""
+
+    name: str
+    service: Service
+    policy: Policy
+    restarts: int = 0
+    error: BaseException | None = None
+
+
+@dataclass(frozen=True)
+class Leftovers:
+    """What outlived the services (empty: nothing)."""
+
+    tasks: list[str] = field(default_factory=list)
+    children: list[int] = field(default_factory=list)
+
+    def __bool__(self) -> bool:
+        return bool(self.tasks or self.children)
+
+
+class Host:
+    """Runs services as named tasks until ``stop()`` or a signal (see the module)."""
+
+    def __init__(self, *, name: str = "ledger", policy: Policy = "fail",
+                 restart_base_s: float = 0.5, restart_cap_s: float = 30.0,
+                 handle_signals: bool = True, settle_s: float = 5.0):
+        if policy not in POLICIES:
+            raise ValueError(f"host policy must be one of {', '.join(POLICIES)}, not {policy!r}")
+        if not 0 < restart_base_s <= restart_cap_s or settle_s < 0:
+            raise ValueError("host: restart_base_s must be positive and at most restart_cap_s, "
+                             "settle_s not negative")
+        self.name = name
+        self.policy: Policy = policy
+        self.restart_base_s = restart_base_s
+        self.restart_cap_s = restart_cap_s
+        self.handle_signals = handle_signals
+        self.settle_s = settle_s
+        self.services: dict[str, Hosted] = {}
+        self.stopping = asyncio.Event()
+        self.leftovers = Leftovers()
+        self.signals = 0
+        self.log = get_logger("host", host=name)
+
+    def add(self, service: Service, *, name: str | None = None, policy: Policy | None = None) -> Host:
+        """Run ``service`` (under ``name``, default its own) with ``policy``
+        (default the host's). Names are unique: they name the tasks and the logs."""
+        if not isinstance(service, Service):
+            raise TypeError(f"{service!r} is not a service (name, run_once, run(stop))")
+        name = name or service.name
+        if name in self.services:
+            raise ValueError(f"host: a service named {name!r} is already added")
+        chosen = policy or self.policy
+        if chosen not in POLICIES:
+            raise ValueError(f"host policy must be one of {', '.join(POLICIES)}, not {chosen!r}")
+        self.services[name] = Hosted(name, service, chosen)
+        return self
+
+    def stop(self) -> None:
+        """Ask every service to stop (idempotent)."""
+        if not self.stopping.is_set():
+            self.log.info("stopping", services=sorted(self.services))
+            self.stopping.set()
+
+    def _signalled(self, sig: signal.Signals) -> None:
+        self.signals += 1
+        if self.stopping.is_set():
+            self.log.info("already stopping", signal=sig.name)
+        else:
+            self.log.info("signal received", signal=sig.name)
+            self.stop()
+
+    async def run(self) -> int:
+        """Run every service until each has returned; returns the exit code
+        (0, or ``EX_SOFTWARE`` when something outlived them). Raises the
+        exception of a ``fail`` service that died, once the rest stopped."""
+        if not self.services:
+            raise ValueError("host: no services to run")
+        loop = asyncio.get_running_loop()
+        before_children = set(child_processes())
+        previous_factory = loop.get_task_factory()
+        spawned = self._track_tasks(loop)
+        if self.handle_signals:
+            for sig in SIGNALS:
+                loop.add_signal_handler(sig, self._signalled, sig)
+        self.log.info("starting", services=sorted(self.services))
+        try:
+            tasks = [asyncio.create_task(self._keep(hosted), name=f"{self.name}:{hosted.name}")
+                     for hosted in self.services.values()]
+            await asyncio.gather(*tasks)
+        finally:
+            if self.handle_signals:
+                for sig in SIGNALS:
+                    loop.remove_signal_handler(sig)
+            try:
+                self.leftovers = await self._sweep(spawned, before_children)
+            finally:
+                loop.set_task_factory(previous_factory)
+        failed = [h for h in self.services.values() if h.error is not None and h.policy == "fail"]
+        self.log.info("stopped", failed=[h.name for h in failed],
+                      restarts={h.name: h.restarts for h in self.services.values() if h.restarts})
+        if failed:
+            raise failed[0].error  # type: ignore[misc]
+        return EX_SOFTWARE if self.leftovers else 0
+
+    def _track_tasks(self, loop: asyncio.AbstractEventLoop) -> weakref.WeakSet[asyncio.Task[object]]:
+        """Record every task created in a context that one of our services runs in."""
+        spawned: weakref.WeakSet[asyncio.Task[object]] = weakref.WeakSet()
+        previous: Any = loop.get_task_factory()
+
+        def factory(loop: asyncio.AbstractEventLoop, coro: Coroutine[Any, Any, Any],
+                    **kwargs: Any) -> Any:
+            task = (previous(loop, coro, **kwargs) if previous is not None
+                    else asyncio.Task(coro, loop=loop, **kwargs))
+            context = kwargs.get("context")
+            owner = (context if isinstance(context, contextvars.Context)
+                     else contextvars.copy_context()).get(_HOST)
+            if owner is self:
+                spawned.add(task)
+            return task
+
+        loop.set_task_factory(factory)  # type: ignore[arg-type]  # typeshed lacks context=
+        return spawned
+
+    async def _keep(self, hosted: Hosted) -> None:
+        """Run one service by its policy; never raises (the host reads ``error``)."""
+        _HOST.set(self)  # this task's context: the service's tasks inherit it
+        failures = 0
+        while True:
+            try:
+                await hosted.service.run(self.stopping)
+                if self.stopping.is_set():
+                    return
+                raise RuntimeError(f"service {hosted.name} returned before it was asked to stop")
+            except Exception as exc:  # a service's defect: its policy decides
+                hosted.error = exc
+                if hosted.policy == "fail" or self.stopping.is_set():
+                    self.log.error("service died; stopping the others", service=hosted.name,
+                                   error=repr(exc), exc_info=exc)
+                    self.stop()
+                    return
+                failures += 1
+                hosted.restarts += 1
+                delay = backoff(failures, base_s=self.restart_base_s, cap_s=self.restart_cap_s)
+                self.log.error("service died; restarting it", service=hosted.name, error=repr(exc),
+                               restart_in_s=round(delay, 2), exc_info=exc)
+            try:
+                await asyncio.wait_for(self.stopping.wait(), delay)
+                return
+            except TimeoutError:
+                pass
+
+    async def _sweep(self, spawned: weakref.WeakSet[asyncio.Task[object]], before_children: set[int]
+                     ) -> Leftovers:
+        """Find, log and end what the services left behind."""
+        def new_tasks() -> list[asyncio.Task[object]]:
+            return [t for t in list(spawned) if not t.done()]
+
+        # Tasks that are ending (a cancelled waiter's cleanup) get a moment.
+        deadline = asyncio.get_running_loop().time() + self.settle_s
+        while new_tasks() and asyncio.get_running_loop().time() < deadline:
+            await asyncio.sleep(0.01)
+        tasks = new_tasks()
+        children = [pid for pid in child_processes() if pid not in before_children]
+        if not tasks and not children:
+            return Leftovers()
+        self.log.error("services left work running; ending it", tasks=[t.get_name() for t in tasks],
+                       children=children)
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        for pid in children:
+            kill_process(pid)
+        return Leftovers([t.get_name() for t in tasks], children)
+
+
+def child_processes(parent: int | None = None) -> Iterable[int]:
+    """Live (not zombie) child processes of ``parent`` (default this process),
+    from ``/proc``; none where there is no ``/proc``."""
+    parent = os.getpid() if parent is None else parent
+    proc = Path("/proc")
+    if not proc.is_dir():
+        return []
+    found = []
+    for entry in proc.iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue  # gone meanwhile
+        # "pid (comm) state ppid ...": comm may hold spaces and parentheses
+        fields = stat[stat.rfind(")") + 2:].split()
+        if len(fields) > 1 and fields[0] != "Z" and int(fields[1]) == parent:
+            found.append(int(entry.name))
+    return found
+
+
+def kill_process(pid: int) -> None:
+    """SIGKILL ``pid`` -- and its process group when it leads one (every
+    command Ledger runs does) -- unless it is already gone."""
+    try:
+        if os.getpgid(pid) == pid:
+            os.killpg(pid, signal.SIGKILL)
+        else:
+            os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+async def serve(services: Iterable[Service], *, name: str = "ledger", policy: Policy = "fail") -> int:
+    """Run ``services`` on a new host until a signal; returns its exit code."""
+    host = Host(name=name, policy=policy)
+    for service in services:
+        host.add(service)
+    return await host.run()

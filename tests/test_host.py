@@ -1,0 +1,200 @@
+"""The runtime host and the one backoff (``ledger.runtime``): a service that
+dies is noticed at once (fail fast, or restarted by policy), SIGTERM/SIGINT is
+handled once, nothing a service started outlives the host, and every retry
+pauses by the same function."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+
+import pytest
+
+from drive import Driver, eventually
+from ledger.dispatcher import Dispatcher
+from ledger.drill import process_gone
+from ledger.errors import ConfigError
+from ledger.reaper import Reaper
+from ledger.runtime.backoff import backoff
+from ledger.runtime.host import EX_SOFTWARE, Host
+from ledger.runtime.service import Service
+from ledger.services import ReaperOptions
+from ledger.trimmer import Trimmer
+
+pytestmark = pytest.mark.anyio
+
+
+class DyingReaper(Reaper):
+    """A real reaper whose second pass meets a defect (an exception that is not
+    one of the transient failures a loop survives)."""
+
+    async def run_once(self) -> int:
+        if self.runs >= 1:
+            raise RuntimeError("a defect in the reaper")
+        return await super().run_once()
+
+
+class Waiter:
+    """A service that works until stopped, then takes ``release`` to finish."""
+
+    name = "waiter"
+
+    def __init__(self) -> None:
+        self.started = asyncio.Event()
+        self.stopped = asyncio.Event()
+        self.release = asyncio.Event()
+        self.release.set()
+
+    async def run_once(self) -> int:
+        return 0
+
+    async def run(self, stop: asyncio.Event) -> None:
+        self.started.set()
+        await stop.wait()
+        self.stopped.set()
+        await self.release.wait()
+
+
+def test_backoff_doubles_is_capped_and_keeps_its_fixed_part() -> None:
+    assert [backoff(n, base_s=2, cap_s=600, jitter=0) for n in (1, 2, 3, 10, 500)] == [2, 4, 8, 600, 600]
+    samples = [backoff(3, base_s=2, cap_s=600, jitter=0.2) for _ in range(200)]
+    assert all(6.4 <= s <= 8 for s in samples) and len(set(samples)) > 1
+    equal = [backoff(4, base_s=0.25, cap_s=1.0) for _ in range(200)]  # equal jitter by default
+    assert all(0.5 <= s <= 1.0 for s in equal) and len(set(equal)) > 1
+    with pytest.raises(ValueError):
+        backoff(1, base_s=1, cap_s=1, jitter=1.5)
+
+
+async def test_a_reaper_that_dies_stops_the_host_at_once(actors) -> None:  # type: ignore[no-untyped-def]
+    """Before the host, a worker's reaper task that died went unnoticed until
+    shutdown; now its defect stops every service and is raised."""
+    reaper = DyingReaper(await actors("reaper"), interval_s=0.05)
+    dispatcher = Dispatcher(await actors("dispatcher"), poll_s=0.05)
+    host = Host(handle_signals=False).add(reaper).add(dispatcher)
+    with pytest.raises(RuntimeError, match="a defect in the reaper"):
+        async with asyncio.timeout(30):  # nobody calls stop(): only the failure ends it
+            await host.run()
+    assert host.stopping.is_set() and reaper.runs == 1
+    assert isinstance(host.services["reaper"].error, RuntimeError)
+    assert host.services["dispatcher"].error is None and dispatcher.runs >= 1
+    assert not host.leftovers
+
+
+async def test_the_restart_policy_runs_a_dead_service_again(actors) -> None:  # type: ignore[no-untyped-def]
+    reaper = DyingReaper(await actors("reaper"), interval_s=0.05)
+    waiter = Waiter()
+    host = Host(handle_signals=False, policy="restart", restart_base_s=0.01, restart_cap_s=0.05)
+    host.add(reaper).add(waiter)
+    running = asyncio.create_task(host.run())
+    await eventually(lambda: host.services["reaper"].restarts >= 3, what="three restarts")
+    assert not waiter.stopped.is_set()  # the others kept working
+    host.stop()
+    assert await running == 0
+    assert waiter.stopped.is_set()
+
+
+async def test_a_service_that_returns_before_stop_is_a_failure() -> None:
+    class Quitter(Waiter):
+        name = "quitter"
+
+        async def run(self, stop: asyncio.Event) -> None:
+            return
+
+    waiter = Waiter()
+    host = Host(handle_signals=False).add(Quitter()).add(waiter)
+    with pytest.raises(RuntimeError, match="returned before it was asked to stop"):
+        await host.run()
+    assert waiter.stopped.is_set()
+
+
+async def test_sigterm_is_handled_once_and_stops_every_service() -> None:
+    first, second = Waiter(), Waiter()
+    second.name = "second"
+    second.release.clear()  # still stopping when the second signal comes
+    host = Host().add(first).add(second)
+    running = asyncio.create_task(host.run())
+    await first.started.wait()
+    await second.started.wait()
+    os.kill(os.getpid(), signal.SIGTERM)
+    await second.stopped.wait()
+    os.kill(os.getpid(), signal.SIGINT)  # while stopping: logged, nothing more
+    await eventually(lambda: host.signals == 2, what="the second signal")
+    second.release.set()
+    assert await running == 0
+    assert first.stopped.is_set()
+    # The handlers are gone with the host: SIGTERM is the default again.
+    assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL
+
+
+async def test_what_a_service_leaves_running_is_found_and_ended(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    children: list[subprocess.Popen[bytes]] = []
+
+    class Leaky(Waiter):
+        name = "leaky"
+
+        async def run(self, stop: asyncio.Event) -> None:
+            asyncio.create_task(asyncio.sleep(3600), name="forgotten")
+            children.append(subprocess.Popen(["sleep", "3600"], start_new_session=True))
+            await super().run(stop)
+
+    bystander = asyncio.create_task(asyncio.sleep(3600), name="bystander")  # not the host's
+    leaky = Leaky()
+    host = Host(handle_signals=False, settle_s=0.2).add(leaky)
+    running = asyncio.create_task(host.run())
+    await leaky.started.wait()
+    host.stop()
+    assert await running == EX_SOFTWARE
+    assert host.leftovers.tasks == ["forgotten"]
+    assert host.leftovers.children == [children[0].pid]
+    assert children[0].wait(timeout=10) == -signal.SIGKILL
+    assert process_gone(children[0].pid)
+    assert not bystander.done()  # tasks of the code around the host are not its business
+    bystander.cancel()
+
+
+async def test_a_clean_service_leaves_nothing(actors) -> None:  # type: ignore[no-untyped-def]
+    dispatcher = Dispatcher(await actors("dispatcher"), poll_s=0.05)
+    host = Host(handle_signals=False).add(dispatcher)
+    running = asyncio.create_task(host.run())
+    await eventually(lambda: dispatcher.runs >= 2, what="two dispatcher passes")
+    host.stop()
+    assert await running == 0 and not host.leftovers
+
+
+async def test_options_are_checked_before_anything_runs(actors) -> None:  # type: ignore[no-untyped-def]
+    host = Host(handle_signals=False)
+    with pytest.raises(TypeError):
+        host.add(object())  # type: ignore[arg-type]
+    host.add(Waiter())
+    with pytest.raises(ValueError, match="already added"):
+        host.add(Waiter())
+    with pytest.raises(ValueError):
+        Host(policy="sometimes")  # type: ignore[arg-type]
+    with pytest.raises(ValueError):
+        Trimmer(await actors("operator"), older_than_s=-1)
+    with pytest.raises(ConfigError):
+        ReaperOptions(grace_s=-1)
+    with pytest.raises(ValueError):
+        Reaper(await actors("reaper"), interval_s=0)
+    assert isinstance(Waiter(), Service)
+
+
+async def test_the_trimmer_service_trims_closed_campaigns_deltas(actors, admin, test_class) -> None:  # type: ignore[no-untyped-def]
+    d = Driver(actors, test_class)
+    worker, op = await d.k("worker"), await d.k("operator")
+    closed, gen = await d.leased()
+    await worker.append_events(closed, gen, [{"type": "output", "payload": {"t": "a"}, "delta": True},
+                                             {"type": "command.started", "payload": {}}])
+    await op.abandon(closed)
+    trimmer = Trimmer(op, older_than_s=0, interval_s=0.05)
+    host = Host(handle_signals=False).add(trimmer)
+    running = asyncio.create_task(host.run())
+    await eventually(lambda: trimmer.removed == 1, what="the delta to be trimmed")
+    host.stop()
+    assert await running == 0
+    kinds = admin.execute("SELECT type, delta FROM ledger.campaign_event WHERE campaign_id = %s",
+                          (closed,)).fetchall()
+    assert {"type": "output", "delta": True} not in kinds
+    assert {"type": "command.started", "delta": False} in kinds
