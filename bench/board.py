@@ -102,7 +102,7 @@ async def main() -> None:
             transport = httpx.ASGITransport(app=app)
             async with httpx.AsyncClient(transport=transport, base_url="http://bench",
                                          headers={"Authorization": f"Bearer {token}"}) as client:
-                reader = await app.state.ledger.pools.kernel("reader")
+                reader = await app.state.ledger.pools.reads("reader")
                 counts = await reader.state_counts()
                 print(f"PostgreSQL {server_version(db)}; {sum(counts.values())} campaigns "
                       f"(filled in {filled_s:.1f} s): "

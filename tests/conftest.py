@@ -18,7 +18,7 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from ledger import Database, Kernel, migrations
+from ledger import Database, Kernel, Reads, migrations
 from ledger.embedded import create_database, drop_database, server_url
 
 TEST_PREFIX = os.environ.get("LEDGER_TEST_ROLE_PREFIX", "ledgertest_")
@@ -93,6 +93,10 @@ class Actors:
         if actor not in self.sessions:
             self.sessions[actor] = await self.db.session(actor, max_size=10).open()
         return Kernel(self.sessions[actor])  # type: ignore[arg-type]
+
+    async def reads(self, actor: str = "reader") -> Reads:
+        """Reads acting as ``actor`` (the reader unless said)."""
+        return Reads((await self(actor)).executor)
 
     def session(self, actor: str):  # type: ignore[no-untyped-def]
         return self.sessions[actor]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import itertools
 from datetime import datetime, timezone
 
-from ledger import Kernel
+from ledger import Kernel, Reads
 
 _ids = itertools.count(1)
 PROMOTING_CLASS = "promoting"
@@ -39,6 +39,9 @@ class Driver:
 
     async def k(self, actor: str) -> Kernel:
         return await self.actors(actor)
+
+    async def reads(self, actor: str = "reader") -> Reads:
+        return await self.actors.reads(actor)
 
     async def open(self, key: str | None = None, **kw) -> int:  # type: ignore[no-untyped-def]
         sensor = await self.k("sensor")

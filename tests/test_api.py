@@ -98,7 +98,7 @@ async def test_missing_forged_and_malformed_tokens_get_401_problems(api: Api, ac
             r = await api.client.request(method, url, headers=headers)
             body = assert_problem(r, 401, "unauthenticated")
             assert r.headers["www-authenticate"].startswith("Bearer"), body
-    campaign = await (await actors("reader")).campaign(cid)
+    campaign = await (await actors.reads("reader")).campaign(cid)
     assert campaign.state == "ready"
 
 
@@ -122,7 +122,7 @@ async def test_reader_cannot_abandon_operator_can_and_is_journaled(api: Api, act
     r = await api.post(f"/campaigns/{cid}/abandon", "operator", json={"reason": "not needed"})
     assert r.status_code == 200, r.text
     assert r.json() == {"campaign_id": cid, "outcome": "abandoned", "generation": 1}
-    events = await (await actors("reader")).events(cid)
+    events = await (await actors.reads("reader")).events(cid)
     last = events[-1]
     assert last.payload["to"] == "abandoned" and last.actor == "http:operator-tok"
     assert last.payload["reason"] == "not needed"
@@ -150,7 +150,7 @@ async def test_sensor_records_observations_and_nothing_else(api: Api, actors, te
     del anon["sensor"]
     r = await api.post("/observations", "sensor", json=anon)
     assert r.status_code == 202
-    obs = await (await actors("reader")).observation(r.json()["observation_id"])
+    obs = await (await actors.reads("reader")).observation(r.json()["observation_id"])
     assert obs.sensor == "http:sensor-tok"
 
 
@@ -331,7 +331,7 @@ async def test_bulk_abandon_and_reopen_preview_then_act(api: Api, actors, test_c
     assert preview["dry_run"] is True and preview["matched"] == 3 and preview["outcomes"] == {}
     assert sorted(preview["campaign_ids"]) == sorted(ready)
     assert preview["selection"].startswith("sel1-")
-    reader = await actors("reader")
+    reader = await actors.reads()
     assert [(await reader.campaign(c)).state for c in ready] == ["ready"] * 3
     r = await api.post("/campaigns/abandon", json={"filter": {"label": "sweep"},
                                                     "dry_run": False})
@@ -386,7 +386,7 @@ async def test_bulk_api_acts_only_on_the_previewed_campaigns(api: Api, actors, t
     done = r.json()
     assert done["outcomes"] == {"abandoned": 7}
     assert done["not_previewed"] == [late] and done["no_longer_matching"] == [batch[0]]
-    reader = await actors("reader")
+    reader = await actors.reads()
     assert (await reader.campaign(late)).state == "ready"
     assert [(await reader.campaign(c)).state for c in batch] == ["abandoned"] * 8
     assert (await reader.events(batch[0]))[-1].actor == "cli:bob@host"
@@ -406,7 +406,7 @@ async def test_retry_now_skips_a_backoff_and_is_refused_otherwise(api: Api, acto
         assert_problem(await api.post(f"/campaigns/{cid}/retry", role), 403, "forbidden")
     r = await api.post(f"/campaigns/{cid}/retry")
     assert r.status_code == 200, r.text
-    event = (await (await actors("reader")).events(cid))[-1]
+    event = (await (await actors.reads("reader")).events(cid))[-1]
     assert (event.type, event.actor, event.actor_role) == \
         ("operator.retry_now", "http:operator-tok", "operator")
     assert r.json() == {"campaign_id": cid, "outcome": "retry_now", "seq": event.seq}
@@ -536,7 +536,7 @@ async def test_autonomy_report_counts_an_operators_actions_and_no_one_elses(api:
     assert r.status_code == 202 and r.json()["effect"] == "opened", r.text
     cid = r.json()["campaign_id"]
     other = await Driver(actors, test_class).open()
-    green = observation((await (await actors("reader")).campaign(other)).objective_key,
+    green = observation((await (await actors.reads("reader")).campaign(other)).objective_key,
                         "green")
     del green["sensor"]
     r = await api.post("/observations", "sensor", json=green)
@@ -559,7 +559,7 @@ async def test_autonomy_report_counts_an_operators_actions_and_no_one_elses(api:
         assert [x.campaign_id for x in await Kernel(tx).expire_leases()] == [cid]
     spent = await Driver(actors, "once").exhausted()
 
-    reader = await actors("reader")
+    reader = await actors.reads()
     today = (await autonomy_report(reader, 1)).days[-1]
     assert today.human_actions == 0 and today.verdict == "no-closure", today
     roles = {e.actor_role for c in (cid, other, spent) for e in await reader.events(c)}
@@ -635,7 +635,7 @@ async def test_an_unknown_class_is_invalid_input_naming_it(api: Api, test_class,
 
 async def test_a_stream_cursor_beyond_the_journal_is_refused(api: Api, actors, test_class) -> None:  # type: ignore[no-untyped-def]
     cid = await Driver(actors, test_class).open()
-    head = (await (await actors("reader")).campaign(cid)).event_seq
+    head = (await (await actors.reads("reader")).campaign(cid)).event_seq
     for kw in ({"headers": {"Last-Event-ID": str(head + 5)}}, {"params": {"from": head + 1}}):
         body = assert_problem(await api.get(f"/campaigns/{cid}/events", **kw), 422,
                               "cursor-beyond-end")

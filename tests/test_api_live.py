@@ -140,7 +140,7 @@ async def sse(response: httpx.Response) -> AsyncIterator[dict[str, str]]:
 async def test_reconnect_with_last_event_id_on_another_process_gets_every_event_once(servers, tokens, actors, test_class) -> None:  # type: ignore[no-untyped-def]
     a, b = servers
     d = Driver(actors, test_class)
-    worker, op, reader = await d.k("worker"), await d.k("operator"), await d.k("reader")
+    worker, op, reader = await d.k("worker"), await d.k("operator"), await d.reads()
     cid = await d.open()
     claim = await worker.claim_campaign("worker-1", [test_class])
     assert claim is not None and claim.campaign_id == cid
@@ -298,7 +298,7 @@ async def test_cli_acts_on_each_id_reports_json_and_fails_nonzero(db_url, actors
     assert [(r["campaign_id"], r["outcome"]) for r in results] == \
         [(first, "illegal-transition"), (second, "abandoned")]
     assert out.stderr.startswith(f"ledger: campaign {first}:")
-    assert (await (await d.k("reader")).campaign(second)).state == "abandoned"
+    assert (await (await d.reads("reader")).campaign(second)).state == "abandoned"
     # Options come from the environment too, and say so in --help.
     listed = ledger("list", "--json", env={**env, "LEDGER_LIST_STATE": "abandoned"})
     assert sorted(c["id"] for c in json.loads(listed.stdout)) == sorted([first, second])

@@ -6,6 +6,7 @@ import asyncio
 
 import pytest
 
+from ledger.reads import Reads
 from ledger import Database, Kernel
 from ledger.database import Transaction
 
@@ -96,7 +97,7 @@ async def test_claim_order_priority_then_age_and_next_attempt_at(actors, admin, 
             await worker.fail_attempt(claim.campaign_id, claim.generation, "later", retry_after_s=3600)
     assert order == [high, older_mid, newer_mid, low]
     assert await worker.claim_campaign("w", ["some-other-class"]) is None
-    assert (await op.campaign(older_mid)).state == "ready"
+    assert (await Reads(op.executor).campaign(older_mid)).state == "ready"
 
 
 async def test_one_leased_campaign_per_seat(actors, test_class) -> None:  # type: ignore[no-untyped-def]

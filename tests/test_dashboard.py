@@ -65,7 +65,7 @@ async def ui(db: Database) -> AsyncIterator[Ui]:
 
 
 async def state_of(actors: Any, cid: int) -> str:
-    return (await (await actors("reader")).campaign(cid)).state
+    return (await (await actors.reads("reader")).campaign(cid)).state
 
 
 # --- sign-in ------------------------------------------------------------------------
@@ -92,7 +92,7 @@ async def test_sign_in_sets_a_strict_http_only_cookie_that_the_api_accepts(ui: U
     r = await ui.client.post(f"/campaigns/{cid}/abandon", json={"reason": "with csrf"},
                              headers={"X-CSRF-Token": csrf})
     assert r.status_code == 200, r.text
-    assert (await (await actors("reader")).events(cid))[-1].actor == "http:operator-tok"
+    assert (await (await actors.reads("reader")).events(cid))[-1].actor == "http:operator-tok"
     # Signing out ends it; the old CSRF token is worthless with another sign-in.
     # The session is signed: an edited cookie is no sign-in at all.
     value = ui.client.cookies["ledger_session"]
@@ -125,7 +125,7 @@ async def test_forms_need_the_csrf_token_and_the_database_has_the_last_word(ui: 
     r = await ui.client.post(f"/ui/campaigns/{cid}/abandon",
                              data={"reason": "by hand", "csrf": csrf})
     assert r.status_code == 303 and r.headers["location"] == f"/ui/campaigns/{cid}"
-    last = (await (await actors("reader")).events(cid))[-1]
+    last = (await (await actors.reads("reader")).events(cid))[-1]
     assert last.payload["to"] == "abandoned" and last.actor == "http:operator-tok"
     assert last.payload.get("reason") == "by hand"
     flashed = await ui.client.get(r.headers["location"])
@@ -179,7 +179,7 @@ async def test_bulk_confirm_acts_only_on_the_previewed_campaigns(ui: Ui, actors,
                                                        "csrf": csrf})
     assert r.status_code == 200, r.text[:2000]
     assert await state_of(actors, late) == "ready", "the campaign nobody previewed was abandoned"
-    reader = await actors("reader")
+    reader = await actors.reads()
     for cid in batch[1:]:
         last = (await reader.events(cid))[-1]
         assert (last.payload["to"], last.actor) == ("abandoned", "http:operator-tok")
@@ -268,7 +268,7 @@ async def test_sensor_rows_without_a_config_have_no_next_tick() -> None:
 
 
 async def test_board_stream_says_changed_only_when_something_changed(actors, test_class) -> None:  # type: ignore[no-untyped-def]
-    reader = await actors("reader")
+    reader = await actors.reads()
     stream = board_changes(reader, NullHub(), poll_s=0.05, keepalive_s=0.3, min_gap_s=0.0)
     async with aclosing(stream):
         hello = await anext(stream)
@@ -301,7 +301,7 @@ async def test_timeline_draws_attempts_verdicts_leases_lost_and_observations(act
     async with actors.session("reaper").transaction(now=now() + timedelta(minutes=5)) as tx:
         assert [r.campaign_id for r in await Kernel(tx).expire_leases()] == [cid]
 
-    k = await actors("reader")
+    k = await actors.reads()
     campaign = await k.campaign(cid)
     tl = campaign_timeline(campaign, transitions=await k.transitions_of(cid),
                            attempts=await k.attempts_of(cid),
@@ -400,7 +400,7 @@ async def test_cards_count_what_the_filter_matches_and_bulk_buttons_need_a_match
 
 async def test_timeline_labels_never_overlap(actors, test_class) -> None:  # type: ignore[no-untyped-def]
     """The axis label of a tick just before "now" used to run into it ("00:53:27now")."""
-    k = await actors("reader")
+    k = await actors.reads()
     cid = await Driver(actors, test_class).open()
     campaign = await k.campaign(cid)
     for seconds in range(1, 400, 7):  # "now" at every position relative to the ticks
@@ -446,7 +446,7 @@ async def test_retry_now_from_the_campaign_page(ui: Ui, actors, test_class) -> N
     assert r.status_code == 303
     page = (await ui.client.get(r.headers["location"])).text
     assert "may be claimed now" in page and 'id="retry-now"' not in page
-    last = (await (await actors("reader")).events(cid))[-1]
+    last = (await (await actors.reads("reader")).events(cid))[-1]
     assert (last.type, last.actor, last.actor_role) == \
         ("operator.retry_now", "http:operator-tok", "operator")
     r = await ui.client.post(f"/ui/campaigns/{cid}/retry", data={"csrf": csrf})

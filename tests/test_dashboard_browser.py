@@ -265,7 +265,7 @@ async def test_operator_watches_the_loop_live_and_abandons(server, browser, acto
          == "abandoned", "the abandoned state")
     assert "abandoned" in d.find_element(By.ID, "flash").text
     assert not d.find_elements(By.ID, "abandon"), "a closed campaign offers no abandon"
-    events = await (await actors("reader")).events(other)
+    events = await (await actors.reads("reader")).events(other)
     last = events[-1]
     assert last.payload["to"] == "abandoned" and last.actor == "http:operator-tok", last
     d.get(f"{server.url}/ui/")
@@ -328,7 +328,7 @@ async def test_bulk_confirm_acts_only_on_what_the_browser_previewed(server, brow
     assert gone.find_elements(By.CSS_SELECTOR, f'tr[data-campaign="{batch[0]}"]')
     assert d.find_element(By.ID, "confirm").text == "Abandon 1"  # what matches now: the new one
     screenshot(d, "dashboard-bulk-difference.png")
-    reader = await actors("reader")
+    reader = await actors.reads()
     assert (await reader.campaign(late)).state == "ready"
     assert [(await reader.campaign(c)).state for c in batch] == ["abandoned"] * 8
 

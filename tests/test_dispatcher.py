@@ -121,12 +121,12 @@ async def accepted(actors: Any, repo: Path, candidate: str, base: str | None = N
 
 
 async def side_effect(actors: Any, cid: int, effect: int) -> Any:
-    detail = await (await actors("reader")).campaign_detail(cid)
+    detail = await (await actors.reads("reader")).campaign_detail(cid)
     return next(s for s in detail.side_effects if s.id == effect)
 
 
 async def event_types(actors: Any, cid: int) -> list[str]:
-    return [e.type for e in await (await actors("reader")).events(cid)]
+    return [e.type for e in await (await actors.reads("reader")).events(cid)]
 
 
 async def after_lease(actors: Any, **options: Any) -> int:
@@ -295,10 +295,10 @@ async def test_promotion_moves_the_ref_reads_it_back_and_marks_the_campaign(acto
     assert se.result["candidate"] == candidate
     assert se.result["previous"] == base and "already_applied" not in se.result
     assert se.result["dispatcher"] == dispatcher.identity
-    campaign = await (await actors("reader")).campaign(cid)
+    campaign = await (await actors.reads("reader")).campaign(cid)
     assert campaign.state == "verified"
     assert campaign.promoted_at is not None and campaign.promoted_sha == main
-    events = await (await actors("reader")).events(cid)
+    events = await (await actors.reads("reader")).events(cid)
     done = [e for e in events if e.type == "side_effect.done"]
     assert len(done) == 1 and done[0].payload["result"]["read_back"] == main
     assert await dispatcher.run_once() == 0, "nothing is due any more"
@@ -318,11 +318,11 @@ async def test_target_moved_meanwhile_is_a_conflict_and_the_campaign_is_ready_ag
     se = await side_effect(actors, cid, effect)
     assert se.state == "conflict" and se.result is not None
     assert (se.result["read_back"], se.result["expected"]) == (moved, base)
-    campaign = await (await actors("reader")).campaign(cid)
+    campaign = await (await actors.reads("reader")).campaign(cid)
     assert campaign.state == "ready" and campaign.promoted_at is None
     assert campaign.last_failure_reason is not None
     assert campaign.last_failure_reason.startswith("promotion failed")
-    events = await (await actors("reader")).events(cid)
+    events = await (await actors.reads("reader")).events(cid)
     assert [e.payload["transition"] for e in events if e.type == "transition"][-1] == "promote_failed"
     # a conflict is final: no later pass touches it
     assert await after_lease(actors) == 0
@@ -347,7 +347,7 @@ async def test_crash_after_the_update_is_recorded_once_by_the_next_dispatcher(  
     main = landed(repo, candidate, base)  # the first dispatcher did act
     se = await side_effect(actors, cid, effect)
     assert (se.state, se.tries) == ("claimed", 1), "...but died before recording"
-    assert (await (await actors("reader")).campaign(cid)).promoted_at is None
+    assert (await (await actors.reads("reader")).campaign(cid)).promoted_at is None
 
     # While the dead dispatcher's lease runs, nobody else may take the intent.
     assert await Dispatcher(await actors("dispatcher")).run_once() == 0
@@ -358,7 +358,7 @@ async def test_crash_after_the_update_is_recorded_once_by_the_next_dispatcher(  
     assert (se.state, se.tries) == ("done", 2)
     assert se.result is not None and se.result["already_applied"] is True
     assert se.result["read_back"] == main, "it built the very same commit to read back"
-    campaign = await (await actors("reader")).campaign(cid)
+    campaign = await (await actors.reads("reader")).campaign(cid)
     assert campaign.promoted_sha == main and campaign.promoted_at is not None
 
 
@@ -377,7 +377,7 @@ async def test_lock_contention_is_retried_with_backoff_then_done(actors, repo) -
     assert se.error is not None and "lock" in se.error
     # jittered backoff (+/-20 %) around 30 s, not an immediate hot retry
     assert timedelta(seconds=23) < se.next_try_at - before < timedelta(seconds=37)
-    assert (await (await actors("reader")).campaign(cid)).state == "verified"
+    assert (await (await actors.reads("reader")).campaign(cid)).state == "verified"
     assert await Dispatcher(await actors("dispatcher")).run_once() == 0, "not due yet"
 
     lock.unlink()
@@ -394,7 +394,7 @@ async def test_a_candidate_missing_from_the_repository_fails_the_promotion(actor
     assert rev(repo) == base
     se = await side_effect(actors, cid, effect)
     assert se.state == "failed" and se.error is not None and "not in" in se.error
-    assert (await (await actors("reader")).campaign(cid)).state == "ready"
+    assert (await (await actors.reads("reader")).campaign(cid)).state == "ready"
 
 
 async def test_an_intent_claimed_when_its_campaign_was_abandoned_is_not_carried_out(actors, repo) -> None:  # type: ignore[no-untyped-def]
@@ -488,10 +488,10 @@ async def test_a_dirty_checkout_is_left_alone_and_the_promotion_fails(actors, re
     se = await side_effect(actors, cid, effect)
     assert se.state == "failed" and se.error is not None
     assert "checked out in" in se.error and "the ref was not moved" in se.error
-    campaign = await (await actors("reader")).campaign(cid)
+    campaign = await (await actors.reads("reader")).campaign(cid)
     assert campaign.state == "ready" and campaign.promoted_at is None
     assert campaign.last_failure_reason is not None and "checked out in" in campaign.last_failure_reason
-    transitions = [e.payload["transition"] for e in await (await actors("reader")).events(cid)
+    transitions = [e.payload["transition"] for e in await (await actors.reads("reader")).events(cid)
                    if e.type == "transition"]
     assert transitions[-1] == "promote_failed"
     assert not (repo / ".git" / "refs" / "heads" / "main.lock").exists()
@@ -509,7 +509,7 @@ async def test_a_bare_repository_and_its_linked_worktree(actors, repo, tmp_path)
     cid, _ = await accepted(actors, bare, candidate)
     assert await Dispatcher(await actors("dispatcher")).run_once() == 1
     landed(bare, candidate, base)
-    assert (await (await actors("reader")).campaign(cid)).promoted_sha == rev(bare)
+    assert (await (await actors.reads("reader")).campaign(cid)).promoted_sha == rev(bare)
 
     # Now main is checked out in a linked worktree of the bare repository.
     tree = tmp_path / "linked"
@@ -659,7 +659,7 @@ async def test_a_ref_outside_the_worker_profile_is_forbidden_and_recorded(actors
     await (await actors("operator")).register_class(
         "guarded", authority={"worker": {"refs": ["refs/heads/ledger/*"]}})
     cid, gen = await Driver(actors, "guarded").leased()
-    reader = await actors("reader")
+    reader = await actors.reads()
     before = await reader.campaign(cid)
     events_before = await reader.events(cid)
 
@@ -695,7 +695,7 @@ async def test_a_stale_worker_cannot_record_an_intent(actors, admin, test_class,
         await actors("reaper")
         async with actors.session("reaper").transaction(now=now() + timedelta(minutes=5)) as tx:
             assert [r.campaign_id for r in await Kernel(tx).expire_leases()] == [cid]
-    before = await (await actors("reader")).campaign(cid)
+    before = await (await actors.reads("reader")).campaign(cid)
 
     with pytest.raises(StaleLease):
         await (await actors("worker")).request_side_effect(
@@ -703,7 +703,7 @@ async def test_a_stale_worker_cannot_record_an_intent(actors, admin, test_class,
             precondition={"old": None}, idempotency_key="late", payload={"new": "b" * 40})
 
     assert admin.execute("SELECT count(*) AS n FROM ledger.side_effect").fetchone()["n"] == 0
-    assert await (await actors("reader")).campaign(cid) == before
+    assert await (await actors.reads("reader")).campaign(cid) == before
     assert await Dispatcher(await actors("dispatcher")).run_once() == 0
 
 

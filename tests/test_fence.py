@@ -18,6 +18,7 @@ import pytest
 from psycopg import sql
 
 from drive import Driver, fingerprint, sha
+from ledger.reads import Reads
 from ledger import Database, Kernel, ObjectiveConflict, StaleLease
 from ledger.dispatcher import Dispatcher
 from ledger.errors import InvalidInput, LedgerError
@@ -332,7 +333,7 @@ async def test_every_numeric_argument_refuses_nan_infinity_and_out_of_range(acto
                 await call(bad)
             assert caught.value.sqlstate in ("LG007", "22003"), (function, argument, bad, caught.value)
     assert tables(admin) == before
-    assert [c.name for c in await op.classes()] == [test_class], "no class registered with a bad number"
+    assert [c.name for c in await Reads(op.executor).classes()] == [test_class], "no class registered with a bad number"
 
 
 def _int(x: float) -> int:

@@ -62,7 +62,7 @@ async def shelf(actors: Any, tmp_path: Path) -> dict[str, Any]:
 
 async def test_branches_of_long_closed_campaigns_go_the_rest_stay(actors: Any, shelf: dict[str, Any]) -> None:
     repo, closed = shelf["repo"], shelf["closed"]
-    reader = await actors("reader")
+    reader = await actors.reads()
     dry = await collect(reader, shelf["config"], shelf["data"], dry_run=True)
     assert sorted(dry.deleted) == [f"{repo} refs/heads/ledger/{closed}/1", f"{repo} refs/heads/ledger/{closed}/2"]
     assert len(branches(repo)) == 6, "a dry run deletes nothing"
@@ -82,7 +82,7 @@ async def test_a_checked_out_or_moved_branch_is_kept_and_stale_worktrees_are_pru
     git(repo, "worktree", "add", "-q", str(tmp_path / "looking"), f"ledger/{closed}/1")
     git(repo, "worktree", "add", "-q", "--detach", str(tmp_path / "gone"), "main")
     shutil.rmtree(tmp_path / "gone")
-    collector = Collector(await actors("reader"), shelf["config"], shelf["data"], interval_s=60)
+    collector = Collector(await actors.reads(), shelf["config"], shelf["data"], interval_s=60)
     assert await collector.run_once() == 2  # one branch, one stale worktree
     assert collector.last is not None
     assert collector.last.deleted == [f"{repo} refs/heads/ledger/{closed}/2"]

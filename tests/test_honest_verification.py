@@ -161,7 +161,7 @@ class Bench:
     async def verdict(self, campaign_id: int) -> tuple[str, str | None, dict[str, Any]]:
         verifier = Verifier(await self.actors("verifier"), identity="verifier-B", data_dir=self.data_dir)
         assert await verifier.run_once() == 1
-        [v] = (await (await self.actors("reader")).campaign_detail(campaign_id)).verifications
+        [v] = (await (await self.actors.reads("reader")).campaign_detail(campaign_id)).verifications
         return v.status, v.reason, v.evidence
 
 
@@ -204,7 +204,7 @@ async def test_a_candidate_changing_protected_paths_is_rejected_by_the_verifier_
     assert status == "rejected", f"{name}: {reason}"
     assert reason is not None and "changes protected paths" in reason and named in reason, reason
     assert evidence.get("protected_restored"), evidence
-    campaign = await (await bench.actors("reader")).campaign(cid)
+    campaign = await (await bench.actors.reads("reader")).campaign(cid)
     assert campaign.state == "ready" and campaign.promoted_at is None
 
 

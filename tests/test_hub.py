@@ -10,6 +10,7 @@ import uuid
 import pytest
 
 from drive import Driver, fingerprint, sha
+from ledger.reads import Reads
 from ledger import Database, Kernel
 from ledger.errors import StaleLease, Unavailable
 from ledger.hub import CHANNELS, Hub, NullHub, Subscription
@@ -67,7 +68,7 @@ async def test_a_rolled_back_notify_wakes_nobody(db: Database, actors, test_clas
             # Commit order is delivery order: a leaked hint would have come first.
             assert sub.drain()[0] == str(kept)
             assert await settle(admin, sub, "ledger_event") == []
-    assert [e.type for e in await worker.events(rolled)] == ["transition", "transition"]
+    assert [e.type for e in await Reads(worker.executor).events(rolled)] == ["transition", "transition"]
 
 
 async def test_hub_reconnects_and_wakes_everyone_once(db: Database, admin) -> None:  # type: ignore[no-untyped-def]

@@ -9,6 +9,7 @@ from psycopg import sql
 
 from conftest import TEST_PREFIX
 from drive import PROMOTING_CLASS, Driver, eventually, fingerprint, now, sha
+from ledger.reads import Reads
 from ledger import Database, Kernel
 from ledger.journal import JournalWriter
 
@@ -43,10 +44,10 @@ async def test_every_state_change_has_one_event_with_gap_free_seqs(actors, admin
     dispatcher = await d.k("dispatcher")
     effect = await dispatcher.claim_side_effect("d1")
     await dispatcher.complete_side_effect(effect.side_effect_id, effect.claim_token, "done")
-    key = (await sensor.campaign(cid)).objective_key
+    key = (await Reads(sensor.executor).campaign(cid)).objective_key
     await sensor.record_observation("s", key, "target-1", "green", started_at=now())
 
-    events = await (await actors("reader")).events(cid)
+    events = await (await actors.reads("reader")).events(cid)
     assert [e.seq for e in events] == list(range(1, len(events) + 1))
     transitions = [e.payload["transition"] for e in events if e.type == "transition"]
     assert transitions == ["open", "claim", "fail_attempt", "claim", "record_attempt", "reject",

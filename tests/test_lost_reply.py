@@ -90,7 +90,7 @@ async def test_a_claim_whose_reply_is_lost_is_an_unknown_outcome_the_worker_can_
         await proxied["worker"].claim_campaign("worker-x", [test_class])
     assert proxy.dropped.is_set()
     # The claim committed; the worker finds it by reading back what it holds.
-    held = await (await actors("worker")).running_claims("worker-x")
+    held = await (await actors.reads("worker")).running_claims("worker-x")
     assert [c.campaign_id for c in held] == [cid]
 
 

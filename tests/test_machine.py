@@ -22,7 +22,7 @@ keeps this file equal to what the database holds. `ledger graph` draws an SVG.
 
 
 async def test_machine_follows_the_table(actors) -> None:  # type: ignore[no-untyped-def]
-    reader = await actors("reader")
+    reader = await actors.reads()
     machine = await StateMachine.load(reader)
     for t in await reader.transitions():
         if t.from_state is not None:
@@ -34,7 +34,7 @@ async def test_machine_follows_the_table(actors) -> None:  # type: ignore[no-unt
 
 
 async def test_state_machine_doc_is_generated_from_the_table(actors) -> None:  # type: ignore[no-untyped-def]
-    machine = await StateMachine.load(await actors("reader"))
+    machine = await StateMachine.load(await actors.reads())
     text = HEADER + machine.mermaid() + "```\n"
     if os.environ.get("LEDGER_UPDATE_SNAPSHOT"):
         DOC.write_text(text)

@@ -7,6 +7,7 @@ import asyncio
 import pytest
 
 from drive import wait_for_lock_waiters
+from ledger.reads import Reads
 from ledger import Database, DuplicateObjective, Kernel, NotFound
 from ledger.database import Transaction
 from ledger.errors import InvalidInput
@@ -76,4 +77,4 @@ async def test_a_nul_character_is_invalid_input_not_a_crash(actors, test_class) 
     sensor = await actors("sensor")
     with pytest.raises(InvalidInput):
         await sensor.open_campaign(test_class, "bad\x00key", "t")
-    assert await sensor.campaigns(objective_key="bad") == []
+    assert await Reads(sensor.executor).campaigns(objective_key="bad") == []

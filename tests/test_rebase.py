@@ -86,10 +86,10 @@ async def test_a_moved_target_gets_the_candidate_rebased_and_verified_again(acto
     assert await dispatcher.dispatch(claim) == "rebased"
     assert rev(repo) == moved, "nothing is promoted before the rebased candidate is verified"
 
-    campaign = await (await actors("reader")).campaign(cid)
+    campaign = await (await actors.reads("reader")).campaign(cid)
     assert campaign.state == "attempted" and campaign.generation == claim.generation + 1
     assert (campaign.attempt_count, campaign.max_attempts) == (1, 3), "the rebase spent no attempt"
-    attempts = await (await actors("reader")).attempts_of(cid)
+    attempts = await (await actors.reads("reader")).attempts_of(cid)
     rebased = attempts[-1]
     assert (rebased.attempt_no, rebased.outcome, rebased.worker) == (2, "attempted", dispatcher.identity)
     assert rebased.base_sha == moved and rebased.fingerprint == fingerprint(1)
@@ -100,7 +100,7 @@ async def test_a_moved_target_gets_the_candidate_rebased_and_verified_again(acto
     assert campaign.evidence_location is not None and rebased.bundle_digest is not None
     frozen, _ = bundles.load(Path(campaign.evidence_location) / "attempt-2", rebased.bundle_digest)
     assert (frozen.attempt_no, frozen.candidate_sha, frozen.base_sha) == (2, rebased.candidate_sha, moved)
-    transitions = [e.payload["transition"] for e in await (await actors("reader")).events(cid)
+    transitions = [e.payload["transition"] for e in await (await actors.reads("reader")).events(cid)
                    if e.type == "transition"]
     assert transitions[-2:] == ["accept", "rebase"]
 
@@ -114,7 +114,7 @@ async def test_a_moved_target_gets_the_candidate_rebased_and_verified_again(acto
     landed = rev(repo)
     assert git(repo, "rev-parse", f"{landed}^{{tree}}") == git(repo, "rev-parse", f"{rebased.candidate_sha}^{{tree}}")
     assert git(repo, "rev-parse", f"{landed}^") == moved
-    assert (await (await actors("reader")).campaign(cid)).promoted_sha == landed
+    assert (await (await actors.reads("reader")).campaign(cid)).promoted_sha == landed
 
 
 async def test_a_candidate_that_does_not_rebase_cleanly_returns_to_ready_without_spending_an_attempt(
@@ -128,11 +128,11 @@ async def test_a_candidate_that_does_not_rebase_cleanly_returns_to_ready_without
     dispatcher = Dispatcher(await actors("dispatcher"), data_dir=tmp_path / "dispatcher-data")
     assert await dispatcher.run_once() == 1
     assert rev(repo) == moved
-    campaign = await (await actors("reader")).campaign(cid)
+    campaign = await (await actors.reads("reader")).campaign(cid)
     # its one attempt was accepted: losing the race does not exhaust it
     assert campaign.state == "ready", campaign.state
     assert (campaign.attempt_count, campaign.max_attempts) == (1, 2)
-    events = await (await actors("reader")).events(cid)
+    events = await (await actors.reads("reader")).events(cid)
     last = [e for e in events if e.type == "transition"][-1]
     assert last.payload["transition"] == "promote_failed" and last.payload["attempt_given_back"] is True
     assert "does not rebase" in (campaign.last_failure_reason or "")

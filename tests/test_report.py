@@ -41,7 +41,7 @@ async def _close_one(actors, key: str, day: datetime) -> int:  # type: ignore[no
 
 
 async def test_idle_days_are_under_exercised_and_humans_break_the_streak(actors, test_class) -> None:  # type: ignore[no-untyped-def]
-    reader = await actors("reader")
+    reader = await actors.reads()
     empty = await autonomy_report(reader, 5)
     assert [d.verdict for d in empty.days] == ["under-exercised"] * 5
     assert empty.streak == 0

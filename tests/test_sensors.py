@@ -15,6 +15,7 @@ import pytest
 
 from conftest import TEST_PREFIX
 from drive import PROMOTING_CLASS, Driver, eventually
+from ledger.reads import Reads
 from ledger.config import parse_config
 from ledger.sensors import EPOCH, Sensor, latest_due_tick, next_tick, trigger_for
 
@@ -149,7 +150,7 @@ async def test_only_an_observation_started_after_promotion_confirms(actors, admi
     d = Driver(actors, PROMOTING_CLASS)
     sensor = await actors("sensor")
     cid = await d.verified()
-    key = (await sensor.campaign(cid)).objective_key
+    key = (await Reads(sensor.executor).campaign(cid)).objective_key
     # Before promotion nothing confirms, whenever it started.
     early = await sensor.record_observation("s", key, "target-1", "green",
                                             started_at=datetime.now(timezone.utc))
@@ -158,27 +159,27 @@ async def test_only_an_observation_started_after_promotion_confirms(actors, admi
     dispatcher = await actors("dispatcher")
     claim = await dispatcher.claim_side_effect("d")
     await dispatcher.complete_side_effect(claim.side_effect_id, claim.claim_token, "done")
-    promoted_at = (await sensor.campaign(cid)).promoted_at
+    promoted_at = (await Reads(sensor.executor).campaign(cid)).promoted_at
     assert promoted_at is not None and promoted_at > before_promotion
     # Started before the promotion (finished after): does not confirm.
     stale = await sensor.record_observation("s", key, "target-1", "green", started_at=before_promotion)
     assert stale.effect == "recorded"
-    assert (await sensor.campaign(cid)).state == "verified"
+    assert (await Reads(sensor.executor).campaign(cid)).state == "verified"
     fresh = await sensor.record_observation("s", key, "target-1", "green",
                                             started_at=datetime.now(timezone.utc))
     assert fresh.effect == "confirmed"
-    assert (await sensor.campaign(cid)).state == "confirmed"
+    assert (await Reads(sensor.executor).campaign(cid)).state == "confirmed"
 
 
 async def test_a_red_observation_after_promotion_regresses(actors, admin, promoting) -> None:  # type: ignore[no-untyped-def]
     d = Driver(actors, PROMOTING_CLASS)
     sensor = await actors("sensor")
     cid = await d.promoted()
-    key = (await sensor.campaign(cid)).objective_key
+    key = (await Reads(sensor.executor).campaign(cid)).objective_key
     red = await sensor.record_observation("s", key, "target-1", "red", started_at=datetime.now(timezone.utc),
                                           class_=PROMOTING_CLASS)
     assert red.effect == "regressed" and red.campaign_id == cid
-    campaign = await sensor.campaign(cid)
+    campaign = await Reads(sensor.executor).campaign(cid)
     assert campaign.state == "ready" and campaign.promoted_at is None
     assert admin.execute("SELECT count(*) AS n FROM ledger.campaign").fetchone()["n"] == 1
 
@@ -236,13 +237,13 @@ async def test_an_exhausted_campaign_whose_target_turns_green_is_dismissed(actor
         claim = await worker.claim_campaign("w", [test_class])
         assert claim is not None and claim.campaign_id == cid
         await worker.fail_attempt(cid, claim.generation, "no luck")
-    assert (await sensor.campaign(cid)).state == "exhausted"
+    assert (await Reads(sensor.executor).campaign(cid)).state == "exhausted"
     still_red = await sensor.record_observation("s", "broken", "target-1", "red",
                                                 datetime.now(timezone.utc), class_=test_class)
-    assert (still_red.effect, (await sensor.campaign(cid)).state) == ("recorded", "exhausted")
+    assert (still_red.effect, (await Reads(sensor.executor).campaign(cid)).state) == ("recorded", "exhausted")
     green = await sensor.record_observation("s", "broken", "target-1", "green", datetime.now(timezone.utc))
     assert (green.effect, green.campaign_id) == ("dismissed", cid)
-    campaign = await sensor.campaign(cid)
+    campaign = await Reads(sensor.executor).campaign(cid)
     assert campaign.state == "dismissed" and campaign.closed_at is not None
     last = admin.execute("SELECT actor, payload FROM ledger.campaign_event WHERE campaign_id = %s "
                          "AND type = 'transition' ORDER BY seq DESC LIMIT 1", (cid,)).fetchone()

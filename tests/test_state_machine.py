@@ -59,7 +59,7 @@ async def classes(actors) -> None:  # type: ignore[no-untyped-def]
 
 
 async def test_transition_table_is_design_section_2(actors) -> None:  # type: ignore[no-untyped-def]
-    rows = await (await actors("reader")).transitions()
+    rows = await (await actors.reads("reader")).transitions()
     assert {(r.name, r.from_state, r.to_state, r.owner_role) for r in rows} == DESIGN
 
 
@@ -102,7 +102,7 @@ async def _verified(d: Driver) -> dict:
 
 async def _promoted(d: Driver) -> dict:
     cid = await d.promoted()
-    return {"cid": cid, "key": (await (await d.k("reader")).campaign(cid)).objective_key}
+    return {"cid": cid, "key": (await (await d.reads("reader")).campaign(cid)).objective_key}
 
 
 async def _promotion_claimed(d: Driver) -> dict:
@@ -169,7 +169,7 @@ async def act_promote_failed(d: Driver, s: dict, role: str) -> int:
 
 
 async def act_rebase(d: Driver, s: dict, role: str) -> int:
-    campaign = await (await d.k("reader")).campaign(s["cid"])
+    campaign = await (await d.reads("reader")).campaign(s["cid"])
     bundle = {"attempt_no": 2, "generation": campaign.generation + 1, "candidate_sha": sha(3)}
     await (await _as(d, role)).rebase_promotion(s["effect"], s["token"], base_sha=sha(9),
                                                 candidate_sha=sha(3), bundle=bundle,
@@ -179,7 +179,7 @@ async def act_rebase(d: Driver, s: dict, role: str) -> int:
 
 def _observe(status: str):  # type: ignore[no-untyped-def]
     async def act(d: Driver, s: dict, role: str) -> int:
-        key = s.get("key") or (await (await d.k("reader")).campaign(s["cid"])).objective_key
+        key = s.get("key") or (await (await d.reads("reader")).campaign(s["cid"])).objective_key
         result = await (await _as(d, role)).record_observation(
             "sensor-1", key, "target-1", status, started_at=now(), class_=d.class_)
         assert result.campaign_id == s["cid"]
@@ -242,9 +242,9 @@ async def test_transition_is_legal_for_its_owner_only(actors, classes, admin, ca
 
     owner_role = sorted(ALLOWED[case.owner])[0] if case.owner != "reaper" else "reaper"
     cid = await case.act(d, state, owner_role)
-    campaign = await (await d.k("reader")).campaign(cid)
+    campaign = await (await d.reads("reader")).campaign(cid)
     assert campaign.state == to_state
-    events = await (await d.k("reader")).events(cid)
+    events = await (await d.reads("reader")).events(cid)
     transitions = [e.payload["transition"] for e in events if e.type == "transition"]
     assert transitions[-1] == case.name
 
@@ -270,7 +270,7 @@ async def test_worker_role_can_reap_as_member_of_reaper(actors, classes) -> None
 async def test_exhaust_is_performed_by_the_system_only(actors, classes, admin) -> None:  # type: ignore[no-untyped-def]
     d = Driver(actors, "single")
     cid = await d.exhausted()
-    events = await (await d.k("reader")).events(cid)
+    events = await (await d.reads("reader")).events(cid)
     last = events[-1]
     assert (last.payload["transition"], last.actor) == ("exhaust", "system")
     assert [e.payload["transition"] for e in events] == ["open", "claim", "fail_attempt", "exhaust"]
@@ -327,13 +327,13 @@ async def test_terminal_states_are_sticky(actors, classes, admin, terminal: str)
         await op.abandon(cid)
     elif terminal == "dismissed":
         cid = await d.open()
-        key = (await (await d.k("reader")).campaign(cid)).objective_key
+        key = (await (await d.reads("reader")).campaign(cid)).objective_key
         await sensor.record_observation("s", key, "target-1", "green", started_at=now())
     else:
         cid = await d.promoted()
-        key = (await (await d.k("reader")).campaign(cid)).objective_key
+        key = (await (await d.reads("reader")).campaign(cid)).objective_key
         await sensor.record_observation("s", key, "target-1", "green", started_at=now())
-    campaign = await (await d.k("reader")).campaign(cid)
+    campaign = await (await d.reads("reader")).campaign(cid)
     assert campaign.state == terminal and campaign.closed_at is not None
 
     with pytest.raises(IllegalTransition):
@@ -344,5 +344,5 @@ async def test_terminal_states_are_sticky(actors, classes, admin, terminal: str)
         with pytest.raises(psycopg.Error) as err:
             admin.execute(f"UPDATE ledger.campaign SET {column} = %s WHERE id = %s", (value, cid))
         assert err.value.sqlstate == "LG002"
-    after = await (await d.k("reader")).campaign(cid)
+    after = await (await d.reads("reader")).campaign(cid)
     assert after == campaign

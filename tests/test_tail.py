@@ -62,7 +62,7 @@ async def drive_to_abandoned(d: Driver, cid: int, during) -> None:  # type: igno
 
 async def test_tails_before_during_after_and_resumed_see_each_event_once(db: Database, actors, test_class) -> None:  # type: ignore[no-untyped-def]
     d = Driver(actors, test_class)
-    reader = await actors("reader")
+    reader = await actors.reads()
     cid = await d.open()
     async with Hub(db) as hub:
         def follow(after: int = 0) -> AsyncIterator[TailItem]:
@@ -104,7 +104,7 @@ async def test_a_tail_catches_up_across_pages_and_stops_at_the_first_terminal_ev
         await worker.append_events(cid, gen, [{"type": "output", "payload": {"i": batch * 7 + i},
                                                "delta": True} for i in range(7)])
     await (await actors("operator")).abandon(cid)
-    reader = await actors("reader")
+    reader = await actors.reads()
     # Page size 4 cuts through batches; NullHub: nothing to wait for, it is all there.
     seen = await collect(tail(reader, NullHub(), cid, page_size=4, poll_s=0.01))
     assert [e.seq for e in seen] == list(range(1, 25))
@@ -115,7 +115,7 @@ async def test_a_tail_catches_up_across_pages_and_stops_at_the_first_terminal_ev
 async def test_keepalives_mark_idle_time_and_carry_the_cursor(db: Database, actors, test_class) -> None:  # type: ignore[no-untyped-def]
     d = Driver(actors, test_class)
     cid = await d.open()
-    reader, operator = await actors("reader"), await actors("operator")
+    reader, operator = await actors.reads(), await actors("operator")
     items: list[TailItem] = []
     async with Hub(db) as hub:
         loop = asyncio.get_running_loop()
@@ -139,7 +139,7 @@ async def test_keepalives_mark_idle_time_and_carry_the_cursor(db: Database, acto
 async def test_no_keepalives_without_follow(db: Database, actors, test_class) -> None:  # type: ignore[no-untyped-def]
     d = Driver(actors, test_class)
     cid, _ = await d.leased()
-    reader = await actors("reader")
+    reader = await actors.reads()
     seen = await collect(tail(reader, NullHub(), cid, follow=False, keepalive_s=0.001))
     assert [(e.seq, e.payload["to"]) for e in seen] == [(1, "ready"), (2, "leased")]  # type: ignore[union-attr]
     assert await collect(tail(reader, NullHub(), cid, after=2, follow=False)) == []
@@ -148,7 +148,7 @@ async def test_no_keepalives_without_follow(db: Database, actors, test_class) ->
 async def test_resuming_past_the_terminal_event_yields_a_synthetic_one(db: Database, actors, test_class) -> None:  # type: ignore[no-untyped-def]
     d = Driver(actors, test_class)
     cid, _ = await d.leased()
-    operator, reader = await actors("operator"), await actors("reader")
+    operator, reader = await actors("operator"), await actors.reads()
     generation = await operator.abandon(cid, "enough")
     campaign = await reader.campaign(cid)
     assert campaign.event_seq == 3
@@ -170,7 +170,7 @@ async def test_resuming_past_the_terminal_event_yields_a_synthetic_one(db: Datab
 
 
 async def test_a_missing_campaign_and_a_bad_cursor_are_errors(actors) -> None:  # type: ignore[no-untyped-def]
-    reader = await actors("reader")
+    reader = await actors.reads()
     with pytest.raises(NotFound):
         await collect(tail(reader, NullHub(), 424242))
     with pytest.raises(InvalidInput, match="negative"):
@@ -232,7 +232,7 @@ async def test_cli_tail_and_trim(db_url: str, actors, test_class) -> None:  # ty
 
     trimmed = await cli("trim", "--older-than", "0s")
     assert trimmed.stdout.startswith("removed 2 delta events")
-    remaining = await (await actors("reader")).events(cid)
+    remaining = await (await actors.reads("reader")).events(cid)
     assert [e.seq for e in remaining] == [1, 2, 4, 6]  # transitions and structure stay
 
 

@@ -118,7 +118,7 @@ class FakeWorker:
 
 
 async def verifications(actors: Any, campaign_id: int) -> list[Verification]:
-    return (await (await actors("reader")).campaign_detail(campaign_id)).verifications
+    return (await (await actors.reads("reader")).campaign_detail(campaign_id)).verifications
 
 
 def alive(pid: int) -> bool:
@@ -174,7 +174,7 @@ async def test_bad_candidate_rejected_with_evidence_then_good_one_accepted(
     assert cmd["exit_code"] == 1 and cmd["timed_out"] is False and cmd["duration_s"] > 0
     assert cmd["argv"][:3] == [PY, "-m", "pytest"] and any(a.startswith("--junitxml=") for a in cmd["argv"])
     assert "test_add" in cmd["output"] and "1 failed, 1 passed" in cmd["output"]
-    campaign = await (await actors("reader")).campaign(cid)
+    campaign = await (await actors.reads("reader")).campaign(cid)
     assert campaign.state == "ready"
     assert list(work.iterdir()) == []  # the clean checkout is gone
 
@@ -189,12 +189,12 @@ async def test_bad_candidate_rejected_with_evidence_then_good_one_accepted(
     assert "2 passed" in second.evidence["commands"][0]["output"]
     assert list(work.iterdir()) == []
 
-    detail = await (await actors("reader")).campaign_detail(cid)
+    detail = await (await actors.reads("reader")).campaign_detail(cid)
     assert detail.campaign.state == "verified"
     assert [(a.attempt_no, a.candidate_sha, a.verdict) for a in detail.attempts] == [
         (n1, breaks_add, "rejected"), (n2, fixes, "accepted")]
     moves = [(e.payload["transition"], e.payload["to"], e.payload.get("attempt_no"), e.actor)
-             for e in await (await actors("reader")).events(cid) if e.type == "transition"]
+             for e in await (await actors.reads("reader")).events(cid) if e.type == "transition"]
     assert moves == [
         ("open", "ready", None, moves[0][3]),
         ("claim", "leased", None, "worker-A"),
@@ -232,7 +232,7 @@ async def test_verifier_never_judges_its_own_attempt_nor_acts_as_worker(
         await verifier_kernel.accept(forced, {"forced": True})
     with pytest.raises(SameIdentity):
         await verifier_kernel.reject(forced, "forced")
-    assert (await (await actors("reader")).campaign(cid)).state == "attempted"
+    assert (await (await actors.reads("reader")).campaign(cid)).state == "attempted"
     admin.execute("UPDATE ledger.verification SET status = 'lost', finished_at = now() WHERE id = %s",
                   (forced,))
 
@@ -276,7 +276,7 @@ async def test_bundle_edited_after_freezing_is_rejected(
     assert "changed after it was frozen" in v.reason and digest in v.reason
     assert "commands" not in v.evidence  # nothing from the edited bundle was run
     assert v.evidence["bundle_digest"] == digest
-    detail = await (await actors("reader")).campaign_detail(cid)
+    detail = await (await actors.reads("reader")).campaign_detail(cid)
     assert detail.campaign.state == "ready" and detail.attempts[0].verdict == "rejected"
     assert "bundle tampered" in (detail.campaign.last_failure_reason or "")
 
@@ -356,8 +356,8 @@ async def test_killed_verifier_lapses_and_a_second_finishes_with_one_verdict(
     assert [(v.verifier, v.status) for v in rows] == [(running.verifier, "lost"),
                                                       ("verifier-second", "accepted")]
     assert rows[0].reason == "verifier lease expired" and rows[0].evidence == {}
-    assert (await (await actors("reader")).campaign(cid)).state == "verified"
-    verdicts = [e for e in await (await actors("reader")).events(cid)
+    assert (await (await actors.reads("reader")).campaign(cid)).state == "verified"
+    verdicts = [e for e in await (await actors.reads("reader")).events(cid)
                 if e.type == "transition" and e.payload["transition"] in ("accept", "reject")]
     assert len(verdicts) == 1 and verdicts[0].actor == "verifier-second"
 
@@ -470,7 +470,7 @@ async def test_acceptance_past_its_timeout_is_killed_with_its_children_and_rejec
     assert 1.0 <= cmd["duration_s"] < 30 and "started" in cmd["output"]
     assert v.evidence["not_run"] == [[PY, "-c", "pass"]]
     await eventually(lambda: not alive(parent) and not alive(child), what="the command and its child to die", timeout=30.0)
-    assert (await (await actors("reader")).campaign(cid)).state == "ready"
+    assert (await (await actors.reads("reader")).campaign(cid)).state == "ready"
 
 
 # --- the long-running command ---------------------------------------------------
@@ -486,7 +486,7 @@ async def test_verifier_command_verifies_until_sigterm_then_exits_zero(
     try:
         cid = await worker.open("served")
         await worker.attempt(cid, worker.base, passing())
-        reader = await actors("reader")
+        reader = await actors.reads()
         await eventually(lambda: _state_is(reader, cid, "verified"), what="the running verifier's verdict",
                          timeout=30.0)
         proc.send_signal(signal.SIGTERM)

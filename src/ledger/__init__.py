@@ -1,7 +1,8 @@
 """Ledger: durable campaigns for fleets of automation and AI-agent workers.
 
 The public API: ``Database`` (where and as whom to connect), ``Kernel`` (one
-typed method per write function, plus reads) and the error classes.
+typed method per write function), ``Reads`` (typed queries over the read
+views) and the error classes.
 """
 
 from .database import Database, Session
@@ -19,9 +20,10 @@ from .errors import (
     Unavailable,
 )
 from .kernel import Kernel
+from .reads import Reads
 
 __all__ = [
     "Database", "DuplicateObjective", "Forbidden", "IllegalTransition", "Kernel", "LedgerError",
-    "NotFound", "ObjectiveConflict", "OutcomeUnknown", "RepeatedApproach", "SameIdentity",
+    "NotFound", "ObjectiveConflict", "OutcomeUnknown", "Reads", "RepeatedApproach", "SameIdentity",
     "Session", "StaleLease", "Unavailable",
 ]

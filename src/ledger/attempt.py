@@ -46,6 +46,7 @@ from .lease import LeaseClock
 from .logs import get_logger
 from .models import Claim
 from .processes import CommandResult, child_environment, run_command
+from .reads import Reads
 from .repository import Repository
 
 _LOG_TAIL = 16 * 1024
@@ -106,6 +107,7 @@ class AttemptRun:
     def __init__(self, kernel: Kernel, claim: Claim, cls: CampaignClassConfig, *, identity: str,
                  data_dir: Path, hub: WakeSource | None = None, lease: LeaseClock | None = None):
         self.kernel = kernel
+        self.reads = Reads(kernel.executor)
         self.claim = claim
         self.cls = cls
         self.identity = identity
@@ -304,7 +306,7 @@ class AttemptRun:
         c = self.claim
         try:
             async with asyncio.timeout(self._budget()):
-                detail = await self.kernel.campaign_detail(c.campaign_id)
+                detail = await self.reads.campaign_detail(c.campaign_id)
         except TimeoutError:
             raise Unavailable("could not read the campaign within the lease") from None
         reasons = {v.attempt_id: v.reason for v in detail.verifications if v.status == "rejected"}
@@ -411,7 +413,7 @@ class AttemptRun:
         self.log.warning("the ending's reply was lost; reading the attempt back",
                          error=exc.message, error_type=type(exc).__name__)
         try:
-            attempt = await self.kernel.attempt_of(self.claim.campaign_id, self.claim.generation)
+            attempt = await self.reads.attempt_of(self.claim.campaign_id, self.claim.generation)
         except LedgerError as read_error:
             self.log.error("could not read the attempt back; its ending is unknown here "
                            "(the database has it, or the reaper will record it as lost)",

@@ -32,7 +32,7 @@ from datetime import datetime
 from typing import Literal
 
 from .errors import Forbidden, InvalidInput, LedgerError
-from .kernel import Kernel
+from .reads import Reads
 from .models import OPEN_STATES
 
 Action = Literal["abandon", "reopen"]
@@ -58,7 +58,7 @@ def action_states(action: str) -> tuple[str, ...]:
 
 @dataclass(frozen=True)
 class Selector:
-    """Which campaigns a bulk action is for; every field narrows (as ``Kernel.campaigns``)."""
+    """Which campaigns a bulk action is for; every field narrows (as ``Reads.campaigns``)."""
 
     states: tuple[str, ...] = ()
     classes: tuple[str, ...] = ()
@@ -127,7 +127,7 @@ class Applied:
         return "; ".join(parts)
 
 
-async def select(kernel: Kernel, action: str, selector: Selector,
+async def select(reads: Reads, action: str, selector: Selector,
                  cap: int = DEFAULT_CAP) -> Selection:
     """What ``selector`` matches now for ``action`` (at most ``cap`` ids)."""
     allowed = action_states(action)
@@ -141,7 +141,7 @@ async def select(kernel: Kernel, action: str, selector: Selector,
     cursor: tuple[datetime, int] | None = None
     while states and len(ids) <= cap:
         want = min(_PAGE, cap + 1 - len(ids))
-        page = await kernel.campaigns(
+        page = await reads.campaigns(
             states=states, classes=list(selector.classes) or None, target=selector.target,
             objective_key=selector.objective_key, label=selector.label,
             search=selector.search, updated_since=selector.updated_since, cursor=cursor,
@@ -154,7 +154,7 @@ async def select(kernel: Kernel, action: str, selector: Selector,
     return Selection(action, selector, kept, len(ids) > cap, token_of(action, selector, kept))
 
 
-async def apply(kernel: Kernel, action: str, selector: Selector, previewed: Sequence[int],
+async def apply(reads: Reads, action: str, selector: Selector, previewed: Sequence[int],
                 token: str, act: Callable[[int], Awaitable[object]],
                 cap: int = DEFAULT_CAP) -> Applied:
     """Act (``act(campaign_id)``) on the previewed ids that still match, and on
@@ -169,7 +169,7 @@ async def apply(kernel: Kernel, action: str, selector: Selector, previewed: Sequ
     if token != token_of(action, selector, previewed_ids):
         raise InvalidInput("the selection token is not that of these campaign ids for this "
                            "action and filter: preview again")
-    now = await select(kernel, action, selector, max(cap, len(previewed_ids)))
+    now = await select(reads, action, selector, max(cap, len(previewed_ids)))
     matching = set(now.ids)
     wanted = set(previewed_ids)
     result = Applied(action, truncated=now.truncated,

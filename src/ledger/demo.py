@@ -37,6 +37,7 @@ from .embedded import create_database, server_url
 from .hub import Hub
 from .kernel import Kernel
 from .models import Event
+from .reads import Reads
 from .settings import Settings
 from .runtime.host import Host, serve
 from .services import ReaperOptions, RunOptions, one_machine
@@ -170,10 +171,10 @@ class Narrator:
             self.console.print(f"  {e.seq:>3}  {what:<22} {move:<24} {e.actor}", highlight=False)
 
 
-async def _find_campaign(kernel: Kernel, hub: Hub, objective: str) -> int:
+async def _find_campaign(reads: Reads, hub: Hub, objective: str) -> int:
     with hub.subscribe("ledger_ready") as ready:
         while True:
-            found = await kernel.campaigns(objective_key=objective, limit=1)
+            found = await reads.campaigns(objective_key=objective, limit=1)
             if found:
                 return found[0].id
             await ready.wait(1.0)
@@ -245,7 +246,7 @@ async def run_demo(settings: Settings, console: Console, *, sensor_every_s: floa
             for service in await one_machine(stack, db, config, options, hub):
                 host.add(service)
             running = asyncio.create_task(host.run())
-            reader = Kernel(reading)
+            reader = Reads(reading)
             objective = config.sensors[DEMO_SENSOR].objective_key()
             try:
                 async with asyncio.timeout(DEADLINE_S):

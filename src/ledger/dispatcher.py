@@ -68,6 +68,7 @@ from .lease import LeaseClock
 from .logs import get_logger
 from .runtime.service import Loop
 from .models import Campaign, SideEffectClaim
+from .reads import Reads
 from .rebase import rebase
 from .runtime.backoff import backoff
 from .repository import LEDGER, GitError, Identity, RefMoved, Repository, WorktreeDirty
@@ -155,6 +156,7 @@ class Dispatcher(Loop):
             raise ValueError(f"dispatcher: lease_s ({lease_s}) must exceed 3 x http_timeout_s "
                              f"({http_timeout_s}), or a slow target outlives the claim")
         self.kernel = kernel
+        self.reads = Reads(kernel.executor)
         self.identity = identity or process_identity("dispatcher")
         self.lease_s = lease_s
         self.max_tries = max_tries
@@ -213,7 +215,7 @@ class Dispatcher(Loop):
         lease = LeaseClock()
         lease.confirm(LeaseClock.now() if sent_at is None else sent_at, claim.lease_remaining_s)
         self._lease = lease
-        campaign = await self.kernel.campaign(claim.campaign_id)
+        campaign = await self.reads.campaign(claim.campaign_id)
         try:
             if claim.kind == "git.update_ref":
                 verdict = await self._git(claim, campaign)
@@ -392,7 +394,7 @@ class Dispatcher(Loop):
         moved = {"read_back": onto, "expected": base}
         if self.data_dir is None:
             return Verdict("conflict", moved, f"{claim.target} moved to {onto}")
-        attempts = await self.kernel.attempts_of(campaign.id)
+        attempts = await self.reads.attempts_of(campaign.id)
         accepted = next((a for a in attempts if a.generation == claim.generation), None)
         if accepted is None or accepted.bundle is None:
             return Verdict("conflict", moved, f"{claim.target} moved to {onto}; the accepted "
@@ -418,7 +420,7 @@ class Dispatcher(Loop):
         return Verdict("rebased", {"onto": onto, "candidate": rebased, "attempt_no": attempt_no})
 
     async def _class_repository(self, campaign: Campaign) -> str | None:
-        repository = (await self.kernel.campaign_class(campaign.class_)).promotion.get("repository")
+        repository = (await self.reads.campaign_class(campaign.class_)).promotion.get("repository")
         return repository if isinstance(repository, str) else None
 
     # --- http.request ------------------------------------------------------------

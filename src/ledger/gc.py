@@ -25,7 +25,7 @@ from pathlib import Path
 from .attempt import sweep_orphans
 from .config import CampaignClassConfig, LedgerConfig
 from .errors import NotFound
-from .kernel import Kernel
+from .reads import Reads
 from .runtime.service import Loop
 from .models import Campaign
 from .repository import GitError, Repository
@@ -50,12 +50,12 @@ class Collected:
         return len(self.deleted) + self.pruned_worktrees + self.swept_workdirs
 
 
-async def collect(kernel: Kernel, config: LedgerConfig, data_dir: Path, *,
+async def collect(reads: Reads, config: LedgerConfig, data_dir: Path, *,
                   classes: Sequence[str] = (), dry_run: bool = False,
                   now: datetime | None = None) -> Collected:
     """One pass over the repositories of ``classes`` (default: every class of
     ``config``). ``dry_run``: count what would be deleted, delete nothing.
-    ``kernel`` only reads (any role will do)."""
+    ``reads`` only reads (any role will do)."""
     now = now or datetime.now(timezone.utc)
     chosen = [config.campaign_class(name) for name in classes] if classes else list(config.classes.values())
     result = Collected()
@@ -73,7 +73,7 @@ async def collect(kernel: Kernel, config: LedgerConfig, data_dir: Path, *,
             continue
         for ref, sha, campaign_id, _attempt in branches:
             if campaign_id not in campaigns:
-                campaigns[campaign_id] = await _campaign(kernel, campaign_id)
+                campaigns[campaign_id] = await _campaign(reads, campaign_id)
             campaign = campaigns[campaign_id]
             if campaign is None:
                 result.kept_unknown += 1
@@ -97,9 +97,9 @@ async def collect(kernel: Kernel, config: LedgerConfig, data_dir: Path, *,
     return result
 
 
-async def _campaign(kernel: Kernel, campaign_id: int) -> Campaign | None:
+async def _campaign(reads: Reads, campaign_id: int) -> Campaign | None:
     try:
-        return await kernel.campaign(campaign_id)
+        return await reads.campaign(campaign_id)
     except NotFound:
         return None
 
@@ -115,19 +115,19 @@ class Collector(Loop):
 
     name = "gc"
 
-    def __init__(self, kernel: Kernel, config: LedgerConfig, data_dir: Path, *,
+    def __init__(self, reads: Reads, config: LedgerConfig, data_dir: Path, *,
                  interval_s: float = 3600.0, classes: Sequence[str] = ()):
         super().__init__(interval_s)
         for name in classes:
             config.campaign_class(name)  # unknown classes are a config error now, not later
-        self.kernel = kernel
+        self.reads = reads
         self.config = config
         self.data_dir = data_dir
         self.classes = list(classes)
         self.last: Collected | None = None
 
     async def run_once(self) -> int:
-        self.last = await collect(self.kernel, self.config, self.data_dir, classes=self.classes)
+        self.last = await collect(self.reads, self.config, self.data_dir, classes=self.classes)
         for error in self.last.errors:
             self.log.warning("gc could not read a repository", error=error)
         return self.last.work

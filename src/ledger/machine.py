@@ -16,7 +16,7 @@ from collections.abc import Iterable
 from transitions import Machine
 from transitions.extensions import GraphMachine
 
-from .kernel import Kernel
+from .reads import Reads
 from .models import StateRow, TransitionRow
 
 #: Campaigns are created by ``open`` straight into this state.
@@ -33,9 +33,9 @@ class StateMachine:
         self._machine = self._build(Machine)
 
     @classmethod
-    async def load(cls, kernel: Kernel) -> StateMachine:
+    async def load(cls, reads: Reads) -> StateMachine:
         """Read the machine from the database."""
-        return cls(await kernel.states(), await kernel.transitions())
+        return cls(await reads.states(), await reads.transitions())
 
     def _build(self, machine_cls: type[Machine], **kwargs: object) -> Machine:
         return machine_cls(

@@ -19,7 +19,7 @@ from typing import Literal
 
 from pydantic import BaseModel
 
-from .kernel import Kernel
+from .reads import Reads
 
 Verdict = Literal["autonomous", "human-assisted", "no-closure", "under-exercised"]
 
@@ -72,7 +72,7 @@ def streak(days: list[Day]) -> int:
     return count
 
 
-async def autonomy_report(kernel: Kernel, days: int = 7) -> Report:
+async def autonomy_report(reads: Reads, days: int = 7) -> Report:
     """The report over the last ``days`` UTC days (today included)."""
-    rows = [Day.model_validate(r) for r in await kernel.daily_activity(days)]
+    rows = [Day.model_validate(r) for r in await reads.daily_activity(days)]
     return Report(days=rows, streak=streak(rows))

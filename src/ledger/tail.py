@@ -17,7 +17,7 @@ from datetime import datetime, timezone
 
 from .errors import InvalidInput
 from .hub import WakeSource
-from .kernel import Kernel
+from .reads import Reads
 from .models import TERMINAL_STATES, Campaign, Event
 
 PAGE_SIZE = 500
@@ -59,7 +59,7 @@ def _synthesise(campaign: Campaign, cursor: int) -> SyntheticEvent:
 
 
 async def tail(
-    kernel: Kernel,
+    reads: Reads,
     hub: WakeSource,
     campaign_id: int,
     *,
@@ -93,12 +93,12 @@ async def tail(
             # The row first, then the journal: if the row was already closed,
             # its terminal event was committed before our read of the journal,
             # so not finding it there means it lies before the cursor.
-            campaign = await kernel.campaign(campaign_id)
+            campaign = await reads.campaign(campaign_id)
             sub.drain()  # payloads are only this campaign's id: the wake is the news
             # event_seq is the journal's head (bumped with every append, in the
             # same transaction), so an idle tick costs this one row read.
             while campaign.event_seq > cursor:
-                page = await kernel.events(campaign_id, cursor, page_size)
+                page = await reads.events(campaign_id, cursor, page_size)
                 for event in page:
                     yield event
                     cursor = event.seq

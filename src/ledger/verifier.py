@@ -49,6 +49,7 @@ from .kernel import Kernel
 from .lease import LeaseClock
 from .logs import get_logger
 from .models import VerificationClaim
+from .reads import Reads
 from .runtime.service import Loop
 from .repository import GitError, Repository, head
 
@@ -120,6 +121,7 @@ class Verifier(Loop):
             raise ValueError(f"heartbeat ({self.heartbeat_s}s) must be positive and shorter than "
                              f"the lease ({lease_s}s), or every verification lapses mid-check")
         self.kernel = kernel
+        self.reads = Reads(kernel.executor)
         self.identity = identity or process_identity("verifier")
         self.model_family = model_family
         self.classes = list(classes) if classes else None
@@ -326,13 +328,13 @@ class Verifier(Loop):
         verifier (what the operator registered), the bundle's only for a class
         registered without acceptance commands; the baseline from the
         observation that opened the campaign."""
-        campaign = await self.kernel.campaign(claim.campaign_id)
+        campaign = await self.reads.campaign(claim.campaign_id)
         details = campaign.opening_observation.get("details")
         tests = details.get("tests") if isinstance(details, dict) else None
         baseline = verifiers.Baseline.from_tests(tests)
         criteria = campaign.acceptance_criteria
         if criteria.get("commands"):
-            cls = await self.kernel.campaign_class(claim.class_)
+            cls = await self.reads.campaign_class(claim.class_)
             return dict(criteria), cls.verifier, baseline
         return dict(frozen.acceptance), frozen.verifier, baseline
 

@@ -31,6 +31,7 @@ from .kernel import Kernel
 from .lease import LeaseClock
 from .logs import get_logger
 from .models import Claim
+from .reads import Reads
 from .runtime.backoff import backoff
 
 
@@ -121,13 +122,13 @@ class Worker:
         self.stop()
 
     async def _boot(self, kernel: Kernel) -> None:
-        await self._check_registered(kernel)
+        await self._check_registered(Reads(kernel.executor))
         swept = await asyncio.to_thread(sweep_orphans, self.options.data_dir)
         if swept:
             self.log.info("removed worktrees of dead workers", count=swept)
 
-    async def _check_registered(self, kernel: Kernel) -> None:
-        registered = {c.name for c in await kernel.classes()}
+    async def _check_registered(self, reads: Reads) -> None:
+        registered = {c.name for c in await reads.classes()}
         missing = [name for name in self.classes if name not in registered]
         if missing:
             raise ConfigError(f"campaign class(es) {', '.join(missing)} not registered in the "
@@ -174,7 +175,7 @@ class Worker:
         whose reply was lost). Called holding one slot, which the first
         adopted attempt takes; returns whether the read-back succeeded."""
         try:
-            held = [c for c in await kernel.running_claims(self.identity)
+            held = [c for c in await Reads(kernel.executor).running_claims(self.identity)
                     if c.campaign_id not in self.attempts]
         except LedgerError as exc:
             self.slots.release()

@@ -221,7 +221,7 @@ async def list_campaigns(
     """Campaigns, most recently changed first, a page at a time."""
     position = decode_cursor(cursor) if cursor else None
     # One more than asked: whether it exists says if there is a next page.
-    rows = await caller.kernel.campaigns(
+    rows = await caller.reads.campaigns(
         states=state, classes=class_, target=target, objective_key=objective_key, label=label,
         updated_since=updated_since, search=search, cursor=position, limit=limit + 1)
     page = rows[:limit]
@@ -233,7 +233,7 @@ async def list_campaigns(
             responses=problems.responses(401, 404, 422, 503))
 async def show_campaign(campaign_id: CampaignId, caller: CallerDep) -> CampaignDetail:
     """A campaign with its attempts, verifications, side effects and observations."""
-    return await caller.kernel.campaign_detail(campaign_id)
+    return await caller.reads.campaign_detail(campaign_id)
 
 
 @router.get("/status", response_model=Status, tags=["status"],
@@ -243,11 +243,11 @@ async def show_status(
     expiring_within_s: Annotated[float, Query(ge=0, le=86_400)] = 60.0,
 ) -> Status:
     """Campaigns per state, the oldest ready one, leases that end within the window."""
-    kernel = caller.kernel
-    expiring = await kernel.leases_expiring(expiring_within_s)
+    reads = caller.reads
+    expiring = await reads.leases_expiring(expiring_within_s)
     return Status(
-        states=await kernel.state_counts(),
-        oldest_ready=await kernel.oldest_ready(),
+        states=await reads.state_counts(),
+        oldest_ready=await reads.oldest_ready(),
         leases_expiring=[LeaseSummary(campaign_id=c.id, lease_owner=c.lease_owner,
                                       lease_expires_at=c.lease_expires_at) for c in expiring],
     )
@@ -288,13 +288,13 @@ async def _bulk(caller: CallerDep, action: str, body: BulkRequest,
                 act: Callable[[int], Awaitable[object]]) -> BulkResult:
     selector = body.filter.selector()
     if body.previewing():
-        preview = await bulk.select(caller.kernel, action, selector, body.max_campaigns)
+        preview = await bulk.select(caller.reads, action, selector, body.max_campaigns)
         return BulkResult(dry_run=True, matched=len(preview.ids), truncated=preview.truncated,
                           outcomes={}, campaign_ids=list(preview.ids), selection=preview.token)
     if body.campaign_ids is None or body.selection is None:
         raise InvalidInput("a bulk action acts only on what was previewed: POST it with "
                            "dry_run first, then send back its campaign_ids and selection")
-    done = await bulk.apply(caller.kernel, action, selector, body.campaign_ids, body.selection,
+    done = await bulk.apply(caller.reads, action, selector, body.campaign_ids, body.selection,
                             act, body.max_campaigns)
     return BulkResult(dry_run=False, matched=len(done.acted_on) + len(done.not_previewed),
                       truncated=done.truncated, outcomes=done.outcomes,

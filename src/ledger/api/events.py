@@ -73,7 +73,7 @@ async def campaign_events(
 ) -> Response:
     """Follow a campaign's journal until it closes."""
     after = _cursor(last_event_id, from_)
-    campaign = await caller.kernel.campaign(campaign_id)  # NotFound before any byte is sent
+    campaign = await caller.reads.campaign(campaign_id)  # NotFound before any byte is sent
     if campaign.is_terminal and after >= campaign.event_seq:
         return Response(status_code=204)
     if after > campaign.event_seq:
@@ -81,7 +81,7 @@ async def campaign_events(
                               f"{campaign_id}'s journal (its last seq is {campaign.event_seq}); "
                               f"resume from {campaign.event_seq} or less")
     api = request.app.state.ledger
-    items = tail(caller.kernel, api.hub, campaign_id, after=after,
+    items = tail(caller.reads, api.hub, campaign_id, after=after,
                  keepalive_s=api.options.keepalive_s, poll_s=api.options.poll_s)
     # ping=0: keepalives come from the tail (comments), not from a second timer.
     # (sse-starlette sets Cache-Control: no-store and X-Accel-Buffering: no.)

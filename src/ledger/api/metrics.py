@@ -25,7 +25,7 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector
 
 from ..hub import Hub
-from ..kernel import Kernel
+from ..reads import Reads
 from . import problems
 from .roles import CallerDep
 
@@ -79,19 +79,19 @@ class ProcessCounters:
             self.durations.labels(method, route).observe(duration_s)
 
 
-async def read_snapshot(kernel: Kernel) -> Snapshot:
+async def read_snapshot(reads: Reads) -> Snapshot:
     """Read everything the metrics need, as the caller's role."""
     started = time.perf_counter()
     snapshot = Snapshot(
-        states=await kernel.state_counts(),
-        class_states=await kernel.class_state_counts(),
-        oldest_ready_age_s=await kernel.oldest_ready_age(),
-        transitions=await kernel.transition_counts(),
-        attempts=await kernel.attempt_outcomes(),
-        verifications=await kernel.verification_outcomes(),
-        side_effects=await kernel.side_effect_counts(),
-        attempt_durations=await kernel.duration_histogram("attempt", DURATION_BUCKETS),
-        verification_durations=await kernel.duration_histogram("verification",
+        states=await reads.state_counts(),
+        class_states=await reads.class_state_counts(),
+        oldest_ready_age_s=await reads.oldest_ready_age(),
+        transitions=await reads.transition_counts(),
+        attempts=await reads.attempt_outcomes(),
+        verifications=await reads.verification_outcomes(),
+        side_effects=await reads.side_effect_counts(),
+        attempt_durations=await reads.duration_histogram("attempt", DURATION_BUCKETS),
+        verification_durations=await reads.duration_histogram("verification",
                                                                DURATION_BUCKETS),
     )
     snapshot.read_s = time.perf_counter() - started
@@ -197,7 +197,7 @@ class LedgerCollector(Collector):
 async def metrics(request: Request, caller: CallerDep) -> Response:
     """Prometheus metrics, read from the database now."""
     api = request.app.state.ledger
-    snapshot = await read_snapshot(caller.kernel)
+    snapshot = await read_snapshot(caller.reads)
     # A registry per scrape: the collector is bound to this scrape's snapshot.
     registry = CollectorRegistry(auto_describe=False)
     registry.register(LedgerCollector(snapshot, api.hub, api.counters))

@@ -82,7 +82,7 @@ async def record_observation(
 
 async def _class_exists(caller: Caller, name: str) -> bool:
     try:
-        await caller.kernel.campaign_class(name)
+        await caller.reads.campaign_class(name)
     except NotFound:
         return False
     return True
@@ -105,4 +105,4 @@ async def show_observation(
     observation_id: Annotated[int, Path(ge=1, le=BIGINT_MAX)], caller: CallerDep,
 ) -> Observation:
     """One recorded observation."""
-    return await caller.kernel.observation(observation_id)
+    return await caller.reads.observation(observation_id)

@@ -18,6 +18,7 @@ from fastapi import Depends, Request
 from ..database import Database, Session
 from ..errors import LedgerError, Unavailable
 from ..kernel import Kernel
+from ..reads import Reads
 from .auth import Principal, authenticate
 
 
@@ -55,6 +56,10 @@ class RolePools:
         """A kernel acting as ``role``."""
         return Kernel(await self.session(role))
 
+    async def reads(self, role: str) -> Reads:
+        """Reads acting as ``role``."""
+        return Reads(await self.session(role))
+
     async def close(self) -> None:
         """Close every pool."""
         sessions, self._sessions = list(self._sessions.values()), {}
@@ -64,10 +69,16 @@ class RolePools:
 
 @dataclass(frozen=True)
 class Caller:
-    """An authenticated caller and a kernel acting as its role."""
+    """An authenticated caller and a kernel acting as its role (its writes;
+    ``reads`` for the rest)."""
 
     principal: Principal
     kernel: Kernel
+
+    @property
+    def reads(self) -> Reads:
+        """Reads as the caller's role (over the same pool)."""
+        return Reads(self.kernel.executor)
 
 
 async def caller(request: Request,

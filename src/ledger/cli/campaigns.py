@@ -13,6 +13,7 @@ from rich.table import Table
 
 from ..errors import LedgerError
 from ..kernel import Kernel
+from ..reads import Reads
 from ..models import Campaign, CampaignDetail
 from .context import console, console_err, emit_json, run, state
 
@@ -96,7 +97,7 @@ def list_(
 
     async def go() -> list[Campaign]:
         async with state(ctx).database().session("reader") as s:
-            return await Kernel(s).campaigns(states=state_ or None, classes=class_ or None,
+            return await Reads(s).campaigns(states=state_ or None, classes=class_ or None,
                                              target=target, objective_key=objective, label=label,
                                              updated_since=updated_since, limit=limit)
     rows = run(go())
@@ -118,7 +119,7 @@ def show(
     """Show a campaign: attempts, verdicts, side effects and observations."""
     async def go() -> CampaignDetail:
         async with state(ctx).database().session("reader") as s:
-            return await Kernel(s).campaign_detail(campaign_id)
+            return await Reads(s).campaign_detail(campaign_id)
     detail = run(go())
     if as_json:
         emit_json(detail)
@@ -165,9 +166,9 @@ def status(
     """Campaigns per state, the age of the oldest ready one and leases about to expire."""
     async def go() -> tuple[dict[str, int], datetime | None, list[Campaign]]:
         async with state(ctx).database().session("reader") as s:
-            kernel = Kernel(s)
-            return (await kernel.state_counts(), await kernel.oldest_ready(),
-                    await kernel.leases_expiring(expiring_within))
+            reads = Reads(s)
+            return (await reads.state_counts(), await reads.oldest_ready(),
+                    await reads.leases_expiring(expiring_within))
     counts, oldest, expiring = run(go())
     if as_json:
         emit_json({"states": counts, "oldest_ready": oldest,
@@ -255,7 +256,7 @@ def report(
 
     async def go():  # type: ignore[no-untyped-def]
         async with state(ctx).database().session("reader") as s:
-            return await autonomy_report(Kernel(s), days)
+            return await autonomy_report(Reads(s), days)
 
     result = run(go())
     if as_json:

@@ -9,6 +9,7 @@ from rich.table import Table
 
 from ..config import load_config
 from ..kernel import Kernel
+from ..reads import Reads
 from .context import console, console_err, emit_json, run, state
 from .runtime import CONFIG_OPTION, config_path
 
@@ -40,7 +41,7 @@ def list_(ctx: typer.Context, as_json: bool = typer.Option(False, "--json", help
     """The classes registered in the database."""
     async def go():  # type: ignore[no-untyped-def]
         async with state(ctx).database().session("reader") as s:
-            return await Kernel(s).classes()
+            return await Reads(s).classes()
 
     rows = run(go())
     if as_json:

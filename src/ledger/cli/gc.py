@@ -10,7 +10,7 @@ import typer
 from .. import logs
 from ..config import load_config
 from ..gc import Collector, collect
-from ..kernel import Kernel
+from ..reads import Reads
 from .context import console_err, emit_json, run, state
 from .runtime import CONFIG_OPTION, LOG_OPTION, config_path
 
@@ -46,11 +46,11 @@ def gc(
 
     async def go():  # type: ignore[no-untyped-def]
         async with st.database().session("reader") as session:
-            kernel = Kernel(session)
+            reads = Reads(session)
             if every is None:
-                return await collect(kernel, cfg, st.settings.data_dir, classes=class_,
+                return await collect(reads, cfg, st.settings.data_dir, classes=class_,
                                      dry_run=dry_run)
-            collector = Collector(kernel, cfg, st.settings.data_dir, interval_s=every,
+            collector = Collector(reads, cfg, st.settings.data_dir, interval_s=every,
                                   classes=class_)
             from ..runtime.host import serve
 

@@ -14,6 +14,7 @@ import typer
 from .. import logs
 from ..hub import Hub, NullHub, WakeSource
 from ..kernel import Kernel
+from ..reads import Reads
 from ..models import Event
 from ..tail import Keepalive, TailItem, tail
 from .context import run, state
@@ -96,7 +97,7 @@ def tail_(
             if live is not None:
                 hub = await live.start()
             try:
-                async for item in tail(Kernel(session), hub, campaign_id, after=after,
+                async for item in tail(Reads(session), hub, campaign_id, after=after,
                                        follow=follow):
                     if as_json:
                         _emit(json.dumps(_record(item), ensure_ascii=False, default=str))

@@ -7,7 +7,7 @@ from pathlib import Path
 import typer
 
 from .. import migrations
-from ..kernel import Kernel
+from ..reads import Reads
 from ..machine import StateMachine
 from .context import console_err, run, state
 
@@ -51,7 +51,7 @@ def graph(
 
     async def load() -> StateMachine:
         async with state(ctx).database().session("reader") as session:
-            return await StateMachine.load(Kernel(session))
+            return await StateMachine.load(Reads(session))
 
     machine = run(load())
     text = machine.svg() if fmt == "svg" else machine.mermaid()

@@ -146,8 +146,10 @@ class Host:
             finally:
                 loop.set_task_factory(previous_factory)
         failed = [h for h in self.services.values() if h.error is not None and h.policy == "fail"]
-        self.log.info("stopped", failed=[h.name for h in failed],
-                      restarts={h.name: h.restarts for h in self.services.values() if h.restarts})
+        restarts = {h.name: h.restarts for h in self.services.values() if h.restarts}
+        # Each service logs its own last line; the host adds one only for news.
+        if failed or restarts or self.leftovers:
+            self.log.warning("stopped", failed=[h.name for h in failed], restarts=restarts)
         if failed:
             raise failed[0].error  # type: ignore[misc]
         return EX_SOFTWARE if self.leftovers else 0

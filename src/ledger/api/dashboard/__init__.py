@@ -7,7 +7,7 @@ chart (``board``), a **campaign** and an attempt (``campaign``), bulk action
 environment and redirects (``render``), who is looking and the forms they post
 (``viewer``), the board's filter (``filters``).
 
-Everything is rendered from the same ``Kernel`` reads as the API, as the
+Everything is rendered from the same reads (``ledger.reads``) as the API, as the
 database role of the signed-in token, so a page can show and do exactly what
 that role may: a reader gets no action buttons, and the database refuses a
 reader's forged form anyway. Operator actions are recorded as

@@ -18,7 +18,7 @@ from ...bulk import ACTION_STATES
 from ...config import LedgerConfig, SensorConfig
 from ...errors import InvalidInput, LedgerError
 from ...hub import NullHub, Subscription
-from ...kernel import Kernel
+from ...reads import Reads
 from ...models import Campaign, HourActivity
 from ...report import autonomy_report
 from ...sensors import next_tick, trigger_for
@@ -119,7 +119,7 @@ async def _either(a: Subscription, b: Subscription, timeout: float) -> None:
             w.cancel()
 
 
-async def board_changes(kernel: Kernel, hub: Any, *, poll_s: float, keepalive_s: float,
+async def board_changes(reads: Reads, hub: Any, *, poll_s: float, keepalive_s: float,
                         min_gap_s: float = MIN_CHANGE_GAP_S) -> AsyncIterator[ServerSentEvent]:
     """A ``changed`` event whenever what the board shows changed.
 
@@ -129,14 +129,14 @@ async def board_changes(kernel: Kernel, hub: Any, *, poll_s: float, keepalive_s:
     only when something did, and at most once per ``min_gap_s``."""
     loop = asyncio.get_running_loop()
     with hub.subscribe("ledger_event") as journal, hub.subscribe("ledger_ready") as ready:
-        version = await kernel.board_version()
+        version = await reads.board_version()
         yield ServerSentEvent(event="hello", data=json.dumps({"campaigns": version[0]}))
         quiet_since = loop.time()
         while True:
             await _either(journal, ready, min(poll_s, keepalive_s))
             journal.drain()
             ready.drain()
-            current = await kernel.board_version()
+            current = await reads.board_version()
             if current != version:
                 version = current
                 yield ServerSentEvent(event="changed", data=json.dumps(
@@ -159,7 +159,7 @@ async def board(request: Request) -> Response:
     flt = BoardFilter.from_query(request)
     cursor_text = request.query_params.get("cursor")
     cursor = decode_cursor(cursor_text) if cursor_text else None
-    k = viewer.kernel
+    k = viewer.reads
     now = datetime.now(timezone.utc)
     lanes = [lane for lane in LANES if not flt.states or set(lane[2]) & set(flt.states)]
 
@@ -209,12 +209,12 @@ async def board(request: Request) -> Response:
         page_size=PAGE_SIZE, charts=activity_charts(hourly), chart_hours=CHART_HOURS)
 
 
-async def _hourly(pages: Pages, kernel: Kernel, class_: str | None) -> list[HourActivity]:
+async def _hourly(pages: Pages, reads: Reads, class_: str | None) -> list[HourActivity]:
     loop = asyncio.get_running_loop()
     cached = pages.charts.get(class_)
     if cached is not None and loop.time() - cached[0] < CHART_TTL_S:
         return cached[1]  # type: ignore[no-any-return]
-    rows = await kernel.hourly_activity(CHART_HOURS, class_)
+    rows = await reads.hourly_activity(CHART_HOURS, class_)
     if len(pages.charts) > 100:  # one entry per class filter in use; never unbounded
         pages.charts.clear()
     pages.charts[class_] = (loop.time(), rows)
@@ -225,10 +225,10 @@ async def _hourly(pages: Pages, kernel: Kernel, class_: str | None) -> list[Hour
 async def board_events(request: Request) -> Response:
     """The board's change stream (SSE)."""
     viewer = await viewer_of(request)
-    await viewer.kernel.board_version()  # fail (and say so) before the stream starts
+    await viewer.reads.board_version()  # fail (and say so) before the stream starts
     state = request.app.state.ledger
     return EventSourceResponse(
-        board_changes(viewer.kernel, state.hub or NullHub(), poll_s=state.options.poll_s,
+        board_changes(viewer.reads, state.hub or NullHub(), poll_s=state.options.poll_s,
                       keepalive_s=state.options.keepalive_s), ping=0)
 
 
@@ -239,6 +239,6 @@ async def autonomy(request: Request) -> Response:
     text = request.query_params.get("days", "14")
     if not text.isdigit() or not 1 <= int(text) <= 366:
         raise InvalidInput("days: 1 to 366")
-    report = await autonomy_report(viewer.kernel, int(text))
+    report = await autonomy_report(viewer.reads, int(text))
     return pages_of(request).page(request, "autonomy.html", viewer, report=report,
                                   days=int(text), chart=autonomy_chart(report))

@@ -14,7 +14,7 @@ from fastapi.responses import HTMLResponse, Response
 
 from ... import bulk as bulk_actions
 from ...errors import InvalidInput
-from ...kernel import Kernel
+from ...reads import Reads
 from ...models import Campaign
 from .campaign import extra_attempts
 from .filters import BoardFilter
@@ -27,8 +27,8 @@ SAMPLE = 20
 _IDS_LIMIT = bulk_actions.DEFAULT_CAP
 
 
-async def _campaigns(kernel: Kernel, ids: list[int]) -> list[Campaign]:
-    return list(await asyncio.gather(*(kernel.campaign(cid) for cid in ids)))
+async def _campaigns(reads: Reads, ids: list[int]) -> list[Campaign]:
+    return list(await asyncio.gather(*(reads.campaign(cid) for cid in ids)))
 
 
 def _ids(text: str | None) -> list[int]:
@@ -54,8 +54,8 @@ async def preview(request: Request, action: str) -> Response:
     """What a bulk action would act on (nothing is done)."""
     viewer = await viewer_of(request)
     flt = BoardFilter.from_query(request)
-    selection = await bulk_actions.select(viewer.kernel, action, flt.selector())
-    sample = await _campaigns(viewer.kernel, list(selection.ids[:SAMPLE]))
+    selection = await bulk_actions.select(viewer.reads, action, flt.selector())
+    sample = await _campaigns(viewer.reads, list(selection.ids[:SAMPLE]))
     return _render_preview(request, viewer, action, flt, selection, sample)
 
 
@@ -66,7 +66,7 @@ async def confirm(request: Request, action: str) -> Response:
     form = await read_form(request, viewer)
     flt = BoardFilter.parse(form.get, form.get_all)
     identity = viewer.principal.identity
-    k = viewer.kernel
+    k, reads = viewer.kernel, viewer.reads
     if action == "abandon":
         reason = (form.get("reason") or "").strip()[:1000] or "abandoned by operator"
 
@@ -78,17 +78,17 @@ async def confirm(request: Request, action: str) -> Response:
         async def act(cid: int) -> object:
             return await k.reopen(cid, identity, extra)
 
-    done = await bulk_actions.apply(k, action, flt.selector(), _ids(form.get("ids")),
+    done = await bulk_actions.apply(reads, action, flt.selector(), _ids(form.get("ids")),
                                     form.get("selection") or "", act)
     message = f"Bulk {action} on {flt.describe()}: {done.summary()}."
     if not done.changed:
         return redirect(request, "/ui/?" + flt.query(), message)
     # What matches is not what was previewed: say what differed, and offer a
     # fresh preview of what matches now.
-    now = await bulk_actions.select(k, action, flt.selector())
-    changes = {"not_previewed": await _campaigns(k, done.not_previewed[:SAMPLE]),
-               "no_longer_matching": await _campaigns(k, done.no_longer_matching[:SAMPLE])}
-    sample = await _campaigns(k, list(now.ids[:SAMPLE]))
+    now = await bulk_actions.select(reads, action, flt.selector())
+    changes = {"not_previewed": await _campaigns(reads, done.not_previewed[:SAMPLE]),
+               "no_longer_matching": await _campaigns(reads, done.no_longer_matching[:SAMPLE])}
+    sample = await _campaigns(reads, list(now.ids[:SAMPLE]))
     return _render_preview(request, viewer, action, flt, now, sample,
                            status=200 if done.acted_on else 409, applied=done,
                            changes=changes)

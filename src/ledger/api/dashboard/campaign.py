@@ -47,7 +47,7 @@ async def campaign_page(request: Request, campaign_id: int) -> Response:
     """One campaign."""
     _check_id(campaign_id)
     viewer = await viewer_of(request)
-    k = viewer.kernel
+    k = viewer.reads
     # The journal before the rest: whatever happens after this read reaches
     # the page through its stream (which starts after the journal's head)
     # and refreshes it, so the page can never stay older than its journal.
@@ -78,7 +78,7 @@ async def attempt_page(request: Request, campaign_id: int, attempt_no: int) -> R
     """One attempt: what its lease journaled, its output (live while it runs)."""
     _check_id(campaign_id)
     viewer = await viewer_of(request)
-    k = viewer.kernel
+    k = viewer.reads
     # The head first: the stream resumes after it, so an event appended after
     # the reads below arrives through the stream (the page skips what it shows).
     campaign = await k.campaign(campaign_id)

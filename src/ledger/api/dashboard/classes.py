@@ -25,8 +25,8 @@ CONFIRM_DAYS = 7
 async def classes(request: Request) -> Response:
     """Every registered class with its campaigns per state."""
     viewer = await viewer_of(request)
-    registered, counts = await asyncio.gather(viewer.kernel.classes(),
-                                              viewer.kernel.class_state_counts())
+    registered, counts = await asyncio.gather(viewer.reads.classes(),
+                                              viewer.reads.class_state_counts())
     return pages_of(request).page(request, "classes.html", viewer, classes=registered,
                                   counts=counts)
 
@@ -37,7 +37,7 @@ async def class_page(request: Request, name: str) -> Response:
     if len(name) > 63 or "\x00" in name:
         raise InvalidInput("a class name has at most 63 characters")
     viewer = await viewer_of(request)
-    k = viewer.kernel
+    k = viewer.reads
     summary = await k.class_summary(name, CONFIRM_DAYS)
     cls, hourly = await asyncio.gather(k.campaign_class(name), k.hourly_activity(HOURS, name))
     hours = [r.hour.astimezone(timezone.utc).strftime("%H:00") for r in hourly]

@@ -74,7 +74,7 @@ class BoardFilter:
         return ", ".join(f"{k}={v}" for k, v in self.pairs()) or "everything"
 
     def reads(self, states: Sequence[str] | None = None) -> dict[str, Any]:
-        """Keyword arguments of ``Kernel.campaigns`` (``states`` overrides)."""
+        """Keyword arguments of ``Reads.campaigns`` (``states`` overrides)."""
         return {"states": list(states) if states is not None else (list(self.states) or None),
                 "classes": [self.class_] if self.class_ else None, "target": self.target,
                 "label": self.label, "search": self.q}

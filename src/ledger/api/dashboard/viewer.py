@@ -9,6 +9,7 @@ from fastapi import Request
 
 from ...errors import Forbidden, InvalidInput
 from ...kernel import Kernel
+from ...reads import Reads
 from .. import cookies
 from ..auth import Principal, TokenTable
 
@@ -24,6 +25,11 @@ class Viewer:
     principal: Principal
     session: cookies.BrowserSession | None
     kernel: Kernel
+
+    @property
+    def reads(self) -> Reads:
+        """What the pages show, read as the viewer's role."""
+        return Reads(self.kernel.executor)
 
     @property
     def can_act(self) -> bool:

@@ -1,0 +1,305 @@
+"""What anyone may read: typed queries over the read views (``ledger.queries``).
+
+``Reads`` is the read side of the kernel client (``ledger.kernel.Kernel`` is
+the write side): one campaign, its attempts, journal and observations, pages
+of campaigns, the classes, and the figures the dashboard, the metrics and the
+autonomy report show. It works for every role, since every role may read the
+views; the runtimes use it to read back what a write whose reply was lost did.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import datetime
+from typing import Any
+
+from . import queries
+from .database import Executor
+from .errors import InvalidInput, NotFound
+from .models import (
+    Attempt,
+    Campaign,
+    CampaignClass,
+    CampaignDetail,
+    ClassSummary,
+    Claim,
+    Event,
+    HourActivity,
+    Observation,
+    SecurityEvent,
+    SideEffect,
+    StateRow,
+    TransitionRow,
+    Verification,
+)
+
+
+class Reads:
+    """Typed reads over ``executor`` (a session, or an open transaction)."""
+
+    def __init__(self, executor: Executor):
+        self.executor = executor
+
+    # --- campaigns, journals, classes --------------------------------------------
+
+    async def campaign(self, campaign_id: int) -> Campaign:
+        """One campaign; ``NotFound`` if there is none."""
+        rows = await self.executor.fetch(queries.CAMPAIGN, id=campaign_id)
+        if not rows:
+            raise NotFound(f"campaign {campaign_id} does not exist")
+        return Campaign.model_validate(rows[0])
+
+    async def attempt_of(self, campaign_id: int, generation: int) -> Attempt | None:
+        """The attempt a lease (generation) of a campaign made, if any: how a
+        holder whose reply was lost learns how its attempt ended."""
+        rows = await self.executor.fetch(queries.GENERATION_ATTEMPT, campaign_id=campaign_id,
+                                         generation=generation)
+        return Attempt.model_validate(rows[0]) if rows else None
+
+    async def running_claims(self, worker: str) -> list[Claim]:
+        """Leases ``worker`` holds now, as claims: how a worker whose claim's
+        reply was lost finds (and adopts) what it was granted."""
+        rows = await self.executor.fetch(queries.RUNNING_CLAIMS, worker=worker)
+        return [Claim.model_validate(r) for r in rows]
+
+    async def campaign_detail(self, campaign_id: int) -> CampaignDetail:
+        """A campaign with its attempts, verifications, side effects and observations."""
+        campaign = await self.campaign(campaign_id)
+        fetch = self.executor.fetch
+        return CampaignDetail(
+            campaign=campaign,
+            attempts=[Attempt.model_validate(r)
+                      for r in await fetch(queries.CAMPAIGN_ATTEMPTS, campaign_id=campaign_id)],
+            verifications=[Verification.model_validate(r) for r in
+                           await fetch(queries.CAMPAIGN_VERIFICATIONS, campaign_id=campaign_id)],
+            side_effects=[SideEffect.model_validate(r) for r in
+                          await fetch(queries.CAMPAIGN_SIDE_EFFECTS, campaign_id=campaign_id)],
+            observations=[Observation.model_validate(r) for r in
+                          await fetch(queries.CAMPAIGN_OBSERVATIONS, campaign_id=campaign_id)],
+        )
+
+    async def events(self, campaign_id: int, after: int = 0, limit: int = 1000) -> list[Event]:
+        """Journal events with ``seq > after``, in order."""
+        rows = await self.executor.fetch(queries.EVENTS_AFTER, campaign_id=campaign_id,
+                                         after=after, limit=limit)
+        return [Event.model_validate(r) for r in rows]
+
+    async def campaigns(self, *, states: Sequence[str] | None = None,
+                        classes: Sequence[str] | None = None, target: str | None = None,
+                        objective_key: str | None = None, label: str | None = None,
+                        updated_since: datetime | None = None, search: str | None = None,
+                        cursor: tuple[datetime, int] | None = None,
+                        limit: int = 100) -> list[Campaign]:
+        """A page of campaigns, newest change first; pass the last row's
+        ``(updated_at, id)`` as ``cursor`` for the next page."""
+        params: dict[str, Any] = dict(queries.LIST_DEFAULTS)
+        params.update(
+            states=list(states) if states else None, classes=list(classes) if classes else None,
+            target=target, objective_key=objective_key, label=label,
+            updated_since=updated_since, search=search, limit=limit,
+        )
+        if cursor is not None:
+            params.update(cursor_updated_at=cursor[0], cursor_id=cursor[1])
+        rows = await self.executor.fetch(queries.CAMPAIGNS_PAGE, **params)
+        return [Campaign.model_validate(r) for r in rows]
+
+    async def state_counts(self) -> dict[str, int]:
+        """Campaigns per state (every state, zero included), in machine order."""
+        rows = await self.executor.fetch(queries.STATE_COUNTS)
+        return {r["state"]: r["count"] for r in rows}
+
+    async def oldest_ready(self) -> datetime | None:
+        """When the longest-waiting ready campaign was opened."""
+        rows = await self.executor.fetch(queries.OLDEST_READY)
+        return rows[0]["oldest"] if rows else None
+
+    async def daily_activity(self, days: int) -> list[dict[str, Any]]:
+        """Per-day counts for the autonomy report (see ``ledger.report``)."""
+        if not 1 <= days <= 366:
+            raise InvalidInput("the report covers 1 to 366 days")
+        return await self.executor.fetch(queries.DAILY_ACTIVITY, days=days)
+
+    async def states(self) -> list[StateRow]:
+        """The states of the machine, from the database."""
+        return [StateRow.model_validate(r) for r in await self.executor.fetch(queries.STATES)]
+
+    async def transitions(self) -> list[TransitionRow]:
+        """The legal transitions, from the database."""
+        return [TransitionRow.model_validate(r)
+                for r in await self.executor.fetch(queries.TRANSITIONS)]
+
+    async def classes(self) -> list[CampaignClass]:
+        """Registered campaign classes."""
+        return [CampaignClass.model_validate(r) for r in await self.executor.fetch(queries.CLASSES)]
+
+    async def campaign_class(self, name: str) -> CampaignClass:
+        """One registered class; ``NotFound`` if there is none."""
+        rows = await self.executor.fetch(queries.CLASS, name=name)
+        if not rows:
+            raise NotFound(f"campaign class {name} is not registered")
+        return CampaignClass.model_validate(rows[0])
+
+    async def security_events(self, campaign_id: int | None = None) -> list[SecurityEvent]:
+        """Refused writes (of one campaign, or all)."""
+        rows = await self.executor.fetch(queries.SECURITY_EVENTS, campaign_id=campaign_id)
+        return [SecurityEvent.model_validate(r) for r in rows]
+
+    # --- reads for the HTTP API and metrics -----------------------------------
+
+    async def observation(self, observation_id: int) -> Observation:
+        """One observation; ``NotFound`` if there is none."""
+        rows = await self.executor.fetch(queries.OBSERVATION, id=observation_id)
+        if not rows:
+            raise NotFound(f"observation {observation_id} does not exist")
+        return Observation.model_validate(rows[0])
+
+    async def leases_expiring(self, within_s: float, limit: int = 100) -> list[Campaign]:
+        """Leased campaigns whose lease ends within ``within_s`` seconds (or has ended)."""
+        rows = await self.executor.fetch(queries.LEASES_EXPIRING, within_s=within_s, limit=limit)
+        return [Campaign.model_validate(r) for r in rows]
+
+    async def oldest_ready_age(self) -> float | None:
+        """Seconds since the oldest ready campaign was opened, by the database's clock."""
+        rows = await self.executor.fetch(queries.OLDEST_READY_AGE)
+        return rows[0]["age_s"] if rows else None
+
+    async def transition_counts(self) -> dict[str, int]:
+        """How often each transition has happened, from the journal."""
+        rows = await self.executor.fetch(queries.TRANSITION_COUNTS)
+        return {r["transition"]: r["count"] for r in rows}
+
+    async def attempt_outcomes(self) -> dict[str, int]:
+        """Attempts per outcome (``running`` included)."""
+        rows = await self.executor.fetch(queries.ATTEMPT_OUTCOMES)
+        return {r["outcome"]: r["count"] for r in rows}
+
+    async def verification_outcomes(self) -> dict[str, int]:
+        """Verifications per status (``running`` included)."""
+        rows = await self.executor.fetch(queries.VERIFICATION_OUTCOMES)
+        return {r["status"]: r["count"] for r in rows}
+
+    async def side_effect_counts(self) -> dict[tuple[str, str], int]:
+        """Side effects per ``(kind, state)``."""
+        rows = await self.executor.fetch(queries.SIDE_EFFECT_COUNTS)
+        return {(r["kind"], r["state"]): r["count"] for r in rows}
+
+    async def duration_histogram(self, of: str, bounds: Sequence[float]
+                                 ) -> list[tuple[float, int, float]]:
+        """Cumulative ``(le, count, sum_s)`` of finished attempts (``of="attempt"``)
+        or verifications (``of="verification"``); the last bound is ``+inf``."""
+        query = {"attempt": queries.ATTEMPT_DURATIONS,
+                 "verification": queries.VERIFICATION_DURATIONS}.get(of)
+        if query is None:
+            raise InvalidInput(f"no duration histogram of {of!r}")
+        les = sorted({float(b) for b in bounds if b != float("inf")}) + [float("inf")]
+        rows = await self.executor.fetch(query, bounds=les)
+        return [(r["le"], r["count"], r["sum"]) for r in rows]
+
+    # --- reads for the dashboard ------------------------------------------------
+
+    async def board_version(self) -> tuple[Any, ...]:
+        """A value that changes whenever what the board shows may have changed
+        (campaigns, their journals, leases, observations); compare, don't read."""
+        rows = await self.executor.fetch(queries.BOARD_VERSION)
+        row = rows[0]
+        return (row["campaigns"], row["events"], row["updated_at"], row["observation_id"])
+
+    async def matching_state_counts(self, *, states: Sequence[str] | None = None,
+                                    classes: Sequence[str] | None = None,
+                                    target: str | None = None, label: str | None = None,
+                                    search: str | None = None) -> dict[str, int]:
+        """Campaigns per state among those the filters match (same filters as
+        ``campaigns``); states with none are left out."""
+        params: dict[str, Any] = dict(queries.LIST_DEFAULTS)
+        params.update(states=list(states) if states else None,
+                      classes=list(classes) if classes else None,
+                      target=target, label=label, search=search)
+        rows = await self.executor.fetch(queries.MATCHING_STATE_COUNTS, **params)
+        return {r["state"]: r["count"] for r in rows}
+
+    async def sensor_summaries(self, limit: int = 50) -> list[dict[str, Any]]:
+        """Per sensor (by name, at most ``limit``): its latest observation and its
+        latest claimed tick; columns are those of ``queries.SENSOR_LATEST``."""
+        if not 1 <= limit <= 1000:
+            raise InvalidInput("between 1 and 1000 sensors")
+        return await self.executor.fetch(queries.SENSOR_LATEST, limit=limit)
+
+    async def transitions_of(self, campaign_id: int, limit: int = 1000) -> list[Event]:
+        """A campaign's state changes, oldest first."""
+        rows = await self.executor.fetch(queries.CAMPAIGN_TRANSITIONS, campaign_id=campaign_id,
+                                         limit=limit)
+        return [Event.model_validate(r) for r in rows]
+
+    async def recent_events(self, campaign_id: int, limit: int = 100) -> list[Event]:
+        """The last ``limit`` journal events of a campaign, oldest first."""
+        rows = await self.executor.fetch(queries.RECENT_EVENTS, campaign_id=campaign_id,
+                                         limit=limit)
+        return [Event.model_validate(r) for r in reversed(rows)]
+
+    async def generation_events(self, campaign_id: int, generation: int,
+                                limit: int = 5000) -> list[Event]:
+        """What one lease (generation) of a campaign journaled, in order: its attempt's log."""
+        rows = await self.executor.fetch(queries.GENERATION_EVENTS, campaign_id=campaign_id,
+                                         generation=generation, limit=limit)
+        return [Event.model_validate(r) for r in rows]
+
+    async def recent_observations(self, campaign_id: int, limit: int = 200) -> list[Observation]:
+        """A campaign's latest ``limit`` observations, oldest first."""
+        rows = await self.executor.fetch(queries.RECENT_CAMPAIGN_OBSERVATIONS,
+                                         campaign_id=campaign_id, limit=limit)
+        return [Observation.model_validate(r) for r in reversed(rows)]
+
+    async def attempts_of(self, campaign_id: int) -> list[Attempt]:
+        """A campaign's attempts, in order (``campaign_detail`` without the rest)."""
+        rows = await self.executor.fetch(queries.CAMPAIGN_ATTEMPTS, campaign_id=campaign_id)
+        return [Attempt.model_validate(r) for r in rows]
+
+    async def verifications_of(self, campaign_id: int) -> list[Verification]:
+        """A campaign's verifications, in order."""
+        rows = await self.executor.fetch(queries.CAMPAIGN_VERIFICATIONS, campaign_id=campaign_id)
+        return [Verification.model_validate(r) for r in rows]
+
+    async def side_effects_of(self, campaign_id: int) -> list[SideEffect]:
+        """A campaign's side effects, in order."""
+        rows = await self.executor.fetch(queries.CAMPAIGN_SIDE_EFFECTS, campaign_id=campaign_id)
+        return [SideEffect.model_validate(r) for r in rows]
+
+    # --- the operator's class view and charts ------------------------------------
+
+    async def class_state_counts(self) -> dict[tuple[str, str], int]:
+        """Campaigns per ``(class, state)``; pairs with none are left out."""
+        rows = await self.executor.fetch(queries.CLASS_STATE_COUNTS)
+        return {(r["class"], r["state"]): r["count"] for r in rows}
+
+    async def matching_summary(self, *, expiring_within_s: float = 60.0,
+                               states: Sequence[str] | None = None,
+                               classes: Sequence[str] | None = None,
+                               target: str | None = None, label: str | None = None,
+                               search: str | None = None) -> tuple[float | None, int]:
+        """Among the campaigns the filters match (as ``campaigns``): the oldest
+        ready one's age in seconds, and how many leases end within the window."""
+        params: dict[str, Any] = dict(queries.LIST_DEFAULTS)
+        params.update(states=list(states) if states else None,
+                      classes=list(classes) if classes else None,
+                      target=target, label=label, search=search, within_s=expiring_within_s)
+        row = (await self.executor.fetch(queries.MATCHING_SUMMARY, **params))[0]
+        return row["oldest_ready_age_s"], row["expiring"]
+
+    async def hourly_activity(self, hours: int = 24, class_: str | None = None
+                              ) -> list[HourActivity]:
+        """Throughput and latency per hour over the last ``hours`` (oldest first)."""
+        if not 1 <= hours <= 24 * 14:
+            raise InvalidInput("between 1 and 336 hours")
+        rows = await self.executor.fetch(queries.HOURLY_ACTIVITY, hours=hours, **{"class": class_})
+        return [HourActivity.model_validate(r) for r in rows]
+
+    async def class_summary(self, name: str, days: int = 7) -> ClassSummary:
+        """One class: campaigns per state, open-to-confirm percentiles over the
+        last ``days``, its oldest ready campaign; ``NotFound`` if not registered."""
+        if not 1 <= days <= 366:
+            raise InvalidInput("between 1 and 366 days")
+        await self.campaign_class(name)
+        states = {state: n for (cls, state), n in (await self.class_state_counts()).items()
+                  if cls == name}
+        row = (await self.executor.fetch(queries.CLASS_SUMMARY, days=days, **{"class": name}))[0]
+        return ClassSummary(name=name, states=states, days=days, **row)
