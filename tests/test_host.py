@@ -17,7 +17,7 @@ from ledger.dispatcher import Dispatcher
 from ledger.drill import process_gone
 from ledger.errors import ConfigError
 from ledger.reaper import Reaper
-from ledger.runtime.backoff import backoff
+from ledger.backoff import backoff
 from ledger.runtime.host import EX_SOFTWARE, Host
 from ledger.runtime.service import Service
 from ledger.services import ReaperOptions

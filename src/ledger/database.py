@@ -38,7 +38,7 @@ from tenacity import AsyncRetrying, RetryCallState, retry_if_exception, stop_bef
 from . import errors
 from .logs import get_logger
 from .queries import Query
-from .runtime.backoff import backoff
+from .backoff import backoff
 from .settings import Settings, get_settings
 
 Row = dict[str, Any]

@@ -70,7 +70,7 @@ from .runtime.service import Loop
 from .models import Campaign, SideEffectClaim
 from .reads import Reads
 from .rebase import rebase
-from .runtime.backoff import backoff
+from .backoff import backoff
 from .repository import LEDGER, GitError, Identity, RefMoved, Repository, WorktreeDirty
 
 OUTBOX_CHANNEL = "ledger_outbox"

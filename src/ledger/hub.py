@@ -41,7 +41,7 @@ from psycopg import sql
 from .database import Database, bounded
 from .errors import Unavailable
 from .logs import get_logger
-from .runtime.backoff import backoff
+from .backoff import backoff
 
 CHANNELS = ("ledger_ready", "ledger_cancel", "ledger_event", "ledger_attempted", "ledger_outbox")
 #: The hub's own channel: the round trip that proves it hears.

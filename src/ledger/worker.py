@@ -32,7 +32,7 @@ from .lease import LeaseClock
 from .logs import get_logger
 from .models import Claim
 from .reads import Reads
-from .runtime.backoff import backoff
+from .backoff import backoff
 
 
 @dataclass

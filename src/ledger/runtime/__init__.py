@@ -1,7 +1,5 @@
 """How Ledger's long-running parts run: one shape, one host.
 
-* ``backoff`` -- the one pause after consecutive failures, used by every loop,
-  the hub's reconnects, the database's retries and the host's restarts;
 * ``service`` -- the ``Service`` protocol (``run_once`` for tests and
   ``--once``, ``run(stop)`` until stopped) and ``Loop``, the base of every
   periodic service;
@@ -9,7 +7,7 @@
   SIGTERM/SIGINT once, notices a service that dies, and checks at exit that
   nothing was left running.
 
-This package imports none of the services (worker, verifier ...): they import
-it. Nothing is re-exported here, so ``ledger.database`` can use ``backoff``
-without pulling in the rest.
+Every pause after a failure, here and below (the hub, the database), is
+``ledger.backoff.backoff``. This package imports none of the services
+(worker, verifier ...): they import it; ``ledger.services`` builds them.
 """

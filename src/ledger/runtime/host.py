@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from ..logs import get_logger
-from .backoff import backoff
+from ..backoff import backoff
 from .service import Service
 
 Policy = Literal["fail", "restart"]

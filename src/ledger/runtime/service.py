@@ -18,7 +18,7 @@ from typing import Any, Protocol, runtime_checkable
 from ..errors import LedgerError, Unavailable
 from ..hub import NullHub, Subscription, WakeSource
 from ..logs import get_logger
-from .backoff import backoff
+from ..backoff import backoff
 
 #: The pause after passes that could not reach the database starts here and
 #: stops here: the server may be back any moment, and a wake-up (a hint, or
