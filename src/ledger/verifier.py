@@ -50,7 +50,7 @@ from .lease import LeaseClock
 from .logs import get_logger
 from .models import VerificationClaim
 from .reads import Reads
-from .runtime.service import Loop
+from .runtime.service import Loop, Stopped
 from .repository import GitError, Repository, head
 
 T = TypeVar("T")
@@ -353,7 +353,11 @@ class Verifier(Loop):
         """Verify every waiting candidate. Stopping mid-check kills the check
         and records nothing: the short verification lease lapses and another
         verifier takes over."""
-        return await self.unless_stopped(asyncio.ensure_future(self.drain()), stop)
+        try:
+            return await self.unless_stopped(asyncio.ensure_future(self.drain()), stop)
+        except Stopped:
+            self.log.info("stopped mid-check; the verification is left to lapse")
+            raise
 
     async def run(self, stop: asyncio.Event) -> None:
         """Verify until ``stop`` is set. Waiting candidates are drained, then the

@@ -113,7 +113,7 @@ class Loop(ABC):
                     self.log.info(f"{self.name} pass", work=done)
                 delay = self._pause()
             except Stopped:
-                self.log.info(f"{self.name} stopped mid-pass")
+                self.log.debug(f"{self.name} stopped mid-pass")
                 return
             except Unavailable as exc:
                 self.failures += 1
