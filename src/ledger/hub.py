@@ -17,7 +17,11 @@ reconnects with backoff and wakes every subscriber after each (re)connect
 (notifications sent while it was away are lost, so everyone re-reads rows).
 A connection that looks up is not trusted to hear: at every connect and then
 every ``ping_s`` the hub sends a NOTIFY to itself and waits for it, each step
-with a deadline. A miss -- a silent network path, a server that stopped
+with a deadline. The NOTIFY goes over a second connection of its own, as every
+real wake-up comes from another session: sent on the LISTEN connection itself
+it came back even through a transaction pooler, which hands that session's
+notifications to whichever client is running a transaction on it -- so the
+hub said it heard while no other session's NOTIFY ever reached it (issue 15). A miss -- a silent network path, a server that stopped
 answering, a pooler that lost the LISTEN -- drops the connection and
 reconnects; meanwhile every waiter polls on its tick. A hub that keeps not
 hearing (typically: its connection goes through a transaction pooler, which
@@ -199,6 +203,7 @@ class Hub:
         self._dropped_gone = 0  # from subscribers that have left
         self._subscribers: dict[tuple[str, str | None], set[_Subscriber]] = {}
         self._conn: psycopg.AsyncConnection[Any] | None = None
+        self._sender: psycopg.AsyncConnection[Any] | None = None  # sends the round trips
         self._task: asyncio.Task[None] | None = None
         self._up = asyncio.Event()
         self._settled = asyncio.Event()  # up, or found deaf
@@ -342,7 +347,11 @@ class Hub:
         loop = asyncio.get_running_loop()
         self._expect = secrets.token_hex(8)
         self._heard.clear()
-        cur = await bounded(conn, conn.execute(
+        sender = self._sender
+        if sender is None or sender.closed:
+            self._sender = sender = await self.db.connect(
+                self.actor, url=self.db.listen_url_for(self.actor), setup=False)
+        cur = await bounded(sender, sender.execute(
             "SELECT pg_notify(%s, %s), pg_catalog.pg_notification_queue_usage() AS usage",
             (HUB_CHANNEL, self._expect)), self.ping_timeout_s)
         row = await cur.fetchone()
@@ -425,14 +434,18 @@ class Hub:
                     self.log.warning(what, error=_one_line(exc), tries=failures + 1)
             finally:
                 self._conn = None
-                if conn is not None:
-                    with suppress(Exception):
-                        await conn.close()
+                sender, self._sender = self._sender, None
+                for each in (conn, sender):
+                    if each is not None:
+                        with suppress(Exception):
+                            await each.close()
             # A connection that died at once does not reset the backoff, so a
             # server that accepts and drops is not hammered.
             stable = up_since is not None and loop.time() - up_since >= self.backoff_cap_s
             failures = 0 if stable else failures + 1
-            await asyncio.sleep(self._backoff(failures))
+            # A deaf hub retries at its ping interval: reconnecting faster does
+            # not mend a pooler, and the process polls meanwhile.
+            await asyncio.sleep(self.ping_s if self.deaf else self._backoff(failures))
 
 
 def _one_line(exc: BaseException) -> str:
