@@ -1,7 +1,10 @@
 """Test harness: a real PostgreSQL for every test.
 
 The server is ``LEDGER_TEST_DATABASE_URL`` when set, otherwise a throwaway
-embedded PostgreSQL 18. One template database is migrated per session; every
+embedded PostgreSQL 18. ``pgbouncer`` (session-wide) puts a real PgBouncer in
+transaction mode in front of it, on a free port, with a pool small enough that
+clients really share server connections; tests that need it skip when the
+binary is not installed (Debian's ``pgbouncer`` package). One template database is migrated per session; every
 test that asks for ``db`` gets its own database copied from it
 (``CREATE DATABASE ... TEMPLATE``), dropped afterwards. Roles are cluster-wide,
 so tests use their own prefix and never assume a pristine cluster.
@@ -10,13 +13,18 @@ so tests use their own prefix and never assume a pristine cluster.
 from __future__ import annotations
 
 import os
+import shutil
+import socket
+import subprocess
 import tempfile
+import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import psycopg
 import pytest
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from ledger import Database, Kernel, Reads, migrations
 from ledger.embedded import create_database, drop_database, server_url
@@ -44,6 +52,82 @@ def pg_admin_url() -> Iterator[str]:
     yield server_url(data_dir, cleanup="delete")
 
 
+#: Server connections PgBouncer keeps per (database, user): small, so that the
+#: tests' clients really take turns on them.
+PGBOUNCER_POOL_SIZE = 2
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture(scope="session")
+def pgbouncer(pg_admin_url: str) -> Iterator[dict[str, str]]:
+    """A PgBouncer in transaction mode in front of the test server; yields the
+    host and port to put in a URL instead of the server's."""
+    binary = shutil.which("pgbouncer") or shutil.which("pgbouncer", path="/usr/sbin:/usr/bin")
+    if binary is None:
+        pytest.skip("pgbouncer is not installed (apt-get install pgbouncer)")
+    server = conninfo_to_dict(pg_admin_url)
+    # Not under pytest's (private) temporary directory: run as root, PgBouncer
+    # drops to nobody, who must read its files and write its log here.
+    work = Path(tempfile.mkdtemp(prefix="ledger-test-pgbouncer-"))
+    work.chmod(0o777)
+    user, password = str(server.get("user") or "postgres"), str(server.get("password") or "")
+    (work / "users.txt").write_text(f'"{user}" "{password}"\n')
+    port = _free_port()
+    target = {k: server[k] for k in ("host", "port") if server.get(k)}
+    (work / "pgbouncer.ini").write_text("\n".join([
+        "[databases]",
+        "* = " + " ".join(f"{k}={v}" for k, v in target.items()),
+        "[pgbouncer]",
+        "listen_addr = 127.0.0.1",
+        f"listen_port = {port}",
+        "unix_socket_dir =",
+        "auth_type = trust",
+        f"auth_file = {work / 'users.txt'}",
+        "pool_mode = transaction",
+        f"default_pool_size = {PGBOUNCER_POOL_SIZE}",
+        "min_pool_size = 0",
+        "reserve_pool_size = 0",
+        "max_client_conn = 500",
+        "server_lifetime = 3600",
+        f"logfile = {work / 'pgbouncer.log'}",
+        "",
+    ]))
+    command = [binary, str(work / "pgbouncer.ini")]
+    if os.geteuid() == 0:
+        command[1:1] = ["-u", "nobody"]  # PgBouncer refuses to run as root
+    proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 10
+    while True:  # until it accepts connections (or has died)
+        with socket.socket() as s:
+            if s.connect_ex(("127.0.0.1", port)) == 0:
+                break
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            _, err = proc.communicate()
+            raise RuntimeError(f"pgbouncer did not start: {err.decode(errors='replace').strip()}")
+        time.sleep(0.05)
+    try:
+        yield {"host": "127.0.0.1", "port": str(port)}
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def through(url: str, pooler: dict[str, str]) -> str:
+    """``url`` pointed at the pooler instead of the server."""
+    params = conninfo_to_dict(url)
+    params.update(pooler)
+    return make_conninfo(**params)
 
 
 @pytest.fixture(scope="session")

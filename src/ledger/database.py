@@ -4,9 +4,14 @@ touches psycopg.
 
 Every runtime connection acts as exactly one Ledger role. With a per-role login
 configured (``LEDGER_WORKER_DATABASE_URL`` ...) it connects with that login;
-otherwise it connects with the administrator URL. Either way it then runs
-``SET ROLE <prefix><actor>``, so PostgreSQL checks every statement against that
-role's privileges -- the application can never do more than the role.
+otherwise it connects with the administrator URL. Either way every transaction
+starts by taking on ``<prefix><actor>`` for its own length (``SET LOCAL ROLE``,
+sent in the same round trip as the call), so PostgreSQL checks every statement
+against that role's privileges -- the application can never do more than the
+role. Nothing is set for the session: behind a transaction pooler each
+transaction may run on another server connection, and session state set by one
+client would leak to the next (issue 15). For the same reason a pooled
+connection prepares no statements on the server (``Database.pooled``).
 """
 
 from __future__ import annotations
@@ -82,6 +87,10 @@ SESSION_LIMITS: dict[str, tuple[str, str]] = {
     "operator": ("300s", "60s"),
 }
 DEFAULT_SESSION_LIMITS = ("30s", "60s")
+# roles.sql sets the same limits on the roles (ALTER ROLE ... SET) for logins
+# made by `ledger logins create`; tests/test_pooler.py keeps the two equal.
+
+_admin_warned: set[str] = set()
 
 
 def with_connect_defaults(url: str) -> str:
@@ -205,6 +214,10 @@ def _translate(exc: psycopg.Error, *, sent: bool = True) -> errors.LedgerError:
     return errors.from_sqlstate(exc.sqlstate, message, diag.message_detail, sent=sent)
 
 
+def _first_value(row: Any) -> Any:
+    return next(iter(row.values())) if isinstance(row, dict) else row[0]
+
+
 def _first_line(exc: BaseException) -> str:
     lines = [line for line in str(exc).splitlines() if line.strip()]
     return lines[-1].strip() if lines else type(exc).__name__
@@ -272,22 +285,44 @@ def _call_statement(function: str, names: tuple[str, ...]) -> bytes:
     ).as_bytes(None)
 
 
-async def _run_call(conn: psycopg.AsyncConnection[Row], function: str, args: Mapping[str, Any]) -> list[Row]:
-    params = {name: _argument(value) for name, value in args.items()}
+async def _in_transaction(conn: psycopg.AsyncConnection[Row], prelude: bytes | None,
+                          statement: bytes | str, params: Mapping[str, Any]) -> list[Row]:
+    """Run ``statement`` in a transaction of its own that first runs ``prelude``
+    (the role and limits, see ``Database.prelude``), all in one round trip
+    (BEGIN, prelude, statement, COMMIT pipelined)."""
     try:
-        cur = await conn.execute(_call_statement(function, tuple(params)), params)
+        if prelude is None:  # already inside a transaction
+            cur = await conn.execute(statement, params)
+        else:
+            # Plain statements, not conn.transaction(): that one syncs more
+            # often and cost twice the round trip's time (measured).
+            try:
+                async with conn.pipeline():
+                    await conn.execute(b"BEGIN")
+                    await conn.execute(prelude)
+                    cur = await conn.execute(statement, params)
+                    await conn.execute(b"COMMIT")
+            except BaseException:
+                # a failed statement leaves the transaction aborted, not ended
+                if conn.info.transaction_status == psycopg.pq.TransactionStatus.INERROR:
+                    with contextlib.suppress(psycopg.Error):
+                        await conn.execute(b"ROLLBACK")
+                raise
         return await cur.fetchall() if cur.description else []
     except psycopg.Error as exc:
         raise _translate(exc) from exc
 
 
-async def _run_query(conn: psycopg.AsyncConnection[Row], query: Query, params: Mapping[str, Any]) -> list[Row]:
+async def _run_call(conn: psycopg.AsyncConnection[Row], function: str, args: Mapping[str, Any],
+                    prelude: bytes | None = None) -> list[Row]:
+    params = {name: _argument(value) for name, value in args.items()}
+    return await _in_transaction(conn, prelude, _call_statement(function, tuple(params)), params)
+
+
+async def _run_query(conn: psycopg.AsyncConnection[Row], query: Query, params: Mapping[str, Any],
+                     prelude: bytes | None = None) -> list[Row]:
     values = {**query.defaults, **{k: _adapt(v) for k, v in params.items()}}
-    try:
-        cur = await conn.execute(query.text, values)
-        return await cur.fetchall()
-    except psycopg.Error as exc:
-        raise _translate(exc) from exc
+    return await _in_transaction(conn, prelude, query.text, values)
 
 
 class Transaction:
@@ -330,6 +365,7 @@ class Session:
     def __init__(self, database: Database, actor: str | None, *, min_size: int = 1, max_size: int = 4):
         self.database = database
         self.actor = actor
+        self._prelude = database.prelude(actor)
         self._pool: AsyncConnectionPool[psycopg.AsyncConnection[Row]] = AsyncConnectionPool(
             with_connect_defaults(database.url_for(actor)),
             min_size=min_size,
@@ -351,7 +387,9 @@ class Session:
         self.log = get_logger("database", actor=actor or "admin")
 
     async def _configure(self, conn: psycopg.AsyncConnection[Row]) -> None:
-        await conn.execute(self.database.session_setup(self.actor))
+        # No session state (see the module's docstring); only whether this
+        # connection may prepare statements on the server.
+        await self.database.configure(conn)
 
     async def _check(self, conn: psycopg.AsyncConnection[Row]) -> None:
         # A connection used a moment ago is very likely fine; one that idled
@@ -372,6 +410,7 @@ class Session:
         unreachable or starting server is waited for ``wait_for_database_s``
         (default: the database's ``wait_for_database_s``), with a log line per
         try, before ``Unavailable``."""
+        self.database.warn_if_administrator(self.actor)
         await self.database.wait_until_reachable(
             self.actor, self.database.wait_for_database_s if wait_for_database_s is None
             else wait_for_database_s)
@@ -400,12 +439,12 @@ class Session:
                    idempotent: bool = False, timeout_s: float | None = None) -> list[Row]:
         """Call ``ledger_api.<function>`` with named arguments in its own
         transaction, within ``timeout_s`` (retries included)."""
-        return await self._retried(lambda conn: _run_call(conn, function, args),
+        return await self._retried(lambda conn: _run_call(conn, function, args, self._prelude),
                                    idempotent=idempotent, timeout_s=timeout_s)
 
     async def fetch(self, query: Query, /, **params: Any) -> list[Row]:
         """Run a read query (reads are always safe to retry)."""
-        return await self._retried(lambda conn: _run_query(conn, query, params),
+        return await self._retried(lambda conn: _run_query(conn, query, params, self._prelude),
                                    idempotent=True, timeout_s=None)
 
     async def _retried(self, work: Callable[[psycopg.AsyncConnection[Row]], Awaitable[list[Row]]], *,
@@ -490,8 +529,8 @@ class Session:
         if not self._hints:
             return
         hints, self._hints = list(self._hints), {}
-        statement = sql.SQL("BEGIN; SET LOCAL synchronous_commit = off; {}; COMMIT").format(
-            _hint_statement(hints))
+        statement = sql.SQL("BEGIN; {}; SET LOCAL synchronous_commit = off; {}; COMMIT").format(
+            sql.SQL(self._prelude.decode()), _hint_statement(hints))
 
         async def send(conn: psycopg.AsyncConnection[Row]) -> list[Row]:
             await conn.execute(statement)
@@ -508,6 +547,7 @@ class Session:
         async with self._pool.connection() as conn:
             try:
                 async with conn.transaction():
+                    await conn.execute(self._prelude)
                     if now is not None:
                         await conn.execute(
                             "SELECT set_config('ledger.now', %s, true)", (now.isoformat(),)
@@ -527,12 +567,21 @@ class Database:
         role_prefix: str = "ledger_",
         role_urls: Mapping[str, str] | None = None,
         wait_for_database_s: float = 0.0,
+        pooled: bool | None = None,
+        listen_url: str | None = None,
     ):
         self.url = url
         self.role_prefix = role_prefix
         self.role_urls = dict(role_urls or {})
         #: how long a service starting up waits for an unreachable server
         self.wait_for_database_s = wait_for_database_s
+        #: whether connections go through a transaction pooler (then nothing is
+        #: prepared on the server); None: detected on each new connection
+        self.pooled = pooled
+        #: a direct connection for LISTEN (a pooler cannot keep one); None:
+        #: the listening actor's own login
+        self.listen_url = listen_url
+        self._warned_pooled = False
 
     @classmethod
     def from_settings(cls, settings: Settings | None = None) -> Database:
@@ -543,7 +592,8 @@ class Database:
             from .embedded import default_url
 
             url = default_url(settings.data_dir)
-        return cls(url, role_prefix=settings.role_prefix, role_urls=settings.role_urls())
+        return cls(url, role_prefix=settings.role_prefix, role_urls=settings.role_urls(),
+                   pooled=settings.pooled, listen_url=settings.listen_database_url)
 
     def role(self, actor: str) -> str:
         """The database role that plays ``actor``."""
@@ -555,13 +605,67 @@ class Database:
             return self.url
         return self.role_urls.get(actor, self.url)
 
+    def listen_url_for(self, actor: str | None) -> str:
+        """Where the hub of ``actor`` LISTENs: ``listen_url``, else its login."""
+        return self.listen_url or self.url_for(actor)
+
+    def prelude(self, actor: str | None) -> bytes:
+        """What every transaction of ``actor`` runs first: its role and its
+        server-side limits (``SESSION_LIMITS``), for that transaction only
+        (``set_config(..., true)`` is ``SET LOCAL``), in one statement."""
+        statement, idle = SESSION_LIMITS.get(actor or "", DEFAULT_SESSION_LIMITS)
+        settings = [("statement_timeout", statement), ("idle_in_transaction_session_timeout", idle)]
+        if actor is not None:
+            settings.insert(0, ("role", self.role(actor)))
+        return sql.SQL("SELECT {}").format(sql.SQL(", ").join(
+            sql.SQL("pg_catalog.set_config({}, {}, true)").format(sql.Literal(name), sql.Literal(value))
+            for name, value in settings)).as_bytes(None)
+
+    async def configure(self, conn: psycopg.AsyncConnection[Any]) -> None:
+        """Turn off server-side prepared statements on a pooled connection:
+        the next transaction may run on a server connection that never saw
+        them (or saw another client's of the same name)."""
+        if await self.is_pooled(conn):
+            conn.prepare_threshold = None
+
+    async def is_pooled(self, conn: psycopg.AsyncConnection[Any]) -> bool:
+        """Whether ``conn`` goes through a pooler: ``pooled`` if set, else
+        whether the server process running its statements is another than
+        the one the connection was given at start-up (a pooler hands out its
+        own process id and cancel key)."""
+        if self.pooled is not None:
+            return self.pooled
+        cur = await bounded(conn, conn.execute("SELECT pg_catalog.pg_backend_pid() AS pid"),
+                            CHECK_TIMEOUT_S)
+        row = await cur.fetchone()
+        pooled = row is not None and _first_value(row) != conn.info.backend_pid
+        if pooled and not self._warned_pooled:
+            self._warned_pooled = True
+            get_logger("database").info(
+                "connected through a pooler: no server-side prepared statements "
+                "(set LEDGER_POOLED to skip the check)")
+        return pooled
+
+    def warn_if_administrator(self, actor: str | None) -> None:
+        """Log once per process and role when ``actor`` acts through the
+        administrator's login (no ``LEDGER_<ROLE>_DATABASE_URL``): the process
+        could take on any role, the owner's included."""
+        if actor is None or actor in self.role_urls or actor in _admin_warned:
+            return
+        _admin_warned.add(actor)
+        get_logger("database", actor=actor).warning(
+            "acting through the administrator's login: this process holds administrator "
+            "rights; give it a login of its own (`ledger logins create`, "
+            f"LEDGER_{actor.upper()}_DATABASE_URL)")
+
     def set_role_statement(self, actor: str) -> sql.Composed:
         """``SET ROLE`` to the actor's role, safely quoted."""
         return sql.SQL("SET ROLE {}").format(sql.Identifier(self.role(actor)))
 
     def session_setup(self, actor: str | None) -> sql.Composed:
-        """What a new connection of ``actor`` runs once: its role and its
-        server-side limits (``SESSION_LIMITS``), in one round trip."""
+        """What a dedicated connection of ``actor`` (``connect``) runs once: its
+        role and its server-side limits (``SESSION_LIMITS``), in one round trip.
+        Session state: for direct connections only, never through a pooler."""
         statement, idle = SESSION_LIMITS.get(actor or "", DEFAULT_SESSION_LIMITS)
         parts = [sql.SQL("SET statement_timeout = {}").format(sql.Literal(statement)),
                  sql.SQL("SET idle_in_transaction_session_timeout = {}").format(sql.Literal(idle))]
@@ -573,17 +677,24 @@ class Database:
         """A (not yet opened) pool acting as ``actor``; ``None`` acts as the administrator."""
         return Session(self, actor, min_size=min_size, max_size=max_size)
 
-    async def connect(self, actor: str | None = None, *, autocommit: bool = True) -> psycopg.AsyncConnection[Row]:
-        """One dedicated connection acting as ``actor`` (for LISTEN and the like)."""
+    async def connect(self, actor: str | None = None, *, autocommit: bool = True,
+                      url: str | None = None, setup: bool = True) -> psycopg.AsyncConnection[Row]:
+        """One dedicated connection acting as ``actor`` for the whole session
+        (session state: a direct connection, not one through a pooler);
+        ``url`` overrides the actor's login (the hub's LISTEN URL); without
+        ``setup`` nothing is set for the session (LISTEN needs no role, and a
+        LISTEN URL that wrongly points at a pooler must not leak one)."""
         try:
             conn = await psycopg.AsyncConnection.connect(
-                with_connect_defaults(self.url_for(actor)),
+                with_connect_defaults(url or self.url_for(actor)),
                 autocommit=autocommit,
                 row_factory=dict_row,
                 application_name=f"ledger:{actor or 'admin'}",
             )
         except psycopg.Error as exc:
             raise _translate(exc, sent=False) from exc
+        if not setup:
+            return conn
         try:
             await bounded(conn, conn.execute(self.session_setup(actor)), CHECK_TIMEOUT_S)
             if not autocommit:
@@ -615,8 +726,27 @@ class Database:
 
     async def ping(self) -> None:
         """Raise ``Unavailable`` unless the database answers."""
-        conn = await self.connect(None)
-        await conn.close()
+        await self.probe(None)
+
+    async def probe(self, actor: str | None) -> None:
+        """Connect with ``actor``'s login and take on its role in a transaction
+        (pooler-safe: nothing outlives the transaction); raise the translated
+        error if that fails."""
+        try:
+            conn = await psycopg.AsyncConnection.connect(
+                with_connect_defaults(self.url_for(actor)), autocommit=True, prepare_threshold=None,
+                application_name=f"ledger:{actor or 'admin'}")
+        except psycopg.Error as exc:
+            raise _translate(exc, sent=False) from exc
+        try:
+            async def check() -> None:
+                async with conn.transaction():
+                    await conn.execute(self.prelude(actor))
+            await bounded(conn, check(), CHECK_TIMEOUT_S)
+        except psycopg.Error as exc:
+            raise _translate(exc, sent=False) from exc
+        finally:
+            await conn.close()
 
     async def wait_until_reachable(self, actor: str | None, wait_s: float) -> None:
         """Connect once as ``actor``; while the server is unreachable, starting
@@ -630,8 +760,7 @@ class Database:
         while True:
             tries += 1
             try:
-                conn = await self.connect(actor)
-                await conn.close()
+                await self.probe(actor)
                 if tries > 1:
                     log.info("the database is reachable", tries=tries)
                 return

@@ -17,9 +17,22 @@ reconnects with backoff and wakes every subscriber after each (re)connect
 (notifications sent while it was away are lost, so everyone re-reads rows).
 A connection that looks up is not trusted to hear: at every connect and then
 every ``ping_s`` the hub sends a NOTIFY to itself and waits for it, each step
-with a deadline. A miss -- a silent network path, a server that stopped
+with a deadline. The NOTIFY goes over a second connection of its own, as every
+real wake-up comes from another session: sent on the LISTEN connection itself
+it came back even through a transaction pooler, which hands that session's
+notifications to whichever client is running a transaction on it -- so the
+hub said it heard while no other session's NOTIFY ever reached it (issue 15). A miss -- a silent network path, a server that stopped
 answering, a pooler that lost the LISTEN -- drops the connection and
-reconnects; meanwhile every waiter polls on its tick.
+reconnects; meanwhile every waiter polls on its tick. A hub that keeps not
+hearing (typically: its connection goes through a transaction pooler, which
+cannot keep a LISTEN) logs one warning naming the fix
+(``LEDGER_LISTEN_DATABASE_URL``, a direct connection), shows as ``deaf`` (in
+``/readyz`` and ``ledger_hub_deaf``) and the process runs on polling.
+
+Each round trip also reads ``pg_notification_queue_usage()``: a listener
+stalled inside a transaction makes the server keep every notification since,
+and a full queue fails every NOTIFY -- hence every open and every return to
+ready. Above ``NOTIFY_QUEUE_ALARM`` the hub logs a warning (once per episode).
 ``NullHub`` is the hub of a process without LISTEN: waits simply time out.
 
 This is the one module outside ``ledger.database`` that touches psycopg: the
@@ -46,6 +59,14 @@ from .backoff import backoff
 CHANNELS = ("ledger_ready", "ledger_cancel", "ledger_event", "ledger_attempted", "ledger_outbox")
 #: The hub's own channel: the round trip that proves it hears.
 HUB_CHANNEL = "ledger_hub"
+#: Above this share of the server's notification queue, warn (and /readyz
+#: reports degraded): something listens but does not read.
+NOTIFY_QUEUE_ALARM = 0.5
+
+
+def queue_alarm(usage: float | None, threshold: float = NOTIFY_QUEUE_ALARM) -> bool:
+    """Whether a ``pg_notification_queue_usage()`` reading calls for the alarm."""
+    return usage is not None and usage > threshold
 
 
 class Deaf(Exception):
@@ -164,6 +185,7 @@ class Hub:
         ping_timeout_s: float = 5.0,
         backoff_base_s: float = 0.1,
         backoff_cap_s: float = 1.0,
+        queue_alarm: float = NOTIFY_QUEUE_ALARM,
     ):
         if queue_size < 1:
             raise ValueError(f"queue_size must be positive, not {queue_size}")
@@ -181,8 +203,10 @@ class Hub:
         self._dropped_gone = 0  # from subscribers that have left
         self._subscribers: dict[tuple[str, str | None], set[_Subscriber]] = {}
         self._conn: psycopg.AsyncConnection[Any] | None = None
+        self._sender: psycopg.AsyncConnection[Any] | None = None  # sends the round trips
         self._task: asyncio.Task[None] | None = None
         self._up = asyncio.Event()
+        self._settled = asyncio.Event()  # up, or found deaf
         self._connects = 0
         self._last_error: BaseException | None = None
         self._expect: str | None = None  # the token of the round trip in flight
@@ -191,6 +215,13 @@ class Hub:
         self.hearing = False
         #: round trips that did not come back in time
         self.misses = 0
+        #: the last round trip failed to come back (and none has since):
+        #: the process runs on polling
+        self.deaf = False
+        #: ``pg_notification_queue_usage()`` at the last round trip (0..1)
+        self.queue_usage: float | None = None
+        self.queue_alarm = queue_alarm
+        self._queue_alarmed = False
         self.log = get_logger("hub", actor=actor)
 
     # --- metrics -------------------------------------------------------------
@@ -215,15 +246,17 @@ class Hub:
 
     async def start(self, *, wait: bool = True, timeout: float = 10.0) -> Hub:
         """Start the supervisor. With ``wait``, return once the first LISTEN is in
-        place, or stop and raise ``Unavailable`` after ``timeout`` seconds."""
+        place and heard, or found deaf (the process then polls, see ``deaf``);
+        stop and raise ``Unavailable`` if neither happened after ``timeout`` s."""
         if self._task is not None:
             return self
         self._up.clear()
+        self._settled.clear()
         self._task = asyncio.create_task(self._supervise(), name="ledger-hub")
         if wait:
             try:
                 async with asyncio.timeout(timeout):
-                    await self._up.wait()
+                    await self._settled.wait()
             except TimeoutError:
                 await self.stop()
                 detail = f": {self._last_error}" if self._last_error else ""
@@ -293,7 +326,10 @@ class Hub:
         return backoff(failures + 1, base_s=self.backoff_base_s, cap_s=self.backoff_cap_s)
 
     async def _listen(self) -> psycopg.AsyncConnection[Any]:
-        conn = await self.db.connect(self.actor)
+        # LISTEN is session state: it needs a direct connection, never one
+        # through a transaction pooler (LEDGER_LISTEN_DATABASE_URL).
+        conn = await self.db.connect(self.actor, url=self.db.listen_url_for(self.actor),
+                                     setup=False)
         try:
             listen = sql.SQL("; ").join(sql.SQL("LISTEN {}").format(sql.Identifier(channel))
                                         for channel in (*CHANNELS, HUB_CHANNEL))
@@ -310,18 +346,49 @@ class Hub:
         loop = asyncio.get_running_loop()
         self._expect = secrets.token_hex(8)
         self._heard.clear()
-        await bounded(conn, conn.execute("SELECT pg_notify(%s, %s)", (HUB_CHANNEL, self._expect)),
-                      self.ping_timeout_s)
+        sender = self._sender
+        if sender is None or sender.closed:
+            self._sender = sender = await self.db.connect(
+                self.actor, url=self.db.listen_url_for(self.actor), setup=False)
+        cur = await bounded(sender, sender.execute(
+            "SELECT pg_notify(%s, %s), pg_catalog.pg_notification_queue_usage() AS usage",
+            (HUB_CHANNEL, self._expect)), self.ping_timeout_s)
+        row = await cur.fetchone()
+        self._note_queue(float(row["usage"] if isinstance(row, dict) else row[1]) if row else None)
         deadline = loop.time() + self.ping_timeout_s
         while not self._heard.is_set():
             remaining = deadline - loop.time()
             if remaining <= 0:
                 self.hearing = False
                 self.misses += 1
+                self._settled.set()
+                if not self.deaf:
+                    self.deaf = True
+                    self.log.warning(
+                        "the hub does not hear its own NOTIFY: wake-ups are lost, so this "
+                        "process falls back to polling; if its connection goes through a "
+                        "transaction pooler, give LISTEN a direct one "
+                        "(LEDGER_LISTEN_DATABASE_URL)", backend_pid=conn.info.backend_pid)
                 raise Deaf(f"the hub's own NOTIFY did not come back within {self.ping_timeout_s:g}s")
             async for note in conn.notifies(timeout=remaining, stop_after=1):
                 self._dispatch(note.channel, note.payload)
         self.hearing = True
+        if self.deaf:
+            self.deaf = False
+            self.log.info("the hub hears again: wake-ups resume")
+
+    def _note_queue(self, usage: float | None) -> None:
+        self.queue_usage = usage
+        alarmed = queue_alarm(usage, self.queue_alarm)
+        if alarmed and not self._queue_alarmed:
+            self.log.warning(
+                "the server's notification queue is filling: a session LISTENs but does not "
+                "read (often one idle inside a transaction); when it is full every NOTIFY, "
+                "hence every open and every return to ready, fails",
+                usage=round(usage or 0.0, 4), threshold=self.queue_alarm)
+        elif not alarmed and self._queue_alarmed:
+            self.log.info("the server's notification queue has drained", usage=round(usage or 0.0, 4))
+        self._queue_alarmed = alarmed
 
     async def _pump(self, conn: psycopg.AsyncConnection[Any]) -> None:
         """Dispatch notifications until the connection fails or goes deaf.
@@ -349,6 +416,7 @@ class Hub:
                 self.log.info("hub listening", backend_pid=conn.info.backend_pid,
                               reconnects=self.reconnects)
                 self._up.set()
+                self._settled.set()
                 # Anything sent while we were away is lost: everyone re-reads.
                 self._wake_all()
                 await self._pump(conn)
@@ -359,21 +427,24 @@ class Hub:
                 self.hearing = False
                 # One line per outage, then one per 30 tries: a server down
                 # for an hour must not fill the log.
-                if failures == 0 or (failures + 1) % 30 == 0:
-                    what = ("hub connected but deaf: waiters poll on their tick meanwhile"
-                            if isinstance(exc, Deaf) else
-                            "hub connection lost" if up_since is not None else "hub cannot connect")
+                # A deaf hub has said so once already (in _prove).
+                if not isinstance(exc, Deaf) and (failures == 0 or (failures + 1) % 30 == 0):
+                    what = "hub connection lost" if up_since is not None else "hub cannot connect"
                     self.log.warning(what, error=_one_line(exc), tries=failures + 1)
             finally:
                 self._conn = None
-                if conn is not None:
-                    with suppress(Exception):
-                        await conn.close()
+                sender, self._sender = self._sender, None
+                for each in (conn, sender):
+                    if each is not None:
+                        with suppress(Exception):
+                            await each.close()
             # A connection that died at once does not reset the backoff, so a
             # server that accepts and drops is not hammered.
             stable = up_since is not None and loop.time() - up_since >= self.backoff_cap_s
             failures = 0 if stable else failures + 1
-            await asyncio.sleep(self._backoff(failures))
+            # A deaf hub retries at its ping interval: reconnecting faster does
+            # not mend a pooler, and the process polls meanwhile.
+            await asyncio.sleep(self.ping_s if self.deaf else self._backoff(failures))
 
 
 def _one_line(exc: BaseException) -> str:

@@ -5,9 +5,20 @@ it. When it is unset, Ledger runs an embedded PostgreSQL 18 in
 ``LEDGER_DATA_DIR`` (default: the user's data directory) and uses that; a second
 process finds the same running server.
 
-Runtime roles act through ``SET ROLE`` on that connection unless a role has its
-own login: ``LEDGER_WORKER_DATABASE_URL``, ``LEDGER_VERIFIER_DATABASE_URL`` and
-so on (the login must be a member of the role).
+Each runtime role's statements run as that role: every transaction starts by
+setting its role (``SET LOCAL ROLE``), on the administrator's connection unless
+the role has its own login: ``LEDGER_WORKER_DATABASE_URL``,
+``LEDGER_VERIFIER_DATABASE_URL`` and so on (the login must be a member of the
+role; ``ledger logins create`` makes them). ``LEDGER_REAPER_DATABASE_URL``
+defaults to the worker's login.
+
+Behind a transaction pooler (PgBouncer ``pool_mode=transaction``) nothing
+session-level survives between transactions, so Ledger keeps none: the role and
+limits are per transaction, and with ``LEDGER_POOLED=true`` (or when a pooler is
+detected: the server's process id differs from the one the connection was
+given) no server-side prepared statements are used. LISTEN needs a session of
+its own: ``LEDGER_LISTEN_DATABASE_URL`` names a direct connection for it
+(default: the main URL).
 """
 
 from __future__ import annotations
@@ -37,6 +48,13 @@ class Settings(BaseSettings):
     verifier_database_url: str | None = None
     dispatcher_database_url: str | None = None
     operator_database_url: str | None = None
+    reaper_database_url: str | None = None
+    listen_database_url: str | None = Field(
+        default=None, description="Direct (unpooled) connection for LISTEN; unset: the main URL")
+    pooled: bool | None = Field(
+        default=None,
+        description="Connections go through a transaction pooler (no server-side prepared "
+                    "statements); unset: detected per connection")
     data_dir: Path = Field(
         default_factory=lambda: Path(platformdirs.user_data_dir("ledger")),
         description="Where the embedded server, evidence bundles and worktrees live",
