@@ -6,6 +6,7 @@ terminations or a server restart, and checks what must hold.
 """
 
 from .bad_patch import BadPatch
+from .chaos import Chaos
 from .database_restart import DatabaseRestart
 from .dispatcher_crash import DispatcherCrash
 from .drain import Drain
@@ -27,4 +28,4 @@ from .zombie_worker import ZombieWorker
 #: In the order `ledger drill all` runs them (the issue's numbering).
 ALL = [Intake(), SecondAttemptDiffers(), KillWorker(), ZombieWorker(), FrozenWorker(), HeartbeatRace(), BadPatch(),
        ForbiddenWrite(), LostDoorbell(), DatabaseRestart(), DispatcherCrash(), StopMidAttempt(),
-       Drain(), VerifierCrash(), Partition(), GamingAgent(), Load(), Failover()]
+       Drain(), VerifierCrash(), Partition(), GamingAgent(), Load(), Failover(), Chaos()]

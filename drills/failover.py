@@ -11,6 +11,7 @@ journals are gap-free; the timeline shows how long the fleet stalled."""
 from __future__ import annotations
 
 import asyncio
+import logging
 import signal
 from datetime import UTC, datetime
 
@@ -31,6 +32,8 @@ class Failover(Drill):
         pair = ctx.pair
         assert pair is not None
         ctx.step(f"every process connects with: {pair.url}")
+        # the drill's own pools meet the outage too: their reconnect warnings are noise here
+        logging.getLogger("psycopg.pool").setLevel(logging.ERROR)
         repo = await fleet.fleet_setup(ctx)
         target = fleet.Target()
         try:

@@ -101,7 +101,7 @@ async def fleet_setup(ctx: DrillContext, *, lease_s: float = 3.0) -> Path:
 
 
 async def open_stream(ctx: DrillContext, opened: Opened, target: Target, stop: asyncio.Event, *,
-                      every_s: float = 0.5, notify_every: int = 4, ship_every: int = 5) -> None:
+                      every_s: float = 0.5, notify_every: int = 4, ship_every: int = 10) -> None:
     """Open an objective every ``every_s`` (and every ``notify_every``-th time
     a ``notify`` campaign with one HTTP intent), retrying each through outages
     until it is acknowledged. The drill's own calls go through the same
