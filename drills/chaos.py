@@ -106,9 +106,12 @@ class Run:
         if self.tally["restart"] == 0 or self.tally["worker-sigkill"] == 0:
             raise UnderExercised("the run was too short for the faults to land")
         procs = [*self.workers, *self.verifiers, self.dispatcher, sensor]
+        settling = time.monotonic()
         rested = await ctx.until(lambda: fleet.at_rest(ctx), "the fleet to settle", timeout=SETTLE_S,
                                  interval=1.0)
-        if not rested:
+        if rested:
+            ctx.step(f"the fleet settled {time.monotonic() - settling:.1f}s after the faults stopped")
+        else:
             ctx.step(f"not at rest: {fleet.still_moving(ctx)}")
         figures = fleet.check(ctx, opened, self.target, self.repo)
         dup_ticks = ctx.sql("SELECT count(*) AS n FROM (SELECT tick FROM ledger.observation WHERE tick IS NOT NULL "
