@@ -14,6 +14,7 @@ import asyncio
 import logging
 import signal
 from datetime import UTC, datetime
+from pathlib import Path
 
 from ledger.drill import Drill, DrillContext, UnderExercised
 
@@ -41,7 +42,7 @@ class Failover(Drill):
         finally:
             target.close()
 
-    async def _run(self, ctx: DrillContext, repo: object, target: fleet.Target) -> None:
+    async def _run(self, ctx: DrillContext, repo: Path, target: fleet.Target) -> None:
         pair = ctx.pair
         assert pair is not None
         procs = [ctx.spawn("worker-1", *WORKER), ctx.spawn("worker-2", *WORKER),
@@ -101,7 +102,7 @@ class Failover(Drill):
                                  interval=0.5)
         if not rested:
             ctx.step(f"not at rest: {fleet.still_moving(ctx)}")
-        figures = fleet.check(ctx, opened, target, repo)  # type: ignore[arg-type]
+        figures = fleet.check(ctx, opened, target, repo)
         ctx.step(f"figures: {figures}")
         ctx.expect(all(p.popen.poll() is None for p in procs), "no process exited",
                    str({p.name: p.popen.poll() for p in procs}))

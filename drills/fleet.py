@@ -10,9 +10,7 @@ import asyncio
 import json
 import subprocess
 import threading
-import time
 from collections import Counter, defaultdict
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -238,20 +236,3 @@ def check(ctx: DrillContext, opened: Opened, target: Target, repo: Path) -> dict
             "endings": sum(endings.values()), "promotions": len(moves),
             "http_requests": sum(target.requests.values()), "http_keys": len(target.applied),
             "http_retries": sum(target.requests.values()) - len(target.requests)}
-
-
-def log_lines(ctx: DrillContext, event: str) -> Iterator[dict[str, Any]]:
-    """Every JSON log entry named ``event`` in the drill's process logs."""
-    for proc in ctx.procs:
-        for line in proc.output().splitlines():
-            try:
-                entry = json.loads(line)
-            except ValueError:
-                continue
-            if entry.get("event") == event:
-                entry["process"] = proc.name
-                yield entry
-
-
-def now() -> float:
-    return time.monotonic()
