@@ -6,9 +6,11 @@ terminations or a server restart, and checks what must hold.
 """
 
 from .bad_patch import BadPatch
+from .chaos import Chaos
 from .database_restart import DatabaseRestart
 from .dispatcher_crash import DispatcherCrash
 from .drain import Drain
+from .failover import Failover
 from .forbidden_write import ForbiddenWrite
 from .frozen_worker import FrozenWorker
 from .gaming_agent import GamingAgent
@@ -26,4 +28,4 @@ from .zombie_worker import ZombieWorker
 #: In the order `ledger drill all` runs them (the issue's numbering).
 ALL = [Intake(), SecondAttemptDiffers(), KillWorker(), ZombieWorker(), FrozenWorker(), HeartbeatRace(), BadPatch(),
        ForbiddenWrite(), LostDoorbell(), DatabaseRestart(), DispatcherCrash(), StopMidAttempt(),
-       Drain(), VerifierCrash(), Partition(), GamingAgent(), Load()]
+       Drain(), VerifierCrash(), Partition(), GamingAgent(), Load(), Failover(), Chaos()]

@@ -12,6 +12,8 @@ leaves markers). Steps:
                           its pid in child-<c>-<a>
   ["print", text]         write text to stdout as is
   ["random", p]           write a random change; exit 0 with probability p, else 1
+  ["random-own", p]       the same in a file of the campaign's own (change-<campaign>.txt),
+                          so candidates of different campaigns never conflict
   ["exit", code]          exit with code
 """
 
@@ -56,6 +58,11 @@ for step in steps:
         import random
 
         Path("random.txt").write_text(f"{random.random()}\n")
+        sys.exit(0 if random.random() < step[1] else 1)
+    elif kind == "random-own":
+        import random
+
+        Path(f"change-{context['campaign_id']}.txt").write_text(f"{random.random()}\n")
         sys.exit(0 if random.random() < step[1] else 1)
     elif kind == "print":
         sys.stdout.write(step[1])

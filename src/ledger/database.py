@@ -194,6 +194,20 @@ def _adapt(value: Any) -> Any:
     return value
 
 
+#: libpq's words when ``target_session_attrs`` rejected every server it reached
+#: for being read-only (``read-write``, ``primary``).
+_LIBPQ_READ_ONLY = ("session is read-only", "server is in hot standby mode")
+
+
+def _refuse_standby(conn: psycopg.AsyncConnection[Any] | psycopg.Connection[Any]) -> None:
+    """``ReadOnly`` when the server just connected to reports itself a hot
+    standby (PostgreSQL 14+ sends ``in_hot_standby`` at connect; a pooler in
+    between may not, and then the first write says so with SQLSTATE 25006)."""
+    if conn.info.parameter_status("in_hot_standby") == "on":
+        raise errors.ReadOnly(f"the server at {conn.info.host}:{conn.info.port} is a standby "
+                              "(in recovery); waiting for a primary")
+
+
 def _translate(exc: psycopg.Error, *, sent: bool = True) -> errors.LedgerError:
     """The Ledger error for a driver error. ``sent``: whether a statement had
     been sent on the connection when it failed (a lost connection is then an
@@ -203,6 +217,11 @@ def _translate(exc: psycopg.Error, *, sent: bool = True) -> errors.LedgerError:
             # Raised by the driver before anything reaches the server (e.g. a
             # NUL character in a text parameter): the caller's input is unusable.
             return errors.InvalidInput(f"invalid input: {_first_line(exc)}")
+        if not sent and isinstance(exc, psycopg.OperationalError) and any(
+                phrase in str(exc) for phrase in _LIBPQ_READ_ONLY):
+            # target_session_attrs=read-write found only standbys: libpq says so
+            # in words, with no SQLSTATE (the one message Ledger reads)
+            return errors.ReadOnly(f"no writable server: {_first_line(exc)}")
         if isinstance(exc, (psycopg.OperationalError, psycopg.InterfaceError)):
             # The connection broke without the server saying why (killed,
             # restarted, a dropped path): a reply may have been lost.
@@ -696,6 +715,7 @@ class Database:
         if not setup:
             return conn
         try:
+            _refuse_standby(conn)
             await bounded(conn, conn.execute(self.session_setup(actor)), CHECK_TIMEOUT_S)
             if not autocommit:
                 await conn.commit()
@@ -769,6 +789,7 @@ class Database:
                 delay = backoff(tries, base_s=0.25, cap_s=1.0)
                 if not _retryable(exc, False) or loop.time() + delay >= deadline:
                     raise
-                log.warning("waiting for the database", error=exc.message, tries=tries,
+                log.warning("waiting for the database", error=exc.message,
+                            error_type=type(exc).__name__, tries=tries,
                             gives_up_in_s=round(deadline - loop.time(), 1))
                 await asyncio.sleep(delay)

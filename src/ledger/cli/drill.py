@@ -28,6 +28,9 @@ def drill(
     scale: float = typer.Option(1.0, "--scale", min=0.01, max=10, envvar="LEDGER_DRILL_SCALE",
                                 show_envvar=True, help="Size of the load drill (CI runs it at 0.1)."),
     keep: bool = typer.Option(False, "--keep", help="Keep each drill's workspace (logs) for inspection."),
+    minutes: float = typer.Option(None, "--minutes", min=0.1, max=1440, envvar="LEDGER_DRILL_MINUTES",
+                                  show_envvar=True, help="How long the chaos drill injects faults "
+                                                         "(default: 2 minutes x --scale)."),
 ) -> None:
     """Run fault-injection drills with real processes and signals; each prints a
     timeline and a verdict. Exit 0 only if every drill passed (1: a failure,
@@ -48,7 +51,8 @@ def drill(
 
     async def go() -> list[DrillReport]:
         return [await run_drill(drills[n], admin_url=admin_url, role_prefix=settings.role_prefix,
-                                console=console, scale=scale, keep=keep) for n in chosen]
+                                console=console, scale=scale, keep=keep, minutes=minutes)
+                for n in chosen]
 
     reports = run(go())
     if report:
