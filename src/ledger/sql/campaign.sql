@@ -27,6 +27,9 @@ CREATE TABLE IF NOT EXISTS ledger.campaign_class (
     -- where a verified candidate is promoted: {"repository": "...", "ref": "refs/heads/main"}
     promotion       jsonb NOT NULL DEFAULT '{}' CHECK (jsonb_typeof(promotion) = 'object'),
     verifier        text NOT NULL DEFAULT 'command',
+    -- this class's share of claims when several classes have ready work
+    -- (claim_campaign): a class of weight 2 gets two turns for another's one
+    weight          integer NOT NULL DEFAULT 1 CHECK (weight BETWEEN 1 AND 1000),
     created_at      timestamptz NOT NULL,
     updated_at      timestamptz NOT NULL
 );
@@ -79,9 +82,17 @@ CREATE UNIQUE INDEX IF NOT EXISTS campaign_one_open_per_objective ON ledger.camp
 CREATE UNIQUE INDEX IF NOT EXISTS campaign_one_lease_per_seat ON ledger.campaign (seat)
     WHERE state = 'leased' AND seat IS NOT NULL;
 
--- The claim path: ready rows in claim order, and nothing else.
-CREATE INDEX IF NOT EXISTS campaign_claim_order ON ledger.campaign (priority DESC, created_at, id)
+-- The claim path: ready rows of each class in claim order, and nothing else.
+-- Claims are fair across classes (claim_campaign): each claim probes one
+-- class's head, so the class leads the index.
+CREATE INDEX IF NOT EXISTS campaign_claim_order ON ledger.campaign (class, priority DESC, created_at, id)
     WHERE state = 'ready';
+
+-- Whose turn it is: one number per claim, shared by every claimer. A
+-- sequence, not a counter row: nextval takes no lock that lasts to commit,
+-- so concurrent claimers never queue on it (a counter row would serialise
+-- every claim behind the previous claim's commit).
+CREATE SEQUENCE IF NOT EXISTS ledger.claim_turn AS bigint CYCLE;
 CREATE INDEX IF NOT EXISTS campaign_lease_expiry ON ledger.campaign (lease_expires_at)
     WHERE state = 'leased';
 CREATE INDEX IF NOT EXISTS campaign_awaiting_verdict ON ledger.campaign (updated_at, id)
