@@ -158,7 +158,7 @@ BEGIN
                     ELSE ledger.claim_turns(p_classes, v_now) END;
     FOR i IN 1..3 LOOP
         BEGIN
-            PERFORM ledger.begin_transition('claim', 'worker', p_worker);
+            PERFORM ledger.begin_batch_transition('claim', 'worker', p_worker);
             WITH turn AS (
                 SELECT t.name, t.pos, cc.weight
                   FROM unnest(v_turns) WITH ORDINALITY AS t(name, pos)
@@ -393,7 +393,7 @@ BEGIN
      WHERE i.campaign_id = ANY (v_ids) AND a.campaign_id = i.campaign_id AND a.generation = i.generation;
     -- One UPDATE for the batch: the journal trigger reads each event's
     -- details and lease holder from that campaign's own rows.
-    PERFORM ledger.begin_transition('record_attempt', 'worker', NULL);
+    PERFORM ledger.begin_batch_transition('record_attempt', 'worker', NULL);
     UPDATE ledger.campaign c
        SET state = 'attempted', lease_owner = NULL, leased_at = NULL, lease_expires_at = NULL,
            attempt_count = c.attempt_count + 1,
