@@ -11,6 +11,8 @@ Sections (each also runs alone: ``python -m bench.<name>``):
   scale      claim latency at 1k, 100k and 1M campaigns, and the claim's plan
   heartbeat  leases heartbeating at their interval: sustained rate, database CPU
   journal    an attempt printing 10,000 lines/s: journal rows, bytes, tail lag
+  fair       a small class behind a 100,000 backlog of another: claims until it is drained
+  rowcost    backend CPU per cycle, and what each index and the CHECKs of campaign cost
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from bench.harness import (Context, Section, Target, add_server_arguments, admin
                            describe_server)
 from ledger import logs
 
-SECTIONS = ("cycle", "peers", "wake", "scale", "heartbeat", "journal")
+SECTIONS = ("cycle", "peers", "wake", "scale", "heartbeat", "journal", "fair", "rowcost")
 RESULTS = Path(__file__).parent / "results"
 
 

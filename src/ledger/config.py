@@ -131,6 +131,8 @@ class CampaignClassConfig(_Strict):
     lease_s: float = Field(60.0, gt=0)
     heartbeat_s: float = Field(10.0, gt=0)
     seat: Literal["none", "target"] = "none"
+    weight: int = Field(1, ge=1, le=1000,
+                        description="share of claims when several classes have ready work")
     acceptance: Acceptance = Field(default_factory=Acceptance)
     verifier: str = Field("command", pattern=r"^[a-z][a-z0-9_]*$")
     promote_to: str | None = Field(None, description="ref a verified candidate is promoted onto")
@@ -215,6 +217,7 @@ class CampaignClassConfig(_Strict):
             "acceptance": self.acceptance.effective(),
             "promotion": promotion,
             "verifier": self.verifier,
+            "weight": self.weight,
         }
 
 

@@ -190,6 +190,8 @@ class CampaignClass(_Row):
     verifier: str
     created_at: datetime
     updated_at: datetime
+    #: share of claims when several classes have ready work (claim_campaign)
+    weight: int = 1
 
 
 class StateRow(_Row):

@@ -132,6 +132,7 @@ classes = Table(
     Column("backoff_cap_s", Float), Column("backoff_jitter", Float), Column("seat_policy", Text),
     Column("authority", JSONB), Column("acceptance", JSONB), Column("promotion", JSONB),
     Column("verifier", Text), Column("created_at", TS), Column("updated_at", TS),
+    Column("weight", Integer),
 )
 
 states = Table(

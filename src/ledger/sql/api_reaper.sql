@@ -26,7 +26,7 @@ BEGIN
     PERFORM ledger.check_range('grace_s', p_grace_s, 0, 86400);
     PERFORM ledger.check_range('limit', p_limit, 1, 10000);
     v_cutoff := v_now - make_interval(secs => p_grace_s);
-    PERFORM ledger.begin_transition('expire_lease', 'reaper', 'reaper',
+    PERFORM ledger.begin_batch_transition('expire_lease', 'reaper', 'reaper',
                 jsonb_build_object('reason', 'lease expired', 'grace_s', p_grace_s));
     WITH reaped AS (
         UPDATE ledger.campaign c

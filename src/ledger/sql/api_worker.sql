@@ -3,10 +3,52 @@
 -- SECURITY DEFINER, pinned search_path, names schema-qualified; grants.sql
 -- grants each to this one role. SQLSTATEs: see api_helpers.sql.
 
+-- Claims are fair across classes: a class with a large backlog cannot starve
+-- another. Each claim takes a turn (the ledger.claim_turn sequence) in a
+-- weighted rotation over the classes that have ready work, ordered by name,
+-- each holding campaign_class.weight consecutive turns; the claim then takes
+-- the head of that class (priority, then age), or of the next class in the
+-- rotation if that one has nothing it can lease. Priority orders campaigns
+-- within a class; across classes the weights decide. With two classes of
+-- weight 1, every other claim goes to each while both have work.
+--
+-- The rotation, starting at the class whose turn it is: an empty array if no
+-- class has ready work. One probe per registered class (the head of its
+-- claim_order range), so its cost follows the number of classes, not of
+-- campaigns; a worker serving one class named skips it (see the callers).
+CREATE OR REPLACE FUNCTION ledger.claim_turns(p_classes text[], p_now timestamptz)
+    RETURNS text[]
+    LANGUAGE plpgsql
+AS $$
+DECLARE
+    v_names text[];
+    v_weights integer[];
+    v_slot bigint;
+    v_first integer := 1;
+BEGIN
+    SELECT array_agg(cc.name ORDER BY cc.name), array_agg(cc.weight ORDER BY cc.name)
+      INTO v_names, v_weights
+      FROM ledger.campaign_class cc
+     WHERE (p_classes IS NULL OR cc.name = ANY (p_classes))
+       AND EXISTS (SELECT 1 FROM ledger.campaign r
+                    WHERE r.class = cc.name AND r.state = 'ready' AND r.next_attempt_at <= p_now);
+    IF coalesce(cardinality(v_names), 0) <= 1 THEN
+        RETURN coalesce(v_names, '{}');  -- no choice to make: no turn taken
+    END IF;
+    v_slot := nextval('ledger.claim_turn') % (SELECT sum(w) FROM unnest(v_weights) w);
+    WHILE v_slot >= v_weights[v_first] LOOP
+        v_slot := v_slot - v_weights[v_first];
+        v_first := v_first + 1;
+    END LOOP;
+    RETURN v_names[v_first:] || v_names[:v_first - 1];
+END
+$$;
+
 -- Claim the next ready campaign in one statement: SKIP LOCKED, next_attempt_at
--- honoured, priority then age, one lease per seat. Bumps the generation. Says
--- how long the lease is by the database's clock (lease_remaining_s), so the
--- holder can keep its own deadline (ledger.lease).
+-- honoured, the class whose turn it is (above), then priority and age within
+-- it, one lease per seat. Bumps the generation. Says how long the lease is by
+-- the database's clock (lease_remaining_s), so the holder can keep its own
+-- deadline (ledger.lease).
 CREATE OR REPLACE FUNCTION ledger_api.claim_campaign(p_worker text, p_classes text[] DEFAULT NULL)
     RETURNS TABLE (campaign_id bigint, generation bigint, attempt_no integer,
                    lease_expires_at timestamptz, class text, objective_key text, target text,
@@ -21,38 +63,46 @@ DECLARE
     v_now timestamptz := ledger.now();
     v_c ledger.campaign;
     v_attempt_no integer;
+    v_turns text[];
+    v_class text;
 BEGIN
     IF p_worker IS NULL OR length(p_worker) NOT BETWEEN 1 AND 200 THEN
         RAISE EXCEPTION 'worker identity must be 1 to 200 characters' USING ERRCODE = 'LG007';
     END IF;
+    -- one class named: nothing to share
+    v_turns := CASE WHEN cardinality(p_classes) = 1 THEN p_classes
+                    ELSE ledger.claim_turns(p_classes, v_now) END;
     FOR i IN 1..3 LOOP
         BEGIN
             PERFORM ledger.begin_transition('claim', 'worker', p_worker);
-            UPDATE ledger.campaign c
-               SET state = 'leased',
-                   generation = c.generation + 1,
-                   lease_owner = p_worker,
-                   leased_at = v_now,
-                   lease_expires_at = v_now + make_interval(secs => (
-                       SELECT cc.lease_seconds FROM ledger.campaign_class cc WHERE cc.name = c.class))
-             WHERE c.id = (
-                   SELECT r.id FROM ledger.campaign r
-                    WHERE r.state = 'ready'
-                      AND r.next_attempt_at <= v_now
-                      AND (p_classes IS NULL OR r.class = ANY (p_classes))
-                      AND (r.seat IS NULL OR NOT EXISTS (
-                               SELECT 1 FROM ledger.campaign s
-                                WHERE s.seat = r.seat AND s.state = 'leased'))
-                    ORDER BY r.priority DESC, r.created_at, r.id
-                    LIMIT 1
-                      -- NO KEY UPDATE is all this UPDATE needs (no key column
-                      -- changes), and unlike FOR UPDATE it does not conflict
-                      -- with the key-share locks every journal and attempt
-                      -- insert takes on its campaign through the foreign key;
-                      -- FOR UPDATE would make SKIP LOCKED wait while it walks
-                      -- a row's update chain.
-                      FOR NO KEY UPDATE SKIP LOCKED)
-            RETURNING c.* INTO v_c;
+            FOREACH v_class IN ARRAY v_turns LOOP
+                UPDATE ledger.campaign c
+                   SET state = 'leased',
+                       generation = c.generation + 1,
+                       lease_owner = p_worker,
+                       leased_at = v_now,
+                       lease_expires_at = v_now + make_interval(secs => (
+                           SELECT cc.lease_seconds FROM ledger.campaign_class cc WHERE cc.name = c.class))
+                 WHERE c.id = (
+                       SELECT r.id FROM ledger.campaign r
+                        WHERE r.class = v_class
+                          AND r.state = 'ready'
+                          AND r.next_attempt_at <= v_now
+                          AND (r.seat IS NULL OR NOT EXISTS (
+                                   SELECT 1 FROM ledger.campaign s
+                                    WHERE s.seat = r.seat AND s.state = 'leased'))
+                        ORDER BY r.priority DESC, r.created_at, r.id
+                        LIMIT 1
+                          -- NO KEY UPDATE is all this UPDATE needs (no key column
+                          -- changes), and unlike FOR UPDATE it does not conflict
+                          -- with the key-share locks every journal and attempt
+                          -- insert takes on its campaign through the foreign key;
+                          -- FOR UPDATE would make SKIP LOCKED wait while it walks
+                          -- a row's update chain.
+                          FOR NO KEY UPDATE SKIP LOCKED)
+                RETURNING c.* INTO v_c;
+                EXIT WHEN FOUND;
+            END LOOP;
             EXIT;
         EXCEPTION WHEN unique_violation THEN
             -- another worker leased a campaign of the same seat a moment ago
@@ -74,10 +124,14 @@ BEGIN
 END
 $$;
 
--- Up to p_limit ready campaigns in one statement. Same eligibility and order
--- as claim_campaign; at most one campaign per seat per batch (the unique
--- index would refuse a second lease on a seat anyway). Candidates it locked
--- but left out stay locked only until this statement's transaction ends.
+-- Up to p_limit ready campaigns in one statement. Same eligibility as
+-- claim_campaign, and as fair: each class in the rotation offers its heads
+-- (priority, then age), and the batch interleaves them by weight (the k-th
+-- head of a class of weight w ranks at (k - 1) / w, ties in rotation
+-- order), so two classes of weight 1 split a batch evenly while both have
+-- work. At most one campaign per seat per batch (the unique index would
+-- refuse a second lease on a seat anyway). Candidates it locked but left out
+-- stay locked only until this statement's transaction ends.
 CREATE OR REPLACE FUNCTION ledger_api.claim_campaigns(p_worker text, p_classes text[] DEFAULT NULL,
                                            p_limit integer DEFAULT 10)
     RETURNS TABLE (campaign_id bigint, generation bigint, attempt_no integer,
@@ -92,6 +146,7 @@ AS $$
 DECLARE
     v_now timestamptz := ledger.now();
     v_ids bigint[] := '{}';
+    v_turns text[];
 BEGIN
     IF p_worker IS NULL OR length(p_worker) NOT BETWEEN 1 AND 200 THEN
         RAISE EXCEPTION 'worker identity must be 1 to 200 characters' USING ERRCODE = 'LG007';
@@ -99,29 +154,42 @@ BEGIN
     IF p_limit IS NULL OR p_limit NOT BETWEEN 1 AND 1000 THEN
         RAISE EXCEPTION 'a batch claims 1 to 1000 campaigns' USING ERRCODE = 'LG007';
     END IF;
+    v_turns := CASE WHEN cardinality(p_classes) = 1 THEN p_classes
+                    ELSE ledger.claim_turns(p_classes, v_now) END;
     FOR i IN 1..3 LOOP
         BEGIN
-            PERFORM ledger.begin_transition('claim', 'worker', p_worker);
-            WITH picked AS (
-                -- twice the batch, so campaigns that share a seat with a
-                -- better one can be left out and the batch still fills
-                SELECT r.id, r.seat, r.priority, r.created_at FROM ledger.campaign r
-                 WHERE r.state = 'ready'
-                   AND r.next_attempt_at <= v_now
-                   AND (p_classes IS NULL OR r.class = ANY (p_classes))
-                   AND (r.seat IS NULL OR NOT EXISTS (
-                            SELECT 1 FROM ledger.campaign s
-                             WHERE s.seat = r.seat AND s.state = 'leased'))
-                 ORDER BY r.priority DESC, r.created_at, r.id
-                 LIMIT 2 * p_limit
-                   FOR NO KEY UPDATE SKIP LOCKED
+            PERFORM ledger.begin_batch_transition('claim', 'worker', p_worker);
+            WITH turn AS (
+                SELECT t.name, t.pos, cc.weight
+                  FROM unnest(v_turns) WITH ORDINALITY AS t(name, pos)
+                  JOIN ledger.campaign_class cc ON cc.name = t.name
+            ), picked AS (
+                -- twice the batch per class, so campaigns that share a seat
+                -- with a better one can be left out and the batch still fills
+                SELECT h.id, h.seat, h.priority, h.created_at, turn.pos, turn.weight
+                  FROM turn CROSS JOIN LATERAL (
+                       SELECT r.id, r.seat, r.priority, r.created_at FROM ledger.campaign r
+                        WHERE r.class = turn.name
+                          AND r.state = 'ready'
+                          AND r.next_attempt_at <= v_now
+                          AND (r.seat IS NULL OR NOT EXISTS (
+                                   SELECT 1 FROM ledger.campaign s
+                                    WHERE s.seat = r.seat AND s.state = 'leased'))
+                        ORDER BY r.priority DESC, r.created_at, r.id
+                        LIMIT 2 * p_limit
+                          FOR NO KEY UPDATE SKIP LOCKED) h
             ), one_per_seat AS (
-                SELECT p.id FROM (SELECT p.*, row_number() OVER (
-                                      PARTITION BY coalesce(p.seat, p.id::text)
-                                      ORDER BY p.priority DESC, p.created_at, p.id) AS n
-                                    FROM picked p) p
+                SELECT p.id, p.pos, p.weight,
+                       row_number() OVER (PARTITION BY p.pos
+                                          ORDER BY p.priority DESC, p.created_at, p.id) AS k
+                  FROM (SELECT p.*, row_number() OVER (
+                                        PARTITION BY coalesce(p.seat, p.id::text)
+                                        ORDER BY p.pos, p.priority DESC, p.created_at, p.id) AS n
+                          FROM picked p) p
                  WHERE p.n = 1
-                 ORDER BY p.priority DESC, p.created_at, p.id
+            ), fair AS (
+                SELECT o.id FROM one_per_seat o
+                 ORDER BY (o.k - 1)::double precision / o.weight, o.pos
                  LIMIT p_limit
             ), leased AS (
                 UPDATE ledger.campaign c
@@ -130,8 +198,8 @@ BEGIN
                        lease_owner = p_worker,
                        leased_at = v_now,
                        lease_expires_at = v_now + make_interval(secs => cc.lease_seconds)
-                  FROM one_per_seat o, ledger.campaign_class cc
-                 WHERE c.id = o.id AND cc.name = c.class
+                  FROM fair f, ledger.campaign_class cc
+                 WHERE c.id = f.id AND cc.name = c.class
                 RETURNING c.id, c.generation, c.lease_expires_at
             ), started AS (
                 INSERT INTO ledger.attempt (campaign_id, attempt_no, generation, worker,
@@ -325,7 +393,7 @@ BEGIN
      WHERE i.campaign_id = ANY (v_ids) AND a.campaign_id = i.campaign_id AND a.generation = i.generation;
     -- One UPDATE for the batch: the journal trigger reads each event's
     -- details and lease holder from that campaign's own rows.
-    PERFORM ledger.begin_transition('record_attempt', 'worker', NULL);
+    PERFORM ledger.begin_batch_transition('record_attempt', 'worker', NULL);
     UPDATE ledger.campaign c
        SET state = 'attempted', lease_owner = NULL, leased_at = NULL, lease_expires_at = NULL,
            attempt_count = c.attempt_count + 1,

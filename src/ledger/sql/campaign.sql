@@ -27,6 +27,9 @@ CREATE TABLE IF NOT EXISTS ledger.campaign_class (
     -- where a verified candidate is promoted: {"repository": "...", "ref": "refs/heads/main"}
     promotion       jsonb NOT NULL DEFAULT '{}' CHECK (jsonb_typeof(promotion) = 'object'),
     verifier        text NOT NULL DEFAULT 'command',
+    -- this class's share of claims when several classes have ready work
+    -- (claim_campaign): a class of weight 2 gets two turns for another's one
+    weight          integer NOT NULL DEFAULT 1 CHECK (weight BETWEEN 1 AND 1000),
     created_at      timestamptz NOT NULL,
     updated_at      timestamptz NOT NULL
 );
@@ -79,9 +82,17 @@ CREATE UNIQUE INDEX IF NOT EXISTS campaign_one_open_per_objective ON ledger.camp
 CREATE UNIQUE INDEX IF NOT EXISTS campaign_one_lease_per_seat ON ledger.campaign (seat)
     WHERE state = 'leased' AND seat IS NOT NULL;
 
--- The claim path: ready rows in claim order, and nothing else.
-CREATE INDEX IF NOT EXISTS campaign_claim_order ON ledger.campaign (priority DESC, created_at, id)
+-- The claim path: ready rows of each class in claim order, and nothing else.
+-- Claims are fair across classes (claim_campaign): each claim probes one
+-- class's head, so the class leads the index.
+CREATE INDEX IF NOT EXISTS campaign_claim_order ON ledger.campaign (class, priority DESC, created_at, id)
     WHERE state = 'ready';
+
+-- Whose turn it is: one number per claim, shared by every claimer. A
+-- sequence, not a counter row: nextval takes no lock that lasts to commit,
+-- so concurrent claimers never queue on it (a counter row would serialise
+-- every claim behind the previous claim's commit).
+CREATE SEQUENCE IF NOT EXISTS ledger.claim_turn AS bigint CYCLE;
 CREATE INDEX IF NOT EXISTS campaign_lease_expiry ON ledger.campaign (lease_expires_at)
     WHERE state = 'leased';
 CREATE INDEX IF NOT EXISTS campaign_awaiting_verdict ON ledger.campaign (updated_at, id)
@@ -245,6 +256,87 @@ $$;
 
 CREATE OR REPLACE TRIGGER campaign_journal_insert AFTER INSERT ON ledger.campaign
     FOR EACH ROW EXECUTE FUNCTION ledger.campaign_journal();
+-- One state change at a time (the usual writer): per row, filtered by WHEN
+-- before any plpgsql runs. A batch writer (begin_batch_transition sets
+-- ledger.batch) is journaled by the statement trigger below instead; the two
+-- WHEN conditions are complements, so every state change gets one event.
 CREATE OR REPLACE TRIGGER campaign_journal_update AFTER UPDATE ON ledger.campaign
-    FOR EACH ROW WHEN (OLD.state IS DISTINCT FROM NEW.state)
+    FOR EACH ROW
+    WHEN (OLD.state IS DISTINCT FROM NEW.state
+          AND pg_catalog.current_setting('ledger.batch', true) IS DISTINCT FROM 'on')
     EXECUTE FUNCTION ledger.campaign_journal();
+
+-- The batch path: what campaign_journal does for one row, for every row the
+-- statement changed state of, in one INSERT (and one UPDATE of the pending
+-- intents it cancels), reading the statement's transition tables. Per row,
+-- a batch of 100 entered plpgsql, planned nothing new but executed an
+-- INSERT (and its foreign-key check) 100 times.
+CREATE OR REPLACE FUNCTION ledger.campaign_journal_batch() RETURNS trigger
+    LANGUAGE plpgsql
+AS $$
+DECLARE
+    v_name text := current_setting('ledger.transition', true);
+    v_detail jsonb := coalesce(nullif(current_setting('ledger.detail', true), '')::jsonb, '{}');
+    v_actor text := coalesce(nullif(current_setting('ledger.actor', true), ''), 'system');
+BEGIN
+    WITH changed AS (
+        SELECT n.id, o.state AS from_state, n.state AS to_state, o.generation AS old_generation,
+               n.generation, n.event_seq, n.attempt_count, o.lease_owner AS old_owner
+          FROM batch_old o JOIN batch_new n ON n.id = o.id
+         WHERE o.state IS DISTINCT FROM n.state
+    ), cancelled AS (
+        -- as in campaign_journal: a generation that ended without success
+        -- (or was superseded, or abandoned) takes its pending intents along
+        UPDATE ledger.side_effect s
+           SET state = 'cancelled', finished_at = ledger.now(), updated_at = ledger.now(),
+               error = format('generation %s of the campaign ended (%s)', s.generation,
+                              coalesce(v_name, ch.to_state))
+          FROM changed ch
+         WHERE s.campaign_id = ch.id AND s.state = 'pending' AND s.generation <= ch.old_generation
+           AND (ch.from_state IN ('leased', 'attempted', 'verified')
+                    AND ch.to_state NOT IN ('attempted', 'verified', 'confirmed')
+                OR ch.to_state = 'abandoned'
+                OR (ch.from_state IN ('attempted', 'verified') AND ch.generation > ch.old_generation))
+        RETURNING s.id, s.campaign_id
+    ), cancelled_by AS (
+        SELECT c.campaign_id,
+               jsonb_build_object('cancelled_intents', to_jsonb(array_agg(c.id ORDER BY c.id))) AS detail
+          FROM cancelled c GROUP BY c.campaign_id
+    )
+    INSERT INTO ledger.campaign_event (campaign_id, seq, type, actor, generation, payload, created_at)
+    SELECT ch.id, ch.event_seq, 'transition',
+           CASE WHEN v_name = 'record_attempt' THEN coalesce(ch.old_owner, v_actor) ELSE v_actor END,
+           ch.generation,
+           CASE WHEN v_name = 'record_attempt'
+                THEN jsonb_build_object('attempt_no', a.attempt_no, 'fingerprint', a.fingerprint,
+                                        'candidate_sha', a.candidate_sha, 'base_sha', a.base_sha)
+                ELSE v_detail END
+             || coalesce(cb.detail, '{}')
+             || jsonb_build_object('transition', v_name, 'from', ch.from_state, 'to', ch.to_state,
+                                   'attempt_count', ch.attempt_count),
+           ledger.now()
+      FROM changed ch
+      LEFT JOIN cancelled_by cb ON cb.campaign_id = ch.id
+      LEFT JOIN ledger.attempt a
+             ON v_name = 'record_attempt' AND a.campaign_id = ch.id AND a.generation = ch.old_generation;
+    -- Hints only, as in campaign_journal.
+    PERFORM pg_notify(h.channel, h.id::text)
+       FROM (SELECT 'ledger_ready' AS channel, n.id
+               FROM batch_old o JOIN batch_new n ON n.id = o.id
+              WHERE n.state = 'ready' AND o.state IS DISTINCT FROM n.state
+             UNION ALL
+             SELECT 'ledger_cancel', n.id
+               FROM batch_old o JOIN batch_new n ON n.id = o.id
+              WHERE o.state = 'leased' AND n.state <> 'attempted' AND n.generation > o.generation) h;
+    RETURN NULL;
+END
+$$;
+
+-- (Every UPDATE of campaign fills the two transition tables, batch or not:
+-- PostgreSQL captures them before any WHEN is tested. For a one-row update
+-- that is two tuples copied to memory; see bench/README.md for its cost.)
+CREATE OR REPLACE TRIGGER campaign_journal_batch AFTER UPDATE ON ledger.campaign
+    REFERENCING OLD TABLE AS batch_old NEW TABLE AS batch_new
+    FOR EACH STATEMENT
+    WHEN (pg_catalog.current_setting('ledger.batch', true) = 'on')
+    EXECUTE FUNCTION ledger.campaign_journal_batch();

@@ -102,13 +102,33 @@ BEGIN
 END
 $$;
 
+-- The same, for a writer about to change many campaigns in one statement
+-- (claim_campaigns, record_attempts, expire_leases): its state changes are
+-- journaled by the statement trigger, in one INSERT, instead of row by row
+-- (campaign_journal_batch in campaign.sql). Either way each state change
+-- gets exactly one event: the two triggers' conditions are complements.
+CREATE OR REPLACE FUNCTION ledger.begin_batch_transition(p_name text, p_role text, p_actor text,
+                                                         p_detail jsonb DEFAULT '{}')
+    RETURNS void
+    LANGUAGE plpgsql
+AS $$
+BEGIN
+    PERFORM pg_catalog.set_config('ledger.transition', p_name, true),
+            pg_catalog.set_config('ledger.actor_role', p_role, true),
+            pg_catalog.set_config('ledger.actor', coalesce(p_actor, p_role), true),
+            pg_catalog.set_config('ledger.detail', coalesce(p_detail, '{}'::jsonb)::text, true),
+            pg_catalog.set_config('ledger.batch', 'on', true);
+END
+$$;
+
 CREATE OR REPLACE FUNCTION ledger.end_transition() RETURNS void
     LANGUAGE plpgsql
 AS $$
 BEGIN
     PERFORM pg_catalog.set_config('ledger.transition', '', true),
             pg_catalog.set_config('ledger.actor_role', '', true),
-            pg_catalog.set_config('ledger.detail', '', true);
+            pg_catalog.set_config('ledger.detail', '', true),
+            pg_catalog.set_config('ledger.batch', '', true);
 END
 $$;
 

@@ -44,7 +44,7 @@ SELECT id, at, actor_role, actor, campaign_id, action, target, reason, details
 CREATE OR REPLACE VIEW ledger_api.classes AS
 SELECT name, max_attempts, lease_seconds, backoff_base_s, backoff_factor, backoff_cap_s,
        backoff_jitter, seat_policy, authority, acceptance, promotion, verifier,
-       created_at, updated_at
+       created_at, updated_at, weight
   FROM ledger.campaign_class;
 
 CREATE OR REPLACE VIEW ledger_api.states AS
