@@ -668,8 +668,11 @@ class Database:
     def warn_if_administrator(self, actor: str | None) -> None:
         """Log once per process and role when ``actor`` acts through the
         administrator's login (no ``LEDGER_<ROLE>_DATABASE_URL``): the process
-        could take on any role, the owner's included."""
-        if actor is None or actor in self.role_urls or actor in _admin_warned:
+        could take on any role, the owner's included. Only the runtime roles,
+        whose processes run commands on others' behalf: an operator's command
+        at a terminal is expected to act with the administrator's login."""
+        if (actor is None or actor in ("operator", "reader")
+                or actor in self.role_urls or actor in _admin_warned):
             return
         _admin_warned.add(actor)
         get_logger("database", actor=actor).warning(

@@ -37,5 +37,11 @@ def configure(level: str = "info", *, json: bool | None = None) -> None:
 
 
 def get_logger(name: str, **context: object) -> structlog.stdlib.BoundLogger:
-    """A logger with ``component=name`` and the given context bound."""
+    """A logger with ``component=name`` and the given context bound.
+
+    A command that never configured logging still logs to stderr in the one
+    format: structlog's default would print to stdout, into ``--json`` output.
+    """
+    if not structlog.is_configured():
+        configure()
     return structlog.get_logger().bind(component=name, **context)  # type: ignore[no-any-return]
