@@ -7,10 +7,6 @@ import signal
 
 import typer
 
-from .. import logs
-from ..dispatcher import Dispatcher
-from ..hub import Hub
-from ..kernel import Kernel
 from .context import console_err, run, state
 from .runtime import WAIT_OPTION
 
@@ -45,6 +41,11 @@ def dispatcher(
     """Claim recorded intents, carry each out with its precondition, read the target
     back and record the outcome -- until SIGTERM/SIGINT (an intent in hand is
     finished first), or with --once until nothing is due."""
+    from .. import logs
+    from ..dispatcher import Dispatcher
+    from ..hub import Hub
+    from ..kernel import Kernel
+
     logs.configure(log_level)
 
     async def go() -> int:

@@ -8,12 +8,6 @@ from pathlib import Path
 
 import typer
 
-from .. import logs
-from ..config import load_config
-from ..hub import listening
-from ..identity import process_identity
-from ..sensors import run_sensors
-from ..worker import Worker, WorkerOptions
 from .context import run, state
 
 CONFIG_OPTION = typer.Option(None, "--config", envvar="LEDGER_CONFIG", show_envvar=True,
@@ -69,6 +63,11 @@ def worker(
     log_level: str = LOG_OPTION,
 ) -> None:
     """Claim campaigns and make one isolated attempt each, until SIGTERM (then drain)."""
+    from .. import logs
+    from ..config import load_config
+    from ..hub import listening
+    from ..worker import Worker, WorkerOptions
+
     logs.configure(log_level)
     st = state(ctx)
     cfg = load_config(config_path(ctx, config))
@@ -97,6 +96,11 @@ def sensor_run(
 ) -> None:
     """Run sensors on their schedules until SIGTERM; each observation may open,
     regress, confirm or dismiss a campaign."""
+    from .. import logs
+    from ..config import load_config
+    from ..identity import process_identity
+    from ..sensors import run_sensors
+
     logs.configure(log_level)
     st = state(ctx)
     cfg = load_config(config_path(ctx, config))
@@ -132,7 +136,11 @@ def run_all(
 ) -> None:
     """Run sensors, a worker, a verifier and a dispatcher as one supervised process
     (a single machine); SIGTERM stops them all, draining the worker."""
+    from .. import logs
+    from ..config import load_config
+    from ..hub import listening
     from ..supervisor import RunOptions, Supervisor, run_everything
+    from ..worker import WorkerOptions
 
     logs.configure(log_level)
     st = state(ctx)

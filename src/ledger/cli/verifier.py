@@ -7,10 +7,6 @@ import signal
 
 import typer
 
-from .. import logs
-from ..hub import listening
-from ..kernel import Kernel
-from ..verifier import Verifier
 from .context import console_err, run, state
 from .runtime import LISTEN_OPTION, WAIT_OPTION
 
@@ -39,6 +35,11 @@ def verifier(
                                   show_envvar=True, help="debug, info, warning or error."),
 ) -> None:
     """Check attempted candidates on clean checkouts and record verdicts, until SIGTERM."""
+    from .. import logs
+    from ..hub import listening
+    from ..kernel import Kernel
+    from ..verifier import Verifier
+
     logs.configure(log_level)
     settings = state(ctx).settings
 
