@@ -8,7 +8,6 @@ import subprocess
 import sys
 
 import pytest
-
 from conftest import TEST_PREFIX
 
 pytestmark = pytest.mark.anyio

@@ -16,8 +16,8 @@ import uuid
 from pathlib import Path
 
 import pytest
-
 from conftest import TEST_PREFIX
+
 from ledger.embedded import create_database, drop_database
 
 
