@@ -50,7 +50,7 @@ def _reason(exc: BaseException) -> str:
 def _connect(url: str) -> psycopg.Connection:
     params = conninfo_to_dict(url)
     params.setdefault("connect_timeout", str(PROBE_CONNECT_TIMEOUT_S))
-    return psycopg.connect(make_conninfo(**params), autocommit=True)
+    return psycopg.connect(make_conninfo("", **params), autocommit=True)
 
 
 def maintenance_url(url: str) -> str | None:
