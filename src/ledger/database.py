@@ -38,7 +38,7 @@ from tenacity import AsyncRetrying, retry_if_exception, stop_before_delay, wait_
 
 from . import errors
 from .logs import get_logger
-from .queries import Query
+from .query_text import Query
 from .settings import Settings, get_settings
 
 Row = dict[str, Any]

@@ -12,9 +12,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from . import queries
 from .database import Executor
 from .errors import Forbidden, InvalidInput, NotFound, StaleLease
 from .models import (
@@ -24,8 +23,8 @@ from .models import (
     Campaign,
     CampaignClass,
     CampaignDetail,
-    ClassSummary,
     Claim,
+    ClassSummary,
     Event,
     HourActivity,
     Lease,
@@ -42,6 +41,11 @@ from .models import (
     Verification,
     VerificationClaim,
 )
+
+if TYPE_CHECKING:
+    from . import queries
+else:  # the same constants, read from a cache without importing SQLAlchemy
+    from .query_cache import queries
 
 
 #: Kernel functions whose identical retry returns the first result (or does
