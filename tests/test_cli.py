@@ -108,3 +108,26 @@ def test_version() -> None:
     proc = subprocess.run([sys.executable, "-m", "ledger", "--version"], capture_output=True,
                           text=True, timeout=60)
     assert proc.returncode == 0 and proc.stdout.startswith("ledger 0.")
+
+
+def test_messages_are_not_wrapped_when_piped() -> None:
+    script = ("from ledger.cli.context import console, console_err\n"
+              "console.print('data ' * 60)\nconsole_err.print('narration ' * 60)")
+    env = {k: v for k, v in os.environ.items() if k != "COLUMNS"}
+    proc = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True,
+                          timeout=60, check=True)
+    assert proc.stdout.strip() == ("data " * 60).strip()
+    assert proc.stderr.strip() == ("narration " * 60).strip()
+
+
+def test_drill_list_as_json_and_tsv() -> None:
+    env = {k: v for k, v in os.environ.items() if k != "COLUMNS"}
+    listed = subprocess.run([sys.executable, "-m", "ledger", "drill", "list", "--json"], env=env,
+                            capture_output=True, text=True, timeout=60, check=True)
+    drills = json.loads(listed.stdout)
+    assert drills[0]["drill"] == "intake" and all(d["summary"] for d in drills)
+    tsv = subprocess.run([sys.executable, "-m", "ledger", "drill", "list"], env=env,
+                         capture_output=True, text=True, timeout=60, check=True).stdout
+    rows = [line.split("\t") for line in tsv.splitlines()]
+    assert rows[0] == ["drill", "setup -> fault -> what must hold"]
+    assert [r[1] for r in rows[1:]] == [d["summary"] for d in drills]  # whole, never cut

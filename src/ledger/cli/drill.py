@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 import typer
 
 from ..errors import ConfigError
-from .context import console, run, state
+from .context import console, console_err, emit_json, run, state
 from .output import table
 
 if TYPE_CHECKING:
@@ -31,6 +31,9 @@ def drill(
     scale: float = typer.Option(1.0, "--scale", min=0.01, max=10, envvar="LEDGER_DRILL_SCALE",
                                 show_envvar=True, help="Size of the load drill (CI runs it at 0.1)."),
     keep: bool = typer.Option(False, "--keep", help="Keep each drill's workspace (logs) for inspection."),
+    as_json: bool = typer.Option(False, "--json", envvar="LEDGER_JSON", show_envvar=True,
+                                 help="Print JSON for machines (the --report document for runs; "
+                                      "the narration then goes to stderr)."),
 ) -> None:
     """Run fault-injection drills with real processes and signals; each prints a
     timeline and a verdict. Exit 0 only if every drill passed (1: a failure,
@@ -39,6 +42,9 @@ def drill(
 
     drills = load_drills()
     if names == ["list"]:
+        if as_json:
+            emit_json([{"drill": name, "summary": d.summary} for name, d in drills.items()])
+            return
         listing = table("drill", "setup -> fault -> what must hold")
         for name, d in drills.items():
             listing.add_row(name, d.summary)
@@ -64,14 +70,21 @@ def drill(
 
     async def go() -> list[DrillReport]:
         return [await run_drill(drills[n], admin_url=admin_url, role_prefix=settings.role_prefix,
-                                console=console, scale=scale, keep=keep) for n in chosen]
+                                console=console_err if as_json else console, scale=scale,
+                                keep=keep) for n in chosen]
 
     reports = run(go())
     if report:
         write_report(report, reports)
-    verdicts_table = table("drill", "verdict", "seconds")
-    for r in reports:
-        verdicts_table.add_row(r.name, r.verdict, f"{r.duration_s:.1f}")
-    verdicts_table.print()
+    if as_json:
+        from dataclasses import asdict
+
+        emit_json({"drills": [asdict(r) for r in reports],
+                   "verdicts": {r.name: r.verdict for r in reports}})
+    else:
+        verdicts_table = table("drill", "verdict", "seconds")
+        for r in reports:
+            verdicts_table.add_row(r.name, r.verdict, f"{r.duration_s:.1f}")
+        verdicts_table.print()
     verdicts = {r.verdict for r in reports}
     raise typer.Exit(1 if "fail" in verdicts else 3 if "under-exercised" in verdicts else 0)
