@@ -39,6 +39,8 @@ from .hub import Hub
 from .kernel import Kernel
 from .models import Event
 from .settings import Settings
+from .identity import process_identity
+from .sensors import run_sensors
 from .supervisor import RunOptions, Supervisor, run_everything
 from .tail import SyntheticEvent, tail
 from .worker import WorkerOptions
@@ -215,7 +217,7 @@ async def _serve_until_interrupted(console: Console) -> None:
             loop.remove_signal_handler(sig)
 
 
-async def run_demo(settings: Settings, console: Console, *, sensor_every_s: float = 2.0,
+async def run_demo(settings: Settings, console: Console, *, sensor_every_s: float = 1.0,
                    ui_port: int | None = None) -> int:
     """Run the closed loop; returns the exit code. With ``ui_port`` (0: any free
     port) the dashboard is served too, and kept serving until Ctrl-C."""
@@ -229,13 +231,17 @@ async def run_demo(settings: Settings, console: Console, *, sensor_every_s: floa
         narrator.line("repository", f"{repository}: calc.add subtracts; its unit test fails")
         logs.configure("error")  # the narration is the output; errors still show
         async with Hub(db) as hub, db.session("reader") as reading, \
-                db.session("operator") as operating, \
+                db.session("operator") as operating, db.session("sensor") as sensing, \
                 _dashboard(db, config, ui_port, console) as dashboard:
             await Kernel(operating).register_class(DEMO_CLASS, **config.classes[DEMO_CLASS].registration())
             supervisor = Supervisor()
             options = RunOptions(WorkerOptions(data_dir=root / "data", poll_s=1.0, reaper_grace_s=2.0,
                                                reaper_interval_s=2.0), verification_lease_s=15.0)
             running = asyncio.create_task(run_everything(db, config, options, hub, supervisor))
+            # A new sensor's first tick is the next one on its schedule; rather than
+            # wait for it, the sensor looks once now (as `ledger sensor run --once`).
+            await run_sensors(Kernel(sensing), config, [DEMO_SENSOR], process_identity("sensor"),
+                              asyncio.Event(), once=True)
             reader = Kernel(reading)
             objective = config.sensors[DEMO_SENSOR].objective_key()
             try:
