@@ -36,11 +36,11 @@ from .config import LedgerConfig, parse_config
 from .database import Database
 from .embedded import create_database, server_url
 from .hub import Hub
+from .identity import process_identity
 from .kernel import Kernel
 from .models import Event
-from .settings import Settings
-from .identity import process_identity
 from .sensors import run_sensors
+from .settings import Settings
 from .supervisor import RunOptions, Supervisor, run_everything
 from .tail import SyntheticEvent, tail
 from .worker import WorkerOptions

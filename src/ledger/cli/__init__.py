@@ -93,7 +93,7 @@ def main() -> None:
         app()
     except KeyboardInterrupt:
         sys.exit(130)
-    except Exception as exc:
+    except Exception as exc:  # noqa: BLE001 -- the one place every failure becomes a line
         from .failures import report
 
         state = State.current

@@ -40,7 +40,6 @@ def serve(
 
     from .. import logs
     from ..api import ApiOptions, app_from_settings
-
     from .readiness import diagnose
 
     logs.configure(log_level)
