@@ -172,3 +172,18 @@ def test_offline_commands_and_the_exit_code_table(tmp_path: Path) -> None:
     for code, meaning in EXIT_CODES:
         assert f"{code:>3}  {meaning}" in helped
         assert f"| {code} | {meaning} |" in readme, f"exit code {code} is not in the README's table"
+
+
+def test_readiness_tells_the_schema_revision_apart(db_url: str, admin: psycopg.Connection) -> None:
+    from ledger.cli.readiness import diagnose
+
+    assert diagnose(db_url, TEST_PREFIX) is None  # migrated to head: ready
+    missing_roles = diagnose(db_url, "nosuchprefix_")
+    assert isinstance(missing_roles, NotMigrated) and "nosuchprefix_" in missing_roles.message
+    admin.execute("UPDATE alembic_version SET version_num = 'ffff_from_the_future'")
+    newer = diagnose(db_url, TEST_PREFIX)
+    assert type(newer) is Unavailable and "newer than this Ledger" in newer.message
+    assert newer.hint == "upgrade Ledger"
+    admin.execute("DELETE FROM alembic_version")
+    never = diagnose(db_url, TEST_PREFIX)
+    assert isinstance(never, NotMigrated) and never.hint == "run `ledger migrate`"
