@@ -42,7 +42,7 @@ from tenacity import AsyncRetrying, RetryCallState, retry_if_exception, stop_bef
 
 from . import errors
 from .logs import get_logger
-from .queries import Query
+from .query_text import Query
 from .backoff import backoff
 from .settings import Settings, get_settings
 

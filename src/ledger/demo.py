@@ -35,9 +35,11 @@ from .config import LedgerConfig, parse_config
 from .database import Database
 from .embedded import create_database, server_url
 from .hub import Hub
+from .identity import process_identity
 from .kernel import Kernel
 from .models import Event
 from .reads import Reads
+from .sensors import Sensors
 from .settings import Settings
 from .runtime.host import Host, serve
 from .services import ReaperOptions, RunOptions, one_machine
@@ -220,7 +222,7 @@ async def _serve_until_interrupted(console: Console) -> None:
     await serve([_Serving()], name="demo")
 
 
-async def run_demo(settings: Settings, console: Console, *, sensor_every_s: float = 2.0,
+async def run_demo(settings: Settings, console: Console, *, sensor_every_s: float = 1.0,
                    ui_port: int | None = None) -> int:
     """Run the closed loop; returns the exit code. With ``ui_port`` (0: any free
     port) the dashboard is served too, and kept serving until Ctrl-C."""
@@ -234,8 +236,8 @@ async def run_demo(settings: Settings, console: Console, *, sensor_every_s: floa
         narrator.line("repository", f"{repository}: calc.add subtracts; its unit test fails")
         logs.configure("error")  # the narration is the output; errors still show
         async with Hub(db) as hub, db.session("reader") as reading, \
-                db.session("operator") as operating, AsyncExitStack() as stack, \
-                _dashboard(db, config, ui_port, console) as dashboard:
+                db.session("operator") as operating, db.session("sensor") as sensing, \
+                AsyncExitStack() as stack, _dashboard(db, config, ui_port, console) as dashboard:
             await Kernel(operating).register_class(DEMO_CLASS, **config.classes[DEMO_CLASS].registration())
             options = RunOptions(WorkerOptions(data_dir=root / "data", poll_s=1.0),
                                  ReaperOptions(grace_s=2.0, interval_s=2.0),
@@ -246,6 +248,9 @@ async def run_demo(settings: Settings, console: Console, *, sensor_every_s: floa
             for service in await one_machine(stack, db, config, options, hub):
                 host.add(service)
             running = asyncio.create_task(host.run())
+            # A new sensor's first tick is the next one on its schedule; rather than
+            # wait for it, the sensor looks once now (as `ledger sensor run --once`).
+            await Sensors(Kernel(sensing), config, [DEMO_SENSOR], process_identity("sensor")).run_once()
             reader = Reads(reading)
             objective = config.sensors[DEMO_SENSOR].objective_key()
             try:

@@ -21,11 +21,14 @@ class LedgerError(Exception):
     http_status: ClassVar[int] = 500
     exit_code: ClassVar[int] = 1
 
-    def __init__(self, message: str, *, sqlstate: str | None = None, detail: str | None = None):
+    def __init__(self, message: str, *, sqlstate: str | None = None, detail: str | None = None,
+                 hint: str | None = None):
         super().__init__(message)
         self.message = message
         self.sqlstate = sqlstate
         self.detail = detail
+        #: What the user can do about it (the CLI prints it on the same line).
+        self.hint = hint
 
     @property
     def problem_type(self) -> str:
@@ -117,6 +120,22 @@ class Unavailable(LedgerError):
     slug = "unavailable"
     http_status = 503
     exit_code = 69  # EX_UNAVAILABLE
+
+
+class DatabaseMissing(Unavailable):
+    """The server answers, but the database named in the URL does not exist:
+    create it, or run ``ledger migrate --create-database``."""
+
+    slug = "database-missing"
+    exit_code = 13
+
+
+class NotMigrated(Unavailable):
+    """The database has no Ledger schema or roles yet, or an older schema than
+    this code: run ``ledger migrate``."""
+
+    slug = "not-migrated"
+    exit_code = 14
 
 
 class OutcomeUnknown(Unavailable):

@@ -141,6 +141,13 @@ def head() -> str:
     return revision
 
 
+def known_revisions() -> set[str]:
+    """Every revision this code knows."""
+    cfg = Config()
+    cfg.set_main_option("script_location", str(migrations_dir()))
+    return {script.revision for script in ScriptDirectory.from_config(cfg).walk_revisions()}
+
+
 def prepare(connection: Connection | psycopg.Connection, role_prefix: str) -> None:
     """Called by env.py inside the migration transaction, before any revision."""
     raw = _driver(connection)

@@ -8,7 +8,6 @@ runs them. Writes are never here: they are kernel functions (src/ledger/sql).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import Any
 
 from sqlalchemy import (
@@ -35,17 +34,11 @@ from sqlalchemy.dialects import postgresql
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.sql import Select
 
+from .query_text import Query
+
 _dialect = postgresql.psycopg.dialect()  # type: ignore[attr-defined]
 metadata = MetaData(schema="ledger_api")
 TS = DateTime(timezone=True)
-
-
-@dataclass(frozen=True)
-class Query:
-    """A compiled read statement and the defaults of its parameters."""
-
-    text: str
-    defaults: dict[str, Any] = field(default_factory=dict)
 
 
 def compile_query(stmt: Select[Any]) -> Query:

@@ -11,9 +11,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from . import queries
 from .database import Executor
 from .errors import InvalidInput, NotFound
 from .models import (
@@ -32,6 +31,11 @@ from .models import (
     TransitionRow,
     Verification,
 )
+
+if TYPE_CHECKING:
+    from . import queries
+else:  # the same constants, read from a cache without importing SQLAlchemy
+    from .query_cache import queries
 
 
 class Reads:

@@ -11,9 +11,6 @@ since the preview is answered, not acted on.
 
 from __future__ import annotations
 
-import base64
-import binascii
-import json
 from collections.abc import Awaitable, Callable
 from datetime import datetime
 from typing import Annotated, Literal
@@ -22,6 +19,7 @@ from fastapi import APIRouter, Body, Path, Query
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
 
 from .. import bulk
+from ..cursors import BIGINT_MAX, decode_cursor, encode_position
 from ..errors import InvalidInput
 from ..models import Campaign, CampaignDetail, State
 from . import problems
@@ -29,7 +27,6 @@ from .roles import CallerDep
 
 router = APIRouter(tags=["campaigns"])
 
-BIGINT_MAX = 2**63 - 1
 CampaignId = Annotated[int, Path(ge=1, le=BIGINT_MAX, description="Campaign id")]
 #: PostgreSQL text cannot hold NUL: refused here as invalid input (and so
 #: documented in the schema) rather than failing in the driver.
@@ -42,22 +39,8 @@ Text = Annotated[str, Field(min_length=1, max_length=500, pattern=NO_NUL)]
 
 
 def encode_cursor(campaign: Campaign) -> str:
-    """An opaque cursor after ``campaign`` in list order (updated_at DESC, id DESC)."""
-    raw = json.dumps([campaign.updated_at.isoformat(), campaign.id], separators=(",", ":"))
-    return base64.urlsafe_b64encode(raw.encode()).decode().rstrip("=")
-
-
-def decode_cursor(cursor: str) -> tuple[datetime, int]:
-    """The ``(updated_at, id)`` position a cursor stands for; ``InvalidInput`` if forged."""
-    try:
-        raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4))
-        stamp, ident = json.loads(raw)
-        when = datetime.fromisoformat(stamp)
-        if when.tzinfo is None or not isinstance(ident, int) or not 0 < ident <= BIGINT_MAX:
-            raise ValueError("out of range")
-        return when, ident
-    except (binascii.Error, ValueError, TypeError, UnicodeDecodeError) as exc:
-        raise InvalidInput("the cursor is not one this server issued") from exc
+    """An opaque cursor after ``campaign`` in list order (see ``ledger.cursors``)."""
+    return encode_position(campaign.updated_at, campaign.id)
 
 
 # --- models -------------------------------------------------------------------

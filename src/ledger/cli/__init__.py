@@ -1,5 +1,10 @@
 """The ``ledger`` command line. Data goes to stdout, messages to stderr; a
-failure is one readable line and a non-zero exit code (see ``ledger.errors``)."""
+failure is one readable line and a documented exit code (``failures``).
+
+The command modules import only typer and rich at the top: what a command
+needs (the database layer, the kernel, the API ...) is imported inside it, so
+``ledger --help`` and ``ledger --version`` start in a fraction of a second.
+"""
 
 from __future__ import annotations
 
@@ -7,23 +12,46 @@ import sys
 
 import typer
 
-from ..errors import LedgerError
-from . import campaigns, classes, demo, dispatcher, runtime, schema
-from . import journal
-from . import verifier
-from . import serve
-from . import drill
-from . import gc
-from .context import State, console_err
+from . import (
+    campaigns,
+    classes,
+    demo,
+    dispatcher,
+    drill,
+    gc,
+    journal,
+    runtime,
+    schema,
+    serve,
+    verifier,
+)
+from .context import State
+from .failures import exit_codes_text
+
+HELP = ("Durable campaigns for fleets of automation and AI-agent workers, kept in PostgreSQL.\n\n"
+        "Data goes to stdout (add --json for machines), messages to stderr. A failure is one "
+        "line on stderr and one of these exit codes:\n\n\b\n" + exit_codes_text())
 
 app = typer.Typer(
     name="ledger",
-    help="Durable campaigns for fleets of automation and AI-agent workers, kept in PostgreSQL.",
+    help=HELP,
+    rich_markup_mode=None,
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
     context_settings={"help_option_names": ["-h", "--help"]},
 )
+
+
+def _version(value: bool) -> None:
+    if value:
+        from importlib.metadata import PackageNotFoundError, version
+
+        try:
+            typer.echo(f"ledger {version('ledger')}")
+        except PackageNotFoundError:  # run from a source tree without installing
+            typer.echo("ledger (not installed)")
+        raise typer.Exit()
 
 
 @app.callback()
@@ -38,6 +66,8 @@ def _global(
     role_prefix: str = typer.Option(
         None, "--role-prefix", envvar="LEDGER_ROLE_PREFIX", show_envvar=True,
         help="Prefix of Ledger's database roles (default ledger_)."),
+    _show_version: bool = typer.Option(
+        False, "--version", callback=_version, is_eager=True, help="Print the version and exit."),
 ) -> None:
     ctx.obj = State.from_options(database_url=database_url, data_dir=data_dir,
                                  role_prefix=role_prefix)
@@ -57,12 +87,15 @@ gc.register(app)
 
 
 def main() -> None:
-    """Console entry point: usage errors are typer's (exit 2); Ledger's errors
-    are one line on stderr with the error class's exit code."""
+    """Console entry point: usage errors are typer's (exit 2); every other
+    failure is one line on stderr with a documented exit code (``failures``)."""
     try:
         app()
-    except LedgerError as exc:
-        console_err.print(f"[bold red]ledger:[/] {exc.message}", highlight=False, soft_wrap=True)
-        sys.exit(exc.exit_code)
     except KeyboardInterrupt:
         sys.exit(130)
+    except Exception as exc:  # noqa: BLE001 -- the one place every failure becomes a line
+        from .failures import report
+
+        state = State.current
+        url, prefix = state.failure_target() if state else (None, "ledger_")
+        sys.exit(report(exc, url, prefix))

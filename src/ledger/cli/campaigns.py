@@ -7,15 +7,17 @@ import socket
 import sys
 from collections.abc import Awaitable, Callable
 from datetime import datetime, timezone
+from typing import TYPE_CHECKING
 
 import typer
-from rich.table import Table
 
-from ..errors import LedgerError
-from ..kernel import Kernel
-from ..reads import Reads
-from ..models import Campaign, CampaignDetail
-from .context import console, console_err, emit_json, run, state
+from ..errors import LedgerError, OutcomeUnknown, Unavailable
+from .context import console, console_err, emit_json, iso_z, run, state
+from .output import table
+
+if TYPE_CHECKING:
+    from ..kernel import Kernel
+    from ..models import Campaign, CampaignDetail
 
 JSON_OPTION = typer.Option(False, "--json", envvar="LEDGER_JSON", show_envvar=True,
                            help="Print JSON for machines.")
@@ -59,6 +61,8 @@ def open_(
     as_json: bool = JSON_OPTION,
 ) -> None:
     """Open a campaign by hand (as the sensor role); idempotent per objective key."""
+    from ..kernel import Kernel
+
     async def go():  # type: ignore[no-untyped-def]
         async with state(ctx).database().session("sensor") as s:
             return await Kernel(s).open_campaign(class_, objective_key, target, priority=priority,
@@ -87,28 +91,56 @@ def list_(
                                            envvar="LEDGER_LIST_UPDATED_SINCE", show_envvar=True,
                                            help="Only campaigns changed since (ISO time, UTC if "
                                                 "no zone)."),
+    search: str = typer.Option(None, "--search", envvar="LEDGER_LIST_SEARCH", show_envvar=True,
+                               help="Only objective keys containing this text."),
     limit: int = typer.Option(50, min=1, max=1000, envvar="LEDGER_LIST_LIMIT", show_envvar=True,
                               help="Page size."),
+    cursor: str = typer.Option(None, "--cursor", envvar="LEDGER_LIST_CURSOR", show_envvar=True,
+                               help="Continue after this cursor (printed on stderr when there is "
+                                    "a next page; the API's next_cursor works too)."),
+    all_pages: bool = typer.Option(False, "--all", help="Every page, not just the first."),
     as_json: bool = JSON_OPTION,
 ) -> None:
-    """List campaigns, most recently changed first."""
+    """List campaigns, most recently changed first, a page at a time (like the
+    API's GET /campaigns). When more remain, the next page's cursor is printed
+    on stderr; --all pages through all of them."""
+    from ..cursors import decode_cursor, encode_position
+    from ..reads import Reads
+
     if updated_since is not None and updated_since.tzinfo is None:
         updated_since = updated_since.replace(tzinfo=timezone.utc)
+    position = decode_cursor(cursor) if cursor else None
 
-    async def go() -> list[Campaign]:
+    async def go() -> tuple[list[Campaign], str | None]:
+        rows: list[Campaign] = []
+        after = position
         async with state(ctx).database().session("reader") as s:
-            return await Reads(s).campaigns(states=state_ or None, classes=class_ or None,
-                                             target=target, objective_key=objective, label=label,
-                                             updated_since=updated_since, limit=limit)
-    rows = run(go())
+            reads = Reads(s)
+            while True:
+                # One more than asked: whether it exists says if there is a next page.
+                page = await reads.campaigns(
+                    states=state_ or None, classes=class_ or None, target=target,
+                    objective_key=objective, label=label, updated_since=updated_since,
+                    search=search, cursor=after, limit=limit + 1)
+                more = len(page) > limit
+                rows.extend(page[:limit])
+                if not more:
+                    return rows, None
+                after = (rows[-1].updated_at, rows[-1].id)
+                if not all_pages:
+                    return rows, encode_position(*after)
+    rows, next_cursor = run(go())
     if as_json:
         emit_json(rows)
-        return
-    table = Table("id", "state", "class", "objective", "target", "attempts", "updated")
-    for c in rows:
-        table.add_row(str(c.id), c.state, c.class_, c.objective_key, c.target,
+    else:
+        t = table("id", "state", "class", "objective", "target", "attempts", "updated")
+        for c in rows:
+            t.add_row(str(c.id), c.state, c.class_, c.objective_key, c.target,
                       f"{c.attempt_count}/{c.max_attempts}", _ago(c.updated_at))
-    console.print(table)
+        t.print()
+    if next_cursor:
+        console_err.print(f"more: --cursor {next_cursor}", markup=False, highlight=False,
+                          soft_wrap=True)
 
 
 def show(
@@ -117,6 +149,8 @@ def show(
     as_json: bool = JSON_OPTION,
 ) -> None:
     """Show a campaign: attempts, verdicts, side effects and observations."""
+    from ..reads import Reads
+
     async def go() -> CampaignDetail:
         async with state(ctx).database().session("reader") as s:
             return await Reads(s).campaign_detail(campaign_id)
@@ -133,26 +167,26 @@ def show(
     if c.last_failure_reason:
         console.print(f"last failure: {c.last_failure_reason}")
     if detail.attempts:
-        table = Table("#", "worker", "outcome", "verdict", "fingerprint", "candidate", title="attempts")
+        t = table("#", "worker", "outcome", "verdict", "fingerprint", "candidate", title="attempts")
         for a in detail.attempts:
-            table.add_row(str(a.attempt_no), a.worker, a.outcome, a.verdict or "-",
-                          a.fingerprint or "-", (a.candidate_sha or "-")[:12])
-        console.print(table)
+            t.add_row(str(a.attempt_no), a.worker, a.outcome, a.verdict or "-",
+                      a.fingerprint or "-", (a.candidate_sha or "-")[:12])
+        t.print()
     if detail.verifications:
-        table = Table("id", "verifier", "status", "reason", title="verifications")
+        t = table("id", "verifier", "status", "reason", title="verifications")
         for v in detail.verifications:
-            table.add_row(str(v.id), v.verifier, v.status, v.reason or "-")
-        console.print(table)
+            t.add_row(str(v.id), v.verifier, v.status, v.reason or "-")
+        t.print()
     if detail.side_effects:
-        table = Table("id", "kind", "target", "state", "read back", title="side effects")
+        t = table("id", "kind", "target", "state", "read back", title="side effects")
         for e in detail.side_effects:
-            table.add_row(str(e.id), e.kind, e.target, e.state, str(e.result or "-"))
-        console.print(table)
+            t.add_row(str(e.id), e.kind, e.target, e.state, str(e.result or "-"))
+        t.print()
     if detail.observations:
-        table = Table("id", "sensor", "status", "effect", "started", title="observations")
+        t = table("id", "sensor", "status", "effect", "started", title="observations")
         for o in detail.observations:
-            table.add_row(str(o.id), o.sensor, o.status, o.effect, _ago(o.started_at))
-        console.print(table)
+            t.add_row(str(o.id), o.sensor, o.status, o.effect, _ago(o.started_at))
+        t.print()
 
 
 def status(
@@ -164,6 +198,8 @@ def status(
     as_json: bool = JSON_OPTION,
 ) -> None:
     """Campaigns per state, the age of the oldest ready one and leases about to expire."""
+    from ..reads import Reads
+
     async def go() -> tuple[dict[str, int], datetime | None, list[Campaign]]:
         async with state(ctx).database().session("reader") as s:
             reads = Reads(s)
@@ -176,23 +212,25 @@ def status(
                                         "lease_expires_at": c.lease_expires_at}
                                        for c in expiring]})
         return
-    table = Table("state", "campaigns")
+    t = table("state", "campaigns")
     for name, n in counts.items():
-        table.add_row(name, str(n))
-    console.print(table)
-    console.print(f"oldest ready: {_ago(oldest)}")
+        t.add_row(name, str(n))
+    t.print()
+    console_err.print(f"oldest ready: {_ago(oldest)}", highlight=False)
     if expiring:
-        leases = Table("id", "worker", "lease ends", title=f"leases ending within {expiring_within:g}s")
+        leases = table("id", "worker", "lease ends", title=f"leases ending within {expiring_within:g}s")
         for c in expiring:
             leases.add_row(str(c.id), c.lease_owner or "-",
-                           c.lease_expires_at.isoformat() if c.lease_expires_at else "-")
-        console.print(leases)
+                           iso_z(c.lease_expires_at) if c.lease_expires_at else "-")
+        leases.print()
 
 
 def _act_on_each(ctx: typer.Context, campaign_ids: list[int], done: str, as_json: bool,
                  act: Callable[[Kernel, int], Awaitable[int]]) -> None:
     """Act on every id (as the operator) even if some fail, like the API's bulk
     actions; one result per id; exit with the first failure's code."""
+    from ..kernel import Kernel
+
     results: list[dict[str, object]] = []
     first_failure: LedgerError | None = None
 
@@ -204,6 +242,8 @@ def _act_on_each(ctx: typer.Context, campaign_ids: list[int], done: str, as_json
                 try:
                     generation = await act(kernel, cid)
                 except LedgerError as exc:
+                    if isinstance(exc, Unavailable) and not isinstance(exc, OutcomeUnknown):
+                        raise  # not about this campaign: the database cannot be used
                     first_failure = first_failure or exc
                     results.append({"campaign_id": cid, "outcome": exc.slug, "error": exc.message})
                     console_err.print(f"ledger: campaign {cid}: {exc.message}",
@@ -252,6 +292,7 @@ def report(
 ) -> None:
     """Autonomy per day: opened, attempts, rejections, closures and human actions,
     with the streak of days closed without human help."""
+    from ..reads import Reads
     from ..report import autonomy_report
 
     async def go():  # type: ignore[no-untyped-def]
@@ -262,10 +303,10 @@ def report(
     if as_json:
         emit_json(result.as_json())
         return
-    table = Table("day", "opened", "attempts", "rejected", "verified", "confirmed", "human", "verdict")
+    t = table("day", "opened", "attempts", "rejected", "verified", "confirmed", "human", "verdict")
     for d in result.days:
         style = {"autonomous": "green", "human-assisted": "yellow", "under-exercised": "dim"}.get(d.verdict, "")
-        table.add_row(str(d.day), str(d.opened), str(d.attempts), str(d.rejections), str(d.verified),
-                      str(d.confirmed), str(d.human_actions), d.verdict, style=style)
-    console.print(table)
-    console.print(f"streak: {result.streak} autonomous day(s)")
+        t.add_row(str(d.day), str(d.opened), str(d.attempts), str(d.rejections), str(d.verified),
+                  str(d.confirmed), str(d.human_actions), d.verdict, style=style)
+    t.print()
+    console_err.print(f"streak: {result.streak} autonomous day(s)", highlight=False)

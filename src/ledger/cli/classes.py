@@ -5,12 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import typer
-from rich.table import Table
 
-from ..config import load_config
-from ..kernel import Kernel
-from ..reads import Reads
-from .context import console, console_err, emit_json, run, state
+from .context import console_err, emit_json, run, state
+from .output import table
 from .runtime import CONFIG_OPTION, config_path
 
 classes_app = typer.Typer(help="Campaign classes: what the kernel knows of them.", no_args_is_help=True)
@@ -24,6 +21,9 @@ def register(app: typer.Typer) -> None:
 @classes_app.command("sync")
 def sync(ctx: typer.Context, config: Path = CONFIG_OPTION) -> None:
     """Register (or update) every class of the config file, as the operator role."""
+    from ..config import load_config
+    from ..kernel import Kernel
+
     cfg = load_config(config_path(ctx, config))
 
     async def go() -> None:
@@ -39,6 +39,8 @@ def sync(ctx: typer.Context, config: Path = CONFIG_OPTION) -> None:
 @classes_app.command("list")
 def list_(ctx: typer.Context, as_json: bool = typer.Option(False, "--json", help="Print JSON.")) -> None:
     """The classes registered in the database."""
+    from ..reads import Reads
+
     async def go():  # type: ignore[no-untyped-def]
         async with state(ctx).database().session("reader") as s:
             return await Reads(s).classes()
@@ -47,8 +49,8 @@ def list_(ctx: typer.Context, as_json: bool = typer.Option(False, "--json", help
     if as_json:
         emit_json(rows)
         return
-    table = Table("class", "max attempts", "lease s", "seat", "verifier", "promotes to")
+    t = table("class", "max attempts", "lease s", "seat", "verifier", "promotes to")
     for c in rows:
-        table.add_row(c.name, str(c.max_attempts), f"{c.lease_seconds:g}", c.seat_policy, c.verifier,
-                      c.promotion.get("ref", "-"))
-    console.print(table)
+        t.add_row(c.name, str(c.max_attempts), f"{c.lease_seconds:g}", c.seat_policy, c.verifier,
+                  c.promotion.get("ref", "-"))
+    t.print()

@@ -1,46 +1,96 @@
-"""What every command shares: settings, the database, the event loop, output."""
+"""What every command shares: settings, the database, the event loop, output.
+
+Imports here stay light (``ledger --help`` loads this module): settings,
+the database layer and pydantic are imported when a command first needs them.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import json
+import os
+import sys
 from collections.abc import Awaitable
-from dataclasses import dataclass
+from datetime import datetime, timezone
+from functools import cached_property
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import typer
-from pydantic import BaseModel
 from rich.console import Console
 
-from ..database import Database
-from ..settings import Settings
+if TYPE_CHECKING:
+    from ..database import Database
+    from ..settings import Settings
 
 T = TypeVar("T")
 
-console = Console()  # data (stdout); rich honours NO_COLOR and plain pipes
-console_err = Console(stderr=True)  # messages
+
+def _console(stderr: bool = False) -> Console:
+    """A console that, when not on a terminal, never cuts or wraps: tables
+    get the width they need and narration stays one line per message."""
+    stream = sys.stderr if stderr else sys.stdout
+    if stream.isatty() or os.environ.get("COLUMNS"):
+        return Console(stderr=stderr)
+    return Console(stderr=stderr, width=100_000, soft_wrap=True)
 
 
-@dataclass
+console = _console()  # data (stdout); rich honours NO_COLOR and plain pipes
+console_err = _console(stderr=True)  # messages
+
+
 class State:
-    """Per-invocation state built from the global options."""
+    """Per-invocation state built from the global options; the settings are
+    read (and validated) only when a command asks for them."""
 
-    settings: Settings
+    #: The invocation's state, for the failure report of ``ledger.cli.main``.
+    current: State | None = None
+
+    def __init__(self, options: dict[str, Any]):
+        self.options = options
+        #: The URL the command last resolved (embedded or configured).
+        self.url: str | None = None
+        State.current = self
 
     @classmethod
     def from_options(cls, **options: Any) -> State:
-        overrides = {k: v for k, v in options.items() if v is not None}
+        return cls({k: v for k, v in options.items() if v is not None})
+
+    @cached_property
+    def settings(self) -> Settings:
+        from ..settings import Settings
+
+        overrides = dict(self.options)
         if "data_dir" in overrides:
             overrides["data_dir"] = Path(overrides["data_dir"])
-        return cls(Settings(**overrides))
+        return Settings(**overrides)
 
-    def database(self, *, wait_s: float = 0.0) -> Database:
+    def database(self, *, wait_s: float | None = None) -> Database:
         """The database to use (starting the embedded server if none is
-        configured); a service waits up to ``wait_s`` for it at start-up."""
+        configured). A service passes ``wait_s``: it waits up to that long for
+        an unreachable server, but a missing or unmigrated database -- which
+        waiting does not fix -- stops it at once with the reason."""
+        from ..database import Database
+
         db = Database.from_settings(self.settings)
-        db.wait_for_database_s = wait_s
+        db.wait_for_database_s = wait_s or 0.0
+        self.url = db.url
+        if wait_s is not None:
+            from ..errors import DatabaseMissing, NotMigrated
+            from .readiness import diagnose
+
+            problem = diagnose(db.url, self.settings.role_prefix)
+            if isinstance(problem, (DatabaseMissing, NotMigrated)):
+                raise problem
         return db
+
+    def failure_target(self) -> tuple[str | None, str]:
+        """The URL and role prefix a failure is diagnosed against."""
+        try:
+            settings = self.settings
+        except ValueError:  # invalid settings (pydantic): nothing to diagnose against
+            return None, "ledger_"
+        return self.url or settings.database_url, settings.role_prefix
 
 
 def state(ctx: typer.Context) -> State:
@@ -53,11 +103,33 @@ def run(coro: Awaitable[T]) -> T:
     return asyncio.run(coro)  # type: ignore[arg-type]
 
 
-def emit_json(value: Any) -> None:
-    """Machine-readable output on stdout."""
+def iso_z(when: datetime) -> str:
+    """A timestamp as the API writes it: ISO 8601 in UTC with ``Z``."""
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=timezone.utc)
+    return when.astimezone(timezone.utc).isoformat().replace("+00:00", "Z")
+
+
+def jsonable(value: Any) -> Any:
+    """``value`` as JSON-ready data: models dumped by alias, timestamps as
+    ``iso_z``, containers walked."""
+    from pydantic import BaseModel
+
     if isinstance(value, BaseModel):
-        value = value.model_dump(mode="json", by_alias=True)
-    elif isinstance(value, list):
-        value = [v.model_dump(mode="json", by_alias=True) if isinstance(v, BaseModel) else v
-                 for v in value]
-    typer.echo(json.dumps(value, indent=2, default=str))
+        value = value.model_dump(mode="python", by_alias=True)
+    if isinstance(value, datetime):
+        return iso_z(value)
+    if isinstance(value, dict):
+        return {str(k): jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [jsonable(v) for v in value]
+    if value is None or isinstance(value, (str, int, float, bool)):
+        return value
+    from pydantic_core import to_jsonable_python
+
+    return to_jsonable_python(value)
+
+
+def emit_json(value: Any) -> None:
+    """Machine-readable output on stdout (timestamps as in the API: ISO 8601, ``Z``)."""
+    typer.echo(json.dumps(jsonable(value), indent=2, default=str))

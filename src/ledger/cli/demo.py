@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import typer
 
-from ..demo import run_demo
 from .context import console, run, state
 
 
@@ -24,5 +23,7 @@ def demo(
     """The closed loop in one command: a broken repository, a sensor that notices,
     a worker whose first fix is wrong, an independent verifier, a promotion read
     back, and the next scheduled observation confirming -- narrated as it happens."""
+    from ..demo import run_demo
+
     raise typer.Exit(run(run_demo(state(ctx).settings, console,
                                   ui_port=ui_port if ui else None)))

@@ -4,11 +4,6 @@ from __future__ import annotations
 
 import typer
 
-from .. import logs
-from ..dispatcher import Dispatcher
-from ..hub import Hub
-from ..kernel import Kernel
-from ..runtime.host import serve
 from .context import console_err, run, state
 from .runtime import WAIT_OPTION
 
@@ -43,6 +38,12 @@ def dispatcher(
     """Claim recorded intents, carry each out with its precondition, read the target
     back and record the outcome -- until SIGTERM/SIGINT (an intent in hand is
     finished first), or with --once until nothing is due."""
+    from .. import logs
+    from ..dispatcher import Dispatcher
+    from ..hub import Hub
+    from ..kernel import Kernel
+    from ..runtime.host import serve
+
     logs.configure(log_level)
 
     async def go() -> int:

@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
-from rich.table import Table
 
-from ..drill import DrillReport, load_drills, run_drill, write_report
 from ..errors import ConfigError
-from .context import console, run, state
+from .context import console, console_err, emit_json, run, state
+from .output import table
+
+if TYPE_CHECKING:
+    from ..drill import DrillReport
 
 
 def register(app: typer.Typer) -> None:
@@ -31,16 +34,24 @@ def drill(
     minutes: float = typer.Option(None, "--minutes", min=0.1, max=1440, envvar="LEDGER_DRILL_MINUTES",
                                   show_envvar=True, help="How long the chaos drill injects faults "
                                                          "(default: 2 minutes x --scale)."),
+    as_json: bool = typer.Option(False, "--json", envvar="LEDGER_JSON", show_envvar=True,
+                                 help="Print JSON for machines (the --report document for runs; "
+                                      "the narration then goes to stderr)."),
 ) -> None:
     """Run fault-injection drills with real processes and signals; each prints a
     timeline and a verdict. Exit 0 only if every drill passed (1: a failure,
     3: under-exercised)."""
+    from ..drill import load_drills, run_drill, write_report
+
     drills = load_drills()
     if names == ["list"]:
-        table = Table("drill", "setup -> fault -> what must hold")
+        if as_json:
+            emit_json([{"drill": name, "summary": d.summary} for name, d in drills.items()])
+            return
+        listing = table("drill", "setup -> fault -> what must hold")
         for name, d in drills.items():
-            table.add_row(name, d.summary)
-        console.print(table)
+            listing.add_row(name, d.summary)
+        listing.print()
         return
     chosen = list(drills) if names == ["all"] else names
     unknown = [n for n in chosen if n not in drills]
@@ -48,18 +59,35 @@ def drill(
         raise ConfigError(f"unknown drill(s): {', '.join(unknown)} (see: ledger drill list)")
     settings = state(ctx).settings
     admin_url = database_url or settings.database_url
+    if admin_url:
+        # Each drill makes its own database there: a server that cannot be used
+        # is the user's to fix, not a drill's verdict.
+        import psycopg
+
+        from .readiness import connection_problem
+
+        try:
+            psycopg.connect(admin_url, connect_timeout=5).close()
+        except psycopg.Error as exc:
+            raise connection_problem(admin_url, exc) from None
 
     async def go() -> list[DrillReport]:
         return [await run_drill(drills[n], admin_url=admin_url, role_prefix=settings.role_prefix,
-                                console=console, scale=scale, keep=keep, minutes=minutes)
-                for n in chosen]
+                                console=console_err if as_json else console, scale=scale,
+                                keep=keep, minutes=minutes) for n in chosen]
 
     reports = run(go())
     if report:
         write_report(report, reports)
-    table = Table("drill", "verdict", "seconds")
-    for r in reports:
-        table.add_row(r.name, r.verdict, f"{r.duration_s:.1f}")
-    console.print(table)
+    if as_json:
+        from dataclasses import asdict
+
+        emit_json({"drills": [asdict(r) for r in reports],
+                   "verdicts": {r.name: r.verdict for r in reports}})
+    else:
+        verdicts_table = table("drill", "verdict", "seconds")
+        for r in reports:
+            verdicts_table.add_row(r.name, r.verdict, f"{r.duration_s:.1f}")
+        verdicts_table.print()
     verdicts = {r.verdict for r in reports}
     raise typer.Exit(1 if "fail" in verdicts else 3 if "under-exercised" in verdicts else 0)

@@ -7,10 +7,6 @@ from pathlib import Path
 
 import typer
 
-from .. import logs
-from ..config import load_config
-from ..gc import Collector, collect
-from ..reads import Reads
 from .context import console_err, emit_json, run, state
 from .runtime import CONFIG_OPTION, LOG_OPTION, config_path
 
@@ -36,6 +32,11 @@ def gc(
     sweep the work directories of dead workers. Open and exhausted campaigns keep
     their branches; each attempt's evidence bundle keeps its candidate's SHA, diff
     and digest either way."""
+    from .. import logs
+    from ..config import load_config
+    from ..gc import Collector, collect
+    from ..reads import Reads
+
     logs.configure(log_level)
     st = state(ctx)
     cfg = load_config(config_path(ctx, config))

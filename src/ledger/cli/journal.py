@@ -7,17 +7,16 @@ import os
 import re
 import sys
 from datetime import timezone
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import typer
 
-from .. import logs
-from ..hub import Hub, NullHub, WakeSource
-from ..kernel import Kernel
-from ..reads import Reads
-from ..models import Event
-from ..tail import Keepalive, TailItem, tail
-from .context import run, state
+from .context import iso_z, jsonable, run, state
+
+if TYPE_CHECKING:
+    from ..hub import WakeSource
+    from ..models import Event
+    from ..tail import TailItem
 
 JSON_OPTION = typer.Option(False, "--json", envvar="LEDGER_JSON", show_envvar=True,
                            help="Print one JSON object per line, for machines.")
@@ -58,12 +57,14 @@ def _line(event: Event) -> str:
 
 
 def _record(item: TailItem) -> dict[str, Any]:
+    from ..tail import Keepalive
+
     if isinstance(item, Keepalive):
         # No "type": a journal event may be of any type; this is marked like a
         # synthetic event is.
         return {"keepalive": True, "campaign_id": item.campaign_id, "seq": item.seq,
-                "at": item.at.isoformat()}
-    return item.model_dump(mode="json", by_alias=True)
+                "at": iso_z(item.at)}
+    return jsonable(item)  # type: ignore[no-any-return]
 
 
 def _emit(text: str) -> None:
@@ -87,7 +88,13 @@ def tail_(
     when resuming past the real one, has "synthetic": true) and, when nothing
     happens for a while, {"keepalive": true, "seq": ...}. Resume with --from SEQ.
     """
+    from .. import logs
+
     logs.configure("warning")  # stdout is the journal; the hub's troubles go to stderr
+    from ..hub import Hub, NullHub
+    from ..reads import Reads
+    from ..models import Event
+    from ..tail import tail
 
     async def go() -> None:
         db = state(ctx).database()
@@ -127,6 +134,7 @@ def trim(
 
     Runs as the operator role. Transitions and every other event are kept."""
     seconds = parse_duration(older_than)
+    from ..kernel import Kernel
 
     async def go() -> int:
         from ..runtime.host import serve

@@ -9,13 +9,6 @@ from pathlib import Path
 
 import typer
 
-from .. import logs
-from ..config import load_config
-from ..hub import listening
-from ..identity import process_identity
-from ..runtime.host import serve
-from ..services import ReaperOptions, worker_services
-from ..worker import WorkerOptions
 from .context import run, state
 
 CONFIG_OPTION = typer.Option(None, "--config", envvar="LEDGER_CONFIG", show_envvar=True,
@@ -64,6 +57,13 @@ def worker(
     log_level: str = LOG_OPTION,
 ) -> None:
     """Claim campaigns and make one isolated attempt each, until SIGTERM (then drain)."""
+    from .. import logs
+    from ..config import load_config
+    from ..hub import listening
+    from ..runtime.host import serve
+    from ..services import ReaperOptions, worker_services
+    from ..worker import WorkerOptions
+
     logs.configure(log_level)
     st = state(ctx)
     cfg = load_config(config_path(ctx, config))
@@ -91,6 +91,11 @@ def sensor_run(
 ) -> None:
     """Run sensors on their schedules until SIGTERM; each observation may open,
     regress, confirm or dismiss a campaign."""
+    from .. import logs
+    from ..config import load_config
+    from ..identity import process_identity
+    from ..runtime.host import serve
+
     logs.configure(log_level)
     st = state(ctx)
     cfg = load_config(config_path(ctx, config))
@@ -132,7 +137,12 @@ def run_all(
     """Run sensors, a worker and its reaper, a verifier and a dispatcher (and with
     --trim-after the journal trimmer) in one process on one machine; a part that
     dies is restarted; SIGTERM stops them all, draining the worker."""
-    from ..services import RunOptions, one_machine
+    from .. import logs
+    from ..config import load_config
+    from ..hub import listening
+    from ..runtime.host import serve
+    from ..services import ReaperOptions, RunOptions, one_machine
+    from ..worker import WorkerOptions
     from .journal import parse_duration
 
     logs.configure(log_level)

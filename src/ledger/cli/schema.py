@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
 
-from .. import migrations
-from ..reads import Reads
-from ..machine import StateMachine
 from .context import console_err, run, state
+
+if TYPE_CHECKING:
+    from ..machine import StateMachine
 
 
 def register(app: typer.Typer) -> None:
@@ -23,10 +24,28 @@ def migrate(
     to: str = typer.Option("head", "--to", help="Target revision."),
     downgrade: bool = typer.Option(False, "--downgrade",
                                    help="Go down to --to (e.g. base) instead of up."),
+    create_database: bool = typer.Option(
+        False, "--create-database", envvar="LEDGER_CREATE_DATABASE", show_envvar=True,
+        help="Create the database the URL names if the server lacks it (the URL's user "
+             "needs CREATEDB)."),
 ) -> None:
     """Create or update Ledger's schema and roles (idempotent; safe to run concurrently)."""
+    from .. import migrations
+    from .readiness import connection_problem, create_missing_database, database_name
+
     st = state(ctx)
     db = st.database()
+    if create_database:
+        if create_missing_database(db.url):
+            console_err.print(f"created database {database_name(db.url)}", highlight=False)
+    else:
+        import psycopg
+
+        try:
+            psycopg.connect(db.url, connect_timeout=5).close()
+        except psycopg.Error as exc:
+            # one line saying what is wrong (missing database or no server)
+            raise connection_problem(db.url, exc) from None
     before = migrations.current(db.url)
     if downgrade:
         migrations.downgrade(db.url, st.settings.role_prefix, to)
@@ -48,6 +67,8 @@ def graph(
     """Draw the state machine from the database's transition table."""
     if fmt not in ("svg", "mermaid"):
         raise typer.BadParameter("--format must be svg or mermaid")
+    from ..machine import StateMachine
+    from ..reads import Reads
 
     async def load() -> StateMachine:
         async with state(ctx).database().session("reader") as session:

@@ -6,7 +6,6 @@ import json
 
 import typer
 
-from .. import logs
 from .context import console_err, state
 
 token_app = typer.Typer(help="Bearer tokens of the HTTP API.", no_args_is_help=True)
@@ -39,10 +38,18 @@ def serve(
     actions, /metrics, /livez and /readyz. Tokens come from LEDGER_API_TOKENS."""
     import uvicorn
 
+    from .. import logs
     from ..api import ApiOptions, app_from_settings
+    from .readiness import diagnose
 
     logs.configure(log_level)
-    settings = state(ctx).settings
+    st = state(ctx)
+    settings = st.settings
+    # A server that cannot reach, find or use its database would only answer
+    # 503s: say why once, and exit.
+    problem = diagnose(st.database().url, settings.role_prefix)
+    if problem is not None:
+        raise problem
     app = app_from_settings(settings, ApiOptions(keepalive_s=keepalive, max_body_bytes=max_body,
                                                  pool_max_size=pool_size))
     # uvicorn's own loggers go through the structured root logger; the API

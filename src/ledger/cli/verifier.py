@@ -4,11 +4,6 @@ from __future__ import annotations
 
 import typer
 
-from .. import logs
-from ..hub import listening
-from ..kernel import Kernel
-from ..runtime.host import serve
-from ..verifier import Verifier
 from .context import console_err, run, state
 from .runtime import LISTEN_OPTION, WAIT_OPTION
 
@@ -37,6 +32,12 @@ def verifier(
                                   show_envvar=True, help="debug, info, warning or error."),
 ) -> None:
     """Check attempted candidates on clean checkouts and record verdicts, until SIGTERM."""
+    from .. import logs
+    from ..hub import listening
+    from ..kernel import Kernel
+    from ..runtime.host import serve
+    from ..verifier import Verifier
+
     logs.configure(log_level)
     settings = state(ctx).settings
 

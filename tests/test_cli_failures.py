@@ -1,0 +1,189 @@
+"""Every command, run against a database it cannot use, says why in one line
+with a hint and exits with its documented code (issue 17, defect 3).
+
+The commands are found by walking the typer app, so a new command is covered
+(or this test fails until it is given sample arguments below)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import uuid
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+import typer.main
+from conftest import TEST_PREFIX
+from psycopg.conninfo import make_conninfo
+
+from ledger.cli import app
+from ledger.cli.failures import EXIT_CODES
+from ledger.errors import DatabaseMissing, NotMigrated, Unavailable
+
+#: Sample values for every required argument or option, by parameter name.
+SAMPLES: dict[str, list[str]] = {
+    "class_": ["demo-class"],
+    "objective_key": ["objective"],
+    "target": ["target"],
+    "campaign_id": ["1"],
+    "campaign_ids": ["1"],
+    "names": ["intake"],  # drill: a drill that uses the given server
+    "role": ["reader"],
+    "older_than": ["--older-than", "1d"],
+}
+#: Commands that never touch a database: they must still work.
+OFFLINE = {("token", "create")}
+#: Options that keep a long-running command from waiting, or from running on.
+BOUNDED = {
+    ("worker",): ["--wait-for-database", "0"],
+    ("run",): ["--wait-for-database", "0", "--no-sensors"],
+    ("verifier",): ["--wait-for-database", "0"],
+    ("dispatcher",): ["--wait-for-database", "0"],
+    ("sensor", "run"): ["--wait-for-database", "0", "--once"],
+    ("serve",): ["--port", "0"],
+}
+NEEDS_CONFIG = {("worker",), ("run",), ("sensor", "run"), ("gc",), ("classes", "sync")}
+
+
+def leaf_commands() -> Iterator[tuple[tuple[str, ...], Any]]:
+    def walk(group: Any, path: tuple[str, ...]) -> Iterator[tuple[tuple[str, ...], Any]]:
+        for name, command in sorted(group.commands.items()):
+            if hasattr(command, "commands"):
+                yield from walk(command, (*path, name))
+            else:
+                yield (*path, name), command
+    yield from walk(typer.main.get_command(app), ())
+
+
+def argv(path: tuple[str, ...], command: Any, config: Path) -> list[str]:
+    args = list(path)
+    for param in command.params:
+        if param.required:
+            assert param.name in SAMPLES, f"give `ledger {' '.join(path)}` a sample {param.name}"
+            args += SAMPLES[param.name]
+    if path in NEEDS_CONFIG:
+        args += ["--config", str(config)]
+    return args + BOUNDED.get(path, [])
+
+
+@pytest.fixture
+def config(tmp_path: Path) -> Path:
+    repo = tmp_path / "repo"
+    subprocess.run(["git", "init", "-q", str(repo)], check=True)
+    path = tmp_path / "ledger.toml"
+    path.write_text(f'[classes.demo-class]\nrepository = "{repo}"\nattempt_command = ["true"]\n')
+    return path
+
+
+def run_all(url: str, tmp_path: Path, config: Path, *, skip: frozenset[tuple[str, ...]] = frozenset(),
+            ) -> dict[tuple[str, ...], subprocess.CompletedProcess[str]]:
+    env = {**os.environ, "LEDGER_DATABASE_URL": url, "LEDGER_ROLE_PREFIX": TEST_PREFIX,
+           "LEDGER_DATA_DIR": str(tmp_path / "data"), "NO_COLOR": "1"}
+    env.pop("LEDGER_DEBUG", None)
+    every = list(leaf_commands())
+    assert len(every) >= 20, every  # the walk found the app's commands
+    commands = [(path, argv(path, command, config)) for path, command in every
+                if path not in OFFLINE | skip]
+
+    def one(args: list[str]) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "ledger", *args], env=env, cwd=tmp_path,
+                              capture_output=True, text=True, timeout=120)
+    with ThreadPoolExecutor(max_workers=3) as pool:
+        done = list(pool.map(one, [args for _, args in commands]))
+    return {path: proc for (path, _), proc in zip(commands, done, strict=True)}
+
+
+def assert_one_line(results: dict[tuple[str, ...], subprocess.CompletedProcess[str]],
+                    code: int, *fragments: str) -> None:
+    wrong = {}
+    for path, proc in results.items():
+        lines = proc.stderr.strip().splitlines()
+        if path in BOUNDED:
+            # a service may have logged its tries (structured records) before giving up
+            lines = [line for line in lines if not line.startswith("{")]
+        if (proc.returncode != code or len(lines) != 1 or not lines[0].startswith("ledger: ")
+                or "Traceback" in proc.stderr or not all(f in lines[0] for f in fragments)):
+            wrong[" ".join(path)] = (proc.returncode, proc.stderr[-600:])
+    assert not wrong, wrong
+
+
+def test_every_command_against_an_unreachable_server(tmp_path: Path, config: Path) -> None:
+    results = run_all("postgresql://postgres@127.0.0.1:1/ledger?connect_timeout=2",
+                      tmp_path, config)
+    assert_one_line(results, Unavailable.exit_code, "cannot connect to the database at "
+                    "127.0.0.1:1", "hint: is PostgreSQL running there?")
+
+
+def test_every_command_against_a_missing_database(pg_admin_url: str, tmp_path: Path,
+                                                  config: Path) -> None:
+    name = f"ledgertest_missing_{uuid.uuid4().hex[:8]}"
+    results = run_all(make_conninfo(pg_admin_url, dbname=name), tmp_path, config)
+    assert_one_line(results, DatabaseMissing.exit_code, f'database "{name}" does not exist',
+                    "ledger migrate --create-database")
+
+
+def test_every_command_against_an_unmigrated_database(pg_admin_url: str, tmp_path: Path,
+                                                      config: Path) -> None:
+    name = f"ledgertest_empty_{uuid.uuid4().hex[:8]}"
+    with psycopg.connect(pg_admin_url, autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}"')
+    try:
+        # migrate and demo migrate it (that is their job), a drill makes databases of
+        # its own next to it; every other command says to migrate.
+        results = run_all(make_conninfo(pg_admin_url, dbname=name), tmp_path, config,
+                          skip=frozenset({("migrate",), ("demo",), ("drill",)}))
+        assert_one_line(results, NotMigrated.exit_code, "hint: run `ledger migrate`")
+    finally:
+        with psycopg.connect(pg_admin_url, autocommit=True) as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+def test_migrate_create_database(pg_admin_url: str, tmp_path: Path) -> None:
+    name = f"ledgertest_created_{uuid.uuid4().hex[:8]}"
+    env = {**os.environ, "LEDGER_DATABASE_URL": make_conninfo(pg_admin_url, dbname=name),
+           "LEDGER_ROLE_PREFIX": TEST_PREFIX, "NO_COLOR": "1"}
+    try:
+        proc = subprocess.run([sys.executable, "-m", "ledger", "migrate", "--create-database"],
+                              env=env, capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 0, proc.stderr
+        assert f"created database {name}" in proc.stderr and "schema migrated" in proc.stderr
+        listed = subprocess.run([sys.executable, "-m", "ledger", "list", "--json"], env=env,
+                                capture_output=True, text=True, timeout=60)
+        assert listed.returncode == 0 and listed.stdout.strip() == "[]", listed.stderr
+    finally:
+        with psycopg.connect(pg_admin_url, autocommit=True) as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+def test_offline_commands_and_the_exit_code_table(tmp_path: Path) -> None:
+    env = {**os.environ, "LEDGER_DATABASE_URL": "postgresql://postgres@127.0.0.1:1/x"}
+    for path in OFFLINE:
+        proc = subprocess.run([sys.executable, "-m", "ledger", *path, *SAMPLES["role"]], env=env,
+                              capture_output=True, text=True, timeout=60)
+        assert proc.returncode == 0, proc.stderr
+    helped = subprocess.run([sys.executable, "-m", "ledger", "--help"], env=env,
+                            capture_output=True, text=True, timeout=60).stdout
+    readme = (Path(__file__).parents[1] / "README.md").read_text()
+    for code, meaning in EXIT_CODES:
+        assert f"{code:>3}  {meaning}" in helped
+        assert f"| {code} | {meaning} |" in readme, f"exit code {code} is not in the README's table"
+
+
+def test_readiness_tells_the_schema_revision_apart(db_url: str, admin: psycopg.Connection) -> None:
+    from ledger.cli.readiness import diagnose
+
+    assert diagnose(db_url, TEST_PREFIX) is None  # migrated to head: ready
+    missing_roles = diagnose(db_url, "nosuchprefix_")
+    assert isinstance(missing_roles, NotMigrated) and "nosuchprefix_" in missing_roles.message
+    admin.execute("UPDATE alembic_version SET version_num = 'ffff_from_the_future'")
+    newer = diagnose(db_url, TEST_PREFIX)
+    assert type(newer) is Unavailable and "newer than this Ledger" in newer.message
+    assert newer.hint == "upgrade Ledger"
+    admin.execute("DELETE FROM alembic_version")
+    never = diagnose(db_url, TEST_PREFIX)
+    assert isinstance(never, NotMigrated) and never.hint == "run `ledger migrate`"
