@@ -102,3 +102,41 @@ def test_alembic_warnings_and_import_time_loggers_share_the_format(pg_admin_url:
         assert any(r.get("logger") == "py.warnings" for r in logged), logged
     finally:
         drop_database(pg_admin_url, name)
+
+
+def test_a_service_on_the_administrators_login_warns_once_on_stderr_a_command_does_not(
+        db_url: str, tmp_path: Path) -> None:
+    """``ledger worker`` given only the administrator's URL says once that it
+    holds administrator rights (on stderr); a one-shot command says nothing,
+    so its ``--json`` output stays a document."""
+    env = {**os.environ, "LEDGER_DATABASE_URL": db_url, "LEDGER_ROLE_PREFIX": TEST_PREFIX,
+           "LEDGER_DATA_DIR": str(tmp_path / "data"), "LEDGER_CONFIG": str(tmp_path / "none.toml")}
+    repo = tmp_path / "repo"
+    subprocess.run(["git", "init", "-q", str(repo)], check=True)
+    (tmp_path / "none.toml").write_text(
+        f'[classes.logs-class]\nrepository = "{repo}"\nattempt_command = ["true"]\n')
+    for key in [k for k in env if k.startswith("LEDGER_") and k.endswith("_DATABASE_URL")
+                and k != "LEDGER_DATABASE_URL"]:
+        del env[key]
+    worker = subprocess.Popen([sys.executable, "-m", "ledger", "worker", "--poll", "0.2"], env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert worker.stderr is not None
+        lines: list[str] = []
+        for line in worker.stderr:  # it warns as it opens its first session
+            lines.append(line)
+            if "holds administrator rights" in line or len(lines) > 500:
+                break
+    finally:
+        worker.send_signal(signal.SIGTERM)
+        lines += worker.communicate(timeout=60)[1].splitlines()
+    warned = [ln for ln in lines if "holds administrator rights" in ln]
+    assert len(warned) == 1 and "ledger logins create" in warned[0], lines
+    synced = subprocess.run([sys.executable, "-m", "ledger", "classes", "sync"], env=env,
+                            capture_output=True, text=True, timeout=60)
+    assert synced.returncode == 0, synced.stderr
+    # `open` acts as the sensor role, through the same administrator's login
+    opened = subprocess.run([sys.executable, "-m", "ledger", "open", "logs-class", "o", "t", "--json"],
+                            env=env, capture_output=True, text=True, timeout=60)
+    assert opened.returncode == 0, opened.stderr
+    assert json.loads(opened.stdout)["created"] is True and "administrator" not in opened.stderr

@@ -30,7 +30,7 @@ def test_the_cache_equals_the_compiled_queries(tmp_path: Path,
 
 def test_a_read_does_not_import_sqlalchemy_once_cached(tmp_path: Path) -> None:
     env = {**os.environ, "LEDGER_CACHE_DIR": str(tmp_path)}
-    probe = "import sys, ledger.kernel, ledger.cli; print('sqlalchemy' in sys.modules)"
+    probe = "import sys, ledger.reads, ledger.cli; print('sqlalchemy' in sys.modules)"
     first = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True,
                            text=True, check=True, timeout=60)
     again = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True,

