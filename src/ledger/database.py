@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import os
 import socket
 import time
@@ -302,6 +303,16 @@ def _call_statement(function: str, names: tuple[str, ...]) -> bytes:
             for name in names
         ),
     ).as_bytes(None)
+
+
+def _not_a_second_report(record: logging.LogRecord) -> bool:
+    """Drop psycopg's "error ignored terminating <pipeline>": it reports, as a
+    warning, the pipeline's own echo of a statement error that is raised (and
+    classified) anyway; one failed call would otherwise say it twice."""
+    return not str(record.msg).startswith("error ignored terminating")
+
+
+logging.getLogger("psycopg").addFilter(_not_a_second_report)
 
 
 async def _in_transaction(conn: psycopg.AsyncConnection[Row], prelude: bytes | None,
