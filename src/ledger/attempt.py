@@ -66,6 +66,14 @@ def make_workdir(data_dir: Path, claim: Claim, repository_location: str) -> Path
     return workdir
 
 
+def worktree_path(workdir: Path) -> Path:
+    """The attempt's worktree inside its workdir. Named after the (unique)
+    workdir because git names a worktree's admin directory after its last path
+    component: with one fixed name, two attempts adding worktrees to one
+    repository at once raced for ``.git/worktrees/worktree``."""
+    return workdir / f"worktree-{workdir.name}"
+
+
 def sweep_orphans(data_dir: Path) -> int:
     """Remove the workdirs (and worktrees) of dead workers on this host."""
     removed = 0
@@ -76,7 +84,7 @@ def sweep_orphans(data_dir: Path) -> int:
             continue
         if owner.get("host") != socket.gethostname() or _alive(int(owner.get("pid", 0))):
             continue
-        Repository(owner["repository"], cache_dir=data_dir / "repos").remove_worktree(workdir / "worktree")
+        Repository(owner["repository"], cache_dir=data_dir / "repos").remove_worktree(worktree_path(workdir))
         shutil.rmtree(workdir, ignore_errors=True)
         removed += 1
     return removed
@@ -200,7 +208,7 @@ class AttemptRun:
         """Run the attempt; returns its outcome (attempted, failed, stood_down, drained)."""
         keeper = asyncio.create_task(self._keep_lease(), name=f"lease-{self.claim.campaign_id}")
         self.workdir = make_workdir(self.data_dir, self.claim, self.cls.repository)
-        worktree = self.workdir / "worktree"
+        worktree = worktree_path(self.workdir)
         repo = Repository(self.cls.repository, cache_dir=self.data_dir / "repos")
         try:
             self.outcome = await self._attempt(repo, worktree)

@@ -17,12 +17,14 @@ another repository (``GIT_DIR`` ...) are never passed on.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import os
 import re
 import shutil
 import subprocess
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -164,6 +166,23 @@ class Repository:
             git(local, "fetch", "--quiet", "origin", "+refs/heads/*:refs/heads/*")
         return local
 
+    @contextlib.contextmanager
+    def _worktree_lock(self) -> Iterator[None]:
+        """Serialise adding and removing worktrees across processes. git's
+        ``worktree add`` reads every other worktree's admin files while a
+        concurrent add is still writing its own ("failed to read
+        .git/worktrees/<name>/commondir"), so two attempts starting together
+        on one repository could fail each other."""
+        common = Path(self._git("rev-parse", "--git-common-dir"))
+        if not common.is_absolute():
+            common = self.path / common
+        with open(common / "ledger-worktrees.lock", "a+b") as handle:
+            fcntl.flock(handle, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(handle, fcntl.LOCK_UN)
+
     def _git(self, *args: str, **kwargs: object) -> str:
         path = self.path
         if not path.is_dir():
@@ -255,19 +274,21 @@ class Repository:
     def add_worktree(self, directory: Path, base_ref: str, branch: str) -> str:
         """A fresh worktree at ``base_ref`` on a new ``branch``; returns the base SHA."""
         base = self._git("rev-parse", "--verify", f"{base_ref}^{{commit}}")
-        self._git("worktree", "add", "--quiet", "-B", branch, str(directory), base)
+        with self._worktree_lock():
+            self._git("worktree", "add", "--quiet", "-B", branch, str(directory), base)
         return base
 
     def remove_worktree(self, directory: Path) -> None:
         """Remove a worktree and its administrative files, whatever state it is in."""
         try:
-            try:
-                self._git("worktree", "remove", "--force", "--force", str(directory))
-            except GitError:
-                pass
-            shutil.rmtree(directory, ignore_errors=True)
-            self._git("worktree", "prune")
-        except GitError:
+            with self._worktree_lock():
+                try:
+                    self._git("worktree", "remove", "--force", "--force", str(directory))
+                except GitError:
+                    pass
+                shutil.rmtree(directory, ignore_errors=True)
+                self._git("worktree", "prune")
+        except (GitError, OSError):
             shutil.rmtree(directory, ignore_errors=True)
 
     def clean_checkout(self, sha: str, directory: Path) -> None:
