@@ -9,9 +9,11 @@ import asyncio
 import os
 import signal
 import subprocess
+import sys
 
 import pytest
 
+from conftest import TEST_PREFIX
 from drive import Driver, eventually
 from ledger.dispatcher import Dispatcher
 from ledger.drill import process_gone
@@ -198,3 +200,31 @@ async def test_the_trimmer_service_trims_closed_campaigns_deltas(actors, admin, 
                           (closed,)).fetchall()
     assert {"type": "output", "delta": True} not in kinds
     assert {"type": "command.started", "delta": False} in kinds
+
+
+async def test_trim_every_runs_under_the_host_until_sigterm(db_url, actors, admin, test_class) -> None:  # type: ignore[no-untyped-def]
+    """The command builds the trimmer and hands it to the host: it trims on
+    its interval, and SIGTERM (handled by the host) ends it with exit 0."""
+    d = Driver(actors, test_class)
+    worker, op = await d.k("worker"), await d.k("operator")
+    closed, gen = await d.leased()
+    await worker.append_events(closed, gen, [{"type": "output", "payload": {"t": "a"}, "delta": True}])
+    await op.abandon(closed)
+    env = {**os.environ, "LEDGER_DATABASE_URL": db_url, "LEDGER_ROLE_PREFIX": TEST_PREFIX}
+    proc = subprocess.Popen([sys.executable, "-m", "ledger", "trim", "--older-than", "0s",
+                             "--every", "1"], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    try:
+        def trimmed() -> bool:
+            assert proc.poll() is None, proc.communicate()
+            return admin.execute("SELECT count(*) AS n FROM ledger.campaign_event "
+                                 "WHERE campaign_id = %s AND delta", (closed,)).fetchone()["n"] == 0
+        await eventually(trimmed, timeout=60, what="the running trimmer's first pass")
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 0, err
+    assert out.startswith("removed 1 delta event of campaigns closed more than 0s ago"), out
