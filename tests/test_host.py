@@ -15,6 +15,7 @@ import pytest
 
 from conftest import TEST_PREFIX
 from drive import Driver, eventually
+from ledger import Database
 from ledger.dispatcher import Dispatcher
 from ledger.drill import process_gone
 from ledger.errors import ConfigError
@@ -228,3 +229,18 @@ async def test_trim_every_runs_under_the_host_until_sigterm(db_url, actors, admi
             proc.communicate()
     assert proc.returncode == 0, err
     assert out.startswith("removed 1 delta event of campaigns closed more than 0s ago"), out
+
+
+async def test_the_worker_service_run_once_claims_and_attempts_one(db: Database, actors, admin, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from ledger.demo import DEMO_CLASS, demo_config, make_repository
+    from ledger.worker import Worker, WorkerOptions
+
+    config = demo_config(make_repository(tmp_path))
+    await (await actors("operator")).register_class(DEMO_CLASS, **config.classes[DEMO_CLASS].registration())
+    worker = Worker(db, config, WorkerOptions(data_dir=tmp_path / "data"))
+    assert await worker.run_once() == 0  # nothing to claim
+    cid = (await (await actors("sensor")).open_campaign(DEMO_CLASS, "calc", "repo")).campaign_id
+    assert await worker.run_once() == 1
+    row = admin.execute("SELECT state, attempt_count FROM ledger.campaign WHERE id = %s", (cid,)).fetchone()
+    assert row["state"] == "attempted"
+    assert worker.attempts == {} and list((tmp_path / "data" / "attempts").glob("*")) == []
