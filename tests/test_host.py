@@ -9,10 +9,13 @@ import asyncio
 import os
 import signal
 import subprocess
+import sys
 
 import pytest
 
+from conftest import TEST_PREFIX
 from drive import Driver, eventually
+from ledger import Database
 from ledger.dispatcher import Dispatcher
 from ledger.drill import process_gone
 from ledger.errors import ConfigError
@@ -198,3 +201,46 @@ async def test_the_trimmer_service_trims_closed_campaigns_deltas(actors, admin, 
                           (closed,)).fetchall()
     assert {"type": "output", "delta": True} not in kinds
     assert {"type": "command.started", "delta": False} in kinds
+
+
+async def test_trim_every_runs_under_the_host_until_sigterm(db_url, actors, admin, test_class) -> None:  # type: ignore[no-untyped-def]
+    """The command builds the trimmer and hands it to the host: it trims on
+    its interval, and SIGTERM (handled by the host) ends it with exit 0."""
+    d = Driver(actors, test_class)
+    worker, op = await d.k("worker"), await d.k("operator")
+    closed, gen = await d.leased()
+    await worker.append_events(closed, gen, [{"type": "output", "payload": {"t": "a"}, "delta": True}])
+    await op.abandon(closed)
+    env = {**os.environ, "LEDGER_DATABASE_URL": db_url, "LEDGER_ROLE_PREFIX": TEST_PREFIX}
+    proc = subprocess.Popen([sys.executable, "-m", "ledger", "trim", "--older-than", "0s",
+                             "--every", "1"], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    try:
+        def trimmed() -> bool:
+            assert proc.poll() is None, proc.communicate()
+            return admin.execute("SELECT count(*) AS n FROM ledger.campaign_event "
+                                 "WHERE campaign_id = %s AND delta", (closed,)).fetchone()["n"] == 0
+        await eventually(trimmed, timeout=60, what="the running trimmer's first pass")
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 0, err
+    assert out.startswith("removed 1 delta event of campaigns closed more than 0s ago"), out
+
+
+async def test_the_worker_service_run_once_claims_and_attempts_one(db: Database, actors, admin, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from ledger.demo import DEMO_CLASS, demo_config, make_repository
+    from ledger.worker import Worker, WorkerOptions
+
+    config = demo_config(make_repository(tmp_path))
+    await (await actors("operator")).register_class(DEMO_CLASS, **config.classes[DEMO_CLASS].registration())
+    worker = Worker(db, config, WorkerOptions(data_dir=tmp_path / "data"))
+    assert await worker.run_once() == 0  # nothing to claim
+    cid = (await (await actors("sensor")).open_campaign(DEMO_CLASS, "calc", "repo")).campaign_id
+    assert await worker.run_once() == 1
+    row = admin.execute("SELECT state, attempt_count FROM ledger.campaign WHERE id = %s", (cid,)).fetchone()
+    assert row["state"] == "attempted"
+    assert worker.attempts == {} and list((tmp_path / "data" / "attempts").glob("*")) == []

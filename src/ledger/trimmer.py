@@ -3,7 +3,7 @@
 Output and progress deltas of a campaign are worth keeping while someone may
 read its attempts' logs; once it has been closed for ``older_than_s`` they go
 (``ledger_api.trim_journal``, as the operator role). Transitions and every
-other structural event stay for good. ``ledger journal trim`` runs one pass;
+other structural event stay for good. ``ledger trim`` runs one pass;
 with ``--every``, or in ``ledger run --trim-after``, the host runs it on an
 interval.
 """

@@ -108,12 +108,15 @@ class Worker:
         async with self.db.session("worker", max_size=2) as work:
             kernel = Kernel(work)
             await self._boot(kernel)
+            sent = LeaseClock.now()
             claim = await kernel.claim_campaign(self.identity, self.classes)
             if claim is None:
                 return 0
             self.claimed += 1
+            lease = LeaseClock()
+            lease.confirm(sent, claim.lease_remaining_s)
             await self.slots.acquire()
-            self._start(kernel, claim, LeaseClock())
+            self._start(kernel, claim, lease)
             await asyncio.wait([task for _, task in self.attempts.values()])
             return 1
 

@@ -134,7 +134,10 @@ def trim(
 
     Runs as the operator role. Transitions and every other event are kept."""
     seconds = parse_duration(older_than)
+    from .. import logs
     from ..kernel import Kernel
+
+    logs.configure()  # log lines go to stderr; stdout is the result
 
     async def go() -> int:
         from ..runtime.host import serve
