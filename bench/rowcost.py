@@ -79,7 +79,7 @@ def _open(db: Database, n: int, tag: str) -> None:
 
 
 async def run(ctx: Context) -> Section:
-    n = 1000 if ctx.quick else 2000
+    n = 1000
     rounds = 2 if ctx.quick else 3
     section = Section("rowcost", "What each index and constraint of campaign costs a cycle (backend CPU)")
     variants: list[tuple[str, Any]] = [("as is", None)]
