@@ -167,9 +167,9 @@ async def run(ctx: Context) -> Section:
         section.notes.append(f"Each figure is the best of {rounds} interleaved runs of {n:,} campaigns "
                              "(runs_per_s lists them all): the machine is shared, and the best run is "
                              "the least disturbed one of each contender.")
-    section.targets.append(Target("ledger cycle / raw limit, one at a time", "≥ 0.6× at every N",
+    section.targets.append(Target("ledger cycle / raw limit, one at a time", "≥ 0.5× at every N (issue 18)",
                                   ", ".join(f"N={c}: {r:.2f}" for c, r in ratios.items()),
-                                  min(ratios.values()) >= 0.6))
+                                  min(ratios.values()) >= 0.5))
     return section
 
 

@@ -76,9 +76,9 @@ class CountingKernel(Kernel):
         self.appends = 0
 
     async def append_events(self, campaign_id: int, generation: int,
-                            events: Sequence[dict[str, Any]]) -> int:
+                            events: Sequence[dict[str, Any]], **options: Any) -> int:
         self.appends += 1
-        return await super().append_events(campaign_id, generation, events)
+        return await super().append_events(campaign_id, generation, events, **options)
 
 
 @dataclass

@@ -28,7 +28,9 @@ from bench.harness import Context, Section, cli
 from ledger import Database
 
 SHA = "a" * 40
-INDEXES = ("campaign_one_open_per_objective", "campaign_one_lease_per_seat", "campaign_claim_order",
+# (campaign_one_open_per_objective is not among them: open_campaign's
+# ON CONFLICT names it, so nothing opens without it.)
+INDEXES = ("campaign_one_lease_per_seat", "campaign_claim_order",
            "campaign_lease_expiry", "campaign_awaiting_verdict", "campaign_recent", "campaign_by_class_state")
 TICK = os.sysconf("SC_CLK_TCK")
 
@@ -79,7 +81,7 @@ def _open(db: Database, n: int, tag: str) -> None:
 
 
 async def run(ctx: Context) -> Section:
-    n = 1000 if ctx.quick else 2000
+    n = 1000
     rounds = 2 if ctx.quick else 3
     section = Section("rowcost", "What each index and constraint of campaign costs a cycle (backend CPU)")
     variants: list[tuple[str, Any]] = [("as is", None)]

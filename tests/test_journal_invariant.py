@@ -101,7 +101,17 @@ async def test_one_event_per_state_change_for_single_and_batch_writers(actors, a
         reaped = await Kernel(tx).expire_leases()
     assert len(reaped) == 3 + 0
     total = _check(admin)
-    assert total >= single + 12
+    assert total == single + 12
+    # leases whose loss spends the budget: reaped and exhausted, both in batches
+    await op.register_class("inv1", lease_seconds=30, max_attempts=1)
+    for _ in range(3):
+        await Driver(actors, "inv1").open()
+    assert len(await worker.claim_campaigns("w3", ["inv1"], limit=3)) == 3
+    later = admin.execute("SELECT max(lease_expires_at) AS t FROM ledger.campaign").fetchone()["t"]
+    async with actors.session("reaper").transaction(now=later + timedelta(minutes=5)) as tx:
+        reaped = await Kernel(tx).expire_leases()
+    assert sorted(r.state for r in reaped) == ["exhausted"] * 3
+    assert _check(admin) == total + 3 + 3 + 3 + 3  # open, claim, expire, exhaust
     # and the per-event details of a batch match the per-row path's
     rec = admin.execute("SELECT actor, payload FROM ledger.campaign_event WHERE campaign_id = %s "
                         "AND payload ->> 'transition' = 'record_attempt'", (batch[0].campaign_id,)).fetchone()

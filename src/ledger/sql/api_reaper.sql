@@ -21,7 +21,6 @@ DECLARE
     v_now timestamptz := ledger.now();
     v_cutoff timestamptz;
     v_ids bigint[];
-    v_id bigint;
 BEGIN
     PERFORM ledger.check_range('grace_s', p_grace_s, 0, 86400);
     PERFORM ledger.check_range('limit', p_limit, 1, 10000);
@@ -51,9 +50,13 @@ BEGIN
     UPDATE ledger.attempt a
        SET outcome = 'lost', ended_at = v_now, failure_reason = 'lease expired'
      WHERE a.campaign_id = ANY (v_ids) AND a.outcome = 'running';
-    FOREACH v_id IN ARRAY v_ids LOOP
-        PERFORM ledger.exhaust_if_spent(v_id);
-    END LOOP;
+    -- Those whose budget the lost attempt spent: exhausted, in one statement
+    -- (exhaust_if_spent's rule, for the whole set).
+    PERFORM ledger.begin_batch_transition('exhaust', 'system', 'system',
+                                          jsonb_build_object('reason', 'attempts used up'));
+    UPDATE ledger.campaign c SET state = 'exhausted'
+     WHERE c.id = ANY (v_ids) AND c.state = 'ready' AND c.attempt_count >= c.max_attempts;
+    PERFORM ledger.end_transition();
     RETURN QUERY
         SELECT c.id, c.generation, a.worker, c.state
           FROM ledger.campaign c

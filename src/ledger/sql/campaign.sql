@@ -334,7 +334,8 @@ $$;
 
 -- (Every UPDATE of campaign fills the two transition tables, batch or not:
 -- PostgreSQL captures them before any WHEN is tested. For a one-row update
--- that is two tuples copied to memory; see bench/README.md for its cost.)
+-- that is two tuples copied to memory: below what bench's rowcost section
+-- can tell from noise on the shared machine; see bench/README.md.)
 CREATE OR REPLACE TRIGGER campaign_journal_batch AFTER UPDATE ON ledger.campaign
     REFERENCING OLD TABLE AS batch_old NEW TABLE AS batch_new
     FOR EACH STATEMENT
