@@ -129,4 +129,4 @@ async def test_weight_is_range_checked(actors) -> None:  # type: ignore[no-untyp
         with pytest.raises(LedgerError, match="weight"):
             await op.register_class("w", weight=bad)
     await op.register_class("w", weight=1000)
-    assert {c.name: c.weight for c in await op.classes()}["w"] == 1000
+    assert {c.name: c.weight for c in await (await actors.reads()).classes()}["w"] == 1000
