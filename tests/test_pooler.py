@@ -22,13 +22,17 @@ from __future__ import annotations
 import asyncio
 import re
 from datetime import timedelta
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from typing import Any
 
+import httpx
 import psycopg
 import pytest
 from psycopg import sql
 
 from ledger import Database, Kernel, StaleLease
+from ledger.api import ApiOptions, TokenTable, create_app, hash_token, new_token
 from ledger.hub import Hub
 
 from conftest import TEST_CLASS, TEST_PREFIX, Actors, through
@@ -331,3 +335,97 @@ def test_session_limits_match_the_roles_settings(admin: psycopg.Connection) -> N
         assert settings.get("idle_in_transaction_session_timeout") == idle, actor
 
 
+
+
+# --- what /readyz and /metrics say ---------------------------------------------
+
+
+def _metrics(text: str) -> dict[str, float]:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    return {sample.name: sample.value for family in text_string_to_metric_families(text)
+            for sample in family.samples if not sample.labels}
+
+
+@asynccontextmanager
+async def _served(db: Database, options: ApiOptions) -> AsyncIterator[tuple[httpx.AsyncClient, str, Any]]:
+    token = new_token()
+    tokens = TokenTable.parse(f"r:reader:{hash_token(token)}")
+    app = create_app(db, tokens, options)
+    async with app.router.lifespan_context(app):
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app),
+                                     base_url="http://ledger") as client:
+            yield client, token, app.state.ledger
+
+
+async def _until(what: str, condition: Callable[[], Awaitable[bool]], timeout: float = 20.0) -> None:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while not await condition():
+        if loop.time() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        await asyncio.sleep(0.05)
+
+
+async def test_readyz_and_metrics_report_a_deaf_hub(pooled_url: str) -> None:
+    """A server whose hub LISTENs through the pooler is ready but degraded,
+    says why, and ``ledger_hub_deaf`` is 1."""
+    db = Database(pooled_url, role_prefix=TEST_PREFIX)  # no direct LISTEN URL
+    async with _served(db, ApiOptions()) as (client, token, state):
+        state.hub.ping_timeout_s = 0.5  # not 5 s: the test waits for the first miss
+
+        async def deaf() -> bool:
+            return bool(state.hub.deaf)
+        await _until("the hub to find itself deaf", deaf)
+        r = await client.get("/readyz")
+        assert r.status_code == 200 and r.json()["status"] == "degraded"
+        assert any("LEDGER_LISTEN_DATABASE_URL" in why for why in r.json()["degraded"])
+        got = _metrics((await client.get("/metrics", headers={"Authorization": f"Bearer {token}"})).text)
+        assert got["ledger_hub_deaf"] == 1 and got["ledger_hub_missed_round_trips_total"] >= 1
+
+
+async def test_a_filling_notification_queue_degrades_readyz(db: Database, db_url: str) -> None:
+    """A listener stalled inside a transaction makes the server keep every
+    notification: past the alarm /readyz is degraded and the gauge shows the
+    queue's use; once the listener reads again, ready. (Filling half of the
+    real 8 GB queue would take minutes: the alarm is set just under what 50
+    pages of notifications take, measured on this server.)"""
+    sender = await psycopg.AsyncConnection.connect(db_url, autocommit=True)
+    listener = await psycopg.AsyncConnection.connect(db_url, autocommit=True)
+
+    async def usage() -> float:
+        return float((await (await sender.execute("SELECT pg_notification_queue_usage()")).fetchone())[0])  # type: ignore[index]
+
+    try:
+        before = await usage()
+        await listener.execute("LISTEN ledger_stalled")
+        await listener.execute("BEGIN")
+        await listener.execute("SELECT 1")  # held open: it reads nothing from here on
+        for _ in range(50):
+            await sender.execute("SELECT pg_notify('ledger_stalled', repeat('x', 7900))")
+        filled = await usage()
+        assert filled > before
+        alarm = (before + filled) / 2
+        async with _served(db, ApiOptions(hub=False, notify_queue_alarm=alarm)) as (client, token, _):
+            r = await client.get("/readyz")
+            assert r.status_code == 200 and r.json()["status"] == "degraded", r.json()
+            assert any("notification queue" in why for why in r.json()["degraded"])
+            got = _metrics((await client.get("/metrics",
+                                             headers={"Authorization": f"Bearer {token}"})).text)
+            assert got["ledger_notify_queue_usage"] > alarm
+            await listener.execute("COMMIT")  # the listener reads again
+
+            async def ready() -> bool:
+                return bool((await client.get("/readyz")).json()["status"] == "ready")
+            await _until("the queue to drain", ready)
+    finally:
+        await listener.close()
+        await sender.close()
+
+
+def test_the_queue_alarm_is_above_half() -> None:
+    from ledger.hub import NOTIFY_QUEUE_ALARM, queue_alarm
+
+    assert NOTIFY_QUEUE_ALARM == 0.5
+    assert not queue_alarm(None) and not queue_alarm(0.0) and not queue_alarm(0.5)
+    assert queue_alarm(0.5001) and queue_alarm(1.0)
