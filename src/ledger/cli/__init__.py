@@ -14,6 +14,7 @@ from . import verifier
 from . import serve
 from . import drill
 from . import gc
+from . import logins
 from .context import State, console_err
 
 app = typer.Typer(
@@ -54,6 +55,7 @@ classes.register(app)
 serve.register(app)
 drill.register(app)
 gc.register(app)
+logins.register(app)
 
 
 def main() -> None:
