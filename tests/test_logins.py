@@ -86,3 +86,22 @@ def test_login_urls_keep_the_servers_settings() -> None:
         == "postgresql://w@/ledger?host=%2Frun%2Fpg&port=5433"
     assert login_url("postgresql://admin@a:5432,b:5432/ledger?target_session_attrs=read-write",
                      "w", "p").startswith("postgresql://w:p@/ledger?")
+
+
+async def test_a_service_on_the_administrators_login_says_so_once(db: Database) -> None:
+    from structlog.testing import capture_logs
+
+    from ledger import database
+
+    database._admin_warned.discard("reader")
+    database._admin_warned.discard("sensor")
+    service = Database(db.url, role_prefix=TEST_PREFIX, role_urls={"sensor": db.url})
+    service.service = True
+    with capture_logs() as logs:
+        for _ in range(2):
+            for actor in ("reader", "sensor"):
+                session = await service.session(actor).open()
+                await session.close()
+    warnings = [entry for entry in logs if entry["log_level"] == "warning"]
+    assert len(warnings) == 1 and warnings[0]["actor"] == "reader"
+    assert "administrator rights" in warnings[0]["event"]

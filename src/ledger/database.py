@@ -575,6 +575,10 @@ class Database:
         #: a direct connection for LISTEN (a pooler cannot keep one); None:
         #: the listening actor's own login
         self.listen_url = listen_url
+        #: a long-running service: it logs, once, that it acts through the
+        #: administrator's login or through a pooler; one-shot commands (whose
+        #: stdout may be JSON) and tests stay quiet
+        self.service = False
         self._warned_pooled = False
 
     @classmethod
@@ -633,7 +637,7 @@ class Database:
                             CHECK_TIMEOUT_S)
         row = await cur.fetchone()
         pooled = row is not None and _first_value(row) != conn.info.backend_pid
-        if pooled and not self._warned_pooled:
+        if pooled and self.service and not self._warned_pooled:
             self._warned_pooled = True
             get_logger("database").info(
                 "connected through a pooler: no server-side prepared statements "
@@ -644,7 +648,7 @@ class Database:
         """Log once per process and role when ``actor`` acts through the
         administrator's login (no ``LEDGER_<ROLE>_DATABASE_URL``): the process
         could take on any role, the owner's included."""
-        if actor is None or actor in self.role_urls or actor in _admin_warned:
+        if not self.service or actor is None or actor in self.role_urls or actor in _admin_warned:
             return
         _admin_warned.add(actor)
         get_logger("database", actor=actor).warning(

@@ -183,5 +183,7 @@ def app_from_settings(settings: Settings | None = None,
                         error=exc.message)
     options = options or ApiOptions(session_secret=settings.session_secret,
                                     secure_cookies=settings.secure_cookies)
-    return create_app(Database.from_settings(settings), TokenTable.parse(settings.api_tokens),
+    database = Database.from_settings(settings)
+    database.service = True  # says so if it holds administrator rights
+    return create_app(database, TokenTable.parse(settings.api_tokens),
                       options, config)

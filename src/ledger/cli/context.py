@@ -35,11 +35,13 @@ class State:
             overrides["data_dir"] = Path(overrides["data_dir"])
         return cls(Settings(**overrides))
 
-    def database(self, *, wait_s: float = 0.0) -> Database:
+    def database(self, *, wait_s: float | None = None) -> Database:
         """The database to use (starting the embedded server if none is
-        configured); a service waits up to ``wait_s`` for it at start-up."""
+        configured); a service (which says how long it waits for the database
+        at start-up: ``wait_s``) also warns when it holds administrator rights."""
         db = Database.from_settings(self.settings)
-        db.wait_for_database_s = wait_s
+        db.wait_for_database_s = wait_s or 0.0
+        db.service = wait_s is not None
         return db
 
 
