@@ -284,24 +284,30 @@ async def test_outbox_through_the_pooler(actors: Actors, pooled_db: Database) ->
     assert [e.state for e in effects] == ["done"]
 
 
-async def test_a_hub_behind_the_pooler_is_deaf_and_says_so(pooled_url: str,
-                                                           caplog: pytest.LogCaptureFixture) -> None:
+async def test_a_hub_behind_the_pooler_is_deaf_and_says_so(pooled_url: str) -> None:
     """A hub whose LISTEN goes through the pooler never hears another session's
     NOTIFY (its own, sent on the same connection, would come back): it starts
-    anyway, reports itself deaf once, and waits fall back to their poll tick."""
+    anyway, warns once however often it misses, and waits fall back to their
+    poll tick."""
+    from structlog.testing import capture_logs
+
     db = Database(pooled_url, role_prefix=TEST_PREFIX)  # no direct LISTEN URL
     hub = Hub(db, ping_s=0.3, ping_timeout_s=0.5)
-    await hub.start(timeout=10)
-    try:
-        assert hub.deaf and not hub.hearing and hub.misses >= 1
-        with hub.subscribe("ledger_ready") as sub:
-            assert await sub.wait(0.2) is False  # polls: the tick passes
-        misses = hub.misses
-        while hub.misses < misses + 2:  # keeps trying, stays deaf
-            await asyncio.sleep(0.1)
-        assert hub.deaf
-    finally:
-        await hub.stop()
+    with capture_logs() as logs:
+        await hub.start(timeout=10)
+        try:
+            assert hub.deaf and not hub.hearing and hub.misses >= 1
+            with hub.subscribe("ledger_ready") as sub:
+                assert await sub.wait(0.2) is False  # polls: the tick passes
+            misses = hub.misses
+            while hub.misses < misses + 2:  # keeps trying, stays deaf
+                await asyncio.sleep(0.1)
+            assert hub.deaf
+        finally:
+            await hub.stop()
+    warnings = [e for e in logs if e["log_level"] == "warning"]
+    assert [e["event"] for e in warnings] == ["hub connected but deaf"]
+    assert "LEDGER_LISTEN_DATABASE_URL" in warnings[0]["fix"]
 
 
 async def test_a_hub_with_a_direct_listen_url_hears_through_a_pooled_setup(

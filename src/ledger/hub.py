@@ -366,10 +366,12 @@ class Hub:
                 if not self.deaf:
                     self.deaf = True
                     self.log.warning(
-                        "the hub does not hear its own NOTIFY: wake-ups are lost, so this "
-                        "process falls back to polling; if its connection goes through a "
-                        "transaction pooler, give LISTEN a direct one "
-                        "(LEDGER_LISTEN_DATABASE_URL)", backend_pid=conn.info.backend_pid)
+                        "hub connected but deaf",
+                        meaning="its own NOTIFY, sent from another connection, did not come "
+                                "back: wake-ups are lost, this process polls on its ticks",
+                        fix="if LISTEN goes through a transaction pooler, give it a direct "
+                            "connection: LEDGER_LISTEN_DATABASE_URL",
+                        backend_pid=conn.info.backend_pid)
                 raise Deaf(f"the hub's own NOTIFY did not come back within {self.ping_timeout_s:g}s")
             async for note in conn.notifies(timeout=remaining, stop_after=1):
                 self._dispatch(note.channel, note.payload)
