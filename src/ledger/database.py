@@ -692,6 +692,7 @@ class Database:
         except psycopg.Error as exc:
             raise _translate(exc, sent=False) from exc
         if not setup:
+            conn.prepare_threshold = None  # it may (wrongly) go through a pooler
             return conn
         try:
             await bounded(conn, conn.execute(self.session_setup(actor)), CHECK_TIMEOUT_S)
