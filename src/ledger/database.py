@@ -289,18 +289,27 @@ async def _in_transaction(conn: psycopg.AsyncConnection[Row], prelude: bytes | N
             cur = await conn.execute(statement, params)
         else:
             # Plain statements, not conn.transaction(): that one syncs more
-            # often and cost twice the round trip's time (measured).
+            # often and cost twice the round trip's time (measured). Only the
+            # statement itself may be prepared: psycopg counts a statement of
+            # an aborted pipeline as prepared although the server skipped its
+            # Parse, and a COMMIT behind a failed call then failed the next
+            # call with "prepared statement ... does not exist".
             try:
                 async with conn.pipeline():
-                    await conn.execute(b"BEGIN")
-                    await conn.execute(prelude)
+                    await conn.execute(b"BEGIN", prepare=False)
+                    await conn.execute(prelude, prepare=False)
                     cur = await conn.execute(statement, params)
-                    await conn.execute(b"COMMIT")
-            except BaseException:
+                    await conn.execute(b"COMMIT", prepare=False)
+            except BaseException as exc:
                 # a failed statement leaves the transaction aborted, not ended
                 if conn.info.transaction_status == psycopg.pq.TransactionStatus.INERROR:
                     with contextlib.suppress(psycopg.Error):
                         await conn.execute(b"ROLLBACK")
+                if isinstance(exc, psycopg.errors.InvalidSqlStatementName):
+                    # the same bookkeeping, had the prelude failed: nothing ran;
+                    # this connection's list of prepared statements is wrong
+                    await conn.close()
+                    raise errors.Unavailable(f"a prepared statement was lost: {_first_line(exc)}") from exc
                 raise
         return await cur.fetchall() if cur.description else []
     except psycopg.Error as exc:
