@@ -437,15 +437,19 @@ def test_the_queue_alarm_is_above_half() -> None:
     assert queue_alarm(0.5001) and queue_alarm(1.0)
 
 
-async def test_failed_calls_leave_prepared_statements_intact(db: Database, test_class: str) -> None:
-    """On one direct connection (statements are prepared after five uses),
-    calls that fail inside the pipelined transaction alternate with calls that
-    succeed: none fails for a prepared statement psycopg thought it had made
-    (a COMMIT skipped behind a failed call did, before prepare=False)."""
+@pytest.mark.parametrize("through_pooler", [False, True], ids=["direct", "pooled"])
+async def test_failed_calls_leave_the_connection_usable(db: Database, pooled_db: Database,
+                                                        test_class: str, through_pooler: bool) -> None:
+    """On one connection per role, calls that fail alternate with calls that
+    succeed, directly (statements prepared after five uses, the role set once)
+    and through the pooler (the role per transaction, pipelined; a COMMIT
+    behind a failed call once broke the next call: "prepared statement ...
+    does not exist")."""
     from ledger.errors import InvalidInput
 
-    session = await db.session("reader", max_size=1).open()
-    operator = await db.session("operator", max_size=1).open()
+    where = pooled_db if through_pooler else db
+    session = await where.session("reader", max_size=1).open()
+    operator = await where.session("operator", max_size=1).open()
     try:
         for _ in range(12):
             with pytest.raises(InvalidInput):
