@@ -445,9 +445,10 @@ class Hub:
             # server that accepts and drops is not hammered.
             stable = up_since is not None and loop.time() - up_since >= self.backoff_cap_s
             failures = 0 if stable else failures + 1
-            # A deaf hub retries at its ping interval: reconnecting faster does
-            # not mend a pooler, and the process polls meanwhile.
-            await asyncio.sleep(self.ping_s if self.deaf else self._backoff(failures))
+            # A deaf hub retries as soon as any other: a round trip lost to a
+            # loaded server must not keep a process on polling for long (each
+            # try waits ping_timeout_s anyway, so a pooler is not hammered).
+            await asyncio.sleep(self._backoff(failures))
 
 
 def _one_line(exc: BaseException) -> str:
