@@ -13,6 +13,7 @@ so tests use their own prefix and never assume a pristine cluster.
 from __future__ import annotations
 
 import os
+import pwd
 import shutil
 import socket
 import subprocess
@@ -99,7 +100,11 @@ def pgbouncer(pg_admin_url: str) -> Iterator[dict[str, str]]:
     ]))
     command = [binary, str(work / "pgbouncer.ini")]
     if os.geteuid() == 0:
-        command[1:1] = ["-u", "nobody"]  # PgBouncer refuses to run as root
+        # PgBouncer refuses to run as root: it runs as nobody, or as the owner
+        # of the server's socket directory (the embedded server's is private).
+        host = str(target.get("host", ""))
+        owner = pwd.getpwuid(os.stat(host).st_uid).pw_name if host.startswith("/") else "nobody"
+        command[1:1] = ["-u", owner]
     proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     deadline = time.monotonic() + 10
     while True:  # until it accepts connections (or has died)

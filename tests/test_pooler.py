@@ -22,13 +22,17 @@ from __future__ import annotations
 import asyncio
 import re
 from datetime import timedelta
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from typing import Any
 
+import httpx
 import psycopg
 import pytest
 from psycopg import sql
 
-from ledger import Database, Kernel, StaleLease
+from ledger import Database, Kernel, Reads, StaleLease
+from ledger.api import ApiOptions, TokenTable, create_app, hash_token, new_token
 from ledger.hub import Hub
 
 from conftest import TEST_CLASS, TEST_PREFIX, Actors, through
@@ -130,8 +134,8 @@ async def test_connections_go_through_the_pooler(pooled_db: Database, admin: psy
         assert all([await pooled_db.is_pooled(c) for c in conns])
         for c in conns:
             await c.close()
-        reader = await actors("reader")
-        await asyncio.gather(*(Kernel(s).state_counts() for s in sessions), reader.state_counts())
+        reader = await actors.reads()
+        await asyncio.gather(*(Reads(s).state_counts() for s in sessions), reader.state_counts())
         name = admin.execute("SELECT current_database() AS d").fetchone()["d"]  # type: ignore[index]
         servers = admin.execute(
             "SELECT count(*) AS n FROM pg_stat_activity WHERE datname = %s AND pid <> pg_backend_pid()",
@@ -173,8 +177,8 @@ async def test_every_call_runs_as_its_own_role(actors: Actors, admin: psycopg.Co
         for _ in range(5):
             await (await actors("reaper")).expire_leases()
             await (await actors("dispatcher")).claim_side_effect("dispatcher-1")
-            await (await actors("reader")).state_counts()
-            await Kernel(admin_session).state_counts()  # the superuser, on the same pool
+            await (await actors.reads()).state_counts()
+            await Reads(admin_session).state_counts()  # the superuser, on the same pool
 
     try:
         # Six flows at once (each waits for its own verification claim in turn,
@@ -238,7 +242,7 @@ async def test_fencing_through_the_pooler(actors: Actors, test_class: str) -> No
     with pytest.raises(StaleLease):
         await worker.record_attempt(cid, gen, base_sha=sha(1), candidate_sha=sha(2),
                                     fingerprint=fingerprint(2))
-    campaign = await (await actors("reader")).campaign(cid)
+    campaign = await (await actors.reads()).campaign(cid)
     assert (campaign.state, campaign.generation) == ("ready", gen + 1)
 
 
@@ -249,7 +253,7 @@ async def test_journal_is_gap_free_through_the_pooler(actors: Actors, test_class
     worker = await actors("worker")
     await asyncio.gather(*(worker.append_events(cid, gen, [{"type": "note", "payload": {"i": i}}])
                            for i in range(40)))
-    events = await (await actors("reader")).events(cid)
+    events = await (await actors.reads()).events(cid)
     seqs = [e.seq for e in events]
     assert seqs == list(range(1, len(seqs) + 1))
     assert sum(1 for e in events if e.type == "note") == 40
@@ -276,28 +280,34 @@ async def test_outbox_through_the_pooler(actors: Actors, pooled_db: Database) ->
     finally:
         for s in dispatchers:
             await s.close()
-    effects = await (await actors("reader")).side_effects_of(cid)
+    effects = await (await actors.reads()).side_effects_of(cid)
     assert [e.state for e in effects] == ["done"]
 
 
-async def test_a_hub_behind_the_pooler_is_deaf_and_says_so(pooled_url: str,
-                                                           caplog: pytest.LogCaptureFixture) -> None:
+async def test_a_hub_behind_the_pooler_is_deaf_and_says_so(pooled_url: str) -> None:
     """A hub whose LISTEN goes through the pooler never hears another session's
     NOTIFY (its own, sent on the same connection, would come back): it starts
-    anyway, reports itself deaf once, and waits fall back to their poll tick."""
+    anyway, warns once however often it misses, and waits fall back to their
+    poll tick."""
+    from structlog.testing import capture_logs
+
     db = Database(pooled_url, role_prefix=TEST_PREFIX)  # no direct LISTEN URL
     hub = Hub(db, ping_s=0.3, ping_timeout_s=0.5)
-    await hub.start(timeout=10)
-    try:
-        assert hub.deaf and not hub.hearing and hub.misses >= 1
-        with hub.subscribe("ledger_ready") as sub:
-            assert await sub.wait(0.2) is False  # polls: the tick passes
-        misses = hub.misses
-        while hub.misses < misses + 2:  # keeps trying, stays deaf
-            await asyncio.sleep(0.1)
-        assert hub.deaf
-    finally:
-        await hub.stop()
+    with capture_logs() as logs:
+        await hub.start(timeout=10)
+        try:
+            assert hub.deaf and not hub.hearing and hub.misses >= 1
+            with hub.subscribe("ledger_ready") as sub:
+                assert await sub.wait(0.2) is False  # polls: the tick passes
+            misses = hub.misses
+            while hub.misses < misses + 2:  # keeps trying, stays deaf
+                await asyncio.sleep(0.1)
+            assert hub.deaf
+        finally:
+            await hub.stop()
+    warnings = [e for e in logs if e["log_level"] == "warning"]
+    assert [e["event"] for e in warnings] == ["hub connected but deaf"]
+    assert "LEDGER_LISTEN_DATABASE_URL" in warnings[0]["fix"]
 
 
 async def test_a_hub_with_a_direct_listen_url_hears_through_a_pooled_setup(
@@ -331,3 +341,121 @@ def test_session_limits_match_the_roles_settings(admin: psycopg.Connection) -> N
         assert settings.get("idle_in_transaction_session_timeout") == idle, actor
 
 
+
+
+# --- what /readyz and /metrics say ---------------------------------------------
+
+
+def _metrics(text: str) -> dict[str, float]:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    return {sample.name: sample.value for family in text_string_to_metric_families(text)
+            for sample in family.samples if not sample.labels}
+
+
+@asynccontextmanager
+async def _served(db: Database, options: ApiOptions) -> AsyncIterator[tuple[httpx.AsyncClient, str, Any]]:
+    token = new_token()
+    tokens = TokenTable.parse(f"r:reader:{hash_token(token)}")
+    app = create_app(db, tokens, options)
+    async with app.router.lifespan_context(app):
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app),
+                                     base_url="http://ledger") as client:
+            yield client, token, app.state.ledger
+
+
+async def _until(what: str, condition: Callable[[], Awaitable[bool]], timeout: float = 20.0) -> None:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while not await condition():
+        if loop.time() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        await asyncio.sleep(0.05)
+
+
+async def test_readyz_and_metrics_report_a_deaf_hub(pooled_url: str) -> None:
+    """A server whose hub LISTENs through the pooler is ready but degraded,
+    says why, and ``ledger_hub_deaf`` is 1."""
+    db = Database(pooled_url, role_prefix=TEST_PREFIX)  # no direct LISTEN URL
+    async with _served(db, ApiOptions()) as (client, token, state):
+        state.hub.ping_timeout_s = 0.5  # not 5 s: the test waits for the first miss
+
+        async def deaf() -> bool:
+            return bool(state.hub.deaf)
+        await _until("the hub to find itself deaf", deaf)
+        r = await client.get("/readyz")
+        assert r.status_code == 200 and r.json()["status"] == "degraded"
+        assert any("LEDGER_LISTEN_DATABASE_URL" in why for why in r.json()["degraded"])
+        got = _metrics((await client.get("/metrics", headers={"Authorization": f"Bearer {token}"})).text)
+        assert got["ledger_hub_deaf"] == 1 and got["ledger_hub_missed_round_trips_total"] >= 1
+
+
+async def test_a_filling_notification_queue_degrades_readyz(db: Database, db_url: str) -> None:
+    """A listener stalled inside a transaction makes the server keep every
+    notification: past the alarm /readyz is degraded and the gauge shows the
+    queue's use; once the listener reads again, ready. (Filling half of the
+    real 8 GB queue would take minutes: the alarm is set just under what 50
+    pages of notifications take, measured on this server.)"""
+    sender = await psycopg.AsyncConnection.connect(db_url, autocommit=True)
+    listener = await psycopg.AsyncConnection.connect(db_url, autocommit=True)
+
+    async def usage() -> float:
+        return float((await (await sender.execute("SELECT pg_notification_queue_usage()")).fetchone())[0])  # type: ignore[index]
+
+    try:
+        before = await usage()
+        await listener.execute("LISTEN ledger_stalled")
+        await listener.execute("BEGIN")
+        await listener.execute("SELECT 1")  # held open: it reads nothing from here on
+        for _ in range(50):
+            await sender.execute("SELECT pg_notify('ledger_stalled', repeat('x', 7900))")
+        filled = await usage()
+        assert filled > before
+        alarm = (before + filled) / 2
+        async with _served(db, ApiOptions(hub=False, notify_queue_alarm=alarm)) as (client, token, _):
+            r = await client.get("/readyz")
+            assert r.status_code == 200 and r.json()["status"] == "degraded", r.json()
+            assert any("notification queue" in why for why in r.json()["degraded"])
+            got = _metrics((await client.get("/metrics",
+                                             headers={"Authorization": f"Bearer {token}"})).text)
+            assert got["ledger_notify_queue_usage"] > alarm
+            await listener.execute("COMMIT")  # the listener reads again
+
+            async def ready() -> bool:
+                return bool((await client.get("/readyz")).json()["status"] == "ready")
+            await _until("the queue to drain", ready)
+    finally:
+        await listener.close()
+        await sender.close()
+
+
+def test_the_queue_alarm_is_above_half() -> None:
+    from ledger.hub import NOTIFY_QUEUE_ALARM, queue_alarm
+
+    assert NOTIFY_QUEUE_ALARM == 0.5
+    assert not queue_alarm(None) and not queue_alarm(0.0) and not queue_alarm(0.5)
+    assert queue_alarm(0.5001) and queue_alarm(1.0)
+
+
+@pytest.mark.parametrize("through_pooler", [False, True], ids=["direct", "pooled"])
+async def test_failed_calls_leave_the_connection_usable(db: Database, pooled_db: Database,
+                                                        test_class: str, through_pooler: bool) -> None:
+    """On one connection per role, calls that fail alternate with calls that
+    succeed, directly (statements prepared after five uses, the role set once)
+    and through the pooler (the role per transaction, pipelined; a COMMIT
+    behind a failed call once broke the next call: "prepared statement ...
+    does not exist")."""
+    from ledger.errors import InvalidInput
+
+    where = pooled_db if through_pooler else db
+    session = await where.session("reader", max_size=1).open()
+    operator = await where.session("operator", max_size=1).open()
+    try:
+        for _ in range(12):
+            with pytest.raises(InvalidInput):
+                await Kernel(operator).register_class("bad", lease_seconds=float("nan"))
+            await Kernel(operator).register_class(test_class, lease_seconds=30)
+            assert await Reads(session).state_counts()
+    finally:
+        await session.close()
+        await operator.close()

@@ -4,14 +4,17 @@ touches psycopg.
 
 Every runtime connection acts as exactly one Ledger role. With a per-role login
 configured (``LEDGER_WORKER_DATABASE_URL`` ...) it connects with that login;
-otherwise it connects with the administrator URL. Either way every transaction
-starts by taking on ``<prefix><actor>`` for its own length (``SET LOCAL ROLE``,
-sent in the same round trip as the call), so PostgreSQL checks every statement
-against that role's privileges -- the application can never do more than the
-role. Nothing is set for the session: behind a transaction pooler each
-transaction may run on another server connection, and session state set by one
-client would leak to the next (issue 15). For the same reason a pooled
-connection prepares no statements on the server (``Database.pooled``).
+otherwise it connects with the administrator URL. Either way it acts as
+``<prefix><actor>``, so PostgreSQL checks every statement against that role's
+privileges -- the application can never do more than the role.
+
+How depends on the connection (``Database.pooled``, else detected on each new
+one). A direct connection is one server session: it takes on the role once
+(``SET ROLE``). Through a transaction pooler each transaction may run on
+another server connection, and session state set by one client leaks to the
+next (issue 15): there every transaction first takes on its role and limits for
+its own length (``SET LOCAL``, pipelined with the call: one round trip), and no
+statement is prepared on the server.
 """
 
 from __future__ import annotations
@@ -318,26 +321,28 @@ logging.getLogger("psycopg").addFilter(_not_a_second_report)
 async def _in_transaction(conn: psycopg.AsyncConnection[Row], prelude: bytes | None,
                           statement: bytes | str, params: Mapping[str, Any]) -> list[Row]:
     """Run ``statement`` in a transaction of its own that first runs ``prelude``
-    (the role and limits, see ``Database.prelude``), all in one round trip
-    (BEGIN, prelude, statement, COMMIT pipelined)."""
+    (the role and limits, see ``Database.prelude``), in one round trip."""
     try:
-        if prelude is None:  # already inside a transaction
+        if prelude is None:  # already inside a transaction, or a direct connection
             cur = await conn.execute(statement, params)
         else:
-            # Plain statements, not conn.transaction(): that one syncs more
-            # often and cost twice the round trip's time (measured).
+            # One pipeline, one Sync: the server runs everything before the
+            # Sync as one implicit transaction, so the prelude's SET LOCAL
+            # holds for the statement and ends with it, in one round trip (an
+            # explicit BEGIN/COMMIT cost two more statements per call). Only
+            # the statement itself may be prepared: psycopg counts a statement
+            # of an aborted pipeline as prepared although the server skipped
+            # its Parse (a COMMIT behind a failed call did, and the next call
+            # failed: "prepared statement ... does not exist").
             try:
                 async with conn.pipeline():
-                    await conn.execute(b"BEGIN")
-                    await conn.execute(prelude)
+                    await conn.execute(prelude, prepare=False)
                     cur = await conn.execute(statement, params)
-                    await conn.execute(b"COMMIT")
-            except BaseException:
-                # a failed statement leaves the transaction aborted, not ended
-                if conn.info.transaction_status == psycopg.pq.TransactionStatus.INERROR:
-                    with contextlib.suppress(psycopg.Error):
-                        await conn.execute(b"ROLLBACK")
-                raise
+            except psycopg.errors.InvalidSqlStatementName as exc:
+                # the same bookkeeping, had the prelude failed: nothing ran,
+                # and this connection's list of prepared statements is wrong
+                await conn.close()
+                raise errors.Unavailable(f"a prepared statement was lost: {_first_line(exc)}") from exc
         return await cur.fetchall() if cur.description else []
     except psycopg.Error as exc:
         raise _translate(exc) from exc
@@ -412,14 +417,21 @@ class Session:
         )
         self._used: weakref.WeakKeyDictionary[psycopg.AsyncConnection[Row], float] = \
             weakref.WeakKeyDictionary()
+        #: pooled connections: each transaction takes on the role itself
+        self._per_transaction: weakref.WeakSet[psycopg.AsyncConnection[Row]] = weakref.WeakSet()
         self._hints: dict[tuple[str, str], None] = {}  # ordered, without repeats
         self._hinter: asyncio.Task[None] | None = None
         self.log = get_logger("database", actor=actor or "admin")
 
     async def _configure(self, conn: psycopg.AsyncConnection[Row]) -> None:
-        # No session state (see the module's docstring); only whether this
-        # connection may prepare statements on the server.
-        await self.database.configure(conn)
+        # Session state only on a direct connection (see the module's docstring).
+        if await self.database.configure(conn):
+            self._per_transaction.add(conn)
+        else:
+            await conn.execute(self.database.session_setup(self.actor))
+
+    def _prelude_for(self, conn: psycopg.AsyncConnection[Row]) -> bytes | None:
+        return self._prelude if conn in self._per_transaction else None
 
     async def _check(self, conn: psycopg.AsyncConnection[Row]) -> None:
         # A connection used a moment ago is very likely fine; one that idled
@@ -469,12 +481,14 @@ class Session:
                    idempotent: bool = False, timeout_s: float | None = None) -> list[Row]:
         """Call ``ledger_api.<function>`` with named arguments in its own
         transaction, within ``timeout_s`` (retries included)."""
-        return await self._retried(lambda conn: _run_call(conn, function, args, self._prelude),
+        return await self._retried(
+            lambda conn: _run_call(conn, function, args, self._prelude_for(conn)),
                                    idempotent=idempotent, timeout_s=timeout_s)
 
     async def fetch(self, query: Query, /, **params: Any) -> list[Row]:
         """Run a read query (reads are always safe to retry)."""
-        return await self._retried(lambda conn: _run_query(conn, query, params, self._prelude),
+        return await self._retried(
+            lambda conn: _run_query(conn, query, params, self._prelude_for(conn)),
                                    idempotent=True, timeout_s=None)
 
     async def _retried(self, work: Callable[[psycopg.AsyncConnection[Row]], Awaitable[list[Row]]], *,
@@ -611,11 +625,11 @@ class Database:
         #: a direct connection for LISTEN (a pooler cannot keep one); None:
         #: the listening actor's own login
         self.listen_url = listen_url
+        #: a long-running service: it logs, once, that it acts through the
+        #: administrator's login or through a pooler; one-shot commands (whose
+        #: stdout may be JSON) and tests stay quiet
+        self.service = False
         self._warned_pooled = False
-        #: Whether acting through the administrator's login is worth a warning:
-        #: set for long-running services (``ledger worker``, ``verifier`` ...),
-        #: not for an operator's one-shot command or the embedded demo.
-        self.warn_administrator = False
 
     @classmethod
     def from_settings(cls, settings: Settings | None = None) -> Database:
@@ -655,12 +669,14 @@ class Database:
             sql.SQL("pg_catalog.set_config({}, {}, true)").format(sql.Literal(name), sql.Literal(value))
             for name, value in settings)).as_bytes(None)
 
-    async def configure(self, conn: psycopg.AsyncConnection[Any]) -> None:
-        """Turn off server-side prepared statements on a pooled connection:
-        the next transaction may run on a server connection that never saw
-        them (or saw another client's of the same name)."""
-        if await self.is_pooled(conn):
+    async def configure(self, conn: psycopg.AsyncConnection[Any]) -> bool:
+        """Whether ``conn`` is pooled; if it is, turn off server-side prepared
+        statements: the next transaction may run on a server connection that
+        never saw them (or saw another client's of the same name)."""
+        pooled = await self.is_pooled(conn)
+        if pooled:
             conn.prepare_threshold = None
+        return pooled
 
     async def is_pooled(self, conn: psycopg.AsyncConnection[Any]) -> bool:
         """Whether ``conn`` goes through a pooler: ``pooled`` if set, else
@@ -673,7 +689,7 @@ class Database:
                             CHECK_TIMEOUT_S)
         row = await cur.fetchone()
         pooled = row is not None and _first_value(row) != conn.info.backend_pid
-        if pooled and not self._warned_pooled:
+        if pooled and self.service and not self._warned_pooled:
             self._warned_pooled = True
             get_logger("database").info(
                 "connected through a pooler: no server-side prepared statements "
@@ -683,11 +699,8 @@ class Database:
     def warn_if_administrator(self, actor: str | None) -> None:
         """Log once per process and role when ``actor`` acts through the
         administrator's login (no ``LEDGER_<ROLE>_DATABASE_URL``): the process
-        could take on any role, the owner's included. Only the runtime roles,
-        whose processes run commands on others' behalf: an operator's command
-        at a terminal is expected to act with the administrator's login."""
-        if (not self.warn_administrator or actor is None or actor in ("operator", "reader")
-                or actor in self.role_urls or actor in _admin_warned):
+        could take on any role, the owner's included."""
+        if not self.service or actor is None or actor in self.role_urls or actor in _admin_warned:
             return
         _admin_warned.add(actor)
         get_logger("database", actor=actor).warning(
@@ -731,6 +744,7 @@ class Database:
         except psycopg.Error as exc:
             raise _translate(exc, sent=False) from exc
         if not setup:
+            conn.prepare_threshold = None  # it may (wrongly) go through a pooler
             return conn
         try:
             _refuse_standby(conn)

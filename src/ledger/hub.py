@@ -365,10 +365,12 @@ class Hub:
                 if not self.deaf:
                     self.deaf = True
                     self.log.warning(
-                        "the hub does not hear its own NOTIFY: wake-ups are lost, so this "
-                        "process falls back to polling; if its connection goes through a "
-                        "transaction pooler, give LISTEN a direct one "
-                        "(LEDGER_LISTEN_DATABASE_URL)", backend_pid=conn.info.backend_pid)
+                        "hub connected but deaf",
+                        meaning="its own NOTIFY, sent from another connection, did not come "
+                                "back: wake-ups are lost, this process polls on its ticks",
+                        fix="if LISTEN goes through a transaction pooler, give it a direct "
+                            "connection: LEDGER_LISTEN_DATABASE_URL",
+                        backend_pid=conn.info.backend_pid)
                 raise Deaf(f"the hub's own NOTIFY did not come back within {self.ping_timeout_s:g}s")
             async for note in conn.notifies(timeout=remaining, stop_after=1):
                 self._dispatch(note.channel, note.payload)
@@ -442,9 +444,10 @@ class Hub:
             # server that accepts and drops is not hammered.
             stable = up_since is not None and loop.time() - up_since >= self.backoff_cap_s
             failures = 0 if stable else failures + 1
-            # A deaf hub retries at its ping interval: reconnecting faster does
-            # not mend a pooler, and the process polls meanwhile.
-            await asyncio.sleep(self.ping_s if self.deaf else self._backoff(failures))
+            # A deaf hub retries as soon as any other: a round trip lost to a
+            # loaded server must not keep a process on polling for long (each
+            # try waits ping_timeout_s anyway, so a pooler is not hammered).
+            await asyncio.sleep(self._backoff(failures))
 
 
 def _one_line(exc: BaseException) -> str:

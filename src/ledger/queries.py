@@ -241,6 +241,10 @@ STATE_COUNTS = compile_query(
     .order_by(states.c.position)
 )
 
+#: The share of the server's notification queue in use (0..1): it grows while
+#: a session LISTENs but does not read (issue 15).
+NOTIFY_QUEUE_USAGE = Query("SELECT pg_catalog.pg_notification_queue_usage() AS usage")
+
 OLDEST_READY = compile_query(
     select(func.min(campaigns.c.created_at).label("oldest"))
     .where(campaigns.c.state == "ready")

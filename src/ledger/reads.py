@@ -162,6 +162,11 @@ class Reads:
         rows = await self.executor.fetch(queries.LEASES_EXPIRING, within_s=within_s, limit=limit)
         return [Campaign.model_validate(r) for r in rows]
 
+    async def notify_queue_usage(self) -> float:
+        """The share (0..1) of the server's notification queue in use."""
+        rows = await self.executor.fetch(queries.NOTIFY_QUEUE_USAGE)
+        return float(rows[0]["usage"])
+
     async def oldest_ready_age(self) -> float | None:
         """Seconds since the oldest ready campaign was opened, by the database's clock."""
         rows = await self.executor.fetch(queries.OLDEST_READY_AGE)

@@ -34,7 +34,7 @@ from starlette.middleware.sessions import SessionMiddleware
 from ..config import LedgerConfig, load_config
 from ..database import Database
 from ..errors import ConfigError
-from ..hub import Hub
+from ..hub import NOTIFY_QUEUE_ALARM, Hub
 from ..logs import get_logger
 from ..settings import Settings, get_settings
 from . import (
@@ -68,6 +68,9 @@ class ApiOptions:
     max_body_bytes: int = 1024 * 1024
     pool_max_size: int = 10  # connections per role
     ready_timeout_s: float = 5.0
+    #: /readyz is degraded (and a warning logged) above this share of the
+    #: server's notification queue
+    notify_queue_alarm: float = NOTIFY_QUEUE_ALARM
     hub: bool = True  # LISTEN for wake-ups (else tails poll every poll_s)
     #: Signs browser sessions; unset: derived from the configured tokens (so every
     #: server process with the same tokens shares it).
@@ -77,6 +80,8 @@ class ApiOptions:
     def __post_init__(self) -> None:
         if self.keepalive_s <= 0 or self.poll_s <= 0 or self.ready_timeout_s <= 0:
             raise ValueError("keepalive_s, poll_s and ready_timeout_s must be positive")
+        if not 0 < self.notify_queue_alarm <= 1:
+            raise ValueError("notify_queue_alarm must be a share in (0, 1]")
         if self.max_body_bytes < 1 or self.pool_max_size < 1:
             raise ValueError("max_body_bytes and pool_max_size must be positive")
 
@@ -91,6 +96,7 @@ class ApiState:
     pools: RolePools
     counters: ProcessCounters = field(default_factory=ProcessCounters)
     hub: Hub | None = None
+    queue_alarmed: bool = False  # the notification queue was over the alarm at the last look
     query_names: dict[tuple[str, str], frozenset[str]] | None = None
 
 
@@ -107,7 +113,8 @@ def create_app(database: Database, tokens: TokenTable,
         if options.hub:
             # Not waiting for the first LISTEN: the server starts (and says it is
             # not ready) while the database is down; the hub keeps reconnecting.
-            state.hub = await Hub(database, actor="reader").start(wait=False)
+            state.hub = await Hub(database, actor="reader",
+                                  queue_alarm=options.notify_queue_alarm).start(wait=False)
         if not len(tokens):
             log.warning("no API tokens configured (LEDGER_API_TOKENS): every request but "
                         "the probes will be refused")
@@ -176,5 +183,7 @@ def app_from_settings(settings: Settings | None = None,
                         error=exc.message)
     options = options or ApiOptions(session_secret=settings.session_secret,
                                     secure_cookies=settings.secure_cookies)
-    return create_app(Database.from_settings(settings), TokenTable.parse(settings.api_tokens),
+    database = Database.from_settings(settings)
+    database.service = True  # says so if it holds administrator rights
+    return create_app(database, TokenTable.parse(settings.api_tokens),
                       options, config)

@@ -1,6 +1,11 @@
 """``/livez`` (the process answers) and ``/readyz`` (the database answers and its
 schema is at the revision this code expects). Neither needs a token: load
-balancers and orchestrators probe them."""
+balancers and orchestrators probe them.
+
+A ready server may still be ``degraded`` (200, with the reasons): its hub does
+not hear NOTIFY (wake-ups fall back to polling: LISTEN through a pooler), or
+the server's notification queue is over ``notify_queue_alarm`` full (a session
+LISTENs but does not read; when it is full every NOTIFY fails)."""
 
 from __future__ import annotations
 
@@ -9,7 +14,9 @@ from fastapi import APIRouter, Request
 from pydantic import BaseModel
 
 from .. import migrations
-from ..errors import Unavailable
+from ..errors import LedgerError, Unavailable
+from ..hub import queue_alarm
+from ..reads import Reads
 from ..logs import get_logger
 from . import problems
 
@@ -24,6 +31,31 @@ class Health(BaseModel):
     status: str
     revision: str | None = None
     head: str | None = None
+    degraded: list[str] | None = None  # why a ready server is degraded
+
+
+async def degradations(api: object) -> list[str]:
+    """Why this ready server works less well than it should (empty: it does not)."""
+    reasons: list[str] = []
+    hub = getattr(api, "hub", None)
+    if hub is not None and hub.deaf:
+        reasons.append("the hub does not hear NOTIFY: wake-ups fall back to polling "
+                       "(LISTEN needs a direct connection: LEDGER_LISTEN_DATABASE_URL)")
+    threshold = api.options.notify_queue_alarm  # type: ignore[attr-defined]
+    try:
+        usage = await Reads(await api.pools.session("reader")).notify_queue_usage()  # type: ignore[attr-defined]
+    except LedgerError:
+        return reasons  # readiness itself was just read; a failed extra read is no verdict
+    alarmed = queue_alarm(usage, threshold)
+    if alarmed:
+        reasons.append(f"the notification queue is {usage:.0%} full (alarm above {threshold:.0%}): "
+                       "a session LISTENs but does not read")
+    if alarmed != api.queue_alarmed:  # type: ignore[attr-defined]
+        api.queue_alarmed = alarmed  # type: ignore[attr-defined]
+        if alarmed:
+            log.warning("the server's notification queue is filling", usage=round(usage, 4),
+                        threshold=threshold)
+    return reasons
 
 
 @router.get("/livez", response_model=Health)
@@ -32,9 +64,11 @@ async def livez() -> Health:
     return Health(status="alive")
 
 
-@router.get("/readyz", response_model=Health, responses=problems.responses(503))
+@router.get("/readyz", response_model=Health, response_model_exclude_none=True,
+            responses=problems.responses(503))
 async def readyz(request: Request) -> Health:
-    """The database is reachable and migrated to this code's head (else 503)."""
+    """The database is reachable and migrated to this code's head (else 503);
+    ``degraded`` with the reasons if it works less well than it should."""
     api = request.app.state.ledger
     head = migrations.head()
     try:
@@ -53,4 +87,7 @@ async def readyz(request: Request) -> Health:
     if revision != head:
         raise Unavailable(f"the schema is at {revision or 'no revision'}, this code needs {head}; "
                           "run `ledger migrate`")
+    reasons = await degradations(api)
+    if reasons:
+        return Health(status="degraded", revision=revision, head=head, degraded=reasons)
     return Health(status="ready", revision=revision, head=head)

@@ -52,6 +52,7 @@ class Snapshot:
     side_effects: dict[tuple[str, str], int]
     attempt_durations: Buckets
     verification_durations: Buckets
+    notify_queue_usage: float = 0.0
     read_s: float = 0.0
 
 
@@ -93,6 +94,7 @@ async def read_snapshot(reads: Reads) -> Snapshot:
         attempt_durations=await reads.duration_histogram("attempt", DURATION_BUCKETS),
         verification_durations=await reads.duration_histogram("verification",
                                                                DURATION_BUCKETS),
+        notify_queue_usage=await reads.notify_queue_usage(),
     )
     snapshot.read_s = time.perf_counter() - started
     return snapshot
@@ -170,6 +172,10 @@ class LedgerCollector(Collector):
         yield _histogram("ledger_verification_duration_seconds",
                          "Claim to verdict of finished verifications", s.verification_durations)
 
+        yield GaugeMetricFamily("ledger_notify_queue_usage",
+                                "Share (0..1) of the server's notification queue in use "
+                                "(pg_notification_queue_usage); /readyz is degraded above 0.5",
+                                value=s.notify_queue_usage)
         if self.hub is not None:
             yield CounterMetricFamily("ledger_hub_reconnects",
                                       "Times this process's LISTEN connection was re-established",
@@ -177,6 +183,13 @@ class LedgerCollector(Collector):
             yield GaugeMetricFamily("ledger_hub_connected",
                                     "Whether this process's LISTEN connection is up",
                                     value=1 if self.hub.connected else 0)
+            yield GaugeMetricFamily("ledger_hub_deaf",
+                                    "Whether this process's hub does not hear NOTIFY "
+                                    "(it then polls: LISTEN through a pooler?)",
+                                    value=1 if self.hub.deaf else 0)
+            yield CounterMetricFamily("ledger_hub_missed_round_trips",
+                                      "The hub's NOTIFY round trips to itself that did not "
+                                      "come back in time", value=self.hub.misses)
             yield CounterMetricFamily("ledger_hub_dropped_notifications",
                                       "Notifications dropped from full subscriber queues",
                                       value=self.hub.dropped)

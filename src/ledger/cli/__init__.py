@@ -20,6 +20,7 @@ from . import (
     drill,
     gc,
     journal,
+    logins,
     runtime,
     schema,
     serve,
@@ -84,6 +85,7 @@ classes.register(app)
 serve.register(app)
 drill.register(app)
 gc.register(app)
+logins.register(app)
 
 
 def main() -> None:

@@ -74,7 +74,7 @@ class State:
 
         db = Database.from_settings(self.settings)
         db.wait_for_database_s = wait_s or 0.0
-        db.warn_administrator = wait_s is not None  # a service, not a one-shot command
+        db.service = wait_s is not None  # a service warns when it holds administrator rights
         self.url = db.url
         if wait_s is not None:
             from ..errors import DatabaseMissing, NotMigrated

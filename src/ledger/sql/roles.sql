@@ -49,6 +49,35 @@ BEGIN
         END;
     END IF;
 
+    -- Server-side limits per runtime role, the same as each transaction takes
+    -- on (ledger.database.SESSION_LIMITS): a statement nobody waits for any
+    -- more, or a transaction whose client vanished, must not hold locks for
+    -- hours. A role's settings apply to logins of that role; `ledger logins
+    -- create` copies them onto the per-role logins it makes.
+    -- Written only when they differ: roles are shared by every database of
+    -- the cluster, and most migrations find them set already.
+    FOREACH suffix IN ARRAY ARRAY['reader', 'sensor', 'worker', 'reaper',
+                                  'verifier', 'dispatcher', 'operator'] LOOP
+        DECLARE
+            wanted text[] := ARRAY[
+                'statement_timeout=' || CASE suffix WHEN 'reader' THEN '120s'
+                                                    WHEN 'operator' THEN '300s' ELSE '30s' END,
+                'idle_in_transaction_session_timeout=60s'];
+            setting text;
+        BEGIN
+            FOREACH setting IN ARRAY wanted LOOP
+                IF NOT EXISTS (
+                    SELECT 1 FROM pg_catalog.pg_db_role_setting s
+                      JOIN pg_catalog.pg_roles r ON r.oid = s.setrole
+                     WHERE r.rolname = prefix || suffix AND s.setdatabase = 0
+                       AND setting = ANY (s.setconfig)) THEN
+                    EXECUTE format('ALTER ROLE %I SET %s = %L', prefix || suffix,
+                                   split_part(setting, '=', 1), split_part(setting, '=', 2));
+                END IF;
+            END LOOP;
+        END;
+    END LOOP;
+
     -- A non-superuser administrator must be able to SET ROLE to the owner (to
     -- create objects owned by it) and to the runtime roles (to act as them when
     -- no per-role login is configured).
