@@ -598,7 +598,9 @@ class Database:
         except psycopg.Error as exc:
             raise _translate(exc, sent=False) from exc
         try:
-            _refuse_standby(conn)
+            if not (actor == "reader" and actor in self.role_urls):
+                # reads may be served by a standby: a reader login of its own may name a replica
+                _refuse_standby(conn)
             await bounded(conn, conn.execute(self.session_setup(actor)), CHECK_TIMEOUT_S)
             if not autocommit:
                 await conn.commit()
