@@ -98,10 +98,8 @@ class Failover(Drill):
         lost = [cid for cid, seq in committed.items() if after.get(cid, 0) < seq]
         ctx.expect(not lost, "nothing committed before the kill is missing after the failover",
                    f"{len(committed)} journals compared; short: {lost[:5]}")
-        rested = await ctx.until(lambda: fleet.at_rest(ctx), "every campaign to come to rest", timeout=90,
-                                 interval=0.5)
-        if not rested:
-            ctx.step(f"not at rest: {fleet.still_moving(ctx)}")
+        _, how = await fleet.settle(ctx, cap_s=90)
+        ctx.step(how)
         figures = fleet.check(ctx, opened, target, repo)
         ctx.step(f"figures: {figures}")
         ctx.expect(all(p.popen.poll() is None for p in procs), "no process exited",

@@ -10,6 +10,7 @@ import asyncio
 import json
 import subprocess
 import threading
+import time
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -154,6 +155,33 @@ def at_rest(ctx: DrillContext) -> bool:
                    "(SELECT count(*) FROM ledger.side_effect WHERE state IN ('pending', 'claimed')) AS effects",
                    [CLASS, SHIP], list(AT_REST))
     return rows[0]["moving"] == 0 and rows[0]["effects"] == 0
+
+
+def _motion(ctx: DrillContext) -> int:
+    """A number that grows whenever the fleet gets anything done."""
+    return int(ctx.sql("SELECT (SELECT count(*) FROM ledger.campaign_event) + (SELECT count(*) FROM "
+                       "ledger.side_effect WHERE state NOT IN ('pending', 'claimed')) AS n")[0]["n"])
+
+
+async def settle(ctx: DrillContext, *, cap_s: float, quiet_s: float = 60.0) -> tuple[bool, str]:
+    """Wait for ``at_rest`` as long as the fleet keeps getting things done:
+    give up after ``quiet_s`` without any progress (stalled) or ``cap_s`` in
+    all (too slow). Returns whether it came to rest, and a line saying how."""
+    began = time.monotonic()
+    last, moved_at = _motion(ctx), began
+    while True:
+        if at_rest(ctx):
+            return True, f"the fleet came to rest {time.monotonic() - began:.1f}s after the faults stopped"
+        now = time.monotonic()
+        motion = _motion(ctx)
+        if motion != last:
+            last, moved_at = motion, now
+        if now - moved_at > quiet_s:
+            return False, (f"the fleet stalled: nothing happened for {quiet_s:g}s; left: {still_moving(ctx)}")
+        if now - began > cap_s:
+            return False, (f"the fleet was still working after {cap_s:g}s (last progress "
+                           f"{now - moved_at:.0f}s ago); left: {still_moving(ctx)}")
+        await asyncio.sleep(1.0)  # the fleet's pace; rows have no notification to wait on here
 
 
 def still_moving(ctx: DrillContext) -> str:

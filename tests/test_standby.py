@@ -78,6 +78,20 @@ async def test_a_connection_to_a_standby_is_refused_as_read_only(pair: Replicate
         await standby_db(pair).connect("worker")
 
 
+async def test_a_reader_may_read_from_a_standby(pair: Replicated) -> None:
+    """Reads need no primary: a reader login of its own (the dashboard's) may
+    name a replica. (Without one, the reader shares the URL of every role and
+    is refused a standby like them.)"""
+    url = with_database(pair.standby.url, DB)
+    with pytest.raises(errors.ReadOnly):
+        await Database(url, role_prefix=TEST_PREFIX).connect("reader")
+    conn = await Database(url, role_prefix=TEST_PREFIX, role_urls={"reader": url}).connect("reader")
+    try:
+        assert (await (await conn.execute("SELECT pg_is_in_recovery() AS r")).fetchone())["r"] is True
+    finally:
+        await conn.close()
+
+
 async def test_only_standbys_behind_read_write_attrs_is_read_only(pair: Replicated) -> None:
     """libpq's target_session_attrs=read-write finding only the standby (no
     SQLSTATE, its own words) is ReadOnly too -- not a generic failure."""

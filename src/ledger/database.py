@@ -747,7 +747,9 @@ class Database:
             conn.prepare_threshold = None  # it may (wrongly) go through a pooler
             return conn
         try:
-            _refuse_standby(conn)
+            if not (actor == "reader" and actor in self.role_urls):
+                # reads may be served by a standby: a reader login of its own may name a replica
+                _refuse_standby(conn)
             await bounded(conn, conn.execute(self.session_setup(actor)), CHECK_TIMEOUT_S)
             if not autocommit:
                 await conn.commit()
