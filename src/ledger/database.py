@@ -745,6 +745,11 @@ class Database:
             raise _translate(exc, sent=False) from exc
         if not setup:
             conn.prepare_threshold = None  # it may (wrongly) go through a pooler
+            try:
+                _refuse_standby(conn)  # a standby cannot LISTEN: wait for a primary, classified
+            except errors.ReadOnly:
+                await conn.close()
+                raise
             return conn
         try:
             if not (actor == "reader" and actor in self.role_urls):
@@ -785,7 +790,7 @@ class Database:
     async def probe(self, actor: str | None) -> None:
         """Connect with ``actor``'s login and take on its role in a transaction
         (pooler-safe: nothing outlives the transaction); raise the translated
-        error if that fails."""
+        error if that fails, ``ReadOnly`` if the server is a standby."""
         try:
             conn = await psycopg.AsyncConnection.connect(
                 with_connect_defaults(self.url_for(actor)), autocommit=True, prepare_threshold=None,
@@ -793,6 +798,9 @@ class Database:
         except psycopg.Error as exc:
             raise _translate(exc, sent=False) from exc
         try:
+            if not (actor == "reader" and actor in self.role_urls):
+                _refuse_standby(conn)  # as connect(): a standby is waited for, never used
+
             async def check() -> None:
                 async with conn.transaction():
                     await conn.execute(self.prelude(actor))
