@@ -122,6 +122,19 @@ class Run:
         dup_ticks = ctx.sql("SELECT count(*) AS n FROM (SELECT tick FROM ledger.observation WHERE tick IS NOT NULL "
                             "GROUP BY tick HAVING count(*) > 1) t")[0]["n"]
         ctx.expect(dup_ticks == 0, "no sensor tick was observed twice")
+        # Issue 19: the outbox drains after the faults, and a restart (down at most
+        # 2 s, far shorter than a lease) costs no attempt: only a killed or frozen
+        # worker loses the attempts it had in flight (at most its concurrency).
+        pending = ctx.sql("SELECT count(*) AS n FROM ledger.side_effect "
+                          "WHERE state IN ('pending', 'claimed')")[0]["n"]
+        ctx.expect(pending == 0, "nothing is pending in the outbox after the settle period",
+                   f"{pending} pending or claimed")
+        lost = figures["attempts"].get("lost", 0)
+        bound = 2 * (self.tally["worker-sigkill"] + self.tally["worker-sigstop"])
+        ctx.expect(lost <= bound, "no attempt was lost to a restart: lost attempts are within what "
+                   "the worker kills and stops could take (2 in flight each)",
+                   f"{lost} lost; {self.tally['worker-sigkill']} SIGKILLs and "
+                   f"{self.tally['worker-sigstop']} SIGSTOPs allow {bound}")
         ctx.step(f"figures: {figures}")
         ctx.expect(all(p.popen.poll() is None for p in procs),
                    "every process the faults did not kill is still running",
