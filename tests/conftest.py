@@ -213,3 +213,14 @@ async def test_class(actors: Actors) -> str:
     await op.register_class(TEST_CLASS, max_attempts=3, lease_seconds=30, backoff_base_s=0,
                             backoff_jitter=0)
     return TEST_CLASS
+
+
+@pytest.fixture(autouse=True)
+def _structlog_restored() -> Iterator[None]:
+    """What a test configures in structlog ends with it: the demo sets the
+    level to error, after which another test's ``capture_logs`` saw no warning."""
+    import structlog
+
+    saved = structlog.get_config()
+    yield
+    structlog.configure(**saved)

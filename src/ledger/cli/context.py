@@ -65,18 +65,19 @@ class State:
             overrides["data_dir"] = Path(overrides["data_dir"])
         return Settings(**overrides)
 
-    def database(self, *, wait_s: float | None = None) -> Database:
+    def database(self, *, wait_s: float | None = None, ready: bool = False) -> Database:
         """The database to use (starting the embedded server if none is
         configured). A service passes ``wait_s``: it waits up to that long for
         an unreachable server, but a missing or unmigrated database -- which
-        waiting does not fix -- stops it at once with the reason."""
+        waiting does not fix -- stops it at once with the reason. ``ready``: a
+        command checks that too, without being a service."""
         from ..database import Database
 
         db = Database.from_settings(self.settings)
         db.wait_for_database_s = wait_s or 0.0
         db.service = wait_s is not None  # a service warns when it holds administrator rights
         self.url = db.url
-        if wait_s is not None:
+        if wait_s is not None or ready:
             from ..errors import DatabaseMissing, NotMigrated
             from .readiness import diagnose
 

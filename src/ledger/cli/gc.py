@@ -48,7 +48,7 @@ def gc(
     async def go():  # type: ignore[no-untyped-def]
         # Checked up front: with no attempt branches to look at, a pass would
         # never touch the database and report success on one never migrated.
-        async with st.database(wait_s=0.0).session("reader") as session:
+        async with st.database(ready=True).session("reader") as session:
             reads = Reads(session)
             if every is None:
                 return await collect(reads, cfg, st.settings.data_dir, classes=class_,

@@ -29,7 +29,7 @@ def create(
 ) -> None:
     """Create one LOGIN role per runtime role (idempotent; run as the
     administrator) and print the LEDGER_<ROLE>_DATABASE_URL entries."""
-    made = create_logins(state(ctx).database(), auth="password" if password else "cert",
+    made = create_logins(state(ctx).database(ready=True), auth="password" if password else "cert",
                          rotate=rotate)
     for login in made:
         if login.url is None:
