@@ -19,6 +19,7 @@ from typing import Any
 
 from ledger.drill import DrillContext, drill_python, scripted_attempt
 from ledger.errors import LedgerError
+from ledger.reads import Reads
 
 from .workshop import CLASS
 
@@ -132,7 +133,7 @@ async def _notify(ctx: DrillContext, opened: Opened, target: Target, key: str) -
         try:
             sensor, worker = await ctx.kernel("sensor"), await ctx.kernel("worker")
             cid = (await sensor.open_campaign(NOTIFY, key, "hook")).campaign_id
-            held = [c for c in await worker.running_claims("drill-notifier") if c.campaign_id == cid]
+            held = [c for c in await Reads(worker.executor).running_claims("drill-notifier") if c.campaign_id == cid]
             claim = held[0] if held else await worker.claim_campaign("drill-notifier", [NOTIFY])
             if claim is None or claim.campaign_id != cid:
                 await asyncio.sleep(0.2)

@@ -7,6 +7,7 @@ The commands are found by walking the typer app, so a new command is covered
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import uuid
@@ -187,3 +188,22 @@ def test_readiness_tells_the_schema_revision_apart(db_url: str, admin: psycopg.C
     admin.execute("DELETE FROM alembic_version")
     never = diagnose(db_url, TEST_PREFIX)
     assert isinstance(never, NotMigrated) and never.hint == "run `ledger migrate`"
+
+
+def test_a_service_stopped_while_it_waits_for_the_database_exits_cleanly(tmp_path: Path) -> None:
+    """SIGTERM before the host runs (here: while the worker waits for an
+    unreachable server at start-up) is a clean stop, exit 0, not death by
+    signal (-15): a supervisor or a drill may stop a worker it just started."""
+    repo = tmp_path / "repo"
+    subprocess.run(["git", "init", "-q", str(repo)], check=True)
+    config = tmp_path / "ledger.toml"
+    config.write_text(f'[classes.c]\nrepository = "{repo}"\nattempt_command = ["true"]\n')
+    env = {**os.environ, "LEDGER_DATABASE_URL": "postgresql://postgres@127.0.0.1:1/x?connect_timeout=1",
+           "LEDGER_DATA_DIR": str(tmp_path / "data")}
+    worker = subprocess.Popen([sys.executable, "-m", "ledger", "worker", "--config", str(config),
+                               "--wait-for-database", "60"], env=env, stdout=subprocess.DEVNULL,
+                              stderr=subprocess.PIPE, text=True)
+    assert worker.stderr is not None
+    worker.stderr.readline()  # its first complaint: it is waiting, before the host runs
+    worker.send_signal(signal.SIGTERM)
+    assert worker.wait(30) == 0

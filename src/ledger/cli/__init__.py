@@ -8,6 +8,7 @@ needs (the database layer, the kernel, the API ...) is imported inside it, so
 
 from __future__ import annotations
 
+import signal
 import sys
 
 import typer
@@ -88,9 +89,22 @@ gc.register(app)
 logins.register(app)
 
 
+#: Commands that run services until SIGTERM (the host then handles signals).
+_SERVICES = frozenset({"worker", "run", "verifier", "dispatcher", "serve", "sensor", "gc", "trim"})
+
+
+def _stop_before_start(signum: int, frame: object) -> None:
+    raise SystemExit(0)
+
+
 def main() -> None:
     """Console entry point: usage errors are typer's (exit 2); every other
     failure is one line on stderr with a documented exit code (``failures``)."""
+    if _SERVICES.intersection(sys.argv[1:3]):
+        # A supervisor may stop a service while it is still starting (importing,
+        # waiting for the database): nothing is in flight yet, so that is a clean
+        # stop (exit 0), not death by signal. The host installs its own handler.
+        signal.signal(signal.SIGTERM, _stop_before_start)
     try:
         app()
     except KeyboardInterrupt:
