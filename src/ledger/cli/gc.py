@@ -10,7 +10,7 @@ import typer
 
 from .. import logs
 from ..config import load_config
-from ..gc import Collector, collect
+from ..gc import Collected, Collector, collect
 from ..kernel import Kernel
 from .context import console_err, emit_json, run, state
 from .runtime import CONFIG_OPTION, LOG_OPTION, config_path, until_signalled
@@ -27,7 +27,7 @@ def gc(
     class_: list[str] = typer.Option([], "--class", help="Only these classes' repositories "
                                                          "(repeatable; default: all)."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Count what would go; delete nothing."),
-    every: float = typer.Option(None, "--every", min=1.0,
+    every: float | None = typer.Option(None, "--every", min=1.0,
                                 help="Keep running: a pass every this many seconds, until SIGTERM."),
     as_json: bool = typer.Option(False, "--json", help="Print what the pass did as JSON."),
     log_level: str = LOG_OPTION,
@@ -45,7 +45,7 @@ def gc(
     if every is not None and dry_run:
         raise typer.BadParameter("--dry-run is for one pass; drop --every")
 
-    async def go():  # type: ignore[no-untyped-def]
+    async def go() -> Collected | None:
         async with st.database().session("reader") as session:
             kernel = Kernel(session)
             if every is None:
