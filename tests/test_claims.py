@@ -6,6 +6,7 @@ import asyncio
 
 import pytest
 
+from conftest import Actors, Admin
 from ledger import Database, Kernel
 from ledger.database import Transaction
 
@@ -15,14 +16,14 @@ CAMPAIGNS = 2000
 CLAIMERS = 8
 
 
-def _bulk_open(admin, class_: str, n: int, prefix: str = "bulk") -> None:  # type: ignore[no-untyped-def]
+def _bulk_open(admin: Admin, class_: str, n: int, prefix: str = "bulk") -> None:
     # The superuser calls the sensor's function for speed; it is the same code path.
     admin.execute(
         "SELECT ledger_api.open_campaign(%s, %s || '-' || i, 'target-' || i) "
         "FROM generate_series(1, %s) AS i", (class_, prefix, n))
 
 
-async def test_concurrent_claimers_claim_each_campaign_exactly_once(db: Database, admin, test_class) -> None:  # type: ignore[no-untyped-def]
+async def test_concurrent_claimers_claim_each_campaign_exactly_once(db: Database, admin: Admin, test_class: str) -> None:
     _bulk_open(admin, test_class, CAMPAIGNS)
     claimed: dict[int, list[int]] = {i: [] for i in range(CLAIMERS)}
     lock_waits: list[dict] = []
@@ -82,7 +83,7 @@ async def test_concurrent_claimers_claim_each_campaign_exactly_once(db: Database
     assert attempts == {"n": CAMPAIGNS, "c": CAMPAIGNS}
 
 
-async def test_claim_order_priority_then_age_and_next_attempt_at(actors, admin, test_class) -> None:  # type: ignore[no-untyped-def]
+async def test_claim_order_priority_then_age_and_next_attempt_at(actors: Actors, admin: Admin, test_class: str) -> None:
     sensor, worker, op = await actors("sensor"), await actors("worker"), await actors("operator")
     low = (await sensor.open_campaign(test_class, "low", "t")).campaign_id
     high = (await sensor.open_campaign(test_class, "high", "t", priority=5)).campaign_id
@@ -99,7 +100,7 @@ async def test_claim_order_priority_then_age_and_next_attempt_at(actors, admin, 
     assert (await op.campaign(older_mid)).state == "ready"
 
 
-async def test_one_leased_campaign_per_seat(actors, test_class) -> None:  # type: ignore[no-untyped-def]
+async def test_one_leased_campaign_per_seat(actors: Actors, test_class: str) -> None:
     sensor, worker = await actors("sensor"), await actors("worker")
     a = (await sensor.open_campaign(test_class, "seat-a", "t", seat="repo-1")).campaign_id
     b = (await sensor.open_campaign(test_class, "seat-b", "t", seat="repo-1")).campaign_id

@@ -348,7 +348,8 @@ async def test_refusing_is_fenced_and_checked(actors: Any, admin: Any, test_clas
     cid = (await sensor.open_campaign(test_class, "k", "t")).campaign_id
     claim = await worker.claim_campaign("w", [test_class])
     assert claim is not None
-    for bad in ({"fingerprint": "x"}, {"paths": []}):
+    bads: list[dict[str, Any]] = [{"fingerprint": "x"}, {"paths": []}]
+    for bad in bads:
         args = {"fingerprint": "sha256:0123456789", "paths": ["tests/x.py"], **bad}
         with pytest.raises(InvalidInput):
             await worker.refuse_candidate(cid, claim.generation, "r", **args)

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from conftest import Actors
 from ledger.machine import StateMachine
 
 pytestmark = pytest.mark.anyio
@@ -21,7 +22,7 @@ keeps this file equal to what the database holds. `ledger graph` draws an SVG.
 """
 
 
-async def test_machine_follows_the_table(actors) -> None:  # type: ignore[no-untyped-def]
+async def test_machine_follows_the_table(actors: Actors) -> None:
     reader = await actors("reader")
     machine = await StateMachine.load(reader)
     for t in await reader.transitions():
@@ -33,7 +34,7 @@ async def test_machine_follows_the_table(actors) -> None:  # type: ignore[no-unt
     assert machine.terminal == {"confirmed", "dismissed", "abandoned"}
 
 
-async def test_state_machine_doc_is_generated_from_the_table(actors) -> None:  # type: ignore[no-untyped-def]
+async def test_state_machine_doc_is_generated_from_the_table(actors: Actors) -> None:
     machine = await StateMachine.load(await actors("reader"))
     text = HEADER + machine.mermaid() + "```\n"
     if os.environ.get("LEDGER_UPDATE_SNAPSHOT"):

@@ -18,6 +18,7 @@ from collections.abc import Iterator
 from datetime import datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from typing import Any
 
 import psycopg
 import pytest
@@ -200,7 +201,7 @@ acceptance = {{ commands = [["{sys.executable}", "-c", {json.dumps(check)}]], ti
 
         admin = db.connect_sync(None)
 
-        def row(sql: str, *params: object) -> dict:  # type: ignore[type-arg]
+        def row(sql: str, *params: object) -> dict[str, Any] | None:
             return admin.execute(sql, params).fetchone()
 
         await eventually(lambda: row("SELECT state FROM ledger.side_effect WHERE idempotency_key = 'hook-1'")

@@ -7,7 +7,7 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from conftest import TEST_PREFIX
+from conftest import TEST_PREFIX, Actors, Admin
 from drive import Driver
 from ledger import Database, Forbidden
 
@@ -20,7 +20,7 @@ VIEWS = ("campaigns", "events", "attempts", "observations", "verifications", "si
          "security_events", "classes", "states", "transitions")
 
 
-def _as(db: Database, role: str) -> psycopg.Connection:
+def _as(db: Database, role: str) -> Admin:
     return db.connect_sync(role)
 
 
@@ -72,7 +72,7 @@ def test_runtime_roles_create_nothing_and_own_nothing(db: Database, admin, role:
             conn.execute("CREATE TABLE public.campaign (id int)")
 
 
-def test_owner_is_a_plain_nologin_role_owning_everything(admin) -> None:  # type: ignore[no-untyped-def]
+def test_owner_is_a_plain_nologin_role_owning_everything(admin: Admin) -> None:
     owner = admin.execute(
         "SELECT rolcanlogin, rolsuper, rolbypassrls, rolcreaterole, rolcreatedb FROM pg_roles "
         "WHERE rolname = %s", (f"{TEST_PREFIX}owner",)).fetchone()
@@ -91,7 +91,7 @@ def test_owner_is_a_plain_nologin_role_owning_everything(admin) -> None:  # type
         assert flags == {"rolsuper": False, "rolbypassrls": False, "rolcreaterole": False}
 
 
-def test_every_api_function_is_definer_pinned_and_granted_to_one_role(admin) -> None:  # type: ignore[no-untyped-def]
+def test_every_api_function_is_definer_pinned_and_granted_to_one_role(admin: Admin) -> None:
     rows = admin.execute("""
         SELECT p.proname, p.prosecdef, p.proconfig,
                array(SELECT pg_get_userbyid(a.grantee) FROM aclexplode(p.proacl) a
@@ -126,13 +126,13 @@ def test_functions_of_other_roles_are_refused(db: Database, role: str, call: str
             conn.execute(call)
 
 
-async def test_forbidden_is_the_python_error_for_another_roles_function(actors, test_class) -> None:  # type: ignore[no-untyped-def]
+async def test_forbidden_is_the_python_error_for_another_roles_function(actors: Actors, test_class: str) -> None:
     worker = await actors("worker")
     with pytest.raises(Forbidden):
         await worker.open_campaign(test_class, "k", "t")
 
 
-async def test_shadowing_through_search_path_changes_nothing(db: Database, admin, actors, test_class) -> None:  # type: ignore[no-untyped-def]
+async def test_shadowing_through_search_path_changes_nothing(db: Database, admin: Admin, actors: Actors, test_class: str) -> None:
     """A user schema full of look-alikes (tables, now(), random(), pg_notify())
     first on the caller's search_path: the kernel uses none of them."""
     worker_role = f"{TEST_PREFIX}worker"
@@ -167,7 +167,7 @@ async def test_shadowing_through_search_path_changes_nothing(db: Database, admin
     assert row == {"state": "ready", "generation": 1}
 
 
-async def test_a_worker_cannot_move_the_clock(db: Database, actors, test_class) -> None:  # type: ignore[no-untyped-def]
+async def test_a_worker_cannot_move_the_clock(db: Database, actors: Actors, test_class: str) -> None:
     """ledger.now() honours a pinned time only where the owner allowed it (tests);
     elsewhere a worker setting ledger.now cannot extend its own lease."""
     admin = db.connect_sync(None)

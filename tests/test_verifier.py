@@ -24,9 +24,8 @@ import pytest
 import verifiers
 from conftest import TEST_PREFIX
 from drive import eventually, now
-from ledger import Forbidden, Kernel, SameIdentity
+from ledger import Forbidden, Kernel, SameIdentity, repository
 from ledger import bundle as bundles
-from ledger import repository
 from ledger.drill import process_gone
 from ledger.models import Verification
 from ledger.processes import TAIL_BYTES, run_command

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
@@ -120,7 +120,7 @@ async def _either(a: Subscription, b: Subscription, timeout: float) -> None:
 
 
 async def board_changes(kernel: Kernel, hub: Any, *, poll_s: float, keepalive_s: float,
-                        min_gap_s: float = MIN_CHANGE_GAP_S) -> AsyncIterator[ServerSentEvent]:
+                        min_gap_s: float = MIN_CHANGE_GAP_S) -> AsyncGenerator[ServerSentEvent, None]:
     """A ``changed`` event whenever what the board shows changed.
 
     Woken by the hub (a journal grew, a campaign became ready) and, because
