@@ -14,7 +14,11 @@ embedded PostgreSQL 18. One template database is migrated per session.
   call runs as its role in a savepoint, so a refused call undoes only itself,
   as its own transaction would; ``admin`` statements do the same. Asking for
   ``db``/``db_url`` there is an error: nothing outside the connection could
-  see the test's rows.
+  see the test's rows. Services (a Verifier, a Dispatcher) run on it too:
+  their calls are serialised on the one connection, which is right for tests
+  of what they do, not of how they race. Whatever needs two connections
+  (LISTEN/NOTIFY, a Hub, concurrent claims, a process that connects) needs
+  the committed tier.
 
 Every test is checked for leaks: a database session, a child process or an
 embedded server it leaves behind fails it, naming what was left.

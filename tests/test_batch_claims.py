@@ -57,6 +57,7 @@ async def test_concurrent_batch_claimers_lease_each_campaign_once(db: Database, 
     assert journaled["n"] == 1000
 
 
+@pytest.mark.rollback  # only SQL: a transaction rolled back after the test
 async def test_batch_claim_honours_order_seats_and_limit(actors: Actors, test_class: str) -> None:
     sensor, worker = await actors("sensor"), await actors("worker")
     low = (await sensor.open_campaign(test_class, "low", "t")).campaign_id
@@ -76,6 +77,7 @@ async def test_batch_claim_honours_order_seats_and_limit(actors: Actors, test_cl
         await worker.claim_campaigns("w", [test_class], limit=0)
 
 
+@pytest.mark.rollback  # only SQL: a transaction rolled back after the test
 async def test_batch_record_reports_a_lost_lease_and_keeps_the_rest(actors: Actors, test_class: str) -> None:
     sensor, worker, op = await actors("sensor"), await actors("worker"), await actors("operator")
     for i in range(3):
@@ -96,6 +98,7 @@ async def test_batch_record_reports_a_lost_lease_and_keeps_the_rest(actors: Acto
     assert [e.payload.get("to") for e in events if e.type == "transition"] == ["ready", "leased", "attempted"]
 
 
+@pytest.mark.rollback  # only SQL: a transaction rolled back after the test
 async def test_batch_record_refuses_bad_input_and_repeated_approaches_whole(actors: Actors, admin: Admin, test_class: str) -> None:
     sensor, worker = await actors("sensor"), await actors("worker")
     for i in range(2):

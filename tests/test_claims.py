@@ -83,6 +83,7 @@ async def test_concurrent_claimers_claim_each_campaign_exactly_once(db: Database
     assert attempts == {"n": CAMPAIGNS, "c": CAMPAIGNS}
 
 
+@pytest.mark.rollback  # only SQL: a transaction rolled back after the test
 async def test_claim_order_priority_then_age_and_next_attempt_at(actors: Actors, admin: Admin, test_class: str) -> None:
     sensor, worker, op = await actors("sensor"), await actors("worker"), await actors("operator")
     low = (await sensor.open_campaign(test_class, "low", "t")).campaign_id
@@ -100,6 +101,7 @@ async def test_claim_order_priority_then_age_and_next_attempt_at(actors: Actors,
     assert (await op.campaign(older_mid)).state == "ready"
 
 
+@pytest.mark.rollback  # only SQL: a transaction rolled back after the test
 async def test_one_leased_campaign_per_seat(actors: Actors, test_class: str) -> None:
     sensor, worker = await actors("sensor"), await actors("worker")
     a = (await sensor.open_campaign(test_class, "seat-a", "t", seat="repo-1")).campaign_id

@@ -278,6 +278,7 @@ async def http_intent(actors: Any, service: OrderService, *, path: str = "/order
 # =====================================================================================
 
 
+@pytest.mark.rollback  # only SQL: a transaction rolled back after the test
 async def test_promotion_moves_the_ref_reads_it_back_and_marks_the_campaign(actors: Actors, repo: Path) -> None:
     base = rev(repo)
     candidate = child(repo, base, "candidate")
@@ -304,6 +305,7 @@ async def test_promotion_moves_the_ref_reads_it_back_and_marks_the_campaign(acto
     assert await dispatcher.run_once() == 0, "nothing is due any more"
 
 
+@pytest.mark.rollback  # only SQL: a transaction rolled back after the test
 async def test_target_moved_meanwhile_is_a_conflict_and_the_campaign_is_ready_again(actors: Actors, repo: Path) -> None:
     base = rev(repo)
     candidate = child(repo, base, "candidate")
@@ -362,6 +364,7 @@ async def test_crash_after_the_update_is_recorded_once_by_the_next_dispatcher(
     assert campaign.promoted_sha == main and campaign.promoted_at is not None
 
 
+@pytest.mark.rollback  # only SQL: a transaction rolled back after the test
 async def test_lock_contention_is_retried_with_backoff_then_done(actors: Actors, repo: Path) -> None:
     base = rev(repo)
     candidate = child(repo, base, "candidate")
@@ -387,6 +390,7 @@ async def test_lock_contention_is_retried_with_backoff_then_done(actors: Actors,
     assert (se.state, se.tries) == ("done", 2)
 
 
+@pytest.mark.rollback  # only SQL: a transaction rolled back after the test
 async def test_a_candidate_missing_from_the_repository_fails_the_promotion(actors: Actors, repo: Path) -> None:
     base = rev(repo)
     cid, effect = await accepted(actors, repo, "f" * 40)
@@ -397,6 +401,7 @@ async def test_a_candidate_missing_from_the_repository_fails_the_promotion(actor
     assert (await (await actors("reader")).campaign(cid)).state == "ready"
 
 
+@pytest.mark.rollback  # only SQL: a transaction rolled back after the test
 async def test_an_intent_claimed_when_its_campaign_was_abandoned_is_not_carried_out(actors: Actors, repo: Path) -> None:
     """Abandon cancels pending intents; one a dispatcher had already claimed (and
     then lost) must not be carried out by its successor either: its
@@ -414,6 +419,7 @@ async def test_an_intent_claimed_when_its_campaign_was_abandoned_is_not_carried_
     assert se.state == "cancelled" and se.error is not None and "generation" in se.error
 
 
+@pytest.mark.rollback  # only SQL: a transaction rolled back after the test
 async def test_a_worker_intent_must_use_the_class_repository(actors: Actors, repo: Path, tmp_path: Path) -> None:
     """The kernel judges the ref; the repository in the payload is the worker's
     choice, so the dispatcher holds it to the class's own."""
@@ -447,6 +453,7 @@ async def test_a_worker_intent_must_use_the_class_repository(actors: Actors, rep
 # =====================================================================================
 
 
+@pytest.mark.rollback  # only SQL: a transaction rolled back after the test
 async def test_promotion_into_a_checked_out_branch_moves_its_files_and_index(actors: Actors, repo: Path) -> None:
     """The finding's reproduction: update-ref alone moved main under the user's
     checkout, whose index then held the old code, staged to go back in."""
@@ -467,6 +474,7 @@ async def test_promotion_into_a_checked_out_branch_moves_its_files_and_index(act
     assert git(repo, "diff", "--stat", main, "HEAD") == "README | 2 +-\n 1 file changed, 1 insertion(+), 1 deletion(-)"
 
 
+@pytest.mark.rollback  # only SQL: a transaction rolled back after the test
 @pytest.mark.parametrize("mess", ["unstaged", "staged", "untracked in the way"])
 async def test_a_dirty_checkout_is_left_alone_and_the_promotion_fails(actors: Actors, repo: Path, mess) -> None:
     base = rev(repo)
@@ -498,6 +506,7 @@ async def test_a_dirty_checkout_is_left_alone_and_the_promotion_fails(actors: Ac
     assert not (repo / ".git" / "index.lock").exists()
 
 
+@pytest.mark.rollback  # only SQL: a transaction rolled back after the test
 async def test_a_bare_repository_and_its_linked_worktree(actors: Actors, repo: Path, tmp_path: Path) -> None:
     """Bare: the ref moves as before. A linked worktree with main checked out
     moves with it, like the main worktree of a non-bare repository."""
@@ -523,6 +532,7 @@ async def test_a_bare_repository_and_its_linked_worktree(actors: Actors, repo: P
     assert git(tree, "status", "--porcelain") == ""
 
 
+@pytest.mark.rollback  # only SQL: a transaction rolled back after the test
 async def test_the_landed_commit_says_who_fixed_what_and_who_judged_it(actors: Actors, repo: Path) -> None:
     """The agent's message, Ledger's trailers (an agent's forged ones dropped),
     the candidate's author, the class's committer; the tree byte for byte."""
@@ -575,6 +585,7 @@ async def test_http_intent_survives_a_crash_with_one_idempotency_key_and_one_eff
     assert se.result is not None and se.result["status"] == 201
 
 
+@pytest.mark.rollback  # only SQL: a transaction rolled back after the test
 async def test_http_read_back_first_means_no_second_request(actors: Actors, service: OrderService, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """With a read-back configured, a successor first GETs the target: the order
     is there, so it records done without sending anything."""
@@ -598,6 +609,7 @@ async def test_http_read_back_first_means_no_second_request(actors: Actors, serv
     assert se.result["read_back"] == {"url": f"{service.base}/orders/{key}", "status": 200}
 
 
+@pytest.mark.rollback  # only SQL: a transaction rolled back after the test
 async def test_http_success_is_what_the_read_back_shows(actors: Actors, service: OrderService) -> None:
     cid, effect, key = await http_intent(actors, service, read_back=True)
     assert await Dispatcher(await actors("dispatcher")).run_once() == 1
@@ -608,6 +620,7 @@ async def test_http_success_is_what_the_read_back_shows(actors: Actors, service:
     assert "already_applied" not in se.result
 
 
+@pytest.mark.rollback  # only SQL: a transaction rolled back after the test
 async def test_http_accepted_but_not_visible_is_not_done(actors: Actors, service: OrderService) -> None:
     """A 2xx is not success; what the read-back shows is."""
     cid, effect, key = await http_intent(actors, service, path="/lossy", read_back=True)
@@ -619,6 +632,7 @@ async def test_http_accepted_but_not_visible_is_not_done(actors: Actors, service
     assert se.error is not None and "answered 404, not 200" in se.error
 
 
+@pytest.mark.rollback  # only SQL: a transaction rolled back after the test
 async def test_http_5xx_is_retried_with_backoff_then_failed_after_max_tries(actors: Actors, service: OrderService) -> None:
     cid, effect, key = await http_intent(actors, service, path="/flaky")
     before = now()
@@ -636,6 +650,7 @@ async def test_http_5xx_is_retried_with_backoff_then_failed_after_max_tries(acto
     assert await after_lease(actors, max_tries=2) == 0, "failed is final"
 
 
+@pytest.mark.rollback  # only SQL: a transaction rolled back after the test
 async def test_http_payload_pointing_off_the_authorised_target_is_refused(actors: Actors, service: OrderService) -> None:
     """The kernel authorised the target's host; a payload URL on another origin
     (here: another port) is not contacted at all."""
@@ -655,6 +670,7 @@ async def test_http_payload_pointing_off_the_authorised_target_is_refused(actors
 # =====================================================================================
 
 
+@pytest.mark.rollback  # only SQL: a transaction rolled back after the test
 async def test_a_ref_outside_the_worker_profile_is_forbidden_and_recorded(actors: Actors, admin: Admin) -> None:
     await (await actors("operator")).register_class(
         "guarded", authority={"worker": {"refs": ["refs/heads/ledger/*"]}})
@@ -684,6 +700,7 @@ async def test_a_ref_outside_the_worker_profile_is_forbidden_and_recorded(actors
     assert allowed.status == "requested"
 
 
+@pytest.mark.rollback  # only SQL: a transaction rolled back after the test
 @pytest.mark.parametrize("superseded_by", ["abandon", "reap"])
 async def test_a_stale_worker_cannot_record_an_intent(actors: Actors, admin: Admin, test_class: str, superseded_by) -> None:
     await (await actors("operator")).register_class(

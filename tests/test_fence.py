@@ -59,6 +59,7 @@ def write(name: str, cid: int | None, gen: int | None) -> Callable[[Kernel], Awa
 
 # --- 1. an expired lease is stale at once, reaped or not --------------------------
 
+@pytest.mark.rollback  # only SQL: a transaction rolled back after the test
 @pytest.mark.parametrize("name", WRITES)
 async def test_a_write_after_expiry_is_refused_before_any_reaper_runs(actors: Actors, admin: Admin, name: str) -> None:
     op = await actors("operator")
@@ -77,6 +78,7 @@ async def test_a_write_after_expiry_is_refused_before_any_reaper_runs(actors: Ac
     await at(actors, "worker", expires - timedelta(milliseconds=1), write(name, cid, gen))
 
 
+@pytest.mark.rollback  # only SQL: a transaction rolled back after the test
 async def test_a_heartbeat_at_the_expiry_loses_and_one_before_renews(actors: Actors, admin: Admin, test_class: str) -> None:
     cid, gen = await Driver(actors, test_class).leased()
     expires = admin.execute("SELECT lease_expires_at FROM ledger.campaign WHERE id = %s", (cid,)).fetchone()[
@@ -159,6 +161,7 @@ async def test_every_fenced_function_refuses_null_foreign_and_stale_generations(
     assert await (await actors("worker")).heartbeat(cid, gen)
 
 
+@pytest.mark.rollback  # only SQL: a transaction rolled back after the test
 async def test_null_ids_of_verifications_and_side_effects_are_refused(actors: Actors, admin: Admin, test_class: str) -> None:
     verifier, dispatcher = await actors("verifier"), await actors("dispatcher")
     before = tables(admin)
@@ -196,6 +199,7 @@ def repo(tmp_path: Path) -> Path:
     return path
 
 
+@pytest.mark.rollback  # only SQL: a transaction rolled back after the test
 async def test_a_reaped_generations_intent_is_never_carried_out(actors: Actors, admin: Admin, repo: Path) -> None:
     """g asks A->B, g is reaped, g+1 asks A->C: C lands, B is cancelled (it
     used to win the compare-and-swap and turn g+1's intent into a conflict)."""
@@ -235,6 +239,7 @@ async def test_a_reaped_generations_intent_is_never_carried_out(actors: Actors, 
     assert reap_event["cancelled_intents"] == [stale.side_effect_id]
 
 
+@pytest.mark.rollback  # only SQL: a transaction rolled back after the test
 async def test_a_claimed_intent_whose_generation_dies_is_not_carried_out(actors: Actors, admin: Admin, repo: Path) -> None:
     """The dispatcher confirms just before acting: the worker's attempt failed
     between the claim and the action, so the intent is cancelled, not applied."""
@@ -261,6 +266,7 @@ async def test_a_claimed_intent_whose_generation_dies_is_not_carried_out(actors:
 
 # --- 5. intake refuses a different request for an open objective ----------------------
 
+@pytest.mark.rollback  # only SQL: a transaction rolled back after the test
 async def test_a_different_request_for_an_open_objective_is_refused_naming_the_fields(actors: Actors, admin: Admin, test_class: str) -> None:
     sensor = await actors("sensor")
     first = await sensor.open_campaign(test_class, "obj", "t", priority=1, labels=["b", "a"],
@@ -295,6 +301,7 @@ def _numeric_parameters(admin: Admin) -> set[tuple[str, str]]:
     return {(r["proname"], r["name"]) for r in rows}
 
 
+@pytest.mark.rollback  # only SQL: a transaction rolled back after the test
 async def test_every_numeric_argument_refuses_nan_infinity_and_out_of_range(actors: Actors, admin: Admin, test_class: str) -> None:
     """A table of calls, one per numeric argument of every API function; the
     catalog says which arguments exist, so a new one fails here until covered."""
@@ -343,6 +350,7 @@ def _int(x: float) -> int:
     return int(x)
 
 
+@pytest.mark.rollback  # only SQL: a transaction rolled back after the test
 async def test_verification_and_outbox_leases_are_judged_by_the_clock(actors: Actors, admin: Admin, test_class: str) -> None:
     """A verdict or a side effect's record after its own lease expired is refused."""
     d = Driver(actors, test_class)
@@ -357,6 +365,7 @@ async def test_verification_and_outbox_leases_are_judged_by_the_clock(actors: Ac
     assert tables(admin) == before
 
 
+@pytest.mark.rollback  # only SQL: a transaction rolled back after the test
 async def test_a_retried_verdict_returns_its_first_result(actors: Actors, admin: Admin, test_class: str) -> None:
     d = Driver(actors, test_class)
     _, vid = await d.verifying()

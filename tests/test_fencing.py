@@ -41,6 +41,7 @@ async def _stale_writes_change_nothing(worker: Kernel, admin: Admin, cid: int, g
     assert _state(admin, cid) == before
 
 
+@pytest.mark.rollback  # only SQL: a transaction rolled back after the test
 async def test_reaped_generation_is_fenced_out(actors: Actors, admin: Admin, test_class: str) -> None:
     d = Driver(actors, test_class)
     cid, gen = await d.leased()
@@ -56,6 +57,7 @@ async def test_reaped_generation_is_fenced_out(actors: Actors, admin: Admin, tes
     assert row == {"state": "ready", "attempt_count": 1}
 
 
+@pytest.mark.rollback  # only SQL: a transaction rolled back after the test
 async def test_abandoned_generation_is_fenced_out(actors: Actors, admin: Admin, test_class: str) -> None:
     d = Driver(actors, test_class)
     cid, gen = await d.leased()
@@ -63,6 +65,7 @@ async def test_abandoned_generation_is_fenced_out(actors: Actors, admin: Admin, 
     await _stale_writes_change_nothing(await actors("worker"), admin, cid, gen)
 
 
+@pytest.mark.rollback  # only SQL: a transaction rolled back after the test
 async def test_reclaimed_campaign_fences_the_previous_holder(actors: Actors, admin: Admin, test_class: str) -> None:
     d = Driver(actors, test_class)
     worker = await actors("worker")
@@ -113,6 +116,7 @@ async def test_reaper_retests_expiry_inside_its_update(db: Database, actors: Act
         assert row == {"state": "ready", "generation": gen + 1}
 
 
+@pytest.mark.rollback  # only SQL: a transaction rolled back after the test
 async def test_grace_window_delays_reaping(actors: Actors, admin: Admin, test_class: str) -> None:
     d = Driver(actors, test_class)
     cid, _ = await d.leased()
@@ -124,6 +128,7 @@ async def test_grace_window_delays_reaping(actors: Actors, admin: Admin, test_cl
         assert [r.campaign_id for r in await Kernel(tx).expire_leases(grace_s=10)] == [cid]
 
 
+@pytest.mark.rollback  # only SQL: a transaction rolled back after the test
 async def test_an_allowed_target_cannot_smuggle_another_host_in_its_payload(actors: Actors, admin: Admin) -> None:
     from ledger import Forbidden
 

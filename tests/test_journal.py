@@ -7,7 +7,7 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from conftest import TEST_PREFIX, Actors, Admin
+from conftest import TEST_PREFIX, Actors, Admin, AsRole
 from drive import PROMOTING_CLASS, Driver, eventually, fingerprint, now, sha
 from ledger import Database, Kernel
 from ledger.journal import JournalWriter
@@ -17,6 +17,7 @@ pytestmark = pytest.mark.anyio
 RUNTIME = ("reader", "sensor", "worker", "reaper", "verifier", "dispatcher", "operator")
 
 
+@pytest.mark.rollback  # only SQL: a transaction rolled back after the test
 async def test_every_state_change_has_one_event_with_gap_free_seqs(actors: Actors, admin: Admin) -> None:
     op = await actors("operator")
     await op.register_class(PROMOTING_CLASS, max_attempts=5, lease_seconds=30, backoff_base_s=0,
@@ -59,6 +60,7 @@ async def test_every_state_change_has_one_event_with_gap_free_seqs(actors: Actor
     assert events[-1].payload["to"] == "confirmed"
 
 
+@pytest.mark.rollback  # only SQL: a transaction rolled back after the test
 async def test_a_rolled_back_change_leaves_no_event(actors: Actors, admin: Admin, test_class: str) -> None:
     d = Driver(actors, test_class)
     cid = await d.open()
@@ -86,9 +88,10 @@ async def test_a_rolled_back_change_leaves_no_event(actors: Actors, admin: Admin
                          ).fetchone()["n"] == 0
 
 
+@pytest.mark.rollback  # only SQL: a transaction rolled back after the test
 @pytest.mark.parametrize("role", RUNTIME)
-def test_runtime_roles_cannot_rewrite_the_journal(db: Database, role: str) -> None:
-    with db.connect_sync(role) as conn:
+def test_runtime_roles_cannot_rewrite_the_journal(as_role: AsRole, role: str) -> None:
+    with as_role(role) as conn:
         for stmt in ("UPDATE ledger.campaign_event SET type = 'x'", "DELETE FROM ledger.campaign_event",
                      "TRUNCATE ledger.campaign_event",
                      "UPDATE ledger_api.events SET type = 'x'", "DELETE FROM ledger_api.events"):
@@ -96,6 +99,7 @@ def test_runtime_roles_cannot_rewrite_the_journal(db: Database, role: str) -> No
                 conn.execute(stmt)
 
 
+@pytest.mark.rollback  # only SQL: a transaction rolled back after the test
 async def test_even_the_owner_cannot_rewrite_the_journal(actors: Actors, admin: Admin, test_class: str) -> None:
     await Driver(actors, test_class).open()
     admin.execute(sql.SQL("SET ROLE {}").format(sql.Identifier(f"{TEST_PREFIX}owner")))
@@ -108,6 +112,7 @@ async def test_even_the_owner_cannot_rewrite_the_journal(actors: Actors, admin: 
     assert admin.execute("SELECT count(*) AS n FROM ledger.campaign_event").fetchone()["n"] == 1
 
 
+@pytest.mark.rollback  # only SQL: a transaction rolled back after the test
 async def test_trim_removes_only_deltas_of_closed_campaigns(actors: Actors, admin: Admin, test_class: str) -> None:
     d = Driver(actors, test_class)
     worker, op = await d.k("worker"), await d.k("operator")
@@ -157,6 +162,7 @@ async def test_output_arriving_during_a_flush_is_flushed_without_more_output(act
     assert texts() == "first\nsecond\n"
 
 
+@pytest.mark.rollback  # only SQL: a transaction rolled back after the test
 async def test_output_limit_counts_bytes_not_characters(actors: Actors, admin: Admin, test_class: str) -> None:
     sensor, worker = await actors("sensor"), await actors("worker")
     cid = (await sensor.open_campaign(test_class, "limit", "t")).campaign_id

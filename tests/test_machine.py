@@ -11,7 +11,8 @@ import pytest
 from conftest import Actors
 from ledger.machine import StateMachine
 
-pytestmark = pytest.mark.anyio
+# Only SQL on one connection: each test runs in a transaction rolled back after it.
+pytestmark = [pytest.mark.anyio, pytest.mark.rollback]
 DOC = Path(__file__).parents[1] / "docs" / "state_machine.md"
 HEADER = """# Campaign states
 

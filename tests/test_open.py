@@ -15,6 +15,7 @@ from ledger.errors import InvalidInput
 pytestmark = pytest.mark.anyio
 
 
+@pytest.mark.rollback  # only SQL: a transaction rolled back after the test
 async def test_opening_twice_returns_the_open_campaign(actors: Actors, admin: Admin, test_class: str) -> None:
     sensor = await actors("sensor")
     first = await sensor.open_campaign(test_class, "obj", "t")
@@ -53,6 +54,7 @@ async def test_concurrent_opens_yield_one_campaign(db: Database, admin: Admin, t
     assert admin.execute("SELECT count(*) AS n FROM ledger.campaign_event").fetchone()["n"] == 1
 
 
+@pytest.mark.rollback  # only SQL: a transaction rolled back after the test
 async def test_same_objective_under_another_class_is_a_duplicate(actors: Actors, test_class: str) -> None:
     op, sensor = await actors("operator"), await actors("sensor")
     await op.register_class("other")
@@ -63,6 +65,7 @@ async def test_same_objective_under_another_class_is_a_duplicate(actors: Actors,
         await sensor.open_campaign(test_class, "obj", "another-target")
 
 
+@pytest.mark.rollback  # only SQL: a transaction rolled back after the test
 async def test_bad_input_is_refused_clearly(actors: Actors, test_class: str) -> None:
     sensor = await actors("sensor")
     with pytest.raises(NotFound, match="not registered"):
@@ -73,6 +76,7 @@ async def test_bad_input_is_refused_clearly(actors: Actors, test_class: str) -> 
         await sensor.record_observation("s", "obj", "t", "purple", started_at=__import__("datetime").datetime.now().astimezone())
 
 
+@pytest.mark.rollback  # only SQL: a transaction rolled back after the test
 async def test_a_nul_character_is_invalid_input_not_a_crash(actors: Actors, test_class: str) -> None:
     sensor = await actors("sensor")
     with pytest.raises(InvalidInput):

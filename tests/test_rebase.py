@@ -74,6 +74,7 @@ async def verified(actors: Any, repo: Path, tmp_path: Path, candidate: str, max_
     return cid
 
 
+@pytest.mark.rollback  # only SQL: a transaction rolled back after the test
 async def test_a_moved_target_gets_the_candidate_rebased_and_verified_again(actors: Actors, admin: Admin, repo: Path, tmp_path: Path) -> None:
     base = rev(repo)
     candidate = commit(repo, base, {"app.py": "def add(a, b):\n    return a + b\n"}, "fix add")
@@ -118,6 +119,7 @@ async def test_a_moved_target_gets_the_candidate_rebased_and_verified_again(acto
     assert (await (await actors("reader")).campaign(cid)).promoted_sha == landed
 
 
+@pytest.mark.rollback  # only SQL: a transaction rolled back after the test
 async def test_a_candidate_that_does_not_rebase_cleanly_returns_to_ready_without_spending_an_attempt(
         actors: Actors, admin: Admin, repo: Path, tmp_path: Path) -> None:
     base = rev(repo)

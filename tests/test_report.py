@@ -12,7 +12,8 @@ from drive import fingerprint, sha
 from ledger import Kernel
 from ledger.report import autonomy_report
 
-pytestmark = pytest.mark.anyio
+# Only SQL on one connection: each test runs in a transaction rolled back after it.
+pytestmark = [pytest.mark.anyio, pytest.mark.rollback]
 
 
 def _midday(days_ago: int) -> datetime:

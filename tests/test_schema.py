@@ -84,6 +84,7 @@ def test_the_manifest_lists_every_schema_file() -> None:
 FUNCTION_DEF = re.compile(r"\bCREATE\s+(?:OR\s+REPLACE\s+)?FUNCTION\s+([\w.]+)\s*\(", re.IGNORECASE)
 
 
+@pytest.mark.rollback  # only SQL: a transaction rolled back after the test
 def test_each_function_is_defined_once_in_the_tree(admin: Admin) -> None:
     """One body per function: a revision that changes a function re-applies its
     schema file instead of carrying a copy."""
@@ -100,6 +101,7 @@ def test_each_function_is_defined_once_in_the_tree(admin: Admin) -> None:
     assert set(found) == in_database
 
 
+@pytest.mark.rollback  # only SQL: a transaction rolled back after the test
 def test_no_function_is_executable_by_public(admin: Admin) -> None:
     """Issue 13, item 7: the global default lets PUBLIC execute a new function;
     a per-schema default cannot revoke that."""
@@ -158,6 +160,7 @@ def _view_columns(admin: Admin, view: str) -> list[str]:
         "AND NOT attisdropped ORDER BY attnum", (f"ledger_api.{view}",))]
 
 
+@pytest.mark.rollback  # only SQL: a transaction rolled back after the test
 def test_read_models_and_queries_list_the_views_columns(admin: Admin) -> None:
     for view, model in VIEW_MODELS.items():
         columns = _view_columns(admin, view)
@@ -168,6 +171,7 @@ def test_read_models_and_queries_list_the_views_columns(admin: Admin) -> None:
     assert "campaigns" in {t.name for t in queries.metadata.tables.values()}
 
 
+@pytest.mark.rollback  # only SQL: a transaction rolled back after the test
 def test_state_names_in_python_are_the_databases(admin: Admin) -> None:
     rows = admin.execute("SELECT name, is_terminal FROM ledger.state ORDER BY position").fetchall()
     assert models.STATES == tuple(r["name"] for r in rows) == get_args(models.State)

@@ -69,6 +69,7 @@ def test_ticks_are_epoch_aligned_and_coalesced() -> None:
     assert (now - EPOCH).total_seconds() > 0
 
 
+@pytest.mark.rollback  # only SQL: a transaction rolled back after the test
 async def test_a_broken_target_opens_exactly_one_campaign(actors: Actors, admin: Admin, test_class: str, tmp_path: Path) -> None:
     cfg, status = _config(tmp_path, every_s=0.3)
     sensor = Sensor(await actors("sensor"), cfg.sensors["tests"], "sensor-1")
@@ -127,6 +128,7 @@ async def test_two_sensor_processes_observe_each_tick_once(db_url: str, admin: A
     assert runs == len(rows), "a tick was checked twice"
 
 
+@pytest.mark.rollback  # only SQL: a transaction rolled back after the test
 async def test_a_restart_does_not_replay_missed_ticks(actors: Actors, admin: Admin, test_class: str, tmp_path: Path) -> None:
     cfg, _ = _config(tmp_path, cron="0 3 * * *")  # nightly: the due tick is in the past
     # Registered two days ago: last night's tick was missed, not from before its time.
@@ -145,6 +147,7 @@ async def test_a_restart_does_not_replay_missed_ticks(actors: Actors, admin: Adm
     assert rows[0]["tick"] == latest_due_tick(trigger_for(cfg.sensors["tests"]), datetime.now(timezone.utc))
 
 
+@pytest.mark.rollback  # only SQL: a transaction rolled back after the test
 async def test_only_an_observation_started_after_promotion_confirms(actors: Actors, admin: Admin, promoting: str) -> None:
     d = Driver(actors, PROMOTING_CLASS)
     sensor = await actors("sensor")
@@ -170,6 +173,7 @@ async def test_only_an_observation_started_after_promotion_confirms(actors: Acto
     assert (await sensor.campaign(cid)).state == "confirmed"
 
 
+@pytest.mark.rollback  # only SQL: a transaction rolled back after the test
 async def test_a_red_observation_after_promotion_regresses(actors: Actors, admin: Admin, promoting: str) -> None:
     d = Driver(actors, PROMOTING_CLASS)
     sensor = await actors("sensor")
@@ -186,6 +190,7 @@ async def test_a_red_observation_after_promotion_regresses(actors: Actors, admin
 # --- issue 14: sensor hygiene ---------------------------------------------------------------
 
 
+@pytest.mark.rollback  # only SQL: a transaction rolled back after the test
 async def test_a_new_nightly_sensor_waits_for_its_next_tick(actors: Actors, admin: Admin, test_class: str, tmp_path: Path) -> None:
     """A brand-new `0 3 * * *` sensor used to fire at once for last night's 03:00."""
     cfg, _ = _config(tmp_path, cron="0 3 * * *")
@@ -208,6 +213,7 @@ async def test_a_new_nightly_sensor_waits_for_its_next_tick(actors: Actors, admi
     assert again == admin.execute("SELECT registered_at FROM ledger.sensor").fetchone()["registered_at"]
 
 
+@pytest.mark.rollback  # only SQL: a transaction rolled back after the test
 def test_a_sensor_must_watch_its_class_repository(tmp_path: Path) -> None:
     """A `beta#main` sensor of an alpha class had its campaign attempted on, and
     promoted onto, alpha."""
@@ -227,6 +233,7 @@ def test_a_sensor_must_watch_its_class_repository(tmp_path: Path) -> None:
         config("alpha#develop")
 
 
+@pytest.mark.rollback  # only SQL: a transaction rolled back after the test
 async def test_an_exhausted_campaign_whose_target_turns_green_is_dismissed(actors: Actors, admin: Admin, test_class: str) -> None:
     sensor, worker = await actors("sensor"), await actors("worker")
     red = await sensor.record_observation("s", "broken", "target-1", "red",
@@ -250,6 +257,7 @@ async def test_an_exhausted_campaign_whose_target_turns_green_is_dismissed(actor
     assert (last["actor"], last["payload"]["transition"], last["payload"]["from"]) == ("s", "dismiss", "exhausted")
 
 
+@pytest.mark.rollback  # only SQL: a transaction rolled back after the test
 async def test_a_pytest_sensor_names_the_failing_tests(tmp_path: Path) -> None:
     """What becomes a campaign's baseline: run directly, or through the shipped
     wrapper that exports a ref of a bare repository."""

@@ -15,7 +15,8 @@ from conftest import Actors, Admin
 from drive import PROMOTING_CLASS, Driver, fingerprint, new_key, now, sha
 from ledger import Forbidden, IllegalTransition, Kernel, StaleLease
 
-pytestmark = pytest.mark.anyio
+# Only SQL on one connection: each test runs in a transaction rolled back after it.
+pytestmark = [pytest.mark.anyio, pytest.mark.rollback]
 
 ROLES = ("sensor", "worker", "reaper", "verifier", "dispatcher", "operator", "reader")
 #: Who may perform a transition owned by an actor: its role and its members.

@@ -170,6 +170,7 @@ async def test_resuming_past_the_terminal_event_yields_a_synthetic_one(db: Datab
             assert event.model_dump(mode="json")["synthetic"] is True
 
 
+@pytest.mark.rollback  # only SQL: a transaction rolled back after the test
 async def test_a_missing_campaign_and_a_bad_cursor_are_errors(actors: Actors) -> None:
     reader = await actors("reader")
     with pytest.raises(NotFound):
