@@ -12,6 +12,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Iterator
@@ -59,8 +60,11 @@ class Hook(BaseHTTPRequestHandler):
 
 
 @pytest.fixture
-def cluster(tmp_path: Path) -> Iterator[Cluster]:
-    c = Cluster(tmp_path / "cluster")
+def cluster() -> Iterator[Cluster]:
+    # Not under tmp_path: the server runs as another user, and every pytest
+    # session started on the machine meanwhile resets /tmp/pytest-of-<user> to
+    # 0700, after which pg_ctl could no longer reach the data directory.
+    c = Cluster(Path(tempfile.mkdtemp(prefix="ledger-test-cluster-")))
     yield c
     c.close()
 
