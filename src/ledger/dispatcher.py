@@ -62,7 +62,7 @@ from . import bundle as bundles
 from . import faults
 from . import repository as repositories
 from .errors import StaleLease, Unavailable
-from .hub import NullHub, WakeSource
+from .hub import NullHub, Subscription, WakeSource
 from .identity import process_identity
 from .kernel import Kernel
 from .lease import LeaseClock
@@ -92,7 +92,7 @@ _TRANSIENT_STATUSES = frozenset({408, 409, 425, 429})
 def backoff_s(tries: int, *, base_s: float = 2.0, cap_s: float = 600.0, jitter: float = 0.2) -> float:
     """Delay before try ``tries + 1``: ``base * 2^(tries-1)``, capped, +/- ``jitter``
     (so a fleet of dispatchers does not hammer a recovering target in lockstep)."""
-    delay = min(cap_s, base_s * 2 ** max(tries - 1, 0))
+    delay = min(cap_s, base_s * 2.0 ** max(tries - 1, 0))
     return max(0.0, delay * (1 + jitter * (2 * random.random() - 1)))
 
 
@@ -195,8 +195,8 @@ class Dispatcher(Loop):
             handled += 1
         return handled
 
-    async def run(self, stop: asyncio.Event) -> None:
-        """Dispatch until ``stop`` is set. Between passes it idles on the
+    async def run(self, stop: asyncio.Event, wake: Subscription | None = None) -> None:
+        """Dispatch until ``stop`` is set (``wake`` is unused: it subscribes itself). Between passes it idles on the
         ``ledger_outbox`` channel with the poll tick as timeout (a lost NOTIFY
         costs latency, never an intent). An intent being dispatched is always
         finished and recorded before stopping: stopping between the action and
@@ -224,9 +224,10 @@ class Dispatcher(Loop):
         self._lease = lease
         campaign = await self.kernel.campaign(claim.campaign_id)
         try:
-            if claim.kind == "git.update_ref":
+            kind: str = claim.kind  # typed as the known kinds; the guard below is for the rest
+            if kind == "git.update_ref":
                 verdict = await self._git(claim, campaign)
-            elif claim.kind == "http.request":
+            elif kind == "http.request":
                 verdict = await self._http(claim, campaign)
             else:  # the schema's CHECK makes this unreachable; say so if it is not
                 verdict = _failed(f"unknown side effect kind {claim.kind!r}")

@@ -290,7 +290,7 @@ class Hub:
     def _backoff(self, failures: int) -> float:
         # Exponential, capped, with "equal jitter": never zero, never in lockstep
         # with the other processes that lost the same server.
-        ceiling = min(self.backoff_cap_s, self.backoff_base_s * 2 ** min(failures, 30))
+        ceiling = min(self.backoff_cap_s, self.backoff_base_s * 2.0 ** min(failures, 30))
         return ceiling / 2 + random.uniform(0, ceiling / 2)
 
     async def _listen(self) -> psycopg.AsyncConnection[Any]:

@@ -20,7 +20,7 @@ UNAVAILABLE_CAP_S = 2.0
 def unavailable_pause(failures: int) -> float:
     """Jittered pause after ``failures`` consecutive passes that found the
     database unreachable: 0.25 s doubling, at most ``UNAVAILABLE_CAP_S``."""
-    ceiling = min(UNAVAILABLE_CAP_S, 0.25 * 2 ** max(failures - 1, 0))
+    ceiling = min(UNAVAILABLE_CAP_S, 0.25 * 2.0 ** max(failures - 1, 0))
     return ceiling / 2 + random.uniform(0, ceiling / 2)
 from .logs import get_logger
 
@@ -81,7 +81,7 @@ class Loop(ABC):
 
 async def idle(stop: asyncio.Event, wake: Subscription | None, timeout: float) -> None:
     """Until ``stop`` is set, ``wake`` fires or ``timeout`` passes."""
-    waiters = {asyncio.ensure_future(stop.wait())}
+    waiters: set[asyncio.Future[bool]] = {asyncio.ensure_future(stop.wait())}
     if wake is not None:
         waiters.add(asyncio.ensure_future(wake.wait(timeout)))
     try:

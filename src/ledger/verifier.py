@@ -43,7 +43,7 @@ import verifiers
 from . import bundle as bundles
 from . import faults, protection, repository
 from .errors import LedgerError, StaleLease, Unavailable
-from .hub import NullHub, WakeSource
+from .hub import NullHub, Subscription, WakeSource
 from .identity import process_identity
 from .kernel import Kernel
 from .lease import LeaseClock
@@ -344,8 +344,8 @@ class Verifier(Loop):
 
     # --- the loop ------------------------------------------------------------
 
-    async def run(self, stop: asyncio.Event) -> None:
-        """Verify until ``stop`` is set. Waiting candidates are drained, then the
+    async def run(self, stop: asyncio.Event, wake: Subscription | None = None) -> None:
+        """Verify until ``stop`` is set (``wake`` is unused: it subscribes itself). Waiting candidates are drained, then the
         verifier idles until a ``ledger_attempted`` wake-up or its poll tick.
         Stopping mid-check kills the check and records nothing: the short
         verification lease lapses and another verifier takes over."""

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+from collections.abc import Awaitable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -206,8 +207,8 @@ class Worker:
             return False
         return True
 
-    async def _idle(self, wake: object) -> None:
-        waiter = asyncio.ensure_future(wake)  # type: ignore[arg-type]
+    async def _idle(self, wake: Awaitable[object]) -> None:
+        waiter = asyncio.ensure_future(wake)
         stopping = asyncio.create_task(self.stopping.wait())
         await asyncio.wait({waiter, stopping}, return_when=asyncio.FIRST_COMPLETED)
         for task in (waiter, stopping):
