@@ -71,6 +71,9 @@ LEAK_GRACE_S = 5.0
 Admin = psycopg.Connection[DictRow]
 
 
+pytest_plugins = ["pytester"]  # tests/test_leaks.py runs a session of its own
+
+
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers", "rollback: only SQL on one connection: runs in a transaction rolled back "
@@ -126,12 +129,12 @@ def _sessions(admin_url: str, database_like: str, *, except_pids: Sequence[int] 
             for pid, db, app, state, query in rows]
 
 
-def _until_gone(find: Any) -> list[str]:
+def _until_gone(find: Callable[[], list[str]]) -> list[str]:
     """What ``find()`` still returns after up to LEAK_GRACE_S (closing is asynchronous:
     a backend or a child exits a moment after it was told to)."""
     deadline = time.monotonic() + LEAK_GRACE_S
     while True:
-        left: list[str] = find()
+        left = find()
         if not left or time.monotonic() > deadline:
             return left
         time.sleep(0.02)  # polling a condition nothing signals to us
@@ -165,10 +168,13 @@ def _embedded_servers(roots: Sequence[Path]) -> dict[str, str]:
 
 
 @pytest.fixture(autouse=True)
-def no_leaks(request: pytest.FixtureRequest, pg_admin_url: str) -> Iterator[None]:
+def no_leaks(request: pytest.FixtureRequest) -> Iterator[None]:
     """Fail a test that leaves a child process, an embedded server or a database
     session of its own behind (set up first, so checked after every other
     fixture of the test has been torn down)."""
+    # Only a test that reaches the server can leave a session on it.
+    admin_url: str | None = (request.getfixturevalue("pg_admin_url")
+                             if "pg_admin_url" in request.fixturenames else None)
     children = _children()
     roots = [request.getfixturevalue("tmp_path")] if "tmp_path" in request.fixturenames else []
     servers = _embedded_servers(roots)
@@ -186,8 +192,9 @@ def no_leaks(request: pytest.FixtureRequest, pg_admin_url: str) -> Iterator[None
                                  in _embedded_servers(roots).items() if path not in servers])
     # The per-test databases are checked before they are dropped (db_url); this
     # catches sessions on anything else the test created under this run's tag.
-    left += _until_gone(lambda: _sessions(pg_admin_url, f"ledgertest_%{RUN_TAG}%",
-                                          except_pids=_harness_pids))
+    if admin_url is not None:
+        left += _until_gone(lambda: _sessions(admin_url, f"ledgertest_%{RUN_TAG}%",
+                                              except_pids=_harness_pids))
     for pid in new_children:  # so that they trouble no later test
         with contextlib.suppress(psutil.Error):
             psutil.Process(pid).kill()
