@@ -66,7 +66,7 @@ from ledger.queries import Query as ReadQuery
 TEST_PREFIX = os.environ.get("LEDGER_TEST_ROLE_PREFIX", "ledgertest_")
 RUN_TAG = f"{os.getpid()}_{uuid.uuid4().hex[:6]}"
 #: How long something a test closed may take to be gone before it is a leak.
-LEAK_GRACE_S = 5.0
+LEAK_GRACE_S = float(os.environ.get("LEDGER_TEST_LEAK_GRACE_S", "5"))
 
 Admin = psycopg.Connection[DictRow]
 

@@ -51,7 +51,9 @@ def test_leaves_an_embedded_server():
 '''
 
 
-def test_a_leaking_test_fails_naming_what_it_left(pytester: pytest.Pytester) -> None:
+def test_a_leaking_test_fails_naming_what_it_left(pytester: pytest.Pytester,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("LEDGER_TEST_LEAK_GRACE_S", "0.5")  # each leak waits this long
     pytester.makeconftest(CONFTEST.read_text())
     pytester.makepyfile(test_leaky="import pytest\n" + LEAKY)
     # (the inner session inherits LEDGER_TEST_DATABASE_URL: the same server)
