@@ -26,8 +26,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from bench.harness import (Context, Section, Target, add_server_arguments, admin_url, describe_machine,
-                           describe_server)
+from bench.harness import (Context, Section, Target, add_server_arguments, describe_machine,
+                           describe_server, server)
 from ledger import logs
 
 SECTIONS = ("cycle", "peers", "wake", "scale", "heartbeat", "journal", "fair", "rowcost")
@@ -112,7 +112,7 @@ def markdown(report: dict[str, Any], sections: list[Section], cross: list[Target
     return "\n".join(lines)
 
 
-async def main() -> int:
+def entry() -> int:
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     add_server_arguments(parser)
@@ -124,7 +124,11 @@ async def main() -> int:
     if unknown:
         parser.error(f"unknown section(s): {', '.join(sorted(unknown))}; choose from {', '.join(SECTIONS)}")
     logs.configure("warning")
-    ctx = Context(admin_url(args.database_url), quick=args.quick)
+    with server(args.database_url) as url:
+        return asyncio.run(main(args, names, Context(url, quick=args.quick)))
+
+
+async def main(args: argparse.Namespace, names: list[str], ctx: Context) -> int:
     started = time.perf_counter()
     stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
     report: dict[str, Any] = {"stamp": stamp, "quick": args.quick, "machine": describe_machine(),
@@ -161,4 +165,4 @@ async def main() -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(asyncio.run(main()))
+    raise SystemExit(entry())

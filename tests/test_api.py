@@ -13,10 +13,11 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from conftest import TEST_PREFIX, create_database, drop_database
+from conftest import TEST_PREFIX, Actors, Admin
 from drive import Driver, fingerprint, new_key, now, sha
 from ledger import Database, Kernel
 from ledger.api import ApiOptions, TokenTable, create_app, hash_token, new_token
+from ledger.embedded import create_database, drop_database
 from ledger.migrations import head
 
 pytestmark = pytest.mark.anyio
@@ -75,7 +76,7 @@ def observation(key: str, status: str = "red", **extra: Any) -> dict[str, Any]:
             "class": "test", **extra}
 
 
-def table_counts(admin) -> dict[str, Any]:  # type: ignore[no-untyped-def]
+def table_counts(admin: Admin) -> dict[str, Any] | None:
     """Everything a refused request must leave unchanged."""
     return admin.execute(
         "SELECT (SELECT count(*) FROM ledger.campaign) AS campaigns, "
@@ -88,7 +89,7 @@ def table_counts(admin) -> dict[str, Any]:  # type: ignore[no-untyped-def]
 # --- authentication and authorisation -----------------------------------------
 
 
-async def test_missing_forged_and_malformed_tokens_get_401_problems(api: Api, actors, test_class) -> None:  # type: ignore[no-untyped-def]
+async def test_missing_forged_and_malformed_tokens_get_401_problems(api: Api, actors: Actors, test_class: str) -> None:
     cid = await Driver(actors, test_class).open()
     for headers in ({}, {"Authorization": "Bearer " + new_token()},
                     {"Authorization": "Bearer " + api.tokens["operator"] + "x"},
@@ -102,7 +103,7 @@ async def test_missing_forged_and_malformed_tokens_get_401_problems(api: Api, ac
     assert campaign.state == "ready"
 
 
-async def test_reader_cannot_abandon_operator_can_and_is_journaled(api: Api, actors, test_class, admin) -> None:  # type: ignore[no-untyped-def]
+async def test_reader_cannot_abandon_operator_can_and_is_journaled(api: Api, actors: Actors, test_class: str, admin: Admin) -> None:
     d = Driver(actors, test_class)
     cid = await d.open()
     before = table_counts(admin)
@@ -130,7 +131,7 @@ async def test_reader_cannot_abandon_operator_can_and_is_journaled(api: Api, act
     assert_problem(await api.post(f"/campaigns/{cid}/abandon"), 409, "illegal-transition")
 
 
-async def test_sensor_records_observations_and_nothing_else(api: Api, actors, test_class, admin) -> None:  # type: ignore[no-untyped-def]
+async def test_sensor_records_observations_and_nothing_else(api: Api, actors: Actors, test_class: str, admin: Admin) -> None:
     key = new_key()
     for role in ("reader", "operator"):
         assert_problem(await api.post("/observations", role, json=observation(key)), 403,
@@ -157,7 +158,7 @@ async def test_sensor_records_observations_and_nothing_else(api: Api, actors, te
 # --- idempotent intake ------------------------------------------------------------
 
 
-async def test_same_idempotency_key_records_once_and_a_different_body_is_refused(api: Api, test_class, admin) -> None:  # type: ignore[no-untyped-def]
+async def test_same_idempotency_key_records_once_and_a_different_body_is_refused(api: Api, test_class: str, admin: Admin) -> None:
     body = observation(new_key(), details={"b": 1, "a": [1, 2]})
     headers = {"Idempotency-Key": "obs-42"}
     first = await api.post("/observations", "sensor", json=body, headers=headers)
@@ -182,7 +183,7 @@ async def test_same_idempotency_key_records_once_and_a_different_body_is_refused
 # --- malformed input ------------------------------------------------------------------
 
 
-async def test_malformed_input_gets_4xx_problems_and_changes_nothing(api: Api, actors, test_class, admin) -> None:  # type: ignore[no-untyped-def]
+async def test_malformed_input_gets_4xx_problems_and_changes_nothing(api: Api, actors: Actors, test_class: str, admin: Admin) -> None:
     d = Driver(actors, test_class)
     cid = await d.open()
     before = table_counts(admin)
@@ -254,7 +255,7 @@ async def test_malformed_input_gets_4xx_problems_and_changes_nothing(api: Api, a
 # --- listing and pages -------------------------------------------------------------------
 
 
-async def test_list_filters_and_cursor_pages_cover_everything_once(api: Api, actors, test_class) -> None:  # type: ignore[no-untyped-def]
+async def test_list_filters_and_cursor_pages_cover_everything_once(api: Api, actors: Actors, test_class: str) -> None:
     d = Driver(actors, test_class)
     cid, _ = await d.leased()
     labelled = [await d.open(labels=["nightly"]) for _ in range(5)]
@@ -288,7 +289,7 @@ async def test_list_filters_and_cursor_pages_cover_everything_once(api: Api, act
     assert r.json()["next_cursor"] is None
 
 
-async def test_detail_and_status(api: Api, actors, test_class) -> None:  # type: ignore[no-untyped-def]
+async def test_detail_and_status(api: Api, actors: Actors, test_class: str) -> None:
     d = Driver(actors, test_class)
     cid, gen = await d.leased()
     worker = await d.k("worker")
@@ -314,7 +315,7 @@ async def test_detail_and_status(api: Api, actors, test_class) -> None:  # type:
     assert r.json()["leases_expiring"] == []
 
 
-async def test_bulk_abandon_and_reopen_preview_then_act(api: Api, actors, test_class) -> None:  # type: ignore[no-untyped-def]
+async def test_bulk_abandon_and_reopen_preview_then_act(api: Api, actors: Actors, test_class: str) -> None:
     op = await actors("operator")
     await op.register_class("once", max_attempts=1, lease_seconds=30, backoff_base_s=0,
                             backoff_jitter=0)
@@ -366,7 +367,7 @@ async def test_bulk_abandon_and_reopen_preview_then_act(api: Api, actors, test_c
         assert campaign.state == "ready" and campaign.max_attempts == 3
 
 
-async def test_bulk_api_acts_only_on_the_previewed_campaigns(api: Api, actors, test_class) -> None:  # type: ignore[no-untyped-def]
+async def test_bulk_api_acts_only_on_the_previewed_campaigns(api: Api, actors: Actors, test_class: str) -> None:
     """Issue 17, defect 1, through the API: preview 8 for a label; one of them is
     abandoned elsewhere and a new one opens with the label; acting abandons the
     seven and reports both differences, and the new campaign is left alone."""
@@ -392,7 +393,7 @@ async def test_bulk_api_acts_only_on_the_previewed_campaigns(api: Api, actors, t
     assert (await reader.events(batch[0]))[-1].actor == "cli:bob@host"
 
 
-async def test_retry_now_skips_a_backoff_and_is_refused_otherwise(api: Api, actors, test_class) -> None:  # type: ignore[no-untyped-def]
+async def test_retry_now_skips_a_backoff_and_is_refused_otherwise(api: Api, actors: Actors, test_class: str) -> None:
     op = await actors("operator")
     await op.register_class("slow", max_attempts=3, lease_seconds=30, backoff_base_s=3600,
                             backoff_jitter=0)
@@ -428,7 +429,7 @@ def samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
     return out
 
 
-async def test_metrics_match_the_database_after_a_scripted_sequence(api: Api, actors, test_class, db, admin) -> None:  # type: ignore[no-untyped-def]
+async def test_metrics_match_the_database_after_a_scripted_sequence(api: Api, actors: Actors, test_class: str, db: Database, admin: Admin) -> None:
     d = Driver(actors, test_class)
     worker, op = await d.k("worker"), await d.k("operator")
     await d.verified()
@@ -436,8 +437,8 @@ async def test_metrics_match_the_database_after_a_scripted_sequence(api: Api, ac
     await op.abandon(abandoned, "stop")
     lost, _ = await d.leased()
     # The reaper, with the clock a minute on: the lease has expired.
-    async with (await actors("reaper")).executor.transaction(now=now() + timedelta(minutes=1)) \
-            as tx:  # type: ignore[attr-defined]
+    await actors("reaper")
+    async with actors.session("reaper").transaction(now=now() + timedelta(minutes=1)) as tx:
         reaped = await Kernel(tx).expire_leases()
     assert [r.campaign_id for r in reaped] == [lost]
     # (The reaped one is due a minute from now: the next claim takes a new one.)
@@ -515,7 +516,7 @@ async def test_openapi_documents_problems_and_bearer_auth(api: Api) -> None:
 # --- the autonomy report: humans by role ------------------------------------------------
 
 
-async def test_autonomy_report_counts_an_operators_actions_and_no_one_elses(api: Api, actors, test_class) -> None:  # type: ignore[no-untyped-def]
+async def test_autonomy_report_counts_an_operators_actions_and_no_one_elses(api: Api, actors: Actors, test_class: str) -> None:
     """Issue 17, defect 2: a human is the operator role (API, dashboard or CLI),
     whatever the actor is called; every other role, under any name -- a sensor
     posting through the API as http:<token> included -- is automation."""
@@ -622,7 +623,7 @@ async def test_every_problem_type_has_a_page(api: Api, actors, test_class) -> No
     assert index.status_code == 200 and index.text.count('<a href="/problems/') == len(types)
 
 
-async def test_an_unknown_class_is_invalid_input_naming_it(api: Api, test_class, admin) -> None:  # type: ignore[no-untyped-def]
+async def test_an_unknown_class_is_invalid_input_naming_it(api: Api, test_class: str, admin: Admin) -> None:
     before = table_counts(admin)
     for status in ("red", "green"):
         r = await api.post("/observations", "sensor",
@@ -633,7 +634,7 @@ async def test_an_unknown_class_is_invalid_input_naming_it(api: Api, test_class,
     assert table_counts(admin) == before
 
 
-async def test_a_stream_cursor_beyond_the_journal_is_refused(api: Api, actors, test_class) -> None:  # type: ignore[no-untyped-def]
+async def test_a_stream_cursor_beyond_the_journal_is_refused(api: Api, actors: Actors, test_class: str) -> None:
     cid = await Driver(actors, test_class).open()
     head = (await (await actors.reads("reader")).campaign(cid)).event_seq
     for kw in ({"headers": {"Last-Event-ID": str(head + 5)}}, {"params": {"from": head + 1}}):
@@ -646,7 +647,7 @@ async def test_a_stream_cursor_beyond_the_journal_is_refused(api: Api, actors, t
     assert r.status_code == 204
 
 
-async def test_operations_have_names_and_metrics_have_classes_and_request_durations(api: Api, actors, test_class) -> None:  # type: ignore[no-untyped-def]
+async def test_operations_have_names_and_metrics_have_classes_and_request_durations(api: Api, actors: Actors, test_class: str) -> None:
     spec = (await api.client.get("/openapi.json")).json()
     ids = {op["operationId"]: (path, method) for path, ops in spec["paths"].items()
            for method, op in ops.items()}

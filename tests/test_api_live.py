@@ -21,7 +21,7 @@ from typing import Any
 import httpx
 import pytest
 
-from conftest import TEST_PREFIX
+from conftest import TEST_PREFIX, Actors, Admin
 from drive import Driver, fingerprint
 from ledger.api import hash_token, new_token
 
@@ -137,7 +137,7 @@ async def sse(response: httpx.Response) -> AsyncIterator[dict[str, str]]:
 # --- event streams ----------------------------------------------------------------
 
 
-async def test_reconnect_with_last_event_id_on_another_process_gets_every_event_once(servers, tokens, actors, test_class) -> None:  # type: ignore[no-untyped-def]
+async def test_reconnect_with_last_event_id_on_another_process_gets_every_event_once(servers: list[Server], tokens: dict[str, str], actors: Actors, test_class: str) -> None:
     a, b = servers
     d = Driver(actors, test_class)
     worker, op, reader = await d.k("worker"), await d.k("operator"), await d.reads()
@@ -206,7 +206,7 @@ async def test_reconnect_with_last_event_id_on_another_process_gets_every_event_
         assert json.loads(item["data"]) == event.model_dump(mode="json", by_alias=True)
 
 
-async def test_keepalives_resume_from_query_and_a_closed_stream(servers, tokens, actors, test_class) -> None:  # type: ignore[no-untyped-def]
+async def test_keepalives_resume_from_query_and_a_closed_stream(servers: list[Server], tokens: dict[str, str], actors: Actors, test_class: str) -> None:
     server = servers[0]
     d = Driver(actors, test_class)
     cid = await d.open()
@@ -242,15 +242,15 @@ async def test_keepalives_resume_from_query_and_a_closed_stream(servers, tokens,
 # --- fuzzing ----------------------------------------------------------------------------
 
 
-def test_fuzzed_requests_never_get_a_500_and_refusals_are_problems(servers, tokens, admin) -> None:  # type: ignore[no-untyped-def]
+def test_fuzzed_requests_never_get_a_500_and_refusals_are_problems(servers: list[Server], tokens: dict[str, str], admin: Admin) -> None:
     import schemathesis
     from hypothesis import HealthCheck, given, settings
     from schemathesis.generation import GenerationMode
 
     server = servers[0]
-    schema = schemathesis.openapi.from_url(f"{server.url}/openapi.json")
     # A stream of an open campaign follows it until it closes: not for a fuzzer.
-    schema = schema.exclude(path_regex=r"/events$")
+    schema = schemathesis.openapi.from_url(f"{server.url}/openapi.json").exclude(
+        path_regex=r"/events$")
     strategy = (schema.as_strategy(generation_mode=GenerationMode.POSITIVE)
                 | schema.as_strategy(generation_mode=GenerationMode.NEGATIVE))
     statuses: dict[int, int] = {}
@@ -286,7 +286,7 @@ def test_fuzzed_requests_never_get_a_500_and_refusals_are_problems(servers, toke
 # --- the CLI matches the API ------------------------------------------------------------
 
 
-async def test_cli_acts_on_each_id_reports_json_and_fails_nonzero(db_url, actors, test_class) -> None:  # type: ignore[no-untyped-def]
+async def test_cli_acts_on_each_id_reports_json_and_fails_nonzero(db_url: str, actors: Actors, test_class: str) -> None:
     d = Driver(actors, test_class)
     first, second = await d.open(), await d.open()
     await (await d.k("operator")).abandon(first, "earlier")

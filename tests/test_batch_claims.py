@@ -8,6 +8,7 @@ import asyncio
 
 import pytest
 
+from conftest import Actors, Admin
 from ledger.reads import Reads
 from ledger import Database, Kernel
 from ledger.database import Transaction
@@ -18,17 +19,17 @@ pytestmark = pytest.mark.anyio
 SHA = "b" * 40
 
 
-def _bulk_open(admin, class_: str, n: int, prefix: str = "batch") -> None:  # type: ignore[no-untyped-def]
+def _bulk_open(admin: Admin, class_: str, n: int, prefix: str = "batch") -> None:
     admin.execute("SELECT ledger_api.open_campaign(%s, %s || '-' || i, 't') FROM generate_series(1, %s) i",
                   (class_, prefix, n))
 
 
-def _record(claim, fingerprint: str | None = None) -> dict:  # type: ignore[no-untyped-def]
+def _record(claim, fingerprint: str | None = None) -> dict:
     return {"campaign_id": claim.campaign_id, "generation": claim.generation, "base_sha": SHA,
             "candidate_sha": SHA, "fingerprint": fingerprint or f"fp:{claim.campaign_id:08d}"}
 
 
-async def test_concurrent_batch_claimers_lease_each_campaign_once(db: Database, admin, test_class) -> None:  # type: ignore[no-untyped-def]
+async def test_concurrent_batch_claimers_lease_each_campaign_once(db: Database, admin: Admin, test_class: str) -> None:
     _bulk_open(admin, test_class, 1000)
     claimed: list[list[tuple[int, int, int]]] = [[] for _ in range(6)]
 
@@ -57,7 +58,8 @@ async def test_concurrent_batch_claimers_lease_each_campaign_once(db: Database, 
     assert journaled["n"] == 1000
 
 
-async def test_batch_claim_honours_order_seats_and_limit(actors, test_class) -> None:  # type: ignore[no-untyped-def]
+@pytest.mark.rollback  # only SQL: a transaction rolled back after the test
+async def test_batch_claim_honours_order_seats_and_limit(actors: Actors, test_class: str) -> None:
     sensor, worker = await actors("sensor"), await actors("worker")
     low = (await sensor.open_campaign(test_class, "low", "t")).campaign_id
     high = (await sensor.open_campaign(test_class, "high", "t", priority=5)).campaign_id
@@ -76,7 +78,8 @@ async def test_batch_claim_honours_order_seats_and_limit(actors, test_class) -> 
         await worker.claim_campaigns("w", [test_class], limit=0)
 
 
-async def test_batch_record_reports_a_lost_lease_and_keeps_the_rest(actors, test_class) -> None:  # type: ignore[no-untyped-def]
+@pytest.mark.rollback  # only SQL: a transaction rolled back after the test
+async def test_batch_record_reports_a_lost_lease_and_keeps_the_rest(actors: Actors, test_class: str) -> None:
     sensor, worker, op = await actors("sensor"), await actors("worker"), await actors("operator")
     for i in range(3):
         await sensor.open_campaign(test_class, f"rec-{i}", "t")
@@ -96,7 +99,8 @@ async def test_batch_record_reports_a_lost_lease_and_keeps_the_rest(actors, test
     assert [e.payload.get("to") for e in events if e.type == "transition"] == ["ready", "leased", "attempted"]
 
 
-async def test_batch_record_refuses_bad_input_and_repeated_approaches_whole(actors, admin, test_class) -> None:  # type: ignore[no-untyped-def]
+@pytest.mark.rollback  # only SQL: a transaction rolled back after the test
+async def test_batch_record_refuses_bad_input_and_repeated_approaches_whole(actors: Actors, admin: Admin, test_class: str) -> None:
     sensor, worker = await actors("sensor"), await actors("worker")
     for i in range(2):
         await sensor.open_campaign(test_class, f"bad-{i}", "t")

@@ -10,13 +10,13 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from conftest import TEST_PREFIX
+from conftest import TEST_PREFIX, Admin
 
 CLOSED = 100_000
 pytestmark = pytest.mark.anyio
 
 
-def _plans(conn: psycopg.Connection, call: str, params: tuple, analyze: bool = False) -> list[dict]:
+def _plans(conn: Admin, call: str, params: tuple, analyze: bool = False) -> list[dict]:
     notices: list[str] = []
     conn.add_notice_handler(lambda diag: notices.append(diag.message_primary or ""))
     conn.execute("LOAD 'auto_explain'")
@@ -35,13 +35,13 @@ def _plans(conn: psycopg.Connection, call: str, params: tuple, analyze: bool = F
     return plans
 
 
-def _nodes(plan: dict):  # type: ignore[no-untyped-def]
+def _nodes(plan: dict):
     yield plan
     for child in plan.get("Plans", []):
         yield from _nodes(child)
 
 
-async def test_claim_stays_on_its_index(admin, test_class) -> None:  # type: ignore[no-untyped-def]
+async def test_claim_stays_on_its_index(admin: Admin, test_class: str) -> None:
     # Bulk history: closed campaigns, written with triggers off for speed.
     admin.execute("SET session_replication_role = replica")
     admin.execute(
@@ -66,7 +66,7 @@ async def test_claim_stays_on_its_index(admin, test_class) -> None:  # type: ign
     assert admin.execute("SELECT count(*) AS n FROM ledger.campaign WHERE state = 'leased'").fetchone()["n"] == 1
 
 
-async def test_the_fair_claim_probes_each_class_on_its_index(admin, actors, test_class) -> None:  # type: ignore[no-untyped-def]
+async def test_the_fair_claim_probes_each_class_on_its_index(admin, actors, test_class) -> None:
     # A worker serving every class: the rotation probes each class's head
     # (claim_turns) and the claim takes the head of the class whose turn it
     # is, both on campaign_claim_order, with a million-row history's worth of

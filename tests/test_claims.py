@@ -6,6 +6,7 @@ import asyncio
 
 import pytest
 
+from conftest import Actors, Admin
 from ledger.reads import Reads
 from ledger import Database, Kernel
 from ledger.database import Transaction
@@ -16,14 +17,14 @@ CAMPAIGNS = 2000
 CLAIMERS = 8
 
 
-def _bulk_open(admin, class_: str, n: int, prefix: str = "bulk") -> None:  # type: ignore[no-untyped-def]
+def _bulk_open(admin: Admin, class_: str, n: int, prefix: str = "bulk") -> None:
     # The superuser calls the sensor's function for speed; it is the same code path.
     admin.execute(
         "SELECT ledger_api.open_campaign(%s, %s || '-' || i, 'target-' || i) "
         "FROM generate_series(1, %s) AS i", (class_, prefix, n))
 
 
-async def test_concurrent_claimers_claim_each_campaign_exactly_once(db: Database, admin, test_class) -> None:  # type: ignore[no-untyped-def]
+async def test_concurrent_claimers_claim_each_campaign_exactly_once(db: Database, admin: Admin, test_class: str) -> None:
     _bulk_open(admin, test_class, CAMPAIGNS)
     claimed: dict[int, list[int]] = {i: [] for i in range(CLAIMERS)}
     lock_waits: list[dict] = []
@@ -80,7 +81,7 @@ async def test_concurrent_claimers_claim_each_campaign_exactly_once(db: Database
     assert attempts == {"n": CAMPAIGNS, "c": CAMPAIGNS}
 
 
-async def test_an_uncommitted_claim_holds_up_no_other_claimer(db: Database, admin, test_class) -> None:  # type: ignore[no-untyped-def]
+async def test_an_uncommitted_claim_holds_up_no_other_claimer(db: Database, admin, test_class) -> None:
     """SKIP LOCKED, deterministically: one claimer's claim stays uncommitted
     (its rows locked) while the others claim everything else. A claimer that
     queued on those locks could only go on once the holder ends, which it
@@ -95,7 +96,7 @@ async def test_an_uncommitted_claim_holds_up_no_other_claimer(db: Database, admi
         holder_pid = holder.info.backend_pid
         claimed: list[int] = []
 
-        async def claimer(conn) -> None:  # type: ignore[no-untyped-def]
+        async def claimer(conn) -> None:
             kernel = Kernel(Transaction(conn))
             while (claim := await kernel.claim_campaign("other", [test_class])) is not None:
                 claimed.append(claim.campaign_id)
@@ -117,7 +118,8 @@ async def test_an_uncommitted_claim_holds_up_no_other_claimer(db: Database, admi
             await conn.close()
 
 
-async def test_claim_order_priority_then_age_and_next_attempt_at(actors, admin, test_class) -> None:  # type: ignore[no-untyped-def]
+@pytest.mark.rollback  # only SQL: a transaction rolled back after the test
+async def test_claim_order_priority_then_age_and_next_attempt_at(actors: Actors, admin: Admin, test_class: str) -> None:
     sensor, worker, op = await actors("sensor"), await actors("worker"), await actors("operator")
     low = (await sensor.open_campaign(test_class, "low", "t")).campaign_id
     high = (await sensor.open_campaign(test_class, "high", "t", priority=5)).campaign_id
@@ -134,7 +136,8 @@ async def test_claim_order_priority_then_age_and_next_attempt_at(actors, admin, 
     assert (await Reads(op.executor).campaign(older_mid)).state == "ready"
 
 
-async def test_one_leased_campaign_per_seat(actors, test_class) -> None:  # type: ignore[no-untyped-def]
+@pytest.mark.rollback  # only SQL: a transaction rolled back after the test
+async def test_one_leased_campaign_per_seat(actors: Actors, test_class: str) -> None:
     sensor, worker = await actors("sensor"), await actors("worker")
     a = (await sensor.open_campaign(test_class, "seat-a", "t", seat="repo-1")).campaign_id
     b = (await sensor.open_campaign(test_class, "seat-b", "t", seat="repo-1")).campaign_id

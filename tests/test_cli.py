@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from conftest import TEST_PREFIX
@@ -65,7 +66,7 @@ def test_unreachable_database_fails_fast() -> None:
     assert len(proc.stderr.strip().splitlines()) == 1
 
 
-def test_migrate_is_idempotent_and_graph_draws(db_url: str, tmp_path) -> None:  # type: ignore[no-untyped-def]
+def test_migrate_is_idempotent_and_graph_draws(db_url: str, tmp_path: Path) -> None:
     assert "already at" in ledger(db_url, "migrate").stderr
     out = tmp_path / "states.svg"
     ledger(db_url, "graph", "-o", str(out))

@@ -14,9 +14,10 @@ from typing import Any
 
 import httpx
 import pytest
-
-from drive import Driver, fingerprint, new_key, now, sha
 from test_api import token_table
+
+from conftest import Actors
+from drive import Driver, fingerprint, new_key, now, sha
 from ledger import Database, Kernel
 from ledger.api import ApiOptions, create_app, new_token
 from ledger.api.charts import autonomy_chart
@@ -71,7 +72,7 @@ async def state_of(actors: Any, cid: int) -> str:
 # --- sign-in ------------------------------------------------------------------------
 
 
-async def test_sign_in_sets_a_strict_http_only_cookie_that_the_api_accepts(ui: Ui, actors, test_class) -> None:  # type: ignore[no-untyped-def]
+async def test_sign_in_sets_a_strict_http_only_cookie_that_the_api_accepts(ui: Ui, actors: Actors, test_class: str) -> None:
     cid = await Driver(actors, test_class).open()
     r = await ui.client.get("/ui/campaigns/1?x=1")
     assert r.status_code == 303 and r.headers["location"] == "/ui/login?next=%2Fui%2Fcampaigns%2F1%3Fx%3D1"
@@ -109,7 +110,7 @@ async def test_sign_in_sets_a_strict_http_only_cookie_that_the_api_accepts(ui: U
     assert other != csrf
 
 
-async def test_forms_need_the_csrf_token_and_the_database_has_the_last_word(ui: Ui, actors, test_class) -> None:  # type: ignore[no-untyped-def]
+async def test_forms_need_the_csrf_token_and_the_database_has_the_last_word(ui: Ui, actors: Actors, test_class: str) -> None:
     d = Driver(actors, test_class)
     cid = await d.open()
     csrf = await ui.sign_in("operator")
@@ -154,7 +155,7 @@ def preview_form(page: httpx.Response) -> dict[str, str]:
     return fields
 
 
-async def test_bulk_confirm_acts_only_on_the_previewed_campaigns(ui: Ui, actors, test_class) -> None:  # type: ignore[no-untyped-def]
+async def test_bulk_confirm_acts_only_on_the_previewed_campaigns(ui: Ui, actors: Actors, test_class: str) -> None:
     """Issue 17, defect 1: preview "Abandon 8" for a label; elsewhere one of them is
     abandoned and a new campaign opens with that label; the confirmation abandons
     the seven still matching, not the new one, and shows both differences."""
@@ -195,7 +196,7 @@ async def test_bulk_confirm_acts_only_on_the_previewed_campaigns(ui: Ui, actors,
     assert 'data-count="1"' in r.text and preview_form(r)["ids"] == str(late)
 
 
-async def test_bulk_confirm_without_a_preview_or_with_a_forged_one_does_nothing(ui: Ui, actors, test_class) -> None:  # type: ignore[no-untyped-def]
+async def test_bulk_confirm_without_a_preview_or_with_a_forged_one_does_nothing(ui: Ui, actors: Actors, test_class: str) -> None:
     d = Driver(actors, test_class)
     batch = [await d.open(labels=["batch"]) for _ in range(3)]
     csrf = await ui.sign_in("operator")
@@ -216,7 +217,7 @@ async def test_bulk_confirm_without_a_preview_or_with_a_forged_one_does_nothing(
     assert "4 abandoned" in (await ui.client.get(r.headers["location"])).text
 
 
-async def test_a_reader_sees_what_a_bulk_action_would_do_and_why_it_cannot(ui: Ui, actors, test_class) -> None:  # type: ignore[no-untyped-def]
+async def test_a_reader_sees_what_a_bulk_action_would_do_and_why_it_cannot(ui: Ui, actors: Actors, test_class: str) -> None:
     await Driver(actors, test_class).open(labels=["batch"])
     await ui.sign_in("reader")
     page = await ui.client.get("/ui/bulk/abandon?label=batch")
@@ -227,7 +228,7 @@ async def test_a_reader_sees_what_a_bulk_action_would_do_and_why_it_cannot(ui: U
 # --- the board --------------------------------------------------------------------------
 
 
-async def test_board_filters_count_and_page_through_campaigns(ui: Ui, actors, test_class) -> None:  # type: ignore[no-untyped-def]
+async def test_board_filters_count_and_page_through_campaigns(ui: Ui, actors: Actors, test_class: str) -> None:
     sensor = await actors("sensor")
     ids = [(await sensor.open_campaign(test_class, f"flaky-{i:03d}", "repo#main")).campaign_id
            for i in range(55)]
@@ -267,7 +268,7 @@ async def test_sensor_rows_without_a_config_have_no_next_tick() -> None:
     assert nightly.next_tick > at and nightly.next_tick.hour == 3 and nightly.next_tick.minute == 0
 
 
-async def test_board_stream_says_changed_only_when_something_changed(actors, test_class) -> None:  # type: ignore[no-untyped-def]
+async def test_board_stream_says_changed_only_when_something_changed(actors: Actors, test_class: str) -> None:
     reader = await actors.reads()
     stream = board_changes(reader, NullHub(), poll_s=0.05, keepalive_s=0.3, min_gap_s=0.0)
     async with aclosing(stream):
@@ -278,19 +279,20 @@ async def test_board_stream_says_changed_only_when_something_changed(actors, tes
         assert idle.event is None and idle.comment == "keepalive"
         await Driver(actors, test_class).open()
         changed = await anext(stream)
-        assert changed.event == "changed" and '"campaigns": 1' in changed.data
+        assert changed.event == "changed" and '"campaigns": 1' in str(changed.data)
 
 
 # --- the campaign page -------------------------------------------------------------------
 
 
-async def test_timeline_draws_attempts_verdicts_leases_lost_and_observations(actors, test_class, ui: Ui) -> None:  # type: ignore[no-untyped-def]
+async def test_timeline_draws_attempts_verdicts_leases_lost_and_observations(actors: Actors, test_class: str, ui: Ui) -> None:
     sensor, worker = await actors("sensor"), await actors("worker")
     verifier = await actors("verifier")
     seen = await sensor.record_observation("unit-tests", new_key(), "repo#main", "red", now(),
                                            class_=test_class)
     cid = seen.campaign_id
     claim = await worker.claim_campaign("worker-1", [test_class])
+    assert cid is not None and claim is not None
     await worker.record_attempt(cid, claim.generation, base_sha=sha(1), candidate_sha=sha(2),
                                 fingerprint=fingerprint(1), log_tail="1 failed")
     check = await verifier.claim_verification("verifier-1", classes=[test_class])
@@ -353,7 +355,7 @@ async def test_autonomy_chart_marks_idle_days_and_scales_bars() -> None:
     assert [c.x for c in cols] == sorted(c.x for c in cols)
 
 
-async def test_autonomy_page_shows_idle_days_as_idle(ui: Ui, actors, test_class) -> None:  # type: ignore[no-untyped-def]
+async def test_autonomy_page_shows_idle_days_as_idle(ui: Ui, actors: Actors, test_class: str) -> None:
     await ui.sign_in("reader")
     page = await ui.client.get("/ui/autonomy?days=3")
     assert page.status_code == 200
@@ -368,7 +370,7 @@ async def test_autonomy_page_shows_idle_days_as_idle(ui: Ui, actors, test_class)
 # --- issue 17: cards under a filter, timeline labels, the class view, retry -----------------
 
 
-async def test_cards_count_what_the_filter_matches_and_bulk_buttons_need_a_match(ui: Ui, actors, test_class) -> None:  # type: ignore[no-untyped-def]
+async def test_cards_count_what_the_filter_matches_and_bulk_buttons_need_a_match(ui: Ui, actors: Actors, test_class: str) -> None:
     op = await actors("operator")
     await op.register_class("once", max_attempts=1, lease_seconds=30, backoff_base_s=0,
                             backoff_jitter=0)
@@ -398,7 +400,7 @@ async def test_cards_count_what_the_filter_matches_and_bulk_buttons_need_a_match
     assert 'id="charts"' in everything and everything.count('class="hour-chart"') == 3
 
 
-async def test_timeline_labels_never_overlap(actors, test_class) -> None:  # type: ignore[no-untyped-def]
+async def test_timeline_labels_never_overlap(actors: Actors, test_class: str) -> None:
     """The axis label of a tick just before "now" used to run into it ("00:53:27now")."""
     k = await actors.reads()
     cid = await Driver(actors, test_class).open()
@@ -413,7 +415,7 @@ async def test_timeline_labels_never_overlap(actors, test_class) -> None:  # typ
             assert right <= left, (seconds, a, b, boxes)
 
 
-async def test_class_view_counts_and_times_open_to_confirm(ui: Ui, actors, test_class) -> None:  # type: ignore[no-untyped-def]
+async def test_class_view_counts_and_times_open_to_confirm(ui: Ui, actors: Actors, test_class: str) -> None:
     from test_report import _close_one
 
     hour_ago = now() - timedelta(hours=1)
@@ -433,7 +435,7 @@ async def test_class_view_counts_and_times_open_to_confirm(ui: Ui, actors, test_
     assert (await ui.client.get("/ui/classes/nope")).status_code == 404
 
 
-async def test_retry_now_from_the_campaign_page(ui: Ui, actors, test_class) -> None:  # type: ignore[no-untyped-def]
+async def test_retry_now_from_the_campaign_page(ui: Ui, actors: Actors, test_class: str) -> None:
     op = await actors("operator")
     await op.register_class("slow", max_attempts=3, lease_seconds=30, backoff_base_s=3600,
                             backoff_jitter=0)

@@ -29,7 +29,7 @@ from typing import Any
 import httpx
 import pytest
 
-from conftest import TEST_PREFIX
+from conftest import TEST_PREFIX, Actors
 from drive import fingerprint, new_key, now, sha
 from ledger.api import hash_token, new_token
 
@@ -196,8 +196,8 @@ def screenshot(driver: Any, name: str, *, dark: bool = False) -> Path:
     return path
 
 
-async def test_operator_watches_the_loop_live_and_abandons(server, browser, actors,  # type: ignore[no-untyped-def]
-                                                           test_class) -> None:
+async def test_operator_watches_the_loop_live_and_abandons(server: Server, browser: Any, actors: Actors,
+                                                           test_class: str) -> None:
     d = browser
     sensor, worker = await actors("sensor"), await actors("worker")
     # Lower priority: the worker below claims the sensor's campaign, not this one.
@@ -274,7 +274,7 @@ async def test_operator_watches_the_loop_live_and_abandons(server, browser, acto
     assert not d.find_elements(By.CSS_SELECTOR, f'#lane-ready .card[data-campaign="{other}"]')
 
 
-async def test_reader_sees_no_actions(server, browser, actors, test_class) -> None:  # type: ignore[no-untyped-def]
+async def test_reader_sees_no_actions(server: Server, browser: Any, actors: Actors, test_class: str) -> None:
     d = browser
     sensor = await actors("sensor")
     cid = (await sensor.open_campaign(test_class, new_key(), "repo#main")).campaign_id
@@ -291,8 +291,8 @@ async def test_reader_sees_no_actions(server, browser, actors, test_class) -> No
 # --- issue 17: the operator's surface in a real browser ---------------------------------
 
 
-async def test_bulk_confirm_acts_only_on_what_the_browser_previewed(server, browser, actors,  # type: ignore[no-untyped-def]
-                                                                 test_class) -> None:
+async def test_bulk_confirm_acts_only_on_what_the_browser_previewed(server: Server, browser: Any, actors: Actors,
+                                                                 test_class: str) -> None:
     """Defect 1 as the issue found it: "Abandon 8" previewed for a label; elsewhere
     one is abandoned and a new campaign opens with the label; the confirmation
     leaves the new campaign alone and shows the difference."""
@@ -333,8 +333,8 @@ async def test_bulk_confirm_acts_only_on_what_the_browser_previewed(server, brow
     assert [(await reader.campaign(c)).state for c in batch] == ["abandoned"] * 8
 
 
-async def test_attempt_page_follows_the_output_live_and_resumes(server, browser, actors,  # type: ignore[no-untyped-def]
-                                                               test_class) -> None:
+async def test_attempt_page_follows_the_output_live_and_resumes(server: Server, browser: Any, actors: Actors,
+                                                               test_class: str) -> None:
     """Defect 5: the attempt's page shows output as it is journaled, without a
     reload, and a paused stream resumes where it stopped (each line once)."""
     d = browser
@@ -387,7 +387,7 @@ async def test_attempt_page_follows_the_output_live_and_resumes(server, browser,
                             line)
 
 
-async def test_class_view_from_the_board(server, browser, actors, test_class) -> None:  # type: ignore[no-untyped-def]
+async def test_class_view_from_the_board(server: Server, browser: Any, actors: Actors, test_class: str) -> None:
     d = browser
     sensor, worker = await actors("sensor"), await actors("worker")
     ids = [(await sensor.open_campaign(test_class, new_key(), "repo#main")).campaign_id
@@ -420,7 +420,7 @@ def _luminance(css_colour: str) -> float:
     return 0.2126 * r + 0.7152 * g + 0.0722 * b
 
 
-async def test_dark_mode_focus_and_keyboard_navigation(server, browser, actors, test_class) -> None:  # type: ignore[no-untyped-def]
+async def test_dark_mode_focus_and_keyboard_navigation(server: Server, browser: Any, actors: Actors, test_class: str) -> None:
     d = browser
     sensor = await actors("sensor")
     first = (await sensor.open_campaign(test_class, new_key(), "repo#main")).campaign_id

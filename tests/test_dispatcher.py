@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from conftest import TEST_PREFIX
+from conftest import TEST_PREFIX, Actors, Admin
 from drive import Driver, fingerprint, now
 from ledger import Forbidden, Kernel, StaleLease
 from ledger.dispatcher import FAULT_AFTER_ACTION, Dispatcher
@@ -278,7 +278,8 @@ async def http_intent(actors: Any, service: OrderService, *, path: str = "/order
 # =====================================================================================
 
 
-async def test_promotion_moves_the_ref_reads_it_back_and_marks_the_campaign(actors, repo) -> None:  # type: ignore[no-untyped-def]
+@pytest.mark.rollback  # only SQL: a transaction rolled back after the test
+async def test_promotion_moves_the_ref_reads_it_back_and_marks_the_campaign(actors: Actors, repo: Path) -> None:
     base = rev(repo)
     candidate = child(repo, base, "candidate")
     cid, effect = await accepted(actors, repo, candidate)
@@ -304,7 +305,8 @@ async def test_promotion_moves_the_ref_reads_it_back_and_marks_the_campaign(acto
     assert await dispatcher.run_once() == 0, "nothing is due any more"
 
 
-async def test_target_moved_meanwhile_is_a_conflict_and_the_campaign_is_ready_again(actors, repo) -> None:  # type: ignore[no-untyped-def]
+@pytest.mark.rollback  # only SQL: a transaction rolled back after the test
+async def test_target_moved_meanwhile_is_a_conflict_and_the_campaign_is_ready_again(actors: Actors, repo: Path) -> None:
     base = rev(repo)
     candidate = child(repo, base, "candidate")
     cid, effect = await accepted(actors, repo, candidate)
@@ -329,8 +331,8 @@ async def test_target_moved_meanwhile_is_a_conflict_and_the_campaign_is_ready_ag
     assert rev(repo) == moved
 
 
-async def test_crash_after_the_update_is_recorded_once_by_the_next_dispatcher(  # type: ignore[no-untyped-def]
-        actors, repo, db_url, tmp_path) -> None:
+async def test_crash_after_the_update_is_recorded_once_by_the_next_dispatcher(
+        actors: Actors, repo: Path, db_url: str, tmp_path: Path) -> None:
     """SIGKILL between the git update and its record; the next dispatcher reads
     back first, sees the ref at the candidate and records done without a second
     update (one 'ledger promotion' entry in the reflog)."""
@@ -362,7 +364,8 @@ async def test_crash_after_the_update_is_recorded_once_by_the_next_dispatcher(  
     assert campaign.promoted_sha == main and campaign.promoted_at is not None
 
 
-async def test_lock_contention_is_retried_with_backoff_then_done(actors, repo) -> None:  # type: ignore[no-untyped-def]
+@pytest.mark.rollback  # only SQL: a transaction rolled back after the test
+async def test_lock_contention_is_retried_with_backoff_then_done(actors: Actors, repo: Path) -> None:
     base = rev(repo)
     candidate = child(repo, base, "candidate")
     cid, effect = await accepted(actors, repo, candidate)
@@ -387,7 +390,8 @@ async def test_lock_contention_is_retried_with_backoff_then_done(actors, repo) -
     assert (se.state, se.tries) == ("done", 2)
 
 
-async def test_a_candidate_missing_from_the_repository_fails_the_promotion(actors, repo) -> None:  # type: ignore[no-untyped-def]
+@pytest.mark.rollback  # only SQL: a transaction rolled back after the test
+async def test_a_candidate_missing_from_the_repository_fails_the_promotion(actors: Actors, repo: Path) -> None:
     base = rev(repo)
     cid, effect = await accepted(actors, repo, "f" * 40)
     assert await Dispatcher(await actors("dispatcher")).run_once() == 1
@@ -397,7 +401,8 @@ async def test_a_candidate_missing_from_the_repository_fails_the_promotion(actor
     assert (await (await actors.reads("reader")).campaign(cid)).state == "ready"
 
 
-async def test_an_intent_claimed_when_its_campaign_was_abandoned_is_not_carried_out(actors, repo) -> None:  # type: ignore[no-untyped-def]
+@pytest.mark.rollback  # only SQL: a transaction rolled back after the test
+async def test_an_intent_claimed_when_its_campaign_was_abandoned_is_not_carried_out(actors: Actors, repo: Path) -> None:
     """Abandon cancels pending intents; one a dispatcher had already claimed (and
     then lost) must not be carried out by its successor either: its
     generation is dead, so the next claim cancels it instead."""
@@ -414,7 +419,8 @@ async def test_an_intent_claimed_when_its_campaign_was_abandoned_is_not_carried_
     assert se.state == "cancelled" and se.error is not None and "generation" in se.error
 
 
-async def test_a_worker_intent_must_use_the_class_repository(actors, repo, tmp_path) -> None:  # type: ignore[no-untyped-def]
+@pytest.mark.rollback  # only SQL: a transaction rolled back after the test
+async def test_a_worker_intent_must_use_the_class_repository(actors: Actors, repo: Path, tmp_path: Path) -> None:
     """The kernel judges the ref; the repository in the payload is the worker's
     choice, so the dispatcher holds it to the class's own."""
     other = tmp_path / "other"
@@ -447,7 +453,8 @@ async def test_a_worker_intent_must_use_the_class_repository(actors, repo, tmp_p
 # =====================================================================================
 
 
-async def test_promotion_into_a_checked_out_branch_moves_its_files_and_index(actors, repo) -> None:  # type: ignore[no-untyped-def]
+@pytest.mark.rollback  # only SQL: a transaction rolled back after the test
+async def test_promotion_into_a_checked_out_branch_moves_its_files_and_index(actors: Actors, repo: Path) -> None:
     """The finding's reproduction: update-ref alone moved main under the user's
     checkout, whose index then held the old code, staged to go back in."""
     base = rev(repo)
@@ -467,8 +474,9 @@ async def test_promotion_into_a_checked_out_branch_moves_its_files_and_index(act
     assert git(repo, "diff", "--stat", main, "HEAD") == "README | 2 +-\n 1 file changed, 1 insertion(+), 1 deletion(-)"
 
 
+@pytest.mark.rollback  # only SQL: a transaction rolled back after the test
 @pytest.mark.parametrize("mess", ["unstaged", "staged", "untracked in the way"])
-async def test_a_dirty_checkout_is_left_alone_and_the_promotion_fails(actors, repo, mess) -> None:  # type: ignore[no-untyped-def]
+async def test_a_dirty_checkout_is_left_alone_and_the_promotion_fails(actors: Actors, repo: Path, mess) -> None:
     base = rev(repo)
     candidate = edited(repo, base, {"README": "fixed\n", "NEW": "added\n"})
     cid, effect = await accepted(actors, repo, candidate)
@@ -498,7 +506,8 @@ async def test_a_dirty_checkout_is_left_alone_and_the_promotion_fails(actors, re
     assert not (repo / ".git" / "index.lock").exists()
 
 
-async def test_a_bare_repository_and_its_linked_worktree(actors, repo, tmp_path) -> None:  # type: ignore[no-untyped-def]
+@pytest.mark.rollback  # only SQL: a transaction rolled back after the test
+async def test_a_bare_repository_and_its_linked_worktree(actors: Actors, repo: Path, tmp_path: Path) -> None:
     """Bare: the ref moves as before. A linked worktree with main checked out
     moves with it, like the main worktree of a non-bare repository."""
     bare = tmp_path / "bare.git"
@@ -523,7 +532,8 @@ async def test_a_bare_repository_and_its_linked_worktree(actors, repo, tmp_path)
     assert git(tree, "status", "--porcelain") == ""
 
 
-async def test_the_landed_commit_says_who_fixed_what_and_who_judged_it(actors, repo) -> None:  # type: ignore[no-untyped-def]
+@pytest.mark.rollback  # only SQL: a transaction rolled back after the test
+async def test_the_landed_commit_says_who_fixed_what_and_who_judged_it(actors: Actors, repo: Path) -> None:
     """The agent's message, Ledger's trailers (an agent's forged ones dropped),
     the candidate's author, the class's committer; the tree byte for byte."""
     base = rev(repo)
@@ -548,8 +558,8 @@ async def test_the_landed_commit_says_who_fixed_what_and_who_judged_it(actors, r
 # =====================================================================================
 
 
-async def test_http_intent_survives_a_crash_with_one_idempotency_key_and_one_effect(  # type: ignore[no-untyped-def]
-        actors, service, db_url, tmp_path) -> None:
+async def test_http_intent_survives_a_crash_with_one_idempotency_key_and_one_effect(
+        actors: Actors, service: OrderService, db_url: str, tmp_path: Path) -> None:
     """The first dispatcher is SIGKILLed after its POST; the second, with no
     read-back configured, sends again -- with the same Idempotency-Key, so the
     service applies the order once."""
@@ -575,7 +585,8 @@ async def test_http_intent_survives_a_crash_with_one_idempotency_key_and_one_eff
     assert se.result is not None and se.result["status"] == 201
 
 
-async def test_http_read_back_first_means_no_second_request(actors, service, tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+@pytest.mark.rollback  # only SQL: a transaction rolled back after the test
+async def test_http_read_back_first_means_no_second_request(actors: Actors, service: OrderService, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """With a read-back configured, a successor first GETs the target: the order
     is there, so it records done without sending anything."""
     cid, effect, key = await http_intent(actors, service, read_back=True)
@@ -598,7 +609,8 @@ async def test_http_read_back_first_means_no_second_request(actors, service, tmp
     assert se.result["read_back"] == {"url": f"{service.base}/orders/{key}", "status": 200}
 
 
-async def test_http_success_is_what_the_read_back_shows(actors, service) -> None:  # type: ignore[no-untyped-def]
+@pytest.mark.rollback  # only SQL: a transaction rolled back after the test
+async def test_http_success_is_what_the_read_back_shows(actors: Actors, service: OrderService) -> None:
     cid, effect, key = await http_intent(actors, service, read_back=True)
     assert await Dispatcher(await actors("dispatcher")).run_once() == 1
     assert [m for m, _, _ in service.requests] == ["GET", "POST", "GET"]
@@ -608,7 +620,8 @@ async def test_http_success_is_what_the_read_back_shows(actors, service) -> None
     assert "already_applied" not in se.result
 
 
-async def test_http_accepted_but_not_visible_is_not_done(actors, service) -> None:  # type: ignore[no-untyped-def]
+@pytest.mark.rollback  # only SQL: a transaction rolled back after the test
+async def test_http_accepted_but_not_visible_is_not_done(actors: Actors, service: OrderService) -> None:
     """A 2xx is not success; what the read-back shows is."""
     cid, effect, key = await http_intent(actors, service, path="/lossy", read_back=True)
     assert await Dispatcher(await actors("dispatcher")).run_once() == 1
@@ -619,7 +632,8 @@ async def test_http_accepted_but_not_visible_is_not_done(actors, service) -> Non
     assert se.error is not None and "answered 404, not 200" in se.error
 
 
-async def test_http_5xx_is_retried_with_backoff_then_failed_after_max_tries(actors, service) -> None:  # type: ignore[no-untyped-def]
+@pytest.mark.rollback  # only SQL: a transaction rolled back after the test
+async def test_http_5xx_is_retried_with_backoff_then_failed_after_max_tries(actors: Actors, service: OrderService) -> None:
     cid, effect, key = await http_intent(actors, service, path="/flaky")
     before = now()
     assert await Dispatcher(await actors("dispatcher"), max_tries=2).run_once() == 1
@@ -636,7 +650,8 @@ async def test_http_5xx_is_retried_with_backoff_then_failed_after_max_tries(acto
     assert await after_lease(actors, max_tries=2) == 0, "failed is final"
 
 
-async def test_http_payload_pointing_off_the_authorised_target_is_refused(actors, service) -> None:  # type: ignore[no-untyped-def]
+@pytest.mark.rollback  # only SQL: a transaction rolled back after the test
+async def test_http_payload_pointing_off_the_authorised_target_is_refused(actors: Actors, service: OrderService) -> None:
     """The kernel authorised the target's host; a payload URL on another origin
     (here: another port) is not contacted at all."""
     elsewhere = OrderService()
@@ -655,7 +670,8 @@ async def test_http_payload_pointing_off_the_authorised_target_is_refused(actors
 # =====================================================================================
 
 
-async def test_a_ref_outside_the_worker_profile_is_forbidden_and_recorded(actors, admin) -> None:  # type: ignore[no-untyped-def]
+@pytest.mark.rollback  # only SQL: a transaction rolled back after the test
+async def test_a_ref_outside_the_worker_profile_is_forbidden_and_recorded(actors: Actors, admin: Admin) -> None:
     await (await actors("operator")).register_class(
         "guarded", authority={"worker": {"refs": ["refs/heads/ledger/*"]}})
     cid, gen = await Driver(actors, "guarded").leased()
@@ -684,8 +700,9 @@ async def test_a_ref_outside_the_worker_profile_is_forbidden_and_recorded(actors
     assert allowed.status == "requested"
 
 
+@pytest.mark.rollback  # only SQL: a transaction rolled back after the test
 @pytest.mark.parametrize("superseded_by", ["abandon", "reap"])
-async def test_a_stale_worker_cannot_record_an_intent(actors, admin, test_class, superseded_by) -> None:  # type: ignore[no-untyped-def]
+async def test_a_stale_worker_cannot_record_an_intent(actors: Actors, admin: Admin, test_class: str, superseded_by) -> None:
     await (await actors("operator")).register_class(
         test_class, authority={"worker": {"refs": ["refs/heads/ledger/*"]}})
     cid, gen = await Driver(actors, test_class).leased()
@@ -735,7 +752,7 @@ class _Wake:
         yield self
 
 
-async def test_run_idles_on_the_outbox_channel_and_wakes_for_new_intents(actors, repo) -> None:  # type: ignore[no-untyped-def]
+async def test_run_idles_on_the_outbox_channel_and_wakes_for_new_intents(actors: Actors, repo: Path) -> None:
     """With an hour-long poll tick, only the wake-up can get the intent done in time."""
     wake = _Wake()
     stop = asyncio.Event()
@@ -756,7 +773,7 @@ async def test_run_idles_on_the_outbox_channel_and_wakes_for_new_intents(actors,
     landed(repo, candidate, base)
 
 
-async def test_command_wakes_on_notify_and_runs_until_sigterm(actors, repo, db_url, tmp_path) -> None:  # type: ignore[no-untyped-def]
+async def test_command_wakes_on_notify_and_runs_until_sigterm(actors: Actors, repo: Path, db_url: str, tmp_path: Path) -> None:
     """``ledger dispatcher`` with an hour-long poll: once its hub listens and it
     idles, only the NOTIFY that accept sends can get the promotion done. SIGTERM
     then ends it with exit code 0."""
@@ -792,7 +809,7 @@ async def test_command_wakes_on_notify_and_runs_until_sigterm(actors, repo, db_u
         effect, cid, "git.update_ref")
 
 
-async def test_command_once_with_nothing_due_exits_zero(db_url, tmp_path) -> None:  # type: ignore[no-untyped-def]
+async def test_command_once_with_nothing_due_exits_zero(db_url: str, tmp_path: Path) -> None:
     proc, log = dispatcher_process(db_url, tmp_path, "--once", fault=False)
     assert proc.wait(timeout=60) == 0, log.read_text()
     assert "0 side effect(s) dispatched" in log.read_text()

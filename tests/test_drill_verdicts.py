@@ -15,7 +15,7 @@ from ledger.drill import DrillContext
 pytestmark = pytest.mark.anyio
 
 
-async def test_a_stalled_fleet_is_told_apart_from_a_slow_one(db: Database, actors, test_class: str,  # type: ignore[no-untyped-def]
+async def test_a_stalled_fleet_is_told_apart_from_a_slow_one(db: Database, actors, test_class: str,
                                                              tmp_path: Path) -> None:
     import drills.load as load
 

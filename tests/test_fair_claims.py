@@ -27,20 +27,20 @@ SMALL = 50
 FLEET = 4
 
 
-def _open(admin, class_: str, n: int, prefix: str) -> None:  # type: ignore[no-untyped-def]
+def _open(admin, class_: str, n: int, prefix: str) -> None:
     # The superuser calls the sensor's function for speed; it is the same code path.
     admin.execute(
         "SELECT ledger_api.open_campaign(%s, %s || '-' || i, 't') FROM generate_series(1, %s) AS i",
         (class_, prefix, n))
 
 
-async def _classes(actors, **weights: int) -> None:  # type: ignore[no-untyped-def]
+async def _classes(actors, **weights: int) -> None:
     op = await actors("operator")
     for name, weight in weights.items():
         await op.register_class(name, lease_seconds=60, backoff_base_s=0, backoff_jitter=0, weight=weight)
 
 
-def _claim_order(admin) -> list[str]:  # type: ignore[no-untyped-def]
+def _claim_order(admin) -> list[str]:
     # The order in which the claims committed their attempt rows.
     rows = admin.execute("SELECT c.class FROM ledger.attempt a JOIN ledger.campaign c ON c.id = a.campaign_id "
                          "ORDER BY a.id").fetchall()
@@ -48,7 +48,7 @@ def _claim_order(admin) -> list[str]:  # type: ignore[no-untyped-def]
 
 
 async def test_a_fleet_serving_both_classes_drains_the_small_one_within_twice_its_size(
-        db: Database, actors, admin) -> None:  # type: ignore[no-untyped-def]
+        db: Database, actors, admin) -> None:
     await _classes(actors, big=1, small=1)
     _open(admin, "big", BACKLOG, "big")
     _open(admin, "small", SMALL, "small")
@@ -82,7 +82,7 @@ async def test_a_fleet_serving_both_classes_drains_the_small_one_within_twice_it
     assert order[:2 * SMALL].count("big") >= SMALL - FLEET
 
 
-async def test_weights_share_the_claims(actors, admin) -> None:  # type: ignore[no-untyped-def]
+async def test_weights_share_the_claims(actors, admin) -> None:
     await _classes(actors, heavy=3, light=1)
     _open(admin, "heavy", 200, "h")
     _open(admin, "light", 200, "l")
@@ -98,18 +98,18 @@ async def test_weights_share_the_claims(actors, admin) -> None:  # type: ignore[
 
 
 async def test_an_empty_class_takes_no_turns_and_a_named_class_is_served_alone(
-        actors, admin) -> None:  # type: ignore[no-untyped-def]
+        actors, admin) -> None:
     await _classes(actors, a=1, b=1, empty=5)
     _open(admin, "a", 30, "a")
     _open(admin, "b", 30, "b")
     worker = await actors("worker")
-    order = [(await worker.claim_campaign("w")).class_ for _ in range(20)]  # type: ignore[union-attr]
+    order = [(await worker.claim_campaign("w")).class_ for _ in range(20)]
     assert order.count("a") == order.count("b") == 10, order
-    only_b = [(await worker.claim_campaign("w", ["b"])).class_ for _ in range(5)]  # type: ignore[union-attr]
+    only_b = [(await worker.claim_campaign("w", ["b"])).class_ for _ in range(5)]
     assert only_b == ["b"] * 5
 
 
-async def test_a_batch_is_shared_by_weight(actors, admin) -> None:  # type: ignore[no-untyped-def]
+async def test_a_batch_is_shared_by_weight(actors, admin) -> None:
     await _classes(actors, big=1, small=1, other=2)
     _open(admin, "big", 300, "big")
     _open(admin, "small", 3, "small")
@@ -123,7 +123,7 @@ async def test_a_batch_is_shared_by_weight(actors, admin) -> None:  # type: igno
     assert len({c.campaign_id for c in first + second}) == 22
 
 
-async def test_weight_is_range_checked(actors) -> None:  # type: ignore[no-untyped-def]
+async def test_weight_is_range_checked(actors) -> None:
     op = await actors("operator")
     for bad in (0, -1, 1001):
         with pytest.raises(LedgerError, match="weight"):

@@ -17,6 +17,7 @@ import psycopg
 import pytest
 from psycopg import sql
 
+from conftest import Actors, Admin
 from drive import Driver, fingerprint, sha
 from ledger.reads import Reads
 from ledger import Database, Kernel, ObjectiveConflict, StaleLease
@@ -28,14 +29,14 @@ pytestmark = pytest.mark.anyio
 WRITES = ("heartbeat", "record_attempt", "fail_attempt", "append_events", "request_side_effect")
 
 
-async def at(actors, actor: str, when: datetime, fn: Callable[[Kernel], Awaitable[Any]]) -> Any:  # type: ignore[no-untyped-def]
+async def at(actors: Actors, actor: str, when: datetime, fn: Callable[[Kernel], Awaitable[Any]]) -> Any:
     """``fn`` in a transaction of ``actor`` with ``ledger.now()`` pinned at ``when``."""
     await actors(actor)
     async with actors.session(actor).transaction(now=when) as tx:
         return await fn(Kernel(tx))
 
 
-def tables(admin) -> dict[str, list]:  # type: ignore[no-untyped-def]
+def tables(admin: Admin) -> dict[str, list]:
     """Every row a write could touch, for before/after comparisons."""
     return {t: admin.execute(f"SELECT * FROM ledger.{t} ORDER BY 1, 2").fetchall()  # noqa: S608 (fixed names)
             for t in ("campaign", "attempt", "campaign_event", "side_effect", "security_event",
@@ -59,8 +60,9 @@ def write(name: str, cid: int | None, gen: int | None) -> Callable[[Kernel], Awa
 
 # --- 1. an expired lease is stale at once, reaped or not --------------------------
 
+@pytest.mark.rollback  # only SQL: a transaction rolled back after the test
 @pytest.mark.parametrize("name", WRITES)
-async def test_a_write_after_expiry_is_refused_before_any_reaper_runs(actors, admin, name: str) -> None:  # type: ignore[no-untyped-def]
+async def test_a_write_after_expiry_is_refused_before_any_reaper_runs(actors: Actors, admin: Admin, name: str) -> None:
     op = await actors("operator")
     await op.register_class("fenced", lease_seconds=30, authority={"worker": {"refs": ["refs/heads/ledger/*"]}})
     cid, gen = await Driver(actors, "fenced").leased()
@@ -77,7 +79,8 @@ async def test_a_write_after_expiry_is_refused_before_any_reaper_runs(actors, ad
     await at(actors, "worker", expires - timedelta(milliseconds=1), write(name, cid, gen))
 
 
-async def test_a_heartbeat_at_the_expiry_loses_and_one_before_renews(actors, admin, test_class) -> None:  # type: ignore[no-untyped-def]
+@pytest.mark.rollback  # only SQL: a transaction rolled back after the test
+async def test_a_heartbeat_at_the_expiry_loses_and_one_before_renews(actors: Actors, admin: Admin, test_class: str) -> None:
     cid, gen = await Driver(actors, test_class).leased()
     expires = admin.execute("SELECT lease_expires_at FROM ledger.campaign WHERE id = %s", (cid,)).fetchone()[
         "lease_expires_at"]
@@ -89,7 +92,7 @@ async def test_a_heartbeat_at_the_expiry_loses_and_one_before_renews(actors, adm
 
 # --- 2. no NULL loophole, for every function that takes a generation ----------------
 
-def _fenced_functions(admin) -> dict[str, list[tuple[str, str, bool]]]:  # type: ignore[no-untyped-def]
+def _fenced_functions(admin: Admin) -> dict[str, list[tuple[str, str, bool]]]:
     """Every ledger_api function that takes a generation: its (name, type, has
     default) arguments, from the catalog -- a new one is covered automatically."""
     rows = admin.execute("""
@@ -117,7 +120,7 @@ _ARGUMENTS: dict[str, Any] = {
 }
 
 
-async def test_every_fenced_function_refuses_null_foreign_and_stale_generations(db: Database, actors, admin) -> None:  # type: ignore[no-untyped-def]
+async def test_every_fenced_function_refuses_null_foreign_and_stale_generations(db: Database, actors: Actors, admin: Admin) -> None:
     op = await actors("operator")
     await op.register_class("fenced", lease_seconds=30, authority={"worker": {"refs": ["refs/heads/ledger/*"]}})
     d = Driver(actors, "fenced")
@@ -159,7 +162,8 @@ async def test_every_fenced_function_refuses_null_foreign_and_stale_generations(
     assert await (await actors("worker")).heartbeat(cid, gen)
 
 
-async def test_null_ids_of_verifications_and_side_effects_are_refused(actors, admin, test_class) -> None:  # type: ignore[no-untyped-def]
+@pytest.mark.rollback  # only SQL: a transaction rolled back after the test
+async def test_null_ids_of_verifications_and_side_effects_are_refused(actors: Actors, admin: Admin, test_class: str) -> None:
     verifier, dispatcher = await actors("verifier"), await actors("dispatcher")
     before = tables(admin)
     for call in (lambda: verifier.heartbeat_verification(None),  # type: ignore[arg-type]
@@ -196,7 +200,8 @@ def repo(tmp_path: Path) -> Path:
     return path
 
 
-async def test_a_reaped_generations_intent_is_never_carried_out(actors, admin, repo: Path) -> None:  # type: ignore[no-untyped-def]
+@pytest.mark.rollback  # only SQL: a transaction rolled back after the test
+async def test_a_reaped_generations_intent_is_never_carried_out(actors: Actors, admin: Admin, repo: Path) -> None:
     """g asks A->B, g is reaped, g+1 asks A->C: C lands, B is cancelled (it
     used to win the compare-and-swap and turn g+1's intent into a conflict)."""
     a, b, c = (_git(repo, "rev-parse", f"refs/heads/{n}") for n in "abc")
@@ -235,7 +240,8 @@ async def test_a_reaped_generations_intent_is_never_carried_out(actors, admin, r
     assert reap_event["cancelled_intents"] == [stale.side_effect_id]
 
 
-async def test_a_claimed_intent_whose_generation_dies_is_not_carried_out(actors, admin, repo: Path) -> None:  # type: ignore[no-untyped-def]
+@pytest.mark.rollback  # only SQL: a transaction rolled back after the test
+async def test_a_claimed_intent_whose_generation_dies_is_not_carried_out(actors: Actors, admin: Admin, repo: Path) -> None:
     """The dispatcher confirms just before acting: the worker's attempt failed
     between the claim and the action, so the intent is cancelled, not applied."""
     a, b = (_git(repo, "rev-parse", f"refs/heads/{n}") for n in "ab")
@@ -261,7 +267,8 @@ async def test_a_claimed_intent_whose_generation_dies_is_not_carried_out(actors,
 
 # --- 5. intake refuses a different request for an open objective ----------------------
 
-async def test_a_different_request_for_an_open_objective_is_refused_naming_the_fields(actors, admin, test_class) -> None:  # type: ignore[no-untyped-def]
+@pytest.mark.rollback  # only SQL: a transaction rolled back after the test
+async def test_a_different_request_for_an_open_objective_is_refused_naming_the_fields(actors: Actors, admin: Admin, test_class: str) -> None:
     sensor = await actors("sensor")
     first = await sensor.open_campaign(test_class, "obj", "t", priority=1, labels=["b", "a"],
                                        desired_state={"tests": "pass"})
@@ -285,7 +292,7 @@ async def test_a_different_request_for_an_open_objective_is_refused_naming_the_f
 BAD_NUMBERS = (math.nan, math.inf, -math.inf, 1e300, -1.0)
 
 
-def _numeric_parameters(admin) -> set[tuple[str, str]]:  # type: ignore[no-untyped-def]
+def _numeric_parameters(admin: Admin) -> set[tuple[str, str]]:
     rows = admin.execute("""
         SELECT p.proname, a.name FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace
          CROSS JOIN LATERAL unnest(p.proargnames, p.proargtypes::regtype[]::text[]) AS a(name, type)
@@ -295,7 +302,8 @@ def _numeric_parameters(admin) -> set[tuple[str, str]]:  # type: ignore[no-untyp
     return {(r["proname"], r["name"]) for r in rows}
 
 
-async def test_every_numeric_argument_refuses_nan_infinity_and_out_of_range(actors, admin, test_class) -> None:  # type: ignore[no-untyped-def]
+@pytest.mark.rollback  # only SQL: a transaction rolled back after the test
+async def test_every_numeric_argument_refuses_nan_infinity_and_out_of_range(actors: Actors, admin: Admin, test_class: str) -> None:
     """A table of calls, one per numeric argument of every API function; the
     catalog says which arguments exist, so a new one fails here until covered."""
     d = Driver(actors, test_class)
@@ -344,7 +352,8 @@ def _int(x: float) -> int:
     return int(x)
 
 
-async def test_verification_and_outbox_leases_are_judged_by_the_clock(actors, admin, test_class) -> None:  # type: ignore[no-untyped-def]
+@pytest.mark.rollback  # only SQL: a transaction rolled back after the test
+async def test_verification_and_outbox_leases_are_judged_by_the_clock(actors: Actors, admin: Admin, test_class: str) -> None:
     """A verdict or a side effect's record after its own lease expired is refused."""
     d = Driver(actors, test_class)
     cid, vid = await d.verifying()
@@ -358,7 +367,8 @@ async def test_verification_and_outbox_leases_are_judged_by_the_clock(actors, ad
     assert tables(admin) == before
 
 
-async def test_a_retried_verdict_returns_its_first_result(actors, admin, test_class) -> None:  # type: ignore[no-untyped-def]
+@pytest.mark.rollback  # only SQL: a transaction rolled back after the test
+async def test_a_retried_verdict_returns_its_first_result(actors: Actors, admin: Admin, test_class: str) -> None:
     d = Driver(actors, test_class)
     _, vid = await d.verifying()
     verifier = await actors("verifier")

@@ -23,10 +23,17 @@ import psycopg
 import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule, run_state_machine_as_test
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    initialize,
+    invariant,
+    rule,
+    run_state_machine_as_test,
+)
 from psycopg import sql
 from psycopg.types.json import Jsonb
 
+from conftest import Admin
 from drive import fingerprint, sha
 from ledger import Database
 
@@ -85,7 +92,7 @@ class FenceModel(RuleBasedStateMachine):
             return None
         return dict(row) if row is not None else {}
 
-    def lease(self, cid: int) -> dict[str, Any]:
+    def lease(self, cid: int) -> dict[str, Any] | None:
         return self.admin.execute("SELECT state, generation, lease_expires_at FROM ledger.campaign "
                                   "WHERE id = %s", (cid,)).fetchone()
 
@@ -228,7 +235,7 @@ class FenceModel(RuleBasedStateMachine):
         assert rows == [], rows
 
 
-def test_the_fence_holds_under_any_interleaving(db: Database, admin) -> None:  # type: ignore[no-untyped-def]
+def test_the_fence_holds_under_any_interleaving(db: Database, admin: Admin) -> None:
     conns = {actor: _role_conn(db, actor) for actor in ("sensor", "worker", "reaper", "operator")}
     FenceModel.db, FenceModel.admin, FenceModel.conns = db, admin, conns
     try:

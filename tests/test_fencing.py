@@ -8,13 +8,14 @@ from datetime import timedelta
 
 import pytest
 
+from conftest import Actors, Admin
 from drive import Driver, fingerprint, now, sha, wait_for_lock_waiters
 from ledger import Database, Kernel, StaleLease
 
 pytestmark = pytest.mark.anyio
 
 
-def _state(admin, cid: int) -> tuple:  # type: ignore[no-untyped-def]
+def _state(admin: Admin, cid: int) -> tuple:
     return (
         admin.execute("SELECT * FROM ledger.campaign WHERE id = %s", (cid,)).fetchone(),
         admin.execute("SELECT * FROM ledger.campaign_event WHERE campaign_id = %s ORDER BY seq", (cid,)).fetchall(),
@@ -23,7 +24,7 @@ def _state(admin, cid: int) -> tuple:  # type: ignore[no-untyped-def]
     )
 
 
-async def _stale_writes_change_nothing(worker: Kernel, admin, cid: int, gen: int) -> None:  # type: ignore[no-untyped-def]
+async def _stale_writes_change_nothing(worker: Kernel, admin: Admin, cid: int, gen: int) -> None:
     before = _state(admin, cid)
     with pytest.raises(StaleLease):
         await worker.heartbeat(cid, gen)
@@ -40,7 +41,8 @@ async def _stale_writes_change_nothing(worker: Kernel, admin, cid: int, gen: int
     assert _state(admin, cid) == before
 
 
-async def test_reaped_generation_is_fenced_out(actors, admin, test_class) -> None:  # type: ignore[no-untyped-def]
+@pytest.mark.rollback  # only SQL: a transaction rolled back after the test
+async def test_reaped_generation_is_fenced_out(actors: Actors, admin: Admin, test_class: str) -> None:
     d = Driver(actors, test_class)
     cid, gen = await d.leased()
     reaper = await actors("reaper")
@@ -55,14 +57,16 @@ async def test_reaped_generation_is_fenced_out(actors, admin, test_class) -> Non
     assert row == {"state": "ready", "attempt_count": 1}
 
 
-async def test_abandoned_generation_is_fenced_out(actors, admin, test_class) -> None:  # type: ignore[no-untyped-def]
+@pytest.mark.rollback  # only SQL: a transaction rolled back after the test
+async def test_abandoned_generation_is_fenced_out(actors: Actors, admin: Admin, test_class: str) -> None:
     d = Driver(actors, test_class)
     cid, gen = await d.leased()
     assert await (await actors("operator")).abandon(cid, "stop") == gen + 1
     await _stale_writes_change_nothing(await actors("worker"), admin, cid, gen)
 
 
-async def test_reclaimed_campaign_fences_the_previous_holder(actors, admin, test_class) -> None:  # type: ignore[no-untyped-def]
+@pytest.mark.rollback  # only SQL: a transaction rolled back after the test
+async def test_reclaimed_campaign_fences_the_previous_holder(actors: Actors, admin: Admin, test_class: str) -> None:
     d = Driver(actors, test_class)
     worker = await actors("worker")
     cid, gen = await d.leased("first")
@@ -74,8 +78,8 @@ async def test_reclaimed_campaign_fences_the_previous_holder(actors, admin, test
 
 
 @pytest.mark.parametrize("heartbeat", [True, False], ids=["renewed", "not-renewed"])
-async def test_reaper_retests_expiry_inside_its_update(db: Database, actors, admin, test_class,
-                                                       heartbeat: bool) -> None:  # type: ignore[no-untyped-def]
+async def test_reaper_retests_expiry_inside_its_update(db: Database, actors: Actors, admin: Admin, test_class: str,
+                                                       heartbeat: bool) -> None:
     """The reaper reads the lease as expired, then the worker renews it, then
     the reaper writes: the renewed lease must survive. Forced deterministically:
     the worker's heartbeat holds the row lock (uncommitted) while the reaper's
@@ -112,7 +116,8 @@ async def test_reaper_retests_expiry_inside_its_update(db: Database, actors, adm
         assert row == {"state": "ready", "generation": gen + 1}
 
 
-async def test_grace_window_delays_reaping(actors, admin, test_class) -> None:  # type: ignore[no-untyped-def]
+@pytest.mark.rollback  # only SQL: a transaction rolled back after the test
+async def test_grace_window_delays_reaping(actors: Actors, admin: Admin, test_class: str) -> None:
     d = Driver(actors, test_class)
     cid, _ = await d.leased()
     await actors("reaper")
@@ -123,7 +128,8 @@ async def test_grace_window_delays_reaping(actors, admin, test_class) -> None:  
         assert [r.campaign_id for r in await Kernel(tx).expire_leases(grace_s=10)] == [cid]
 
 
-async def test_an_allowed_target_cannot_smuggle_another_host_in_its_payload(actors, admin) -> None:  # type: ignore[no-untyped-def]
+@pytest.mark.rollback  # only SQL: a transaction rolled back after the test
+async def test_an_allowed_target_cannot_smuggle_another_host_in_its_payload(actors: Actors, admin: Admin) -> None:
     from ledger import Forbidden
 
     op = await actors("operator")

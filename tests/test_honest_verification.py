@@ -193,6 +193,7 @@ PROTECTED_EDITS = [
 ]
 
 
+@pytest.mark.rollback  # only SQL: a transaction rolled back after the test
 @pytest.mark.parametrize(("name", "files", "named"), PROTECTED_EDITS, ids=[e[0] for e in PROTECTED_EDITS])
 async def test_a_candidate_changing_protected_paths_is_rejected_by_the_verifier_itself(
         bench: Bench, name: str, files: dict[str, str | None], named: str) -> None:
@@ -222,6 +223,7 @@ GAMED_CODE = [
 ]
 
 
+@pytest.mark.rollback  # only SQL: a transaction rolled back after the test
 @pytest.mark.parametrize(("name", "code", "says"), GAMED_CODE, ids=[c[0] for c in GAMED_CODE])
 async def test_a_candidate_that_passes_without_fixing_is_rejected_naming_the_tests(
         bench: Bench, name: str, code: str, says: str) -> None:
@@ -233,6 +235,7 @@ async def test_a_candidate_that_passes_without_fixing_is_rejected_naming_the_tes
     assert evidence["baseline"]["failed"] == [FAILING]
 
 
+@pytest.mark.rollback  # only SQL: a transaction rolled back after the test
 async def test_an_honest_fix_is_accepted_and_its_summary_kept(bench: Bench) -> None:
     cid = await bench.open()
     # A change to pyproject outside its pytest section is the agent's to make.
@@ -244,6 +247,7 @@ async def test_an_honest_fix_is_accepted_and_its_summary_kept(bench: Bench) -> N
     assert "the 1 test(s) that failed at opening pass" in evidence["summary"]
 
 
+@pytest.mark.rollback  # only SQL: a transaction rolled back after the test
 async def test_the_bundle_cannot_weaken_the_acceptance(bench: Bench) -> None:
     """The worker writes the bundle; the verifier runs the campaign's criteria."""
     cid = await bench.open()
@@ -256,6 +260,7 @@ async def test_the_bundle_cannot_weaken_the_acceptance(bench: Bench) -> None:
     assert evidence["implementation"] == "pytest"
 
 
+@pytest.mark.rollback  # only SQL: a transaction rolled back after the test
 async def test_a_class_may_allow_protected_changes(bench: Bench) -> None:
     await bench.register(allow_protected_changes=True)
     cid = await bench.open()
@@ -341,6 +346,7 @@ async def test_the_attempts_message_and_the_class_author_make_the_candidate_comm
     assert git(repo, "log", "-1", "--format=%an <%ae>", row["candidate_sha"]) == "Fixer Agent <agent@example.org>"
 
 
+@pytest.mark.rollback  # only SQL: a transaction rolled back after the test
 async def test_refusing_is_fenced_and_checked(actors: Any, admin: Any, test_class: str) -> None:
     from ledger.errors import InvalidInput, StaleLease
 
@@ -348,7 +354,8 @@ async def test_refusing_is_fenced_and_checked(actors: Any, admin: Any, test_clas
     cid = (await sensor.open_campaign(test_class, "k", "t")).campaign_id
     claim = await worker.claim_campaign("w", [test_class])
     assert claim is not None
-    for bad in ({"fingerprint": "x"}, {"paths": []}):
+    bads: list[dict[str, Any]] = [{"fingerprint": "x"}, {"paths": []}]
+    for bad in bads:
         args = {"fingerprint": "sha256:0123456789", "paths": ["tests/x.py"], **bad}
         with pytest.raises(InvalidInput):
             await worker.refuse_candidate(cid, claim.generation, "r", **args)
@@ -393,6 +400,7 @@ def test_sections_of_config_files_are_protected_not_the_whole_file(tmp_path: Pat
     assert [str(c) for c in p.changes(repo, base, cfg_pytest)] == ["setup.cfg [tool:pytest]"]
 
 
+@pytest.mark.rollback  # only SQL: a transaction rolled back after the test
 def test_held_to_the_opening_observation() -> None:
     base = Baseline(failed=("t.py::a", "t.py"), collected=4, skipped=1)
     good = Report(tests=4, failed=[], skipped=1,

@@ -70,7 +70,7 @@ def test_backoff_doubles_is_capped_and_keeps_its_fixed_part() -> None:
         backoff(1, base_s=1, cap_s=1, jitter=1.5)
 
 
-async def test_a_reaper_that_dies_stops_the_host_at_once(actors) -> None:  # type: ignore[no-untyped-def]
+async def test_a_reaper_that_dies_stops_the_host_at_once(actors) -> None:
     """Before the host, a worker's reaper task that died went unnoticed until
     shutdown; now its defect stops every service and is raised."""
     reaper = DyingReaper(await actors("reaper"), interval_s=0.05)
@@ -85,7 +85,7 @@ async def test_a_reaper_that_dies_stops_the_host_at_once(actors) -> None:  # typ
     assert not host.leftovers
 
 
-async def test_the_restart_policy_runs_a_dead_service_again(actors) -> None:  # type: ignore[no-untyped-def]
+async def test_the_restart_policy_runs_a_dead_service_again(actors) -> None:
     reaper = DyingReaper(await actors("reaper"), interval_s=0.05)
     waiter = Waiter()
     host = Host(handle_signals=False, policy="restart", restart_base_s=0.01, restart_cap_s=0.05)
@@ -131,7 +131,7 @@ async def test_sigterm_is_handled_once_and_stops_every_service() -> None:
     assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL
 
 
-async def test_what_a_service_leaves_running_is_found_and_ended(tmp_path) -> None:  # type: ignore[no-untyped-def]
+async def test_what_a_service_leaves_running_is_found_and_ended(tmp_path) -> None:
     children: list[subprocess.Popen[bytes]] = []
 
     class Leaky(Waiter):
@@ -157,7 +157,7 @@ async def test_what_a_service_leaves_running_is_found_and_ended(tmp_path) -> Non
     bystander.cancel()
 
 
-async def test_a_clean_service_leaves_nothing(actors) -> None:  # type: ignore[no-untyped-def]
+async def test_a_clean_service_leaves_nothing(actors) -> None:
     dispatcher = Dispatcher(await actors("dispatcher"), poll_s=0.05)
     host = Host(handle_signals=False).add(dispatcher)
     running = asyncio.create_task(host.run())
@@ -166,7 +166,7 @@ async def test_a_clean_service_leaves_nothing(actors) -> None:  # type: ignore[n
     assert await running == 0 and not host.leftovers
 
 
-async def test_options_are_checked_before_anything_runs(actors) -> None:  # type: ignore[no-untyped-def]
+async def test_options_are_checked_before_anything_runs(actors) -> None:
     host = Host(handle_signals=False)
     with pytest.raises(TypeError):
         host.add(object())  # type: ignore[arg-type]
@@ -184,7 +184,7 @@ async def test_options_are_checked_before_anything_runs(actors) -> None:  # type
     assert isinstance(Waiter(), Service)
 
 
-async def test_the_trimmer_service_trims_closed_campaigns_deltas(actors, admin, test_class) -> None:  # type: ignore[no-untyped-def]
+async def test_the_trimmer_service_trims_closed_campaigns_deltas(actors, admin, test_class) -> None:
     d = Driver(actors, test_class)
     worker, op = await d.k("worker"), await d.k("operator")
     closed, gen = await d.leased()
@@ -203,7 +203,7 @@ async def test_the_trimmer_service_trims_closed_campaigns_deltas(actors, admin, 
     assert {"type": "command.started", "delta": False} in kinds
 
 
-async def test_trim_every_runs_under_the_host_until_sigterm(db_url, actors, admin, test_class) -> None:  # type: ignore[no-untyped-def]
+async def test_trim_every_runs_under_the_host_until_sigterm(db_url, actors, admin, test_class) -> None:
     """The command builds the trimmer and hands it to the host: it trims on
     its interval, and SIGTERM (handled by the host) ends it with exit 0."""
     d = Driver(actors, test_class)
@@ -231,7 +231,7 @@ async def test_trim_every_runs_under_the_host_until_sigterm(db_url, actors, admi
     assert out.startswith("removed 1 delta event of campaigns closed more than 0s ago"), out
 
 
-async def test_the_worker_service_run_once_claims_and_attempts_one(db: Database, actors, admin, tmp_path) -> None:  # type: ignore[no-untyped-def]
+async def test_the_worker_service_run_once_claims_and_attempts_one(db: Database, actors, admin, tmp_path) -> None:
     from ledger.demo import DEMO_CLASS, demo_config, make_repository
     from ledger.worker import Worker, WorkerOptions
 

@@ -7,7 +7,7 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from conftest import TEST_PREFIX
+from conftest import TEST_PREFIX, Actors, Admin, AsRole
 from drive import PROMOTING_CLASS, Driver, eventually, fingerprint, now, sha
 from ledger.reads import Reads
 from ledger import Database, Kernel
@@ -18,7 +18,8 @@ pytestmark = pytest.mark.anyio
 RUNTIME = ("reader", "sensor", "worker", "reaper", "verifier", "dispatcher", "operator")
 
 
-async def test_every_state_change_has_one_event_with_gap_free_seqs(actors, admin) -> None:  # type: ignore[no-untyped-def]
+@pytest.mark.rollback  # only SQL: a transaction rolled back after the test
+async def test_every_state_change_has_one_event_with_gap_free_seqs(actors: Actors, admin: Admin) -> None:
     op = await actors("operator")
     await op.register_class(PROMOTING_CLASS, max_attempts=5, lease_seconds=30, backoff_base_s=0,
                             promotion={"ref": "refs/heads/main", "repository": "/r"})
@@ -60,7 +61,8 @@ async def test_every_state_change_has_one_event_with_gap_free_seqs(actors, admin
     assert events[-1].payload["to"] == "confirmed"
 
 
-async def test_a_rolled_back_change_leaves_no_event(actors, admin, test_class) -> None:  # type: ignore[no-untyped-def]
+@pytest.mark.rollback  # only SQL: a transaction rolled back after the test
+async def test_a_rolled_back_change_leaves_no_event(actors: Actors, admin: Admin, test_class: str) -> None:
     d = Driver(actors, test_class)
     cid = await d.open()
     before = admin.execute("SELECT count(*) AS n FROM ledger.campaign_event").fetchone()["n"]
@@ -87,9 +89,10 @@ async def test_a_rolled_back_change_leaves_no_event(actors, admin, test_class) -
                          ).fetchone()["n"] == 0
 
 
+@pytest.mark.rollback  # only SQL: a transaction rolled back after the test
 @pytest.mark.parametrize("role", RUNTIME)
-def test_runtime_roles_cannot_rewrite_the_journal(db: Database, role: str) -> None:
-    with db.connect_sync(role) as conn:
+def test_runtime_roles_cannot_rewrite_the_journal(as_role: AsRole, role: str) -> None:
+    with as_role(role) as conn:
         for stmt in ("UPDATE ledger.campaign_event SET type = 'x'", "DELETE FROM ledger.campaign_event",
                      "TRUNCATE ledger.campaign_event",
                      "UPDATE ledger_api.events SET type = 'x'", "DELETE FROM ledger_api.events"):
@@ -97,7 +100,8 @@ def test_runtime_roles_cannot_rewrite_the_journal(db: Database, role: str) -> No
                 conn.execute(stmt)
 
 
-async def test_even_the_owner_cannot_rewrite_the_journal(actors, admin, test_class) -> None:  # type: ignore[no-untyped-def]
+@pytest.mark.rollback  # only SQL: a transaction rolled back after the test
+async def test_even_the_owner_cannot_rewrite_the_journal(actors: Actors, admin: Admin, test_class: str) -> None:
     await Driver(actors, test_class).open()
     admin.execute(sql.SQL("SET ROLE {}").format(sql.Identifier(f"{TEST_PREFIX}owner")))
     for stmt in ("UPDATE ledger.campaign_event SET type = 'x'", "DELETE FROM ledger.campaign_event",
@@ -109,7 +113,8 @@ async def test_even_the_owner_cannot_rewrite_the_journal(actors, admin, test_cla
     assert admin.execute("SELECT count(*) AS n FROM ledger.campaign_event").fetchone()["n"] == 1
 
 
-async def test_trim_removes_only_deltas_of_closed_campaigns(actors, admin, test_class) -> None:  # type: ignore[no-untyped-def]
+@pytest.mark.rollback  # only SQL: a transaction rolled back after the test
+async def test_trim_removes_only_deltas_of_closed_campaigns(actors: Actors, admin: Admin, test_class: str) -> None:
     d = Driver(actors, test_class)
     worker, op = await d.k("worker"), await d.k("operator")
     closed, gen = await d.leased()
@@ -128,7 +133,7 @@ async def test_trim_removes_only_deltas_of_closed_campaigns(actors, admin, test_
     assert {"campaign_id": open_cid, "type": "output", "delta": True} in kinds
 
 
-async def test_output_arriving_during_a_flush_is_flushed_without_more_output(actors, admin, test_class, db: Database) -> None:  # type: ignore[no-untyped-def]
+async def test_output_arriving_during_a_flush_is_flushed_without_more_output(actors: Actors, admin: Admin, test_class: str, db: Database) -> None:
     """The coalescing timer must outlive a slow append: output buffered while a
     flush is in flight reaches the journal within the window even if the
     command then falls silent (before the fix it waited for close())."""
@@ -158,7 +163,8 @@ async def test_output_arriving_during_a_flush_is_flushed_without_more_output(act
     assert texts() == "first\nsecond\n"
 
 
-async def test_output_limit_counts_bytes_not_characters(actors, admin, test_class) -> None:  # type: ignore[no-untyped-def]
+@pytest.mark.rollback  # only SQL: a transaction rolled back after the test
+async def test_output_limit_counts_bytes_not_characters(actors: Actors, admin: Admin, test_class: str) -> None:
     sensor, worker = await actors("sensor"), await actors("worker")
     cid = (await sensor.open_campaign(test_class, "limit", "t")).campaign_id
     claim = await worker.claim_campaign("w", [test_class])

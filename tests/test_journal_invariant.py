@@ -40,12 +40,12 @@ CREATE TRIGGER witness_update AFTER UPDATE ON ledger.campaign
 """
 
 
-def _changes(admin: psycopg.Connection) -> Counter:  # type: ignore[type-arg]
+def _changes(admin: psycopg.Connection) -> Counter:
     rows = admin.execute("SELECT campaign_id, from_state, to_state, xmin::text AS x FROM public.witness").fetchall()
     return Counter((r["campaign_id"], r["from_state"], r["to_state"], r["x"]) for r in rows)
 
 
-def _events(admin: psycopg.Connection) -> Counter:  # type: ignore[type-arg]
+def _events(admin: psycopg.Connection) -> Counter:
     rows = admin.execute("SELECT campaign_id, payload ->> 'from' AS f, payload ->> 'to' AS t, xmin::text AS x "
                          "FROM ledger.campaign_event WHERE type = 'transition'").fetchall()
     return Counter((r["campaign_id"], r["f"], r["t"], r["x"]) for r in rows)
@@ -57,7 +57,7 @@ def _check(admin: psycopg.Connection) -> int:
     return sum(changes.values())
 
 
-async def test_one_event_per_state_change_for_single_and_batch_writers(actors, admin) -> None:  # type: ignore[no-untyped-def]
+async def test_one_event_per_state_change_for_single_and_batch_writers(actors, admin) -> None:
     admin.execute(WITNESS)
     op = await actors("operator")
     await op.register_class("inv", lease_seconds=30, max_attempts=2, backoff_base_s=0, backoff_jitter=0)
@@ -120,7 +120,7 @@ async def test_one_event_per_state_change_for_single_and_batch_writers(actors, a
     assert rec["payload"]["from"] == "leased" and rec["payload"]["to"] == "attempted"
 
 
-async def test_a_rolled_back_change_leaves_no_event(actors, admin) -> None:  # type: ignore[no-untyped-def]
+async def test_a_rolled_back_change_leaves_no_event(actors, admin) -> None:
     admin.execute(WITNESS)
     op = await actors("operator")
     await op.register_class("inv", lease_seconds=30, backoff_base_s=0, backoff_jitter=0)

@@ -14,7 +14,7 @@ from drive import Driver
 from ledger import Database, Kernel
 from ledger.database import DEFAULT_SESSION_LIMITS, SESSION_LIMITS
 from ledger.logins import create_logins, login_url
-from ledger.queries import Query
+from ledger.query_text import Query
 from ledger.settings import ACTORS
 
 pytestmark = pytest.mark.anyio
@@ -56,10 +56,11 @@ async def test_logins_act_as_their_roles_and_nothing_more(db: Database, db_url: 
 
         async def kernel(actor: str) -> Kernel:
             return Kernel(sessions[actor])
-        _, generation = await Driver(kernel, "via-logins").leased()
+        _, generation = await Driver(kernel, "via-logins").leased()  # type: ignore[arg-type]  # a bare kernel factory is enough
         assert generation == 1
         # The login cannot take on another role than its own.
         with pytest.raises(Exception, match="permission denied"):
+            assert made[2].url is not None  # made just now: its URL is known
             with psycopg.connect(made[2].url, autocommit=True) as conn:  # the worker's
                 conn.execute(f"SET ROLE {TEST_PREFIX}owner")
     finally:

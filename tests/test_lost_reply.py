@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import TEST_PREFIX
+from conftest import TEST_PREFIX, Actors, Admin
 from drive import Driver, fingerprint, sha
 from ledger import Database, Kernel, OutcomeUnknown, Unavailable
 from ledger.attempt import AttemptRun
@@ -38,12 +38,12 @@ async def proxied(proxy: FaultProxy, db_url: str) -> AsyncIterator[dict[str, Ker
         await s.close()
 
 
-def _count(admin, sql: str, *params: object) -> int:  # type: ignore[no-untyped-def]
+def _count(admin: Admin, sql: str, *params: object) -> int:
     return admin.execute(sql, params).fetchone()["n"]
 
 
 async def test_a_record_whose_reply_is_lost_after_commit_is_retried_and_returns_its_result(
-        actors, admin, test_class, proxy, proxied) -> None:  # type: ignore[no-untyped-def]
+        actors: Actors, admin: Admin, test_class: str, proxy: FaultProxy, proxied: dict[str, Kernel]) -> None:
     cid, gen = await Driver(actors, test_class).leased()
     proxy.drop_reply(b"record_attempt")
     attempt_no = await proxied["worker"].record_attempt(
@@ -56,7 +56,7 @@ async def test_a_record_whose_reply_is_lost_after_commit_is_retried_and_returns_
 
 
 async def test_a_failure_whose_reply_is_lost_is_retried_not_turned_into_a_lost_lease(
-        actors, admin, test_class, proxy, proxied) -> None:  # type: ignore[no-untyped-def]
+        actors: Actors, admin: Admin, test_class: str, proxy: FaultProxy, proxied: dict[str, Kernel]) -> None:
     cid, gen = await Driver(actors, test_class).leased()
     proxy.drop_reply(b"fail_attempt")
     assert await proxied["worker"].fail_attempt(cid, gen, "it broke") == "ready"
@@ -71,7 +71,7 @@ async def test_a_failure_whose_reply_is_lost_is_retried_not_turned_into_a_lost_l
 
 
 async def test_a_keyed_journal_batch_whose_reply_is_lost_is_appended_once(
-        actors, admin, test_class, proxy, proxied) -> None:  # type: ignore[no-untyped-def]
+        actors: Actors, admin: Admin, test_class: str, proxy: FaultProxy, proxied: dict[str, Kernel]) -> None:
     cid, gen = await Driver(actors, test_class).leased()
     proxy.drop_reply(b"append_events")
     seq = await proxied["worker"].append_events(
@@ -83,7 +83,7 @@ async def test_a_keyed_journal_batch_whose_reply_is_lost_is_appended_once(
 
 
 async def test_a_claim_whose_reply_is_lost_is_an_unknown_outcome_the_worker_can_read_back(
-        actors, admin, test_class, proxy, proxied) -> None:  # type: ignore[no-untyped-def]
+        actors: Actors, admin: Admin, test_class: str, proxy: FaultProxy, proxied: dict[str, Kernel]) -> None:
     cid = await Driver(actors, test_class).open()
     proxy.drop_reply(b"claim_campaign")
     with pytest.raises(OutcomeUnknown):
@@ -94,7 +94,7 @@ async def test_a_claim_whose_reply_is_lost_is_an_unknown_outcome_the_worker_can_
     assert [c.campaign_id for c in held] == [cid]
 
 
-async def test_an_unreachable_server_is_unavailable_not_an_unknown_outcome(db_url: str) -> None:  # type: ignore[no-untyped-def]
+async def test_an_unreachable_server_is_unavailable_not_an_unknown_outcome(db_url: str) -> None:
     with FaultProxy.before(db_url) as p:
         url = p.url(db_url)
     # the proxy is gone: nothing listens on its port, nothing was ever sent
@@ -104,7 +104,7 @@ async def test_an_unreachable_server_is_unavailable_not_an_unknown_outcome(db_ur
 
 
 async def test_a_heartbeat_through_a_silent_path_gives_up_within_its_deadline(
-        actors, test_class, proxy, proxied) -> None:  # type: ignore[no-untyped-def]
+        actors: Actors, test_class: str, proxy: FaultProxy, proxied: dict[str, Kernel]) -> None:
     cid, gen = await Driver(actors, test_class).leased()
     worker = proxied["worker"]
     await worker.heartbeat(cid, gen)  # the path works
@@ -120,7 +120,7 @@ async def test_a_heartbeat_through_a_silent_path_gives_up_within_its_deadline(
 
 
 async def test_the_worker_records_its_own_attempt_when_the_records_reply_is_lost(
-        tmp_path: Path, actors, admin, proxy, proxied) -> None:  # type: ignore[no-untyped-def]
+        tmp_path: Path, actors: Actors, admin: Admin, proxy: FaultProxy, proxied: dict[str, Kernel]) -> None:
     """End to end: an attempt whose record committed but whose reply was lost
     ends as ``attempted`` -- it used to be recorded as stood down, its own
     success taken for a lost lease."""

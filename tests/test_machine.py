@@ -8,9 +8,11 @@ from pathlib import Path
 
 import pytest
 
+from conftest import Actors
 from ledger.machine import StateMachine
 
-pytestmark = pytest.mark.anyio
+# Only SQL on one connection: each test runs in a transaction rolled back after it.
+pytestmark = [pytest.mark.anyio, pytest.mark.rollback]
 DOC = Path(__file__).parents[1] / "docs" / "state_machine.md"
 HEADER = """# Campaign states
 
@@ -21,7 +23,7 @@ keeps this file equal to what the database holds. `ledger graph` draws an SVG.
 """
 
 
-async def test_machine_follows_the_table(actors) -> None:  # type: ignore[no-untyped-def]
+async def test_machine_follows_the_table(actors: Actors) -> None:
     reader = await actors.reads()
     machine = await StateMachine.load(reader)
     for t in await reader.transitions():
@@ -33,7 +35,7 @@ async def test_machine_follows_the_table(actors) -> None:  # type: ignore[no-unt
     assert machine.terminal == {"confirmed", "dismissed", "abandoned"}
 
 
-async def test_state_machine_doc_is_generated_from_the_table(actors) -> None:  # type: ignore[no-untyped-def]
+async def test_state_machine_doc_is_generated_from_the_table(actors: Actors) -> None:
     machine = await StateMachine.load(await actors.reads())
     text = HEADER + machine.mermaid() + "```\n"
     if os.environ.get("LEDGER_UPDATE_SNAPSHOT"):

@@ -17,14 +17,14 @@ import psycopg
 import pytest
 
 from conftest import TEST_PREFIX
-from ledger.embedded import create_database, drop_database
 from ledger import LedgerError, migrations
+from ledger.embedded import create_database, drop_database
 
 SNAPSHOT = Path(__file__).parent / "schema.snapshot"
 
 
 @pytest.fixture
-def empty_db(pg_admin_url: str):  # type: ignore[no-untyped-def]
+def empty_db(pg_admin_url: str):
     name = f"ledgertest_mig_{uuid.uuid4().hex[:8]}"
     url = create_database(pg_admin_url, name)
     yield url

@@ -14,6 +14,7 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
+from conftest import Admin
 from drive import fingerprint, sha
 from ledger import Database, IllegalTransition, Kernel, RepeatedApproach, StaleLease
 
@@ -22,7 +23,7 @@ MAX_ATTEMPTS = 3
 LEASE_S = 30
 
 
-def make_machine(db: Database, loop: asyncio.AbstractEventLoop, sessions: dict, admin):  # type: ignore[no-untyped-def]
+def make_machine(db: Database, loop: asyncio.AbstractEventLoop, sessions: dict, admin: Admin):
     classes = itertools.count(1)
 
     class CampaignModel(RuleBasedStateMachine):
@@ -44,10 +45,10 @@ def make_machine(db: Database, loop: asyncio.AbstractEventLoop, sessions: dict, 
             self.events = 1
 
         # -- plumbing -----------------------------------------------------
-        def run(self, actor: str, fn, advance: float = 1.0):  # type: ignore[no-untyped-def]
+        def run(self, actor: str, fn, advance: float = 1.0):
             self.clock += timedelta(seconds=advance)
 
-            async def go():  # type: ignore[no-untyped-def]
+            async def go():
                 async with sessions[actor].transaction(now=self.clock) as tx:
                     return await fn(Kernel(tx))
             return loop.run_until_complete(go())
@@ -193,7 +194,7 @@ def make_machine(db: Database, loop: asyncio.AbstractEventLoop, sessions: dict, 
     return CampaignModel
 
 
-def test_kernel_agrees_with_the_model(db: Database, admin) -> None:  # type: ignore[no-untyped-def]
+def test_kernel_agrees_with_the_model(db: Database, admin: Admin) -> None:
     from hypothesis.stateful import run_state_machine_as_test
 
     loop = asyncio.new_event_loop()

@@ -6,6 +6,7 @@ import asyncio
 
 import pytest
 
+from conftest import Actors, Admin
 from drive import wait_for_lock_waiters
 from ledger.reads import Reads
 from ledger import Database, DuplicateObjective, Kernel, NotFound
@@ -15,7 +16,8 @@ from ledger.errors import InvalidInput
 pytestmark = pytest.mark.anyio
 
 
-async def test_opening_twice_returns_the_open_campaign(actors, admin, test_class) -> None:  # type: ignore[no-untyped-def]
+@pytest.mark.rollback  # only SQL: a transaction rolled back after the test
+async def test_opening_twice_returns_the_open_campaign(actors: Actors, admin: Admin, test_class: str) -> None:
     sensor = await actors("sensor")
     first = await sensor.open_campaign(test_class, "obj", "t")
     again = await sensor.open_campaign(test_class, "obj", "t")
@@ -29,7 +31,7 @@ async def test_opening_twice_returns_the_open_campaign(actors, admin, test_class
                          "AND state NOT IN ('confirmed','dismissed','abandoned')").fetchone()["n"] == 1
 
 
-async def test_concurrent_opens_yield_one_campaign(db: Database, admin, test_class) -> None:  # type: ignore[no-untyped-def]
+async def test_concurrent_opens_yield_one_campaign(db: Database, admin: Admin, test_class: str) -> None:
     conns = [await db.connect("sensor", autocommit=False) for _ in range(8)]
     try:
         # Every connection inserts inside an open transaction, then all commit
@@ -53,7 +55,8 @@ async def test_concurrent_opens_yield_one_campaign(db: Database, admin, test_cla
     assert admin.execute("SELECT count(*) AS n FROM ledger.campaign_event").fetchone()["n"] == 1
 
 
-async def test_same_objective_under_another_class_is_a_duplicate(actors, test_class) -> None:  # type: ignore[no-untyped-def]
+@pytest.mark.rollback  # only SQL: a transaction rolled back after the test
+async def test_same_objective_under_another_class_is_a_duplicate(actors: Actors, test_class: str) -> None:
     op, sensor = await actors("operator"), await actors("sensor")
     await op.register_class("other")
     await sensor.open_campaign(test_class, "obj", "t")
@@ -63,7 +66,8 @@ async def test_same_objective_under_another_class_is_a_duplicate(actors, test_cl
         await sensor.open_campaign(test_class, "obj", "another-target")
 
 
-async def test_bad_input_is_refused_clearly(actors, test_class) -> None:  # type: ignore[no-untyped-def]
+@pytest.mark.rollback  # only SQL: a transaction rolled back after the test
+async def test_bad_input_is_refused_clearly(actors: Actors, test_class: str) -> None:
     sensor = await actors("sensor")
     with pytest.raises(NotFound, match="not registered"):
         await sensor.open_campaign("no-such-class", "obj", "t")
@@ -73,7 +77,8 @@ async def test_bad_input_is_refused_clearly(actors, test_class) -> None:  # type
         await sensor.record_observation("s", "obj", "t", "purple", started_at=__import__("datetime").datetime.now().astimezone())
 
 
-async def test_a_nul_character_is_invalid_input_not_a_crash(actors, test_class) -> None:  # type: ignore[no-untyped-def]
+@pytest.mark.rollback  # only SQL: a transaction rolled back after the test
+async def test_a_nul_character_is_invalid_input_not_a_crash(actors: Actors, test_class: str) -> None:
     sensor = await actors("sensor")
     with pytest.raises(InvalidInput):
         await sensor.open_campaign(test_class, "bad\x00key", "t")

@@ -136,10 +136,10 @@ async def test_connections_go_through_the_pooler(pooled_db: Database, admin: psy
             await c.close()
         reader = await actors.reads()
         await asyncio.gather(*(Reads(s).state_counts() for s in sessions), reader.state_counts())
-        name = admin.execute("SELECT current_database() AS d").fetchone()["d"]  # type: ignore[index]
+        name = admin.execute("SELECT current_database() AS d").fetchone()["d"]
         servers = admin.execute(
             "SELECT count(*) AS n FROM pg_stat_activity WHERE datname = %s AND pid <> pg_backend_pid()",
-            (name,)).fetchone()["n"]  # type: ignore[index]
+            (name,)).fetchone()["n"]
         assert servers <= 2 < len(sessions)  # PGBOUNCER_POOL_SIZE
     finally:
         for s in sessions:
@@ -400,7 +400,7 @@ async def test_a_filling_notification_queue_degrades_readyz(db: Database, db_url
     listener = await psycopg.AsyncConnection.connect(db_url, autocommit=True)
 
     async def usage() -> float:
-        return float((await (await sender.execute("SELECT pg_notification_queue_usage()")).fetchone())[0])  # type: ignore[index]
+        return float((await (await sender.execute("SELECT pg_notification_queue_usage()")).fetchone())[0])
 
     try:
         before = await usage()

@@ -9,11 +9,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from test_dispatcher import MAIN, git, rev
 
+from conftest import Actors, Admin
 from drive import Driver, fingerprint
 from ledger import bundle as bundles
 from ledger.dispatcher import Dispatcher
-from test_dispatcher import MAIN, git, rev
 
 pytestmark = pytest.mark.anyio
 
@@ -73,7 +74,8 @@ async def verified(actors: Any, repo: Path, tmp_path: Path, candidate: str, max_
     return cid
 
 
-async def test_a_moved_target_gets_the_candidate_rebased_and_verified_again(actors, admin, repo, tmp_path) -> None:  # type: ignore[no-untyped-def]
+@pytest.mark.rollback  # only SQL: a transaction rolled back after the test
+async def test_a_moved_target_gets_the_candidate_rebased_and_verified_again(actors: Actors, admin: Admin, repo: Path, tmp_path: Path) -> None:
     base = rev(repo)
     candidate = commit(repo, base, {"app.py": "def add(a, b):\n    return a + b\n"}, "fix add")
     cid = await verified(actors, repo, tmp_path, candidate)
@@ -117,8 +119,9 @@ async def test_a_moved_target_gets_the_candidate_rebased_and_verified_again(acto
     assert (await (await actors.reads("reader")).campaign(cid)).promoted_sha == landed
 
 
+@pytest.mark.rollback  # only SQL: a transaction rolled back after the test
 async def test_a_candidate_that_does_not_rebase_cleanly_returns_to_ready_without_spending_an_attempt(
-        actors, admin, repo, tmp_path) -> None:  # type: ignore[no-untyped-def]
+        actors: Actors, admin: Admin, repo: Path, tmp_path: Path) -> None:
     base = rev(repo)
     candidate = commit(repo, base, {"app.py": "def add(a, b):\n    return a + b\n"}, "fix add")
     cid = await verified(actors, repo, tmp_path, candidate, max_attempts=1)

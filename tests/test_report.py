@@ -7,11 +7,13 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
+from conftest import Actors
 from drive import fingerprint, sha
 from ledger import Kernel
 from ledger.report import autonomy_report
 
-pytestmark = pytest.mark.anyio
+# Only SQL on one connection: each test runs in a transaction rolled back after it.
+pytestmark = [pytest.mark.anyio, pytest.mark.rollback]
 
 
 def _midday(days_ago: int) -> datetime:
@@ -19,12 +21,12 @@ def _midday(days_ago: int) -> datetime:
     return today - timedelta(days=days_ago)
 
 
-async def _close_one(actors, key: str, day: datetime) -> int:  # type: ignore[no-untyped-def]
+async def _close_one(actors: Actors, key: str, day: datetime) -> int:
     """Open, attempt, verify and confirm a campaign, every step at ``day`` (pinned),
     a second apart (well within each lease)."""
     step = iter(range(1, 100))
 
-    async def at(actor: str, fn):  # type: ignore[no-untyped-def]
+    async def at(actor: str, fn):
         await actors(actor)
         async with actors.session(actor).transaction(now=day + timedelta(seconds=next(step))) as tx:
             return await fn(Kernel(tx))
@@ -40,7 +42,7 @@ async def _close_one(actors, key: str, day: datetime) -> int:  # type: ignore[no
     return cid
 
 
-async def test_idle_days_are_under_exercised_and_humans_break_the_streak(actors, test_class) -> None:  # type: ignore[no-untyped-def]
+async def test_idle_days_are_under_exercised_and_humans_break_the_streak(actors: Actors, test_class: str) -> None:
     reader = await actors.reads()
     empty = await autonomy_report(reader, 5)
     assert [d.verdict for d in empty.days] == ["under-exercised"] * 5
@@ -67,4 +69,4 @@ async def test_idle_days_are_under_exercised_and_humans_break_the_streak(actors,
     assert by_age[0].verdict == "under-exercised"
     assert report.streak == 0
     data = report.as_json()
-    assert data["days"][1]["verdict"] == "autonomous"  # type: ignore[index]
+    assert data["days"][1]["verdict"] == "autonomous"

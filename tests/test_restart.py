@@ -12,12 +12,14 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Iterator
 from datetime import datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from typing import Any
 
 import psycopg
 import pytest
@@ -58,8 +60,11 @@ class Hook(BaseHTTPRequestHandler):
 
 
 @pytest.fixture
-def cluster(tmp_path: Path) -> Iterator[Cluster]:
-    c = Cluster(tmp_path / "cluster")
+def cluster() -> Iterator[Cluster]:
+    # Not under tmp_path: the server runs as another user, and every pytest
+    # session started on the machine meanwhile resets /tmp/pytest-of-<user> to
+    # 0700, after which pg_ctl could no longer reach the data directory.
+    c = Cluster(Path(tempfile.mkdtemp(prefix="ledger-test-cluster-")))
     yield c
     c.close()
 
@@ -200,7 +205,7 @@ acceptance = {{ commands = [["{sys.executable}", "-c", {json.dumps(check)}]], ti
 
         admin = db.connect_sync(None)
 
-        def row(sql: str, *params: object) -> dict:  # type: ignore[type-arg]
+        def row(sql: str, *params: object) -> dict[str, Any] | None:
             return admin.execute(sql, params).fetchone()
 
         await eventually(lambda: row("SELECT state FROM ledger.side_effect WHERE idempotency_key = 'hook-1'")

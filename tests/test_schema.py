@@ -14,9 +14,10 @@ from typing import get_args
 
 import psycopg
 import pytest
+from pydantic import BaseModel
 
 from catalog import catalog
-from conftest import TEST_PREFIX
+from conftest import TEST_PREFIX, Admin
 from ledger import LedgerError, bulk, machine, migrations, models, queries
 from ledger.api.dashboard import board, render
 from ledger.embedded import create_database, drop_database
@@ -83,7 +84,8 @@ def test_the_manifest_lists_every_schema_file() -> None:
 FUNCTION_DEF = re.compile(r"\bCREATE\s+(?:OR\s+REPLACE\s+)?FUNCTION\s+([\w.]+)\s*\(", re.IGNORECASE)
 
 
-def test_each_function_is_defined_once_in_the_tree(admin: psycopg.Connection) -> None:
+@pytest.mark.rollback  # only SQL: a transaction rolled back after the test
+def test_each_function_is_defined_once_in_the_tree(admin: Admin) -> None:
     """One body per function: a revision that changes a function re-applies its
     schema file instead of carrying a copy."""
     found: Counter[str] = Counter()
@@ -99,7 +101,8 @@ def test_each_function_is_defined_once_in_the_tree(admin: psycopg.Connection) ->
     assert set(found) == in_database
 
 
-def test_no_function_is_executable_by_public(admin: psycopg.Connection) -> None:
+@pytest.mark.rollback  # only SQL: a transaction rolled back after the test
+def test_no_function_is_executable_by_public(admin: Admin) -> None:
     """Issue 13, item 7: the global default lets PUBLIC execute a new function;
     a per-schema default cannot revoke that."""
     public = [r["fn"] for r in admin.execute(
@@ -142,7 +145,7 @@ def test_every_upgrade_ends_with_the_privilege_check(db_url: str, breach: str, s
 # --- Python's copies of the schema -----------------------------------------
 
 #: Each read view and the model its rows become.
-VIEW_MODELS = {
+VIEW_MODELS: dict[str, type[BaseModel]] = {
     "campaigns": models.Campaign, "attempts": models.Attempt, "events": models.Event,
     "observations": models.Observation, "verifications": models.Verification,
     "side_effects": models.SideEffect, "security_events": models.SecurityEvent,
@@ -151,13 +154,14 @@ VIEW_MODELS = {
 }
 
 
-def _view_columns(admin: psycopg.Connection, view: str) -> list[str]:
+def _view_columns(admin: Admin, view: str) -> list[str]:
     return [r["attname"] for r in admin.execute(
         "SELECT attname FROM pg_attribute WHERE attrelid = %s::regclass AND attnum > 0 "
         "AND NOT attisdropped ORDER BY attnum", (f"ledger_api.{view}",))]
 
 
-def test_read_models_and_queries_list_the_views_columns(admin: psycopg.Connection) -> None:
+@pytest.mark.rollback  # only SQL: a transaction rolled back after the test
+def test_read_models_and_queries_list_the_views_columns(admin: Admin) -> None:
     for view, model in VIEW_MODELS.items():
         columns = _view_columns(admin, view)
         fields = [f.alias or name for name, f in model.model_fields.items()]
@@ -167,7 +171,8 @@ def test_read_models_and_queries_list_the_views_columns(admin: psycopg.Connectio
     assert "campaigns" in {t.name for t in queries.metadata.tables.values()}
 
 
-def test_state_names_in_python_are_the_databases(admin: psycopg.Connection) -> None:
+@pytest.mark.rollback  # only SQL: a transaction rolled back after the test
+def test_state_names_in_python_are_the_databases(admin: Admin) -> None:
     rows = admin.execute("SELECT name, is_terminal FROM ledger.state ORDER BY position").fetchall()
     assert models.STATES == tuple(r["name"] for r in rows) == get_args(models.State)
     assert models.TERMINAL_STATES == {r["name"] for r in rows if r["is_terminal"]}

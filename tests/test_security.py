@@ -7,11 +7,12 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from conftest import TEST_PREFIX
+from conftest import TEST_PREFIX, Actors, Admin, AsRole
 from drive import Driver
-from ledger import Database, Forbidden
+from ledger import Forbidden
 
-pytestmark = pytest.mark.anyio
+# Only SQL on one connection: each test runs in a transaction rolled back after it.
+pytestmark = [pytest.mark.anyio, pytest.mark.rollback]
 
 RUNTIME = ("reader", "sensor", "worker", "reaper", "verifier", "dispatcher", "operator")
 TABLES = ("campaign", "campaign_event", "attempt", "observation", "verification", "side_effect",
@@ -20,13 +21,9 @@ VIEWS = ("campaigns", "events", "attempts", "observations", "verifications", "si
          "security_events", "classes", "states", "transitions")
 
 
-def _as(db: Database, role: str) -> psycopg.Connection:
-    return db.connect_sync(role)
-
-
 @pytest.mark.parametrize("role", RUNTIME)
-def test_no_runtime_role_can_write_a_table_or_view(db: Database, role: str) -> None:
-    with _as(db, role) as conn:
+def test_no_runtime_role_can_write_a_table_or_view(as_role: AsRole, role: str) -> None:
+    with as_role(role) as conn:
         for table in TABLES:
             for stmt in ("INSERT INTO {} DEFAULT VALUES", "UPDATE {} SET id = id",
                          "DELETE FROM {}", "TRUNCATE {}"):
@@ -50,7 +47,7 @@ def test_no_runtime_role_can_write_a_table_or_view(db: Database, role: str) -> N
 
 
 @pytest.mark.parametrize("role", RUNTIME)
-def test_runtime_roles_create_nothing_and_own_nothing(db: Database, admin, role: str) -> None:
+def test_runtime_roles_create_nothing_and_own_nothing(as_role: AsRole, admin: Admin, role: str) -> None:
     name = f"{TEST_PREFIX}{role}"
     schemas = [r["nspname"] for r in admin.execute(
         "SELECT nspname FROM pg_namespace WHERE nspname NOT LIKE 'pg_toast%' AND nspname NOT LIKE 'pg_temp%'")]
@@ -64,15 +61,14 @@ def test_runtime_roles_create_nothing_and_own_nothing(db: Database, admin, role:
         "FROM pg_database d WHERE datname = current_database()", (name, name)).fetchone()
     assert can == {"c": False, "t": False, "owner": can["owner"]}
     assert not can["owner"].startswith(TEST_PREFIX)
-    with _as(db, role) as conn:
+    with as_role(role) as conn:
         with pytest.raises(psycopg.errors.InsufficientPrivilege):
             conn.execute("CREATE TEMP TABLE campaign (id int)")
-        conn.rollback() if not conn.autocommit else None
         with pytest.raises(psycopg.errors.InsufficientPrivilege):
             conn.execute("CREATE TABLE public.campaign (id int)")
 
 
-def test_owner_is_a_plain_nologin_role_owning_everything(admin) -> None:  # type: ignore[no-untyped-def]
+def test_owner_is_a_plain_nologin_role_owning_everything(admin: Admin) -> None:
     owner = admin.execute(
         "SELECT rolcanlogin, rolsuper, rolbypassrls, rolcreaterole, rolcreatedb FROM pg_roles "
         "WHERE rolname = %s", (f"{TEST_PREFIX}owner",)).fetchone()
@@ -91,7 +87,7 @@ def test_owner_is_a_plain_nologin_role_owning_everything(admin) -> None:  # type
         assert flags == {"rolsuper": False, "rolbypassrls": False, "rolcreaterole": False}
 
 
-def test_every_api_function_is_definer_pinned_and_granted_to_one_role(admin) -> None:  # type: ignore[no-untyped-def]
+def test_every_api_function_is_definer_pinned_and_granted_to_one_role(admin: Admin) -> None:
     rows = admin.execute("""
         SELECT p.proname, p.prosecdef, p.proconfig,
                array(SELECT pg_get_userbyid(a.grantee) FROM aclexplode(p.proacl) a
@@ -120,19 +116,19 @@ def test_every_api_function_is_definer_pinned_and_granted_to_one_role(admin) -> 
     ("reader", "SELECT ledger_api.expire_leases()"),
     ("dispatcher", "SELECT ledger_api.register_class('x')"),
 ])
-def test_functions_of_other_roles_are_refused(db: Database, role: str, call: str) -> None:
-    with _as(db, role) as conn:
+def test_functions_of_other_roles_are_refused(as_role: AsRole, role: str, call: str) -> None:
+    with as_role(role) as conn:
         with pytest.raises(psycopg.errors.InsufficientPrivilege):
             conn.execute(call)
 
 
-async def test_forbidden_is_the_python_error_for_another_roles_function(actors, test_class) -> None:  # type: ignore[no-untyped-def]
+async def test_forbidden_is_the_python_error_for_another_roles_function(actors: Actors, test_class: str) -> None:
     worker = await actors("worker")
     with pytest.raises(Forbidden):
         await worker.open_campaign(test_class, "k", "t")
 
 
-async def test_shadowing_through_search_path_changes_nothing(db: Database, admin, actors, test_class) -> None:  # type: ignore[no-untyped-def]
+async def test_shadowing_through_search_path_changes_nothing(as_role: AsRole, admin: Admin, actors: Actors, test_class: str) -> None:
     """A user schema full of look-alikes (tables, now(), random(), pg_notify())
     first on the caller's search_path: the kernel uses none of them."""
     worker_role = f"{TEST_PREFIX}worker"
@@ -153,7 +149,7 @@ async def test_shadowing_through_search_path_changes_nothing(db: Database, admin
 
     sensor = await actors("sensor")
     cid = (await sensor.open_campaign(test_class, "shadowed", "t")).campaign_id
-    with _as(db, "worker") as conn:
+    with as_role("worker") as conn:
         conn.execute("SET search_path = evil, pg_temp, public, pg_catalog")
         claim = conn.execute("SELECT * FROM ledger_api.claim_campaign('w', ARRAY[%s])", (test_class,)).fetchone()
         assert claim["campaign_id"] == cid
@@ -167,17 +163,15 @@ async def test_shadowing_through_search_path_changes_nothing(db: Database, admin
     assert row == {"state": "ready", "generation": 1}
 
 
-async def test_a_worker_cannot_move_the_clock(db: Database, actors, test_class) -> None:  # type: ignore[no-untyped-def]
+async def test_a_worker_cannot_move_the_clock(as_role: AsRole, admin: Admin, actors: Actors, test_class: str) -> None:
     """ledger.now() honours a pinned time only where the owner allowed it (tests);
     elsewhere a worker setting ledger.now cannot extend its own lease."""
-    admin = db.connect_sync(None)
     admin.execute("UPDATE ledger.meta SET value = 'false' WHERE key = 'clock_pinnable'")
     d = Driver(actors, test_class)
     cid, gen = await d.leased()
-    with _as(db, "worker") as conn:
+    with as_role("worker") as conn:
         with conn.transaction():
             conn.execute("SET LOCAL ledger.now = '2999-01-01'")
             expires = conn.execute("SELECT lease_expires_at AS e FROM ledger_api.heartbeat(%s, %s)",
                                    (cid, gen)).fetchone()["e"]
     assert expires.year < 2999
-    admin.close()

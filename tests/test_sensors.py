@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import TEST_PREFIX
+from conftest import TEST_PREFIX, Actors, Admin
 from drive import PROMOTING_CLASS, Driver, eventually
 from ledger.reads import Reads
 from ledger.config import parse_config
@@ -28,7 +28,7 @@ sys.exit(0 if pathlib.Path(sys.argv[1]).read_text().strip() == 'green' else 1)
 """
 
 
-def _config(tmp_path: Path, every_s: float = 0.5, cron: str | None = None):  # type: ignore[no-untyped-def]
+def _config(tmp_path: Path, every_s: float = 0.5, cron: str | None = None):
     script = tmp_path / "check.py"
     script.write_text(CHECK)
     status = tmp_path / "target.status"
@@ -47,7 +47,7 @@ class = "test"
 
 
 @pytest.fixture
-async def promoting(actors) -> str:  # type: ignore[no-untyped-def]
+async def promoting(actors: Actors) -> str:
     """A class whose verified candidates are promoted (to a ref nobody reads)."""
     op = await actors("operator")
     await op.register_class(PROMOTING_CLASS, max_attempts=3, lease_seconds=30, backoff_base_s=0,
@@ -70,7 +70,8 @@ def test_ticks_are_epoch_aligned_and_coalesced() -> None:
     assert (now - EPOCH).total_seconds() > 0
 
 
-async def test_a_broken_target_opens_exactly_one_campaign(actors, admin, test_class, tmp_path) -> None:  # type: ignore[no-untyped-def]
+@pytest.mark.rollback  # only SQL: a transaction rolled back after the test
+async def test_a_broken_target_opens_exactly_one_campaign(actors: Actors, admin: Admin, test_class: str, tmp_path: Path) -> None:
     cfg, status = _config(tmp_path, every_s=0.3)
     sensor = Sensor(await actors("sensor"), cfg.sensors["tests"], "sensor-1")
     stop = asyncio.Event()
@@ -95,7 +96,7 @@ async def test_a_broken_target_opens_exactly_one_campaign(actors, admin, test_cl
     assert effects[0] == "opened" and set(effects[1:]) == {"recorded"}
 
 
-async def test_two_sensor_processes_observe_each_tick_once(db_url: str, admin, test_class, tmp_path) -> None:  # type: ignore[no-untyped-def]
+async def test_two_sensor_processes_observe_each_tick_once(db_url: str, admin: Admin, test_class: str, tmp_path: Path) -> None:
     _config(tmp_path, every_s=0.4)
     env = {**os.environ, "LEDGER_DATABASE_URL": db_url, "LEDGER_ROLE_PREFIX": TEST_PREFIX,
            "LEDGER_CONFIG": str(tmp_path / "ledger.toml")}
@@ -128,7 +129,8 @@ async def test_two_sensor_processes_observe_each_tick_once(db_url: str, admin, t
     assert runs == len(rows), "a tick was checked twice"
 
 
-async def test_a_restart_does_not_replay_missed_ticks(actors, admin, test_class, tmp_path) -> None:  # type: ignore[no-untyped-def]
+@pytest.mark.rollback  # only SQL: a transaction rolled back after the test
+async def test_a_restart_does_not_replay_missed_ticks(actors: Actors, admin: Admin, test_class: str, tmp_path: Path) -> None:
     cfg, _ = _config(tmp_path, cron="0 3 * * *")  # nightly: the due tick is in the past
     # Registered two days ago: last night's tick was missed, not from before its time.
     admin.execute("INSERT INTO ledger.sensor (name, registered_at, registered_by) "
@@ -146,7 +148,8 @@ async def test_a_restart_does_not_replay_missed_ticks(actors, admin, test_class,
     assert rows[0]["tick"] == latest_due_tick(trigger_for(cfg.sensors["tests"]), datetime.now(timezone.utc))
 
 
-async def test_only_an_observation_started_after_promotion_confirms(actors, admin, promoting) -> None:  # type: ignore[no-untyped-def]
+@pytest.mark.rollback  # only SQL: a transaction rolled back after the test
+async def test_only_an_observation_started_after_promotion_confirms(actors: Actors, admin: Admin, promoting: str) -> None:
     d = Driver(actors, PROMOTING_CLASS)
     sensor = await actors("sensor")
     cid = await d.verified()
@@ -171,7 +174,8 @@ async def test_only_an_observation_started_after_promotion_confirms(actors, admi
     assert (await Reads(sensor.executor).campaign(cid)).state == "confirmed"
 
 
-async def test_a_red_observation_after_promotion_regresses(actors, admin, promoting) -> None:  # type: ignore[no-untyped-def]
+@pytest.mark.rollback  # only SQL: a transaction rolled back after the test
+async def test_a_red_observation_after_promotion_regresses(actors: Actors, admin: Admin, promoting: str) -> None:
     d = Driver(actors, PROMOTING_CLASS)
     sensor = await actors("sensor")
     cid = await d.promoted()
@@ -187,7 +191,8 @@ async def test_a_red_observation_after_promotion_regresses(actors, admin, promot
 # --- issue 14: sensor hygiene ---------------------------------------------------------------
 
 
-async def test_a_new_nightly_sensor_waits_for_its_next_tick(actors, admin, test_class, tmp_path) -> None:  # type: ignore[no-untyped-def]
+@pytest.mark.rollback  # only SQL: a transaction rolled back after the test
+async def test_a_new_nightly_sensor_waits_for_its_next_tick(actors: Actors, admin: Admin, test_class: str, tmp_path: Path) -> None:
     """A brand-new `0 3 * * *` sensor used to fire at once for last night's 03:00."""
     cfg, _ = _config(tmp_path, cron="0 3 * * *")
     sensor = Sensor(await actors("sensor"), cfg.sensors["tests"], "sensor-new")
@@ -209,12 +214,13 @@ async def test_a_new_nightly_sensor_waits_for_its_next_tick(actors, admin, test_
     assert again == admin.execute("SELECT registered_at FROM ledger.sensor").fetchone()["registered_at"]
 
 
-def test_a_sensor_must_watch_its_class_repository(tmp_path) -> None:  # type: ignore[no-untyped-def]
+@pytest.mark.rollback  # only SQL: a transaction rolled back after the test
+def test_a_sensor_must_watch_its_class_repository(tmp_path: Path) -> None:
     """A `beta#main` sensor of an alpha class had its campaign attempted on, and
     promoted onto, alpha."""
     from ledger.errors import ConfigError
 
-    def config(target: str):  # type: ignore[no-untyped-def]
+    def config(target: str):
         return parse_config({
             "classes": {"alpha": {"repository": str(tmp_path / "alpha.git"), "attempt_command": ["x"],
                                   "promote_to": "refs/heads/release"}},
@@ -228,11 +234,13 @@ def test_a_sensor_must_watch_its_class_repository(tmp_path) -> None:  # type: ig
         config("alpha#develop")
 
 
-async def test_an_exhausted_campaign_whose_target_turns_green_is_dismissed(actors, admin, test_class) -> None:  # type: ignore[no-untyped-def]
+@pytest.mark.rollback  # only SQL: a transaction rolled back after the test
+async def test_an_exhausted_campaign_whose_target_turns_green_is_dismissed(actors: Actors, admin: Admin, test_class: str) -> None:
     sensor, worker = await actors("sensor"), await actors("worker")
     red = await sensor.record_observation("s", "broken", "target-1", "red",
                                           datetime.now(timezone.utc), class_=test_class)
     cid = red.campaign_id
+    assert cid is not None
     for _ in range(3):
         claim = await worker.claim_campaign("w", [test_class])
         assert claim is not None and claim.campaign_id == cid
@@ -250,7 +258,8 @@ async def test_an_exhausted_campaign_whose_target_turns_green_is_dismissed(actor
     assert (last["actor"], last["payload"]["transition"], last["payload"]["from"]) == ("s", "dismiss", "exhausted")
 
 
-async def test_a_pytest_sensor_names_the_failing_tests(tmp_path) -> None:  # type: ignore[no-untyped-def]
+@pytest.mark.rollback  # only SQL: a transaction rolled back after the test
+async def test_a_pytest_sensor_names_the_failing_tests(tmp_path: Path) -> None:
     """What becomes a campaign's baseline: run directly, or through the shipped
     wrapper that exports a ref of a bare repository."""
     from ledger.demo import examples_dir

@@ -155,7 +155,7 @@ backoff = {{ base_s = 0, jitter = 0 }}
         worker = subprocess.Popen([sys.executable, "-m", "ledger", "worker", "--poll", "0.5", listen], env=env,
                                   stdout=log.open("wb"), stderr=subprocess.STDOUT)
 
-        def waits() -> list[dict]:  # type: ignore[type-arg]
+        def waits() -> list[dict]:
             """The start-up waits logged so far (the hub's LISTEN connection is
             the first to meet the standby; the pools' start-up check the next)."""
             entries = []

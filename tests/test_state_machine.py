@@ -11,10 +11,12 @@ from datetime import timedelta
 import psycopg
 import pytest
 
+from conftest import Actors, Admin
 from drive import PROMOTING_CLASS, Driver, fingerprint, new_key, now, sha
 from ledger import Forbidden, IllegalTransition, Kernel, StaleLease
 
-pytestmark = pytest.mark.anyio
+# Only SQL on one connection: each test runs in a transaction rolled back after it.
+pytestmark = [pytest.mark.anyio, pytest.mark.rollback]
 
 ROLES = ("sensor", "worker", "reaper", "verifier", "dispatcher", "operator", "reader")
 #: Who may perform a transition owned by an actor: its role and its members.
@@ -50,7 +52,7 @@ DESIGN = {
 
 
 @pytest.fixture
-async def classes(actors) -> None:  # type: ignore[no-untyped-def]
+async def classes(actors: Actors) -> None:
     op = await actors("operator")
     await op.register_class("test", max_attempts=3, lease_seconds=30, backoff_base_s=0)
     await op.register_class("single", max_attempts=1, lease_seconds=30, backoff_base_s=0)
@@ -58,8 +60,8 @@ async def classes(actors) -> None:  # type: ignore[no-untyped-def]
                             promotion={"ref": "refs/heads/main", "repository": "/nowhere"})
 
 
-async def test_transition_table_is_design_section_2(actors) -> None:  # type: ignore[no-untyped-def]
-    rows = await (await actors.reads("reader")).transitions()
+async def test_transition_table_is_design_section_2(actors: Actors) -> None:
+    rows = await (await actors.reads()).transitions()
     assert {(r.name, r.from_state, r.to_state, r.owner_role) for r in rows} == DESIGN
 
 
@@ -177,7 +179,7 @@ async def act_rebase(d: Driver, s: dict, role: str) -> int:
     return s["cid"]
 
 
-def _observe(status: str):  # type: ignore[no-untyped-def]
+def _observe(status: str):
     async def act(d: Driver, s: dict, role: str) -> int:
         key = s.get("key") or (await (await d.reads("reader")).campaign(s["cid"])).objective_key
         result = await (await _as(d, role)).record_observation(
@@ -227,7 +229,7 @@ def test_every_design_row_has_a_case() -> None:
 
 
 @pytest.mark.parametrize("case", CASES, ids=lambda c: f"{c.name}-from-{c.from_state}")
-async def test_transition_is_legal_for_its_owner_only(actors, classes, admin, case: Case) -> None:  # type: ignore[no-untyped-def]
+async def test_transition_is_legal_for_its_owner_only(actors: Actors, classes: None, admin: Admin, case: Case) -> None:
     d = Driver(actors, case.class_)
     state = await case.setup(d)
     to_state = next(t for n, f, t, _ in DESIGN if n == case.name and f == case.from_state)
@@ -249,7 +251,7 @@ async def test_transition_is_legal_for_its_owner_only(actors, classes, admin, ca
     assert transitions[-1] == case.name
 
 
-def _snapshot(admin: psycopg.Connection) -> tuple:
+def _snapshot(admin: Admin) -> tuple:
     """Everything a refused call could have touched."""
     return (
         admin.execute("SELECT id, state, generation, event_seq, updated_at FROM ledger.campaign ORDER BY id").fetchall(),
@@ -261,13 +263,13 @@ def _snapshot(admin: psycopg.Connection) -> tuple:
     )
 
 
-async def test_worker_role_can_reap_as_member_of_reaper(actors, classes) -> None:  # type: ignore[no-untyped-def]
+async def test_worker_role_can_reap_as_member_of_reaper(actors: Actors, classes: None) -> None:
     d = Driver(actors, "test")
     state = await _leased(d)
     assert await act_expire(d, state, "worker") == state["cid"]
 
 
-async def test_exhaust_is_performed_by_the_system_only(actors, classes, admin) -> None:  # type: ignore[no-untyped-def]
+async def test_exhaust_is_performed_by_the_system_only(actors: Actors, classes: None, admin: Admin) -> None:
     d = Driver(actors, "single")
     cid = await d.exhausted()
     events = await (await d.reads("reader")).events(cid)
@@ -281,7 +283,7 @@ async def test_exhaust_is_performed_by_the_system_only(actors, classes, admin) -
     assert err.value.sqlstate == "LG002"
 
 
-async def test_illegal_moves_are_refused(actors, classes, admin) -> None:  # type: ignore[no-untyped-def]
+async def test_illegal_moves_are_refused(actors: Actors, classes: None, admin: Admin) -> None:
     d = Driver(actors, "test")
     op = await d.k("operator")
     cid = await Driver(actors, "single").open()  # kept out of the way of d's claims
@@ -319,7 +321,7 @@ async def test_illegal_moves_are_refused(actors, classes, admin) -> None:  # typ
 
 
 @pytest.mark.parametrize("terminal", ["abandoned", "dismissed", "confirmed"])
-async def test_terminal_states_are_sticky(actors, classes, admin, terminal: str) -> None:  # type: ignore[no-untyped-def]
+async def test_terminal_states_are_sticky(actors: Actors, classes: None, admin: Admin, terminal: str) -> None:
     d = Driver(actors, PROMOTING_CLASS)
     sensor, op, worker = await d.k("sensor"), await d.k("operator"), await d.k("worker")
     if terminal == "abandoned":

@@ -14,11 +14,11 @@ from contextlib import aclosing
 import pytest
 import typer
 
-from conftest import TEST_PREFIX
+from conftest import TEST_PREFIX, Actors
 from drive import Driver, fingerprint
 from ledger import Database
-from ledger.errors import InvalidInput, NotFound
 from ledger.cli.journal import parse_duration
+from ledger.errors import InvalidInput, NotFound
 from ledger.hub import Hub, NullHub
 from ledger.models import Event
 from ledger.tail import Keepalive, SyntheticEvent, TailItem, is_terminal, tail
@@ -41,7 +41,7 @@ async def collect(items: AsyncIterator[TailItem], first: asyncio.Event | None = 
     return out
 
 
-async def drive_to_abandoned(d: Driver, cid: int, during) -> None:  # type: ignore[no-untyped-def]
+async def drive_to_abandoned(d: Driver, cid: int, during) -> None:
     """claim, append, fail, claim, append, abandon; ``during()`` runs midway."""
     worker, operator = await d.k("worker"), await d.k("operator")
     claim = await worker.claim_campaign("worker-1", [d.class_])
@@ -60,7 +60,7 @@ async def drive_to_abandoned(d: Driver, cid: int, during) -> None:  # type: igno
     await operator.abandon(cid, "not needed any more", "operator-1")
 
 
-async def test_tails_before_during_after_and_resumed_see_each_event_once(db: Database, actors, test_class) -> None:  # type: ignore[no-untyped-def]
+async def test_tails_before_during_after_and_resumed_see_each_event_once(db: Database, actors: Actors, test_class: str) -> None:
     d = Driver(actors, test_class)
     reader = await actors.reads()
     cid = await d.open()
@@ -96,7 +96,7 @@ async def test_tails_before_during_after_and_resumed_see_each_event_once(db: Dat
     assert not any(isinstance(e, SyntheticEvent) for e in (*live[0], *after, *resumed))
 
 
-async def test_a_tail_catches_up_across_pages_and_stops_at_the_first_terminal_event(db: Database, actors, test_class) -> None:  # type: ignore[no-untyped-def]
+async def test_a_tail_catches_up_across_pages_and_stops_at_the_first_terminal_event(db: Database, actors: Actors, test_class: str) -> None:
     d = Driver(actors, test_class)
     cid, gen = await d.leased()
     worker = await actors("worker")
@@ -109,10 +109,11 @@ async def test_a_tail_catches_up_across_pages_and_stops_at_the_first_terminal_ev
     seen = await collect(tail(reader, NullHub(), cid, page_size=4, poll_s=0.01))
     assert [e.seq for e in seen] == list(range(1, 25))
     assert [e.payload["i"] for e in seen if e.type == "output"] == list(range(21))
-    assert is_terminal(seen[-1]) and seen[-1].payload["to"] == "abandoned"
+    last = seen[-1]
+    assert isinstance(last, Event) and is_terminal(last) and last.payload["to"] == "abandoned"
 
 
-async def test_keepalives_mark_idle_time_and_carry_the_cursor(db: Database, actors, test_class) -> None:  # type: ignore[no-untyped-def]
+async def test_keepalives_mark_idle_time_and_carry_the_cursor(db: Database, actors: Actors, test_class: str) -> None:
     d = Driver(actors, test_class)
     cid = await d.open()
     reader, operator = await actors.reads(), await actors("operator")
@@ -136,16 +137,16 @@ async def test_keepalives_mark_idle_time_and_carry_the_cursor(db: Database, acto
     assert 0.2 <= elapsed < 5.0
 
 
-async def test_no_keepalives_without_follow(db: Database, actors, test_class) -> None:  # type: ignore[no-untyped-def]
+async def test_no_keepalives_without_follow(db: Database, actors: Actors, test_class: str) -> None:
     d = Driver(actors, test_class)
     cid, _ = await d.leased()
     reader = await actors.reads()
     seen = await collect(tail(reader, NullHub(), cid, follow=False, keepalive_s=0.001))
-    assert [(e.seq, e.payload["to"]) for e in seen] == [(1, "ready"), (2, "leased")]  # type: ignore[union-attr]
+    assert [(e.seq, e.payload["to"]) for e in seen] == [(1, "ready"), (2, "leased")]
     assert await collect(tail(reader, NullHub(), cid, after=2, follow=False)) == []
 
 
-async def test_resuming_past_the_terminal_event_yields_a_synthetic_one(db: Database, actors, test_class) -> None:  # type: ignore[no-untyped-def]
+async def test_resuming_past_the_terminal_event_yields_a_synthetic_one(db: Database, actors: Actors, test_class: str) -> None:
     d = Driver(actors, test_class)
     cid, _ = await d.leased()
     operator, reader = await actors("operator"), await actors.reads()
@@ -169,7 +170,8 @@ async def test_resuming_past_the_terminal_event_yields_a_synthetic_one(db: Datab
             assert event.model_dump(mode="json")["synthetic"] is True
 
 
-async def test_a_missing_campaign_and_a_bad_cursor_are_errors(actors) -> None:  # type: ignore[no-untyped-def]
+@pytest.mark.rollback  # only SQL: a transaction rolled back after the test
+async def test_a_missing_campaign_and_a_bad_cursor_are_errors(actors: Actors) -> None:
     reader = await actors.reads()
     with pytest.raises(NotFound):
         await collect(tail(reader, NullHub(), 424242))
@@ -193,7 +195,7 @@ def ledger(db_url: str, *args: str, check: bool = True) -> subprocess.CompletedP
     return proc
 
 
-async def _abandoned_with_deltas(actors, class_: str) -> int:  # type: ignore[no-untyped-def]
+async def _abandoned_with_deltas(actors: Actors, class_: str) -> int:
     d = Driver(actors, class_)
     cid, gen = await d.leased()
     await (await actors("worker")).append_events(cid, gen, [
@@ -205,7 +207,7 @@ async def _abandoned_with_deltas(actors, class_: str) -> int:  # type: ignore[no
     return cid
 
 
-async def test_cli_tail_and_trim(db_url: str, actors, test_class) -> None:  # type: ignore[no-untyped-def]
+async def test_cli_tail_and_trim(db_url: str, actors: Actors, test_class: str) -> None:
     cid = await _abandoned_with_deltas(actors, test_class)
 
     async def cli(*args: str) -> subprocess.CompletedProcess[str]:
@@ -244,7 +246,7 @@ def test_durations() -> None:
             parse_duration(bad)
 
 
-async def test_cli_tail_follows_until_the_campaign_closes(db_url: str, actors, test_class) -> None:  # type: ignore[no-untyped-def]
+async def test_cli_tail_follows_until_the_campaign_closes(db_url: str, actors: Actors, test_class: str) -> None:
     cid = await Driver(actors, test_class).open()
     proc = subprocess.Popen([sys.executable, "-m", "ledger", "tail", str(cid), "--json"],
                             env=ledger_env(db_url), stdout=subprocess.PIPE,

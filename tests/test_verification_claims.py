@@ -7,6 +7,7 @@ import asyncio
 
 import pytest
 
+from conftest import Actors, Admin
 from drive import fingerprint, sha
 from ledger import Database, Kernel
 from ledger.database import Transaction
@@ -17,7 +18,7 @@ pytestmark = pytest.mark.anyio
 CAMPAIGNS, VERIFIERS = 200, 6
 
 
-async def test_concurrent_verifiers_claim_each_candidate_once_without_errors(db: Database, admin, actors, test_class) -> None:  # type: ignore[no-untyped-def]
+async def test_concurrent_verifiers_claim_each_candidate_once_without_errors(db: Database, admin: Admin, actors: Actors, test_class: str) -> None:
     sensor, worker = await actors("sensor"), await actors("worker")
     for i in range(CAMPAIGNS):
         await sensor.open_campaign(test_class, f"v-{i}", "t")

@@ -24,9 +24,8 @@ import pytest
 import verifiers
 from conftest import TEST_PREFIX
 from drive import eventually, now
-from ledger import Forbidden, Kernel, SameIdentity
+from ledger import Forbidden, Kernel, Reads, SameIdentity, repository
 from ledger import bundle as bundles
-from ledger import repository
 from ledger.drill import process_gone
 from ledger.models import Verification
 from ledger.processes import TAIL_BYTES, run_command
@@ -143,6 +142,7 @@ def passing(*extra: list[str], timeout_s: float = 60.0) -> dict[str, Any]:
 # --- a campaign: rejected, then accepted --------------------------------------
 
 
+@pytest.mark.rollback  # only SQL: a transaction rolled back after the test
 async def test_bad_candidate_rejected_with_evidence_then_good_one_accepted(
         actors: Any, worker: FakeWorker, test_class: str, tmp_path: Path) -> None:
     acceptance = {"commands": [[PY, "-m", "pytest", "-q", "-p", "no:cacheprovider", "test_calc.py"]],
@@ -209,6 +209,7 @@ async def test_bad_candidate_rejected_with_evidence_then_good_one_accepted(
 # --- identity and role --------------------------------------------------------
 
 
+@pytest.mark.rollback  # only SQL: a transaction rolled back after the test
 async def test_verifier_never_judges_its_own_attempt_nor_acts_as_worker(
         actors: Any, worker: FakeWorker, test_class: str, admin: Any) -> None:
     identity = "agent:shared-identity"
@@ -255,6 +256,7 @@ async def test_verifier_never_judges_its_own_attempt_nor_acts_as_worker(
 # --- tampering ----------------------------------------------------------------
 
 
+@pytest.mark.rollback  # only SQL: a transaction rolled back after the test
 @pytest.mark.parametrize("edited", [bundles.BUNDLE_FILE, bundles.DIFF_FILE])
 async def test_bundle_edited_after_freezing_is_rejected(
         actors: Any, worker: FakeWorker, test_class: str, edited: str) -> None:
@@ -281,6 +283,7 @@ async def test_bundle_edited_after_freezing_is_rejected(
     assert "bundle tampered" in (detail.campaign.last_failure_reason or "")
 
 
+@pytest.mark.rollback  # only SQL: a transaction rolled back after the test
 async def test_a_bundle_naming_an_uninstalled_verifier_is_rejected_saying_so(
         actors: Any, worker: FakeWorker, test_class: str) -> None:
     cid = await worker.open("unknown-verifier")
@@ -362,6 +365,7 @@ async def test_killed_verifier_lapses_and_a_second_finishes_with_one_verdict(
     assert len(verdicts) == 1 and verdicts[0].actor == "verifier-second"
 
 
+@pytest.mark.rollback  # only SQL: a transaction rolled back after the test
 async def test_stale_heartbeat_stops_the_check_and_writes_nothing(
         actors: Any, worker: FakeWorker, test_class: str, tmp_path: Path) -> None:
     marker, release = tmp_path / "checking.pid", tmp_path / "release"
@@ -446,6 +450,7 @@ SPAWNS_AND_HANGS = textwrap.dedent("""\
 """)
 
 
+@pytest.mark.rollback  # only SQL: a transaction rolled back after the test
 async def test_acceptance_past_its_timeout_is_killed_with_its_children_and_rejected(
         actors: Any, worker: FakeWorker, test_class: str, tmp_path: Path) -> None:
     pids = tmp_path / "pids"
@@ -504,7 +509,7 @@ async def test_verifier_command_verifies_until_sigterm_then_exits_zero(
     assert lines[-1]["event"] == "verifier stopped" and lines[-1]["accepted"] == 1
 
 
-async def _state_is(reader: Kernel, cid: int, state: str) -> bool:
+async def _state_is(reader: Reads, cid: int, state: str) -> bool:
     return (await reader.campaign(cid)).state == state
 
 

@@ -10,12 +10,12 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 
 import pytest
 
-from conftest import TEST_PREFIX
+from conftest import TEST_PREFIX, Actors, Admin
 from drive import eventually
 from ledger import bundle as bundles
 from ledger.config import load_config
@@ -92,7 +92,7 @@ backoff = {{ base_s = 0, jitter = 0 }}
 
 
 @pytest.fixture
-async def shop(tmp_path: Path, db_url: str, actors) -> Iterator[Workshop]:  # type: ignore[no-untyped-def]
+async def shop(tmp_path: Path, db_url: str, actors: Actors) -> AsyncIterator[Workshop]:
     w = Workshop(tmp_path, db_url)
     op = await actors("operator")
     await op.register_class(CLASS, **load_config(w.config).campaign_class(CLASS).registration())
@@ -100,27 +100,27 @@ async def shop(tmp_path: Path, db_url: str, actors) -> Iterator[Workshop]:  # ty
     w.stop_all()
 
 
-async def _open(actors, n: int = 1) -> list[int]:  # type: ignore[no-untyped-def]
+async def _open(actors: Actors, n: int = 1) -> list[int]:
     sensor = await actors("sensor")
     return [(await sensor.open_campaign(CLASS, f"objective-{i}", "repo")).campaign_id for i in range(n)]
 
 
-def _rows(admin, sql: str, *params: object) -> list[dict]:  # type: ignore[no-untyped-def]
+def _rows(admin: Admin, sql: str, *params: object) -> list[dict]:
     return admin.execute(sql, params).fetchall()
 
 
-def _attempts(admin, cid: int) -> list[tuple]:  # type: ignore[no-untyped-def]
+def _attempts(admin: Admin, cid: int) -> list[tuple]:
     return [(r["attempt_no"], r["outcome"]) for r in _rows(
         admin, "SELECT attempt_no, outcome FROM ledger.attempt WHERE campaign_id = %s ORDER BY attempt_no", cid)]
 
 
-def _transitions(admin, cid: int) -> list[str]:  # type: ignore[no-untyped-def]
+def _transitions(admin: Admin, cid: int) -> list[str]:
     return [r["t"] for r in _rows(
         admin, "SELECT payload->>'transition' AS t FROM ledger.campaign_event "
                "WHERE campaign_id = %s AND type = 'transition' ORDER BY seq", cid)]
 
 
-def _state(admin, cid: int) -> str:  # type: ignore[no-untyped-def]
+def _state(admin: Admin, cid: int) -> str:
     return _rows(admin, "SELECT state FROM ledger.campaign WHERE id = %s", cid)[0]["state"]
 
 
@@ -133,7 +133,7 @@ def _workdirs(shop: Workshop) -> list[Path]:
     return sorted(root.iterdir()) if root.exists() else []
 
 
-async def test_sigkilled_worker_loses_the_attempt_not_the_campaign(shop: Workshop, actors, admin) -> None:  # type: ignore[no-untyped-def]
+async def test_sigkilled_worker_loses_the_attempt_not_the_campaign(shop: Workshop, actors: Actors, admin: Admin) -> None:
     shop.plan({"1": [["write", "fix.txt", "one"], ["block"], ["exit", 0]],
                "2": [["write", "fix.txt", "two"], ["exit", 0]]})
     [cid] = await _open(actors)
@@ -157,7 +157,7 @@ async def test_sigkilled_worker_loses_the_attempt_not_the_campaign(shop: Worksho
     assert second.wait(timeout=20) == 0
 
 
-async def test_zombie_worker_writes_nothing_after_its_reap(shop: Workshop, actors, admin) -> None:  # type: ignore[no-untyped-def]
+async def test_zombie_worker_writes_nothing_after_its_reap(shop: Workshop, actors: Actors, admin: Admin) -> None:
     shop.plan({"1": [["write", "fix.txt", "zombie"], ["lines", 50], ["block"], ["exit", 0]],
                "default": [["exit", 1]]})
     [cid] = await _open(actors)
@@ -194,7 +194,7 @@ async def test_zombie_worker_writes_nothing_after_its_reap(shop: Workshop, actor
     assert "standing down" in shop.logs() or "self-fenced" in shop.logs()
 
 
-async def test_next_attempt_must_differ(shop: Workshop, actors, admin) -> None:  # type: ignore[no-untyped-def]
+async def test_next_attempt_must_differ(shop: Workshop, actors: Actors, admin: Admin) -> None:
     shop.plan({"1": [["write", "fix.txt", "A"], ["exit", 1]],
                "2": [["write", "fix.txt", "A"], ["exit", 0]],
                "3": [["write", "fix.txt", "B"], ["exit", 0]]})
@@ -217,7 +217,7 @@ async def test_next_attempt_must_differ(shop: Workshop, actors, admin) -> None: 
     assert worker.wait(timeout=20) == 0
 
 
-async def test_a_saturated_worker_never_claims(shop: Workshop, actors, admin) -> None:  # type: ignore[no-untyped-def]
+async def test_a_saturated_worker_never_claims(shop: Workshop, actors: Actors, admin: Admin) -> None:
     shop.plan({"default": [["block"], ["exit", 1]]})
     cids = await _open(actors, 10)
     worker = shop.worker(concurrency=2, drain=0.5)
@@ -247,7 +247,7 @@ async def test_a_saturated_worker_never_claims(shop: Workshop, actors, admin) ->
     assert _rows(admin, "SELECT count(*) AS n FROM ledger.attempt WHERE outcome = 'drained'")[0]["n"] == 2
 
 
-async def test_sigterm_lets_a_short_attempt_finish_and_claims_nothing_new(shop: Workshop, actors, admin) -> None:  # type: ignore[no-untyped-def]
+async def test_sigterm_lets_a_short_attempt_finish_and_claims_nothing_new(shop: Workshop, actors: Actors, admin: Admin) -> None:
     shop.plan({"default": [["write", "fix.txt", "done"], ["block"], ["exit", 0]]})
     first, second = await _open(actors, 2)
     worker = shop.worker(drain=30)
@@ -261,7 +261,7 @@ async def test_sigterm_lets_a_short_attempt_finish_and_claims_nothing_new(shop: 
     assert _attempts(admin, second) == []
 
 
-async def test_sigterm_past_the_drain_budget_hands_the_campaign_back(shop: Workshop, actors, admin) -> None:  # type: ignore[no-untyped-def]
+async def test_sigterm_past_the_drain_budget_hands_the_campaign_back(shop: Workshop, actors: Actors, admin: Admin) -> None:
     shop.plan({"default": [["block"], ["exit", 0]]})
     [cid] = await _open(actors)
     worker = shop.worker(drain=0.3)
@@ -277,7 +277,7 @@ async def test_sigterm_past_the_drain_budget_hands_the_campaign_back(shop: Works
     assert _workdirs(shop) == []
 
 
-async def test_abandon_kills_the_attempt_within_a_heartbeat(shop: Workshop, actors, admin) -> None:  # type: ignore[no-untyped-def]
+async def test_abandon_kills_the_attempt_within_a_heartbeat(shop: Workshop, actors: Actors, admin: Admin) -> None:
     shop.plan({"default": [["child"], ["write", "fix.txt", "x"], ["block"], ["exit", 0]]})
     [cid] = await _open(actors)
     worker = shop.worker()
@@ -302,7 +302,7 @@ async def test_abandon_kills_the_attempt_within_a_heartbeat(shop: Workshop, acto
     assert worker.wait(timeout=20) == 0
 
 
-async def test_a_burst_of_output_is_coalesced_and_kept_whole(shop: Workshop, actors, admin) -> None:  # type: ignore[no-untyped-def]
+async def test_a_burst_of_output_is_coalesced_and_kept_whole(shop: Workshop, actors: Actors, admin: Admin) -> None:
     shop.plan({"default": [["lines", 2000], ["write", "fix.txt", "ok"], ["exit", 0]]})
     [cid] = await _open(actors)
     worker = shop.worker()
@@ -320,7 +320,7 @@ async def test_a_burst_of_output_is_coalesced_and_kept_whole(shop: Workshop, act
     assert worker.wait(timeout=20) == 0
 
 
-async def test_an_idle_worker_wakes_on_notify_not_on_its_poll_tick(shop: Workshop, actors, admin) -> None:  # type: ignore[no-untyped-def]
+async def test_an_idle_worker_wakes_on_notify_not_on_its_poll_tick(shop: Workshop, actors: Actors, admin: Admin) -> None:
     shop.plan({"default": [["write", "fix.txt", "x"], ["exit", 0]]})
     worker = shop.worker("--log-level", "debug", poll=10.0)
     await eventually(lambda: "idle: nothing to claim" in shop.logs(), what="the worker to go idle")
@@ -333,7 +333,7 @@ async def test_an_idle_worker_wakes_on_notify_not_on_its_poll_tick(shop: Worksho
     assert worker.wait(timeout=20) == 0
 
 
-async def test_a_leftover_child_and_nul_output_do_not_stall_or_break_the_attempt(shop: Workshop, actors, admin) -> None:  # type: ignore[no-untyped-def]
+async def test_a_leftover_child_and_nul_output_do_not_stall_or_break_the_attempt(shop: Workshop, actors: Actors, admin: Admin) -> None:
     # The grandchild keeps stdout open and sleeps for minutes; the attempt must
     # end when the command exits, and the grandchild must die with its group.
     shop.plan({"default": [["child"], ["print", "binary junk: \u0000 end\n"], ["write", "fix.txt", "y"],

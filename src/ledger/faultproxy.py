@@ -70,7 +70,7 @@ class FaultProxy:
         """``url`` pointed at this proxy instead of its server."""
         params = conninfo_to_dict(url)
         params.update(host="127.0.0.1", port=str(self.port))
-        return make_conninfo(**params)
+        return make_conninfo("", **params)
 
     # --- lifecycle ----------------------------------------------------------------
 

@@ -13,10 +13,12 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from datetime import datetime
-from typing import Any
+from typing import Any, TypeVar
 
 from .database import Executor
 from .errors import Forbidden, StaleLease
+
+T = TypeVar("T")
 from .models import (
     AttemptRecord,
     AttemptRecorded,
@@ -44,6 +46,11 @@ IDEMPOTENT = frozenset({
 # no longer claimed; the dispatcher then reads the campaign back.)
 
 
+def _class(class_: str | None) -> dict[str, Any]:
+    # ``class`` is a keyword in Python, not in the API's argument names.
+    return {"class": class_}
+
+
 def _attempted_hints(campaign_ids: Sequence[int]) -> list[tuple[str, str]]:
     # Recorded attempts wake verifiers (ledger_attempted) and tails
     # (ledger_event); the kernel function leaves these two to the caller.
@@ -69,6 +76,13 @@ class Kernel:
         rows = await self._call(function, **args)
         return next(iter(rows[0].values())) if rows else None
 
+    async def _scalar_as(self, kind: type[T], function: str, /, **args: Any) -> T:
+        """``_scalar``, checked to be a ``kind`` (the function's declared result)."""
+        value = await self._scalar(function, **args)
+        if not isinstance(value, kind):
+            raise TypeError(f"ledger_api.{function} returned {value!r}, not {kind.__name__}")
+        return value
+
     # --- sensors -------------------------------------------------------------
 
     async def open_campaign(
@@ -87,7 +101,7 @@ class Kernel:
     ) -> Opened:
         """Open a campaign for an objective, or return the one already open."""
         rows = await self._call(
-            "open_campaign", **{"class": class_}, objective_key=objective_key, target=target,
+            "open_campaign", **_class(class_), objective_key=objective_key, target=target,
             desired_state=desired_state or {}, observation=observation or {}, priority=priority,
             seat=seat, labels=list(labels), acceptance=acceptance, sensor=sensor,
         )
@@ -115,7 +129,7 @@ class Kernel:
             "record_observation", _idempotent=tick is not None or idempotency_key is not None,
             sensor=sensor, objective_key=objective_key, target=target,
             status=status, started_at=started_at, finished_at=finished_at,
-            details=details or {}, **{"class": class_}, tick=tick,
+            details=details or {}, **_class(class_), tick=tick,
             idempotency_key=idempotency_key, request_digest=request_digest,
             desired_state=desired_state or {}, labels=list(labels),
         )
@@ -124,7 +138,7 @@ class Kernel:
     async def register_sensor(self, sensor: str, identity: str) -> datetime:
         """Register a sensor the first time it runs; returns when it was registered
         (ticks before that are never observed)."""
-        return await self._scalar("register_sensor", sensor=sensor, identity=identity)
+        return await self._scalar_as(datetime, "register_sensor", sensor=sensor, identity=identity)
 
     async def claim_sensor_tick(self, sensor: str, tick: datetime, identity: str) -> bool:
         """Own one scheduled tick of a sensor; ``False`` if another process has it."""
@@ -172,8 +186,8 @@ class Kernel:
         """Record the candidate (leased -> attempted); returns the attempt number.
         Retrying the identical record returns the same number; verifiers and
         tails are hinted after the commit (``Session.hint``)."""
-        attempt_no = await self._scalar(
-            "record_attempt", _timeout_s=timeout_s, campaign_id=campaign_id, generation=generation,
+        attempt_no = await self._scalar_as(
+            int, "record_attempt", _timeout_s=timeout_s, campaign_id=campaign_id, generation=generation,
             base_sha=base_sha, candidate_sha=candidate_sha, fingerprint=fingerprint,
             bundle=bundle, bundle_digest=bundle_digest, evidence_location=evidence_location,
             log_tail=log_tail,
@@ -205,7 +219,7 @@ class Kernel:
     ) -> str:
         """Record a failed (or drained) attempt; returns the new state.
         Retrying the identical ending returns the same state."""
-        return await self._scalar(
+        return await self._scalar_as(str, 
             "fail_attempt", _timeout_s=timeout_s, campaign_id=campaign_id, generation=generation,
             reason=reason, fingerprint=fingerprint, retry_after_s=retry_after_s, drained=drained,
         )
@@ -218,7 +232,7 @@ class Kernel:
         fingerprint is refused from now on), plus a ``security_event`` row and
         a ``security.refused`` journal entry. Returns the new state (the same
         one when the identical refusal is retried)."""
-        return await self._scalar("refuse_candidate", _timeout_s=timeout_s, campaign_id=campaign_id,
+        return await self._scalar_as(str, "refuse_candidate", _timeout_s=timeout_s, campaign_id=campaign_id,
                                   generation=generation, reason=reason, fingerprint=fingerprint,
                                   paths=list(paths))
 
@@ -228,7 +242,7 @@ class Kernel:
         """Append events to the journal, fenced by generation and lease; returns
         the last seq. With ``key`` (unique per batch) a retry of the same batch
         returns the first try's seq instead of appending twice."""
-        return await self._scalar("append_events", _timeout_s=timeout_s,
+        return await self._scalar_as(int, "append_events", _timeout_s=timeout_s,
                                   _idempotent=key is not None, campaign_id=campaign_id,
                                   generation=generation, events=list(events), key=key)
 
@@ -283,14 +297,16 @@ class Kernel:
                      timeout_s: float | None = None) -> int | None:
         """Accept the candidate (attempted -> verified); returns the promotion
         intent id (the same one when an accept is retried)."""
-        return await self._scalar("accept", _timeout_s=timeout_s, verification_id=verification_id,
-                                  evidence=evidence or {})
+        intent: int | None = await self._scalar("accept", _timeout_s=timeout_s,
+                                                verification_id=verification_id,
+                                                evidence=evidence or {})
+        return intent
 
     async def reject(self, verification_id: int, reason: str,
                      evidence: dict[str, Any] | None = None, *, timeout_s: float | None = None) -> str:
         """Reject the candidate (attempted -> ready/exhausted); returns the new
         state (the same one when a reject with the same reason is retried)."""
-        return await self._scalar("reject", _timeout_s=timeout_s, verification_id=verification_id,
+        return await self._scalar_as(str, "reject", _timeout_s=timeout_s, verification_id=verification_id,
                                   reason=reason, evidence=evidence or {})
 
     # --- dispatchers ---------------------------------------------------------
@@ -338,7 +354,7 @@ class Kernel:
                                    retry_after_s: float = 5.0, timeout_s: float | None = None) -> str:
         """Record what the read-back showed: done, conflict, retry or failed
         (a retried identical record returns the state it left)."""
-        return await self._scalar("complete_side_effect", _timeout_s=timeout_s,
+        return await self._scalar_as(str, "complete_side_effect", _timeout_s=timeout_s,
                                   side_effect_id=side_effect_id,
                                   claim_token=claim_token, outcome=outcome, result=result or {},
                                   error=error, retry_after_s=retry_after_s)
@@ -348,13 +364,13 @@ class Kernel:
     async def abandon(self, campaign_id: int, reason: str = "abandoned by operator",
                       operator: str | None = None) -> int:
         """Stop a campaign for good; returns its new generation."""
-        return await self._scalar("abandon", campaign_id=campaign_id, reason=reason,
+        return await self._scalar_as(int, "abandon", campaign_id=campaign_id, reason=reason,
                                   operator=operator)
 
     async def reopen(self, campaign_id: int, operator: str | None = None,
                      extra_attempts: int | None = None) -> int:
         """Give an exhausted campaign more attempts."""
-        return await self._scalar("reopen", campaign_id=campaign_id, operator=operator,
+        return await self._scalar_as(int, "reopen", campaign_id=campaign_id, operator=operator,
                                   extra_attempts=extra_attempts)
 
     async def register_class(self, name: str, **settings: Any) -> None:
@@ -363,10 +379,10 @@ class Kernel:
 
     async def trim_journal(self, older_than_s: float) -> int:
         """Delete journal deltas of campaigns closed longer ago than ``older_than_s``."""
-        return await self._scalar("trim_journal", older_than_s=older_than_s)
+        return await self._scalar_as(int, "trim_journal", older_than_s=older_than_s)
 
     async def retry_now(self, campaign_id: int, operator: str | None = None) -> int:
         """Skip the rest of a ready campaign's backoff (a journaled operator
         event, not a transition); returns the event's seq. ``IllegalTransition``
         unless the campaign is ready and still waiting."""
-        return await self._scalar("retry_now", campaign_id=campaign_id, operator=operator)
+        return await self._scalar_as(int, "retry_now", campaign_id=campaign_id, operator=operator)

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import secrets
 from dataclasses import dataclass
+from typing import Any
 from urllib.parse import quote, urlencode
 
 import psycopg
@@ -98,7 +99,7 @@ def create_logins(db: Database, *, auth: str = "password", rotate: bool = False,
     return made
 
 
-def _create_one(conn: psycopg.Connection, db: Database, actor: str, auth: str,  # type: ignore[type-arg]
+def _create_one(conn: psycopg.Connection[dict[str, Any]], db: Database, actor: str, auth: str,
                 rotate: bool) -> Login:
     role, login = db.role(actor), login_name(db, actor)
     ident = sql.Identifier(login)
@@ -109,7 +110,7 @@ def _create_one(conn: psycopg.Connection, db: Database, actor: str, auth: str,  
             conn.execute(sql.SQL("CREATE ROLE {} LOGIN NOSUPERUSER NOCREATEDB NOCREATEROLE "
                                  "NOREPLICATION NOBYPASSRLS INHERIT").format(ident))
         if not conn.execute("SELECT pg_catalog.pg_has_role(%s, %s, 'MEMBER') AS m",
-                            (login, role)).fetchone()["m"]:  # type: ignore[index]
+                            (login, role)).fetchone()["m"]:  # type: ignore[index]  # one row, always
             conn.execute(sql.SQL("GRANT {} TO {}").format(sql.Identifier(role), ident))
         # The limits its role has (roles.sql): role settings apply to the role
         # that logs in, not to the roles it is a member of.

@@ -12,6 +12,7 @@ from __future__ import annotations
 import html
 import shutil
 from collections.abc import Iterable
+from typing import Any, Literal
 
 from transitions import Machine
 from transitions.extensions import GraphMachine
@@ -30,15 +31,15 @@ class StateMachine:
         self.states = sorted(states, key=lambda s: s.position)
         self.transitions = list(transitions)
         self.terminal = {s.name for s in self.states if s.is_terminal}
-        self._machine = self._build(Machine)
+        self._machine = self._build()
 
     @classmethod
     async def load(cls, reads: Reads) -> StateMachine:
         """Read the machine from the database."""
         return cls(await reads.states(), await reads.transitions())
 
-    def _build(self, machine_cls: type[Machine], **kwargs: object) -> Machine:
-        return machine_cls(
+    def _build(self) -> Machine:
+        return Machine(
             model=None,
             states=[{"name": s.name, "final": s.is_terminal} for s in self.states],
             # ``open`` creates the row; it has no source state to move from.
@@ -46,7 +47,6 @@ class StateMachine:
                          for t in self.transitions if t.from_state is not None],
             initial=INITIAL,
             auto_transitions=False,
-            **kwargs,
         )
 
     def next_state(self, transition: str, state: str) -> str | None:
@@ -59,7 +59,7 @@ class StateMachine:
         """The transitions legal from ``state``."""
         return sorted(self._machine.get_triggers(state))
 
-    def _graph(self, engine: str):  # type: ignore[no-untyped-def]
+    def _graph(self, engine: Literal["graphviz", "mermaid"]) -> Any:
         """The diagram of the rows, drawn by ``transitions`` with ``engine``."""
         class _Model:
             pass
@@ -73,7 +73,7 @@ class StateMachine:
             initial=INITIAL, auto_transitions=False, graph_engine=engine,
             title="Ledger campaign states",
         )
-        return model.get_graph()  # type: ignore[attr-defined]
+        return getattr(model, "get_graph")()  # added to the model by GraphMachine
 
     def mermaid(self) -> str:
         """A mermaid ``stateDiagram-v2`` drawn by ``transitions`` from the rows."""
@@ -95,7 +95,8 @@ class StateMachine:
         return self._arc_svg()
 
     def _graphviz_svg(self) -> str:
-        return self._graph("graphviz").draw(None, format="svg", prog="dot").decode()  # type: ignore[no-any-return]
+        drawn: bytes = self._graph("graphviz").draw(None, format="svg", prog="dot")
+        return drawn.decode()
 
     def _arc_svg(self) -> str:
         gap, top, radius = 130, 250, 34
@@ -129,9 +130,9 @@ class StateMachine:
             # A transition from many states is labelled once, at its destination.
             own = sorted(n for n in set(names) if len(sources[n]) == 1)
             if own:
-                t = 0.5 if forward else 0.3  # back edges: label near the source
-                lx = (1 - t) ** 2 * x1 + 2 * (1 - t) * t * (x1 + x2) / 2 + t * t * x2
-                ly = (1 - t) ** 2 * y + 2 * (1 - t) * t * cy + t * t * y
+                at = 0.5 if forward else 0.3  # back edges: label near the source
+                lx = (1 - at) ** 2 * x1 + 2 * (1 - at) * at * (x1 + x2) / 2 + at * at * x2
+                ly = (1 - at) ** 2 * y + 2 * (1 - at) * at * cy + at * at * y
                 parts.append(f'<text x="{lx:.0f}" y="{ly + (-5 if forward else 14):.0f}" '
                              f'text-anchor="middle">{html.escape(", ".join(own))}</text>')
         for name, froms in sorted(sources.items()):

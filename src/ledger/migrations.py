@@ -15,6 +15,7 @@ the privilege self-check (``finish``).
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any, LiteralString
 
 import psycopg
 from alembic import command
@@ -99,7 +100,7 @@ def upgrade(url: str, role_prefix: str = "ledger_", revision: str = "head") -> N
 def secure_database(url: str) -> None:
     """Re-apply what a database copied from a template lacks (no TEMPORARY for PUBLIC)."""
     with psycopg.connect(url, autocommit=True) as conn:
-        if conn.execute("SELECT to_regprocedure('ledger.secure_database()') IS NOT NULL").fetchone()[0]:
+        if _scalar(conn, "SELECT to_regprocedure('ledger.secure_database()') IS NOT NULL"):
             conn.execute("SELECT ledger.secure_database()")
 
 
@@ -161,7 +162,7 @@ def finish(connection: Connection | psycopg.Connection) -> None:
     privilege self-check (grants.sql) fails the migration if any function is
     executable by PUBLIC or is not granted and pinned as the API must be."""
     raw = _driver(connection)
-    if raw.execute("SELECT to_regprocedure('ledger.check_privileges()') IS NOT NULL").fetchone()[0]:
+    if _scalar(raw, "SELECT to_regprocedure('ledger.check_privileges()') IS NOT NULL"):
         raw.execute("SELECT ledger.check_privileges()")
 
 
@@ -205,9 +206,16 @@ def _driver(connection: Connection | psycopg.Connection) -> psycopg.Connection:
     return raw
 
 
+def _scalar(conn: psycopg.Connection[Any], query: LiteralString) -> Any:
+    """The one value a one-row query returns."""
+    row = conn.execute(query).fetchone()
+    assert row is not None, query
+    return row[0]
+
+
 def _execute(raw: psycopg.Connection, text: str, *, as_owner: bool) -> None:
     if as_owner:
-        prefix = raw.execute("SELECT current_setting('ledger.role_prefix')").fetchone()[0]
+        prefix = _scalar(raw, "SELECT current_setting('ledger.role_prefix')")
         raw.execute(sql.SQL("SET ROLE {}").format(sql.Identifier(f"{prefix}owner")))
     # No parameters: psycopg sends the script as-is (several statements, and
     # %-signs inside format() calls untouched).

@@ -36,6 +36,7 @@ from typing import Any
 #: How much of a command's output is kept as evidence (the end of it).
 TAIL_BYTES = 16 * 1024
 
+_prctl: Callable[..., int] | None
 try:  # resolved here, in the parent: a forked child must not load libraries
     _prctl = ctypes.CDLL(None, use_errno=True).prctl
 except (OSError, AttributeError):  # not Linux

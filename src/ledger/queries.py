@@ -36,7 +36,8 @@ from sqlalchemy.sql import Select
 
 from .query_text import Query
 
-_dialect = postgresql.psycopg.dialect()  # type: ignore[attr-defined]
+# (SQLAlchemy's dialect constructors are not annotated.)
+_dialect = postgresql.psycopg.dialect()  # type: ignore[no-untyped-call]
 metadata = MetaData(schema="ledger_api")
 TS = DateTime(timezone=True)
 

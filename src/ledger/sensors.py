@@ -57,7 +57,7 @@ def trigger_for(sensor: SensorConfig) -> BaseTrigger:
     if sensor.every_s is not None:
         return IntervalTrigger(seconds=sensor.every_s, start_date=EPOCH, timezone=timezone.utc)
     try:
-        return CronTrigger.from_crontab(sensor.cron, timezone=timezone.utc)  # type: ignore[arg-type]
+        return CronTrigger.from_crontab(sensor.cron, timezone=timezone.utc)
     except ValueError as exc:
         raise ConfigError(f"sensor {sensor.name}: bad cron {sensor.cron!r}: {exc}") from exc
 

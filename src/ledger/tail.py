@@ -11,7 +11,7 @@ hub can be down. Any process can serve any tail: the cursor is the only state.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from dataclasses import dataclass
 from datetime import datetime, timezone
 
@@ -68,7 +68,7 @@ async def tail(
     keepalive_s: float = 15.0,
     poll_s: float = 1.0,
     page_size: int = PAGE_SIZE,
-) -> AsyncIterator[TailItem]:
+) -> AsyncGenerator[TailItem, None]:
     """Yield the journal of ``campaign_id`` after seq ``after``, then (with
     ``follow``) what is appended, until and including the terminal transition.
 

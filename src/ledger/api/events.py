@@ -29,7 +29,8 @@ from ..errors import InvalidInput
 from ..tail import Keepalive, TailItem, tail
 from . import problems
 from .problems import CursorBeyondEnd
-from .campaigns import BIGINT_MAX, CampaignId
+from .campaigns import CampaignId
+from ..cursors import BIGINT_MAX
 from .roles import CallerDep
 
 router = APIRouter(tags=["campaigns"])

@@ -21,7 +21,8 @@ from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
 from ..errors import InvalidInput, NotFound
 from ..models import Observation, ObservationRecorded
 from . import problems
-from .campaigns import BIGINT_MAX, Name, Text
+from .campaigns import Name, Text
+from ..cursors import BIGINT_MAX
 from .roles import Caller, CallerDep
 
 router = APIRouter(tags=["observations"])

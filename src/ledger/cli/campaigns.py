@@ -17,7 +17,8 @@ from .output import table
 
 if TYPE_CHECKING:
     from ..kernel import Kernel
-    from ..models import Campaign, CampaignDetail
+    from ..models import Campaign, CampaignDetail, Opened
+    from ..report import Report
 
 JSON_OPTION = typer.Option(False, "--json", envvar="LEDGER_JSON", show_envvar=True,
                            help="Print JSON for machines.")
@@ -63,7 +64,7 @@ def open_(
     """Open a campaign by hand (as the sensor role); idempotent per objective key."""
     from ..kernel import Kernel
 
-    async def go():  # type: ignore[no-untyped-def]
+    async def go() -> Opened:
         async with state(ctx).database().session("sensor") as s:
             return await Kernel(s).open_campaign(class_, objective_key, target, priority=priority,
                                                  labels=label, sensor=operator_identity())
@@ -81,13 +82,13 @@ def list_(
                                      help="Filter by state (repeatable)."),
     class_: list[str] = typer.Option([], "--class", envvar="LEDGER_LIST_CLASS", show_envvar=True,
                                      help="Filter by class (repeatable)."),
-    target: str = typer.Option(None, envvar="LEDGER_LIST_TARGET", show_envvar=True,
+    target: str | None = typer.Option(None, envvar="LEDGER_LIST_TARGET", show_envvar=True,
                                help="Filter by target."),
-    objective: str = typer.Option(None, envvar="LEDGER_LIST_OBJECTIVE", show_envvar=True,
+    objective: str | None = typer.Option(None, envvar="LEDGER_LIST_OBJECTIVE", show_envvar=True,
                                   help="Filter by objective key."),
-    label: str = typer.Option(None, envvar="LEDGER_LIST_LABEL", show_envvar=True,
+    label: str | None = typer.Option(None, envvar="LEDGER_LIST_LABEL", show_envvar=True,
                               help="Filter by label."),
-    updated_since: datetime = typer.Option(None, "--updated-since",
+    updated_since: datetime | None = typer.Option(None, "--updated-since",
                                            envvar="LEDGER_LIST_UPDATED_SINCE", show_envvar=True,
                                            help="Only campaigns changed since (ISO time, UTC if "
                                                 "no zone)."),
@@ -274,7 +275,7 @@ def abandon(
 def reopen(
     ctx: typer.Context,
     campaign_ids: list[int] = typer.Argument(..., help="Campaign ids."),
-    extra_attempts: int = typer.Option(None, min=1, envvar="LEDGER_REOPEN_EXTRA_ATTEMPTS",
+    extra_attempts: int | None = typer.Option(None, min=1, envvar="LEDGER_REOPEN_EXTRA_ATTEMPTS",
                                        show_envvar=True,
                                        help="Attempts to add (default: the class's)."),
     as_json: bool = JSON_OPTION,
@@ -295,7 +296,7 @@ def report(
     from ..reads import Reads
     from ..report import autonomy_report
 
-    async def go():  # type: ignore[no-untyped-def]
+    async def go() -> Report:
         async with state(ctx).database().session("reader") as s:
             return await autonomy_report(Reads(s), days)
 

@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
 
 from .context import console_err, emit_json, run, state
 from .output import table
 from .runtime import CONFIG_OPTION, config_path
+
+if TYPE_CHECKING:
+    from ..models import CampaignClass
 
 classes_app = typer.Typer(help="Campaign classes: what the kernel knows of them.", no_args_is_help=True)
 
@@ -41,7 +45,7 @@ def list_(ctx: typer.Context, as_json: bool = typer.Option(False, "--json", help
     """The classes registered in the database."""
     from ..reads import Reads
 
-    async def go():  # type: ignore[no-untyped-def]
+    async def go() -> list[CampaignClass]:
         async with state(ctx).database().session("reader") as s:
             return await Reads(s).classes()
 

@@ -23,9 +23,9 @@ def register(app: typer.Typer) -> None:
 def drill(
     ctx: typer.Context,
     names: list[str] = typer.Argument(..., help="'list', 'all', or drill names."),
-    report: Path = typer.Option(None, "--report", envvar="LEDGER_DRILL_REPORT", show_envvar=True,
+    report: Path | None = typer.Option(None, "--report", envvar="LEDGER_DRILL_REPORT", show_envvar=True,
                                 help="Write a JSON report here."),
-    database_url: str = typer.Option(None, "--database-url", envvar="LEDGER_DATABASE_URL", show_envvar=True,
+    database_url: str | None = typer.Option(None, "--database-url", envvar="LEDGER_DATABASE_URL", show_envvar=True,
                                      help="Administrator URL of the server to drill (a throwaway database "
                                           "is created per drill). Unset: a throwaway embedded cluster."),
     scale: float = typer.Option(1.0, "--scale", min=0.01, max=10, envvar="LEDGER_DRILL_SCALE",

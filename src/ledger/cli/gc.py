@@ -4,11 +4,15 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
 
 from .context import console_err, emit_json, run, state
 from .runtime import CONFIG_OPTION, LOG_OPTION, config_path
+
+if TYPE_CHECKING:
+    from ..gc import Collected
 
 
 def register(app: typer.Typer) -> None:
@@ -22,7 +26,7 @@ def gc(
     class_: list[str] = typer.Option([], "--class", help="Only these classes' repositories "
                                                          "(repeatable; default: all)."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Count what would go; delete nothing."),
-    every: float = typer.Option(None, "--every", min=1.0,
+    every: float | None = typer.Option(None, "--every", min=1.0,
                                 help="Keep running: a pass every this many seconds, until SIGTERM."),
     as_json: bool = typer.Option(False, "--json", help="Print what the pass did as JSON."),
     log_level: str = LOG_OPTION,
@@ -45,7 +49,7 @@ def gc(
     if every is not None and dry_run:
         raise typer.BadParameter("--dry-run is for one pass; drop --every")
 
-    async def go():  # type: ignore[no-untyped-def]
+    async def go() -> Collected | None:
         # Checked up front: with no attempt branches to look at, a pass would
         # never touch the database and report success on one never migrated.
         async with st.database(ready=True).session("reader") as session:

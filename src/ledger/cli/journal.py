@@ -127,7 +127,7 @@ def trim(
                                         "(90s, 30m, 24h, 7d)."),
     as_json: bool = typer.Option(False, "--json", envvar="LEDGER_JSON", show_envvar=True,
                                  help="Print JSON for machines."),
-    every: float = typer.Option(None, "--every", min=1.0, metavar="SECONDS",
+    every: float | None = typer.Option(None, "--every", min=1.0, metavar="SECONDS",
                                 help="Keep running: a pass every this many seconds, until SIGTERM."),
 ) -> None:
     """Delete output deltas of campaigns closed longer ago than --older-than.

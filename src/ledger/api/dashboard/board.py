@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncGenerator, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
@@ -22,7 +22,8 @@ from ...reads import Reads
 from ...models import Campaign, HourActivity
 from ...report import autonomy_report
 from ...sensors import next_tick, trigger_for
-from ..campaigns import decode_cursor, encode_cursor
+from ..campaigns import encode_cursor
+from ...cursors import decode_cursor
 from ..charts import HourChart, autonomy_chart, hour_chart
 from .filters import BoardFilter
 from .render import STATES, Pages, pages_of
@@ -120,7 +121,7 @@ async def _either(a: Subscription, b: Subscription, timeout: float) -> None:
 
 
 async def board_changes(reads: Reads, hub: Any, *, poll_s: float, keepalive_s: float,
-                        min_gap_s: float = MIN_CHANGE_GAP_S) -> AsyncIterator[ServerSentEvent]:
+                        min_gap_s: float = MIN_CHANGE_GAP_S) -> AsyncGenerator[ServerSentEvent, None]:
     """A ``changed`` event whenever what the board shows changed.
 
     Woken by the hub (a journal grew, a campaign became ready) and, because

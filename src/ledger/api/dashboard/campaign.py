@@ -11,7 +11,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import HTMLResponse, Response
 
 from ...errors import InvalidInput, NotFound
-from ..campaigns import BIGINT_MAX
+from ...cursors import BIGINT_MAX
 from ..timeline import campaign_timeline
 from .render import pages_of, redirect
 from .viewer import local_path, read_form, viewer_of
