@@ -143,6 +143,7 @@ def pgbouncer(pg_admin_url: str) -> Iterator[dict[str, str]]:
         f"listen_port = {port}",
         "unix_socket_dir =",
         "auth_type = trust",
+        f"admin_users = {user}",  # for KILL <db> at the end of a pooled test
         f"auth_file = {work / 'users.txt'}",
         "pool_mode = transaction",
         f"default_pool_size = {PGBOUNCER_POOL_SIZE}",
@@ -161,6 +162,7 @@ def pgbouncer(pg_admin_url: str) -> Iterator[dict[str, str]]:
         owner = pwd.getpwuid(os.stat(host).st_uid).pw_name if host.startswith("/") else "nobody"
         command[1:1] = ["-u", owner]
     proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    _harness_children.add(proc.pid)  # lives for the session: not a test's leak
     deadline = time.monotonic() + 10
     while True:  # until it accepts connections (or has died)
         with socket.socket() as s:
@@ -172,7 +174,7 @@ def pgbouncer(pg_admin_url: str) -> Iterator[dict[str, str]]:
             raise RuntimeError(f"pgbouncer did not start: {err.decode(errors='replace').strip()}")
         time.sleep(0.05)
     try:
-        yield {"host": "127.0.0.1", "port": str(port)}
+        yield {"host": "127.0.0.1", "port": str(port), "user": user}
     finally:
         proc.terminate()
         try:
@@ -183,10 +185,19 @@ def pgbouncer(pg_admin_url: str) -> Iterator[dict[str, str]]:
         shutil.rmtree(work, ignore_errors=True)
 
 
+def release_pooled(pooler: dict[str, str], database: str) -> None:
+    """Close PgBouncer's server connections to ``database`` (its admin console's
+    ``KILL``): a test's database is then left with no session, as the leak
+    check wants, and can be dropped."""
+    with psycopg.connect(host=pooler["host"], port=pooler["port"], user=pooler["user"],
+                         dbname="pgbouncer", autocommit=True) as conn:
+        conn.pgconn.exec_(f"KILL {database}".encode())  # the console speaks the simple protocol only
+
+
 def through(url: str, pooler: dict[str, str]) -> str:
     """``url`` pointed at the pooler instead of the server."""
     params = conninfo_to_dict(url)
-    params.update(pooler)
+    params.update({k: v for k, v in pooler.items() if k in ("host", "port")})
     return make_conninfo(**params)  # type: ignore[arg-type]  # conninfo values are str
 
 
@@ -275,7 +286,8 @@ def no_leaks(request: pytest.FixtureRequest) -> Iterator[None]:
 
     def children_left() -> list[str]:
         new_children.clear()
-        new_children.update((pid, cmd) for pid, cmd in _children().items() if pid not in children)
+        new_children.update((pid, cmd) for pid, cmd in _children().items()
+                            if pid not in children and pid not in _harness_children)
         return [f"child process {pid}: {cmd}" for pid, cmd in new_children.items()]
 
     left += _until_gone(children_left)
@@ -295,6 +307,8 @@ def no_leaks(request: pytest.FixtureRequest) -> Iterator[None]:
 
 #: Backends the harness keeps across tests (the rolled-back tier's connection).
 _harness_pids: list[int] = []
+#: Child processes the harness keeps across tests (PgBouncer).
+_harness_children: set[int] = set()
 
 
 # --- committed databases ---------------------------------------------------------------

@@ -22,7 +22,7 @@ from __future__ import annotations
 import asyncio
 import re
 from datetime import timedelta
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -30,21 +30,24 @@ import httpx
 import psycopg
 import pytest
 from psycopg import sql
+from psycopg.conninfo import conninfo_to_dict
 
 from ledger import Database, Kernel, Reads, StaleLease
 from ledger.api import ApiOptions, TokenTable, create_app, hash_token, new_token
 from ledger.hub import Hub
 
-from conftest import TEST_CLASS, TEST_PREFIX, Actors, through
+from conftest import TEST_CLASS, TEST_PREFIX, Actors, release_pooled, through
 from drive import Driver, fingerprint, new_key, now, sha
 
 pytestmark = pytest.mark.anyio
 
 
 @pytest.fixture
-def pooled_url(db_url: str, pgbouncer: dict[str, str]) -> str:
-    """The test's database through the pooler."""
-    return through(db_url, pgbouncer)
+def pooled_url(db_url: str, pgbouncer: dict[str, str]) -> Iterator[str]:
+    """The test's database through the pooler (whose server connections to it
+    are closed afterwards, before the database is checked and dropped)."""
+    yield through(db_url, pgbouncer)
+    release_pooled(pgbouncer, str(conninfo_to_dict(db_url)["dbname"]))
 
 
 @pytest.fixture
