@@ -113,10 +113,8 @@ CREATE OR REPLACE FUNCTION ledger.begin_batch_transition(p_name text, p_role tex
     LANGUAGE plpgsql
 AS $$
 BEGIN
-    PERFORM pg_catalog.set_config('ledger.transition', p_name, true),
-            pg_catalog.set_config('ledger.actor_role', p_role, true),
-            pg_catalog.set_config('ledger.actor', coalesce(p_actor, p_role), true),
-            pg_catalog.set_config('ledger.detail', coalesce(p_detail, '{}'::jsonb)::text, true),
+    -- once per batch, so one more call costs nothing worth a second copy
+    PERFORM ledger.begin_transition(p_name, p_role, p_actor, p_detail),
             pg_catalog.set_config('ledger.batch', 'on', true);
 END
 $$;
