@@ -48,7 +48,7 @@ from typing import Any
 
 from bench.harness import Context, Section, Target, cli, percentiles
 from bench.heartbeat import CpuMeter
-from ledger import Database, Kernel
+from ledger import Database, Kernel, Reads
 from ledger.hub import Hub
 from ledger.journal import CHUNK_CHARS, JournalWriter
 from ledger.tail import Keepalive, tail
@@ -120,12 +120,12 @@ async def produce(writer: JournalWriter, attempt: Attempt, rate: float, duration
         done = upto
 
 
-async def follow(kernel: Kernel, hub: Hub, attempt: Attempt, ready: asyncio.Event) -> None:
+async def follow(reads: Reads, hub: Hub, attempt: Attempt, ready: asyncio.Event) -> None:
     """Follow the journal until ``command.exited``; time every completed line."""
     line_no = 0
     produced_at = attempt.produced_at
     started = False
-    async with aclosing(tail(kernel, hub, attempt.campaign_id, keepalive_s=15.0,
+    async with aclosing(tail(reads, hub, attempt.campaign_id, keepalive_s=15.0,
                              poll_s=1.0)) as items:
         async for item in items:
             if not started:  # the tail is subscribed and reading
@@ -196,7 +196,7 @@ async def measure(ctx: Context, label: str, attempts_n: int, rate: float, durati
                 claim = await kernel.claim_campaign("bench-worker", ["bench"])
                 assert claim is not None
                 attempts.append(Attempt(claim.campaign_id, claim.generation))
-            reader = Kernel(reading)
+            reader = Reads(reading)
             size0, wal0 = relation_size(db)
             ready = [asyncio.Event() for _ in attempts]
             followers = [asyncio.create_task(follow(reader, hub, a, r))
