@@ -6,7 +6,6 @@ import shlex
 
 import typer
 
-from ..logins import create_logins
 from .context import console_err, state
 
 logins_app = typer.Typer(help="Per-role database logins (instead of the administrator's).",
@@ -29,6 +28,8 @@ def create(
 ) -> None:
     """Create one LOGIN role per runtime role (idempotent; run as the
     administrator) and print the LEDGER_<ROLE>_DATABASE_URL entries."""
+    from ..logins import create_logins  # lazily: every `ledger` command imports this module
+
     made = create_logins(state(ctx).database(ready=True), auth="password" if password else "cert",
                          rotate=rotate)
     for login in made:
