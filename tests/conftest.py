@@ -176,13 +176,18 @@ def pgbouncer(pg_admin_url: str) -> Iterator[dict[str, str]]:
     try:
         yield {"host": "127.0.0.1", "port": str(port), "user": user}
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop_process(proc)
         shutil.rmtree(work, ignore_errors=True)
+
+
+def stop_process(proc: subprocess.Popen[Any]) -> None:
+    """SIGTERM, then SIGKILL if it has not exited within 10 s; reaped either way."""
+    proc.terminate()
+    try:
+        proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
 
 
 def release_pooled(pooler: dict[str, str], database: str) -> None:

@@ -190,20 +190,39 @@ def test_readiness_tells_the_schema_revision_apart(db_url: str, admin: psycopg.C
     assert isinstance(never, NotMigrated) and never.hint == "run `ledger migrate`"
 
 
-def test_a_service_stopped_while_it_waits_for_the_database_exits_cleanly(tmp_path: Path) -> None:
+@pytest.mark.parametrize("before", [[], ["--data-dir", "DATA"]], ids=["plain", "after-global-option"])
+def test_a_service_stopped_while_it_waits_for_the_database_exits_cleanly(tmp_path: Path,
+                                                                          before: list[str]) -> None:
     """SIGTERM before the host runs (here: while the worker waits for an
     unreachable server at start-up) is a clean stop, exit 0, not death by
-    signal (-15): a supervisor or a drill may stop a worker it just started."""
+    signal (-15): a supervisor or a drill may stop a worker it just started,
+    with or without global options before the command."""
     repo = tmp_path / "repo"
     subprocess.run(["git", "init", "-q", str(repo)], check=True)
     config = tmp_path / "ledger.toml"
     config.write_text(f'[classes.c]\nrepository = "{repo}"\nattempt_command = ["true"]\n')
     env = {**os.environ, "LEDGER_DATABASE_URL": "postgresql://postgres@127.0.0.1:1/x?connect_timeout=1",
            "LEDGER_DATA_DIR": str(tmp_path / "data")}
-    worker = subprocess.Popen([sys.executable, "-m", "ledger", "worker", "--config", str(config),
+    globals_ = [str(tmp_path / "data") if a == "DATA" else a for a in before]
+    worker = subprocess.Popen([sys.executable, "-m", "ledger", *globals_, "worker", "--config", str(config),
                                "--wait-for-database", "60"], env=env, stdout=subprocess.DEVNULL,
                               stderr=subprocess.PIPE, text=True)
     assert worker.stderr is not None
     worker.stderr.readline()  # its first complaint: it is waiting, before the host runs
     worker.send_signal(signal.SIGTERM)
     assert worker.wait(30) == 0
+
+
+@pytest.mark.parametrize(("argv", "service"), [
+    (["worker"], True), (["--database-url", "u", "worker", "-c", "2"], True),
+    (["sensor", "run"], True), (["sensor", "run", "--once"], False), (["verifier", "--once"], False),
+    (["gc"], False), (["gc", "--every", "60"], True), (["trim", "--older-than", "7d"], False),
+    (["list"], False), (["--data-dir", "worker", "list"], False),
+])
+def test_only_long_running_services_treat_an_early_sigterm_as_a_clean_stop(
+        argv: list[str], service: bool) -> None:
+    """A one-shot command interrupted by SIGTERM must not exit 0 as if it had
+    finished; global options (and their values) come before the command."""
+    from ledger.cli import _runs_services
+
+    assert _runs_services(argv) is service

@@ -29,7 +29,7 @@ from typing import Any
 import httpx
 import pytest
 
-from conftest import TEST_PREFIX, Actors
+from conftest import TEST_PREFIX, Actors, stop_process
 from drive import fingerprint, new_key, now, sha
 from ledger.api import hash_token, new_token
 
@@ -113,12 +113,7 @@ def server(db_url: str, tmp_path: Path) -> Iterator[Server]:
             time.sleep(0.05)  # polling interval of the condition above
         yield srv
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop_process(proc)
 
 
 @pytest.fixture
