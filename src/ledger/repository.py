@@ -9,10 +9,11 @@ processes, without doing anything for us. Every call is blocking (run it in a
 thread from async code). A repository given as a URL is cloned once into
 ``<data_dir>/repos`` and fetched before use.
 
-Git gets the allow-listed environment of every command Ledger runs (see
-``ledger.processes``) plus what it needs to reach remotes (ssh agent, askpass,
-proxies), never Ledger's own settings; variables that would redirect it to
-another repository (``GIT_DIR`` ...) are never passed on.
+Git runs hardened (``ledger.hardened_git``): no system or user configuration,
+and no program that any configuration names -- hooks, fsmonitor, filters,
+drivers, helpers -- ever runs; it gets what it needs to reach remotes (ssh
+agent, askpass, proxies), never Ledger's own settings, and no variable that
+would redirect it to another repository (``GIT_DIR`` ...).
 """
 
 from __future__ import annotations
@@ -28,8 +29,8 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from . import hardened_git
 from .errors import LedgerError
-from .processes import child_environment
 
 ZERO_SHA = "0" * 40
 #: Where Ledger's attempt branches live: ``ledger/<campaign>/<attempt>``.
@@ -37,12 +38,11 @@ BRANCH_PREFIX = "refs/heads/ledger/"
 _ATTEMPT_BRANCH = re.compile(r"^refs/heads/ledger/(\d+)/(\d+)$")
 _TRAILER_KEYS = ("Ledger-Campaign", "Ledger-Attempt", "Ledger-Verdict")
 _OUR_TRAILER = re.compile(r"^(?:" + "|".join(_TRAILER_KEYS) + r")\s*:.*$\n?", re.I | re.M)
-# Git's own transport settings: what a fetch or clone of a URL needs.
-_GIT_TRANSPORT = ("SSH_AUTH_SOCK", "SSH_AGENT_PID", "GIT_SSH", "GIT_SSH_COMMAND", "GIT_ASKPASS",
-                  "SSH_ASKPASS", "GIT_CONFIG_GLOBAL", "GIT_CONFIG_SYSTEM", "GIT_CONFIG_NOSYSTEM",
-                  "XDG_CONFIG_HOME", "http_proxy", "https_proxy", "no_proxy", "HTTP_PROXY",
-                  "HTTPS_PROXY", "NO_PROXY", "ALL_PROXY", "GIT_SSL_CAINFO", "GIT_SSL_NO_VERIFY",
-                  "SSL_CERT_FILE", "SSL_CERT_DIR", "CURL_CA_BUNDLE")
+
+
+#: Git's own program on the other side of a fetch, whatever any configuration says.
+UPLOAD_PACK = ("--upload-pack=git-upload-pack",)
+RECEIVE_PACK = ("--receive-pack=git-receive-pack",)
 
 
 class GitError(LedgerError):
@@ -101,14 +101,11 @@ class Identity:
 LEDGER = Identity()
 
 
-def git_environment(extra: Mapping[str, str] | None = None) -> dict[str, str]:
-    """The environment git runs with: the allow-list, git's transport settings
-    and ``extra``; never a prompt for credentials."""
-    env = child_environment()
-    env.update({k: v for k, v in os.environ.items() if k in _GIT_TRANSPORT})
-    env["GIT_TERMINAL_PROMPT"] = "0"
-    env.update(extra or {})
-    return env
+def git_environment(repo: str | Path | None = None, extra: Mapping[str, str] | None = None
+                    ) -> dict[str, str]:
+    """The environment git runs with in ``repo``: hardened (see
+    ``ledger.hardened_git``), plus ``extra``; never a prompt for credentials."""
+    return hardened_git.environment(repo, extra)
 
 
 def git(cwd: str | Path, *args: str, env: Mapping[str, str] | None = None,
@@ -127,8 +124,7 @@ def git_bytes(cwd: str | Path, *args: str) -> bytes:
 def _run(cwd: str | Path, args: Sequence[str], env: Mapping[str, str] | None,
          input: bytes | None, ok: Sequence[int]) -> subprocess.CompletedProcess[bytes]:
     try:
-        done = subprocess.run(["git", *args], cwd=cwd, input=input, capture_output=True,
-                              env=git_environment(env))
+        done = hardened_git.run(cwd, args, env=env, input=input)
     except OSError as exc:
         raise GitError(f"cannot run git in {cwd}: {exc.strerror or exc}") from exc
     if done.returncode not in ok:
@@ -160,10 +156,15 @@ class Repository:
         local = self._cache_dir / hashlib.sha256(self.location.encode()).hexdigest()[:16]
         if not local.exists():
             local.parent.mkdir(parents=True, exist_ok=True)
-            git(local.parent, "clone", "--quiet", "--bare", "--", self.location, str(local))
+            git(local.parent, "clone", "--quiet", "--bare", "--template=", *UPLOAD_PACK, "--",
+                self.location, str(local))
         else:
-            # No --prune: the cache also holds the workers' ledger/* branches.
-            git(local, "fetch", "--quiet", "origin", "+refs/heads/*:refs/heads/*")
+            # By URL, never by remote name: a remote's configured programs
+            # (remote.<name>.uploadpack: git takes the first one given, so no
+            # override can replace it) never apply. No --prune: the cache
+            # also holds the workers' ledger/* branches.
+            git(local, "fetch", "--quiet", *UPLOAD_PACK, "--", self.location,
+                "+refs/heads/*:refs/heads/*")
         return local
 
     @contextlib.contextmanager
@@ -379,7 +380,7 @@ class _RefTransaction:
         self._proc = subprocess.Popen(
             ["git", "update-ref", "--stdin", "-m", "ledger promotion"], cwd=self.repo,
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-            env=git_environment())
+            env=git_environment(self.repo))
         self._say("start")
         self._proc.stdin.write(f"update {self.ref} {self.new} {self.old or ZERO_SHA}\n".encode())  # type: ignore[union-attr]
         self._say("prepare")
@@ -466,14 +467,14 @@ def commit_all(worktree: Path, message: str, *, author: Identity = LEDGER,
 
 def diff(worktree: Path, base: str, candidate: str) -> bytes:
     """The change from ``base`` to ``candidate``, byte-stable for fingerprinting."""
-    return git_bytes(worktree, "diff", "--binary", "--no-color", "--no-ext-diff",
+    return git_bytes(worktree, "diff", "--binary", "--no-color", "--no-ext-diff", "--no-textconv",
                      "--no-renames", "--full-index", base, candidate)
 
 
 def changed_paths(repo: Path, base: str, candidate: str) -> list[str]:
     """Every path whose entry differs between the two commits (added, removed,
     modified, mode or type changed)."""
-    listing = git_bytes(repo, "diff", "--name-only", "-z", "--no-renames", "--no-ext-diff",
+    listing = git_bytes(repo, "diff", "--name-only", "-z", "--no-renames", "--no-ext-diff", "--no-textconv",
                         base, candidate)
     return [p.decode("utf-8", errors="surrogateescape") for p in listing.split(b"\0") if p]
 
