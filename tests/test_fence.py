@@ -319,6 +319,9 @@ async def test_every_numeric_argument_refuses_nan_infinity_and_out_of_range(acto
         ("register_class", "p_backoff_jitter"): lambda x: op.register_class("n", backoff_jitter=x),
         ("register_class", "p_weight"): lambda x: op.register_class("n", weight=_int(x)),
         ("fail_attempt", "p_retry_after_s"): lambda x: worker.fail_attempt(cid, gen, "r", retry_after_s=x),
+        ("release_attempt", "p_retry_after_s"): lambda x: worker.release_attempt(cid, gen, "r", retry_after_s=x),
+        ("release_verification", "p_retry_after_s"): lambda x: verifier.release_verification(
+            1, "r", retry_after_s=x),
         ("complete_side_effect", "p_retry_after_s"): lambda x: dispatcher.complete_side_effect(
             1, 1, "retry", retry_after_s=x),
         ("claim_side_effect", "p_lease_s"): lambda x: dispatcher.claim_side_effect("d", lease_s=x),

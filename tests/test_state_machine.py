@@ -35,6 +35,7 @@ DESIGN = {
     ("claim", "ready", "leased", "worker"),
     ("record_attempt", "leased", "attempted", "worker"),
     ("fail_attempt", "leased", "ready", "worker"),
+    ("release", "leased", "ready", "worker"),
     ("expire_lease", "leased", "ready", "reaper"),
     ("accept", "attempted", "verified", "verifier"),
     ("reject", "attempted", "ready", "verifier"),

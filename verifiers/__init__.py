@@ -30,6 +30,7 @@ can be written and tested without Ledger's database.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import math
 import time
@@ -39,7 +40,8 @@ from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
-from ledger.processes import CommandResult, check_extra, child_environment, run_command
+from ledger.cell import INSIDE_OUT, INSIDE_WORK, Binding, CellPolicy, CellSpec
+from ledger.processes import CommandResult, cell_environment, check_extra, child_environment, run_command
 
 ENTRY_POINT_GROUP = "ledger.verifiers"
 
@@ -86,12 +88,32 @@ def _count(value: Any) -> int | None:
 class Acceptance:
     """What to run on the clean checkout: argv lists, and one time budget for
     all of them together (``timeout_s``); the extra environment the commands
-    get; the opening observation's tests, when known."""
+    get; the opening observation's tests, when known; the cell the commands
+    run in (``cell``; its ``sandbox = false`` runs them as the verifier's own
+    user), and a directory they may write reports to (``outputs``: seen at
+    ``/cell/out`` in the cell; ``seen_outputs`` says where)."""
 
     commands: tuple[tuple[str, ...], ...]
     timeout_s: float
     environment: tuple[str, ...] = ()
     baseline: Baseline | None = None
+    cell: CellPolicy = field(default_factory=CellPolicy)
+    outputs: Path | None = None
+
+    @property
+    def sandboxed(self) -> bool:
+        """Whether the commands run in a cell."""
+        return self.cell.sandbox
+
+    def with_outputs(self, outputs: Path) -> Acceptance:
+        """The same acceptance, with a directory for the commands' reports."""
+        return dataclasses.replace(self, outputs=outputs)
+
+    def seen_outputs(self) -> str:
+        """Where a command finds the outputs directory (inside its cell, or on the host)."""
+        if self.outputs is None:
+            raise ValueError("this acceptance has no outputs directory")
+        return INSIDE_OUT if self.sandboxed else str(self.outputs)
 
     @classmethod
     def from_spec(cls, spec: Mapping[str, Any], baseline: Baseline | None = None) -> Acceptance:
@@ -119,8 +141,12 @@ class Acceptance:
             extras = tuple(check_extra(str(e)) for e in environment)
         except ValueError as exc:
             raise InvalidAcceptance(f"acceptance environment: {exc}") from None
+        try:
+            policy = CellPolicy.model_validate(spec.get("cell") or {})
+        except ValueError as exc:
+            raise InvalidAcceptance(f"acceptance cell: {exc}") from None
         return cls(commands=tuple(argvs), timeout_s=float(timeout), environment=extras,
-                   baseline=baseline)
+                   baseline=baseline, cell=policy)
 
 
 @dataclass(frozen=True)
@@ -160,10 +186,17 @@ async def run_acceptance(
     commands that were not run."""
     deadline = time.monotonic() + acceptance.timeout_s
     results: list[CommandResult] = []
+    cell: CellSpec | None = None
+    if acceptance.sandboxed:
+        bindings = [Binding(checkout, INSIDE_WORK, writable=True)]
+        if acceptance.outputs is not None:
+            bindings.append(Binding(acceptance.outputs, INSIDE_OUT, writable=True))
+        cell = CellSpec(acceptance.cell, tuple(bindings), cwd=INSIDE_WORK,
+                        env=cell_environment(acceptance.environment))
     for i, argv in enumerate(acceptance.commands):
         command = list(prepare(i, argv)) if prepare else list(argv)
         result = await run_command(command, checkout, timeout_s=deadline - time.monotonic(),
-                                   env=child_environment(acceptance.environment))
+                                   env=child_environment(acceptance.environment), cell=cell)
         if annotate:
             result = annotate(i, result)
         results.append(result)

@@ -19,7 +19,9 @@ of a verdict are spelt alike.
 from __future__ import annotations
 
 import dataclasses
+import os
 import re
+import stat
 import shutil
 import sys
 import tempfile
@@ -118,12 +120,22 @@ def node_id(case: ElementTree.Element) -> str:
 def read_report(path: Path) -> Report | None:
     """Parse a JUnit XML report; ``None`` if there is none (pytest never got
     that far) or it is unreadable."""
+    # The file was written by code of the candidate's (in its cell): a regular
+    # file only, never read through a link to somewhere on the verifier's host.
     try:
-        if path.stat().st_size > _REPORT_LIMIT:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError:
+        return None
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode) or info.st_size > _REPORT_LIMIT:
             return None
-        root = ElementTree.parse(path).getroot()
+        with os.fdopen(fd, "rb", closefd=False) as f:
+            root = ElementTree.parse(f).getroot()
     except (OSError, ElementTree.ParseError):
         return None
+    finally:
+        os.close(fd)
     tests, skipped, failed, outcomes = 0, 0, [], {}
     for case in root.iter("testcase"):
         tests += 1
@@ -191,7 +203,11 @@ class PytestVerifier:
         reports: list[Report] = []
         ran_pytest = False
         with tempfile.TemporaryDirectory(prefix="ledger-junit-") as scratch:
-            directory = Path(scratch)
+            if acceptance.outputs is None:
+                acceptance = acceptance.with_outputs(Path(scratch))
+            directory = acceptance.outputs
+            assert directory is not None
+            seen = Path(acceptance.seen_outputs())
             is_pytest: dict[int, bool] = {}
 
             def prepare(i: int, argv: tuple[str, ...]) -> list[str]:
@@ -199,7 +215,7 @@ class PytestVerifier:
                 is_pytest[i] = command is not None
                 if command is None:
                     return list(argv)
-                return [*command, *junit_arguments(directory / f"junit-{i}.xml")]
+                return [*command, *junit_arguments(seen / f"junit-{i}.xml")]
 
             def annotate(i: int, result: CommandResult) -> CommandResult:
                 nonlocal ran_pytest

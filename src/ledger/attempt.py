@@ -1,81 +1,174 @@
-"""One attempt (mechanisms 3, 4, 8, 12): a fresh git worktree, the class's
-attempt command run there as a subprocess, a lease kept alive by heartbeats,
-and exactly one ending written -- or nothing at all when the lease was lost.
+"""One attempt (mechanisms 3, 4, 8, 12, 13): a workspace of its own, the
+class's attempt command run there in a cell (``ledger.cell``), a lease kept
+alive by heartbeats, the candidate taken out, checked and published by the
+trusted worker, and exactly one ending written -- or nothing at all when the
+lease was lost.
+
+The workspace is the attempt's own clone (``Repository.seed_workspace``): its
+own ``.git``, configuration, hooks and refs, holding only the base's history
+-- never a worktree of the user's repository, whose ``.git`` an attempt could
+rewrite. The command runs in a cell that sees that clone (``/cell/work``), a
+directory for what it hands back (``/cell/out``: the commit message), the
+campaign file (``/cell/campaign.json``) and nothing else of the host: not
+the worker's environment, data dir, configuration or repositories, no
+database and, by default, no network. When it exits, a second step in the
+same kind of cell commits what it left and writes its commits as a git
+bundle; the worker adds the bundle's objects to its own repository (every
+object checked by ``index-pack``; no ref of the attempt's is taken), checks
+that the result descends from the base, makes the candidate -- one commit of
+that tree on the base, with the command's message and Ledger's trailers --
+refuses it if it changes protected paths (``ledger.protection``), publishes
+it under ``refs/heads/ledger/<campaign>/<attempt>`` (on the remote, for a
+URL, read back before it counts) and records it with its evidence (bundle
+and diff) in the database. Nothing of the workspace is trusted: the bundle
+and the message file are read as regular files only, never through a link.
+
+What the cell saw the attempt try is a ``security_event`` and refuses the
+candidate: a process still running when the command exited (killed with the
+cell), the cell's monitor killed, Ledger's own secret in its output, or the
+user's repository configuration or Ledger's configuration changed while it
+ran.
+
+A fault that is not the attempt's own -- the repository or its remote
+unreachable, the candidate not published, a configuration error, the cell
+unavailable -- releases the lease without charging anything
+(``release_attempt``): the campaign waits, saying why, and is tried again.
 
 The lease keeper heartbeats every ``heartbeat_s`` and at once when the hub says
 the campaign was cancelled; a stale answer (reaped, abandoned) means *stand
-down*: the command's whole process group is killed, the worktree discarded, and
-nothing more is written for this attempt. The worktree is always removed.
+down*: the cell is killed, the workspace discarded, and nothing more is
+written for this attempt. The workspace is always removed.
 
 The holder also fences itself by its own clock (``ledger.lease``): every call
 it makes is bounded by the lease's remaining time, a heartbeat that fails
 (the database restarting, a silent network) is retried until then, and if no
 renewal is confirmed before the local deadline it stands down exactly as if
-the database had said so. So a restart shorter than the lease costs nothing,
-and a partition longer than it stops the command before another worker can
-legitimately claim the campaign. An ending whose reply was lost is retried
-(endings are idempotent) and, failing that, read back.
-
-The command gets an allow-listed environment (``ledger.processes``) plus the
-class's ``attempt_environment``; it may leave a commit message in
-``$LEDGER_COMMIT_MESSAGE_FILE``. A candidate that changes a protected path
-(``ledger.protection``) is refused before it is recorded: the refusal is the
-attempt's failure reason and a ``security_event``.
+the database had said so. An ending whose reply was lost is retried (endings
+are idempotent) and, failing that, read back.
 """
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import os
 import shutil
 import socket
+import stat
 import tempfile
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
 from . import bundle as bundles
+from . import cell as cells
 from . import protection, repository
-from .config import CampaignClassConfig
-from .errors import LedgerError, RepeatedApproach, StaleLease, Unavailable
+from .config import ATTEMPT_PLACEHOLDERS, CampaignClassConfig
+from .errors import ConfigError, LedgerError, RepeatedApproach, StaleLease, Unavailable
 from .hub import NullHub, WakeSource
 from .journal import JournalWriter
 from .kernel import Kernel
 from .lease import LeaseClock
 from .logs import get_logger
 from .models import Claim
-from .processes import CommandResult, child_environment, run_command
+from .processes import CommandResult, cell_environment, child_environment, run_command
 from .reads import Reads
-from .repository import Repository
+from .redaction import redactor
+from .repository import GitError, Identity, Repository
 
 _LOG_TAIL = 16 * 1024
 OWNER_FILE = "owner.json"
 MESSAGE_FILE = "commit-message.txt"
+BUNDLE_FILE = "candidate.bundle"
 _MESSAGE_LIMIT = 64 * 1024
+#: How long the step that commits what the command left and bundles it may take.
+FINISH_TIMEOUT_S = 120.0
+
+# Run in the attempt's cell after its command: commit what it left (hooks
+# off: an agent's pre-commit hook has had its turn) and write its commits
+# since the base as a bundle, the only thing the worker takes out.
+_FINISH = """set -eu
+cd /cell/work
+git -c core.hooksPath=/dev/null -c core.fsmonitor=false add --all
+if ! git -c core.hooksPath=/dev/null diff --cached --quiet; then
+  git -c core.hooksPath=/dev/null -c commit.gpgSign=false commit --quiet --no-verify \
+      -m "ledger: what the attempt left uncommitted"
+fi
+if [ "$(git rev-parse HEAD)" != "$LEDGER_BASE_SHA" ]; then
+  git bundle create --quiet /cell/out/candidate.bundle "$LEDGER_BASE_SHA..HEAD" 2>&1
+fi
+"""
 
 
-def make_workdir(data_dir: Path, claim: Claim, repository_location: str) -> Path:
-    """A private directory for one attempt, with an owner record so that a
-    worker killed mid-attempt has its worktree swept by the next one."""
+@dataclass(frozen=True)
+class Workspace:
+    """One attempt's directory on the worker's disk: ``work/`` (the clone),
+    ``out/`` (what the command hands back) and the campaign file, with an
+    owner record so that a worker killed mid-attempt has it swept by the
+    next one on this host."""
+
+    root: Path
+
+    @property
+    def work(self) -> Path:
+        return self.root / "work"
+
+    @property
+    def out(self) -> Path:
+        return self.root / "out"
+
+    @property
+    def campaign_file(self) -> Path:
+        return self.root / "campaign.json"
+
+    def bindings(self) -> tuple[cells.Binding, ...]:
+        """What of it a cell sees, and where."""
+        return (cells.Binding(self.work, cells.INSIDE_WORK, writable=True),
+                cells.Binding(self.out, cells.INSIDE_OUT, writable=True),
+                cells.Binding(self.campaign_file, f"{cells.INSIDE_ROOT}/campaign.json"))
+
+    def seen(self, sandboxed: bool) -> dict[str, str]:
+        """The paths as the attempt command sees them."""
+        if sandboxed:
+            return {"worktree": cells.INSIDE_WORK, "out": cells.INSIDE_OUT,
+                    "campaign_file": f"{cells.INSIDE_ROOT}/campaign.json"}
+        return {"worktree": str(self.work), "out": str(self.out), "campaign_file": str(self.campaign_file)}
+
+
+def make_workdir(data_dir: Path, claim: Claim, repository_location: str) -> Workspace:
+    """A private directory for one attempt (see ``Workspace``)."""
     root = data_dir / "attempts"
     root.mkdir(parents=True, exist_ok=True)
     workdir = Path(tempfile.mkdtemp(prefix=f"{claim.campaign_id}-{claim.attempt_no}-", dir=root))
     (workdir / OWNER_FILE).write_text(json.dumps({
         "pid": os.getpid(), "host": socket.gethostname(), "repository": repository_location}))
-    return workdir
+    workspace = Workspace(workdir)
+    workspace.out.mkdir()
+    return workspace
 
 
-def worktree_path(workdir: Path) -> Path:
-    """The attempt's worktree inside its workdir. Named after the (unique)
-    workdir because git names a worktree's admin directory after its last path
-    component: with one fixed name, two attempts adding worktrees to one
-    repository at once raced for ``.git/worktrees/worktree``."""
-    return workdir / f"worktree-{workdir.name}"
+def remove_tree(path: Path) -> None:
+    """Remove a workspace whatever the attempt did to its modes (a directory
+    it made unreadable is opened up first); links are removed, never
+    followed."""
+    def opened_up(function: Any, name: str, _exc: Any) -> None:
+        try:
+            parent = os.path.dirname(name)
+            os.chmod(parent, 0o700)
+            if os.path.isdir(name) and not os.path.islink(name):
+                os.chmod(name, 0o700)
+                shutil.rmtree(name, ignore_errors=True)
+            else:
+                os.unlink(name)
+        except OSError:
+            pass
+    shutil.rmtree(path, onerror=opened_up)  # noqa: deprecated in 3.12 for onexc; 3.11 is supported
 
 
 def sweep_orphans(data_dir: Path) -> int:
-    """Remove the workdirs (and worktrees) of dead workers on this host."""
+    """Remove the workspaces of dead workers on this host."""
     removed = 0
     for workdir in sorted((data_dir / "attempts").glob("*")):
         try:
@@ -84,10 +177,50 @@ def sweep_orphans(data_dir: Path) -> int:
             continue
         if owner.get("host") != socket.gethostname() or _alive(int(owner.get("pid", 0))):
             continue
-        Repository(owner["repository"], cache_dir=data_dir / "repos").remove_worktree(worktree_path(workdir))
-        shutil.rmtree(workdir, ignore_errors=True)
+        remove_tree(workdir)
         removed += 1
     return removed
+
+
+def read_handed_back(path: Path, limit: int) -> bytes | None:
+    """A file an attempt left for the worker, read safely: only a regular
+    file, never through a link (a link to the worker's secrets would carry
+    them into the candidate), at most ``limit`` bytes; ``None`` if there is
+    no such file."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError:
+        return None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
+        with os.fdopen(fd, "rb", closefd=False) as f:
+            return f.read(limit)
+    finally:
+        os.close(fd)
+
+
+def surfaces_digest(repository_location: str, config_file: Path | None) -> dict[str, str]:
+    """What an attempt must never change, as digests: the local repository's
+    configuration and hooks, and Ledger's configuration file. Compared at the
+    claim and at the ending."""
+    found: dict[str, str] = {}
+    candidates: list[Path] = []
+    if "://" not in repository_location and not repository_location.startswith("git@"):
+        repo = Path(repository_location)
+        git_dir = repo / ".git" if (repo / ".git").is_dir() else repo
+        candidates += [git_dir / "config", git_dir / "info" / "attributes"]
+        hooks = git_dir / "hooks"
+        if hooks.is_dir():
+            candidates += sorted(p for p in hooks.iterdir() if p.is_file())
+    if config_file is not None:
+        candidates.append(config_file)
+    for path in candidates:
+        try:
+            found[str(path)] = hashlib.sha256(path.read_bytes()).hexdigest()
+        except OSError:
+            found[str(path)] = "absent"
+    return found
 
 
 def _alive(pid: int) -> bool:
@@ -113,7 +246,8 @@ class AttemptRun:
     """Runs one claimed attempt to its single ending."""
 
     def __init__(self, kernel: Kernel, claim: Claim, cls: CampaignClassConfig, *, identity: str,
-                 data_dir: Path, hub: WakeSource | None = None, lease: LeaseClock | None = None):
+                 data_dir: Path, hub: WakeSource | None = None, lease: LeaseClock | None = None,
+                 config_file: Path | None = None):
         self.kernel = kernel
         self.reads = Reads(kernel.executor)
         self.claim = claim
@@ -135,8 +269,16 @@ class AttemptRun:
         self.outcome = "running"
         self.ending = False  # the single ending is being written: a stale heartbeat is expected
         self.drained = False
-        self.workdir: Path | None = None
+        self.workspace: Workspace | None = None
+        self.config_file = config_file
         self.log_tail = ""
+        self.sandboxed = cls.cell.sandbox
+        #: what the attempt was seen to try outside its cell: (action, reason, details)
+        self.security: list[tuple[str, str, dict[str, Any]]] = []
+        # Ledger's secrets, and the values the class passes on to the command
+        # from Ledger's environment (an agent's key), kept out of its output.
+        passed = [os.environ[e] for e in cls.attempt_environment if "=" not in e and e in os.environ]
+        self.redactor = redactor(extra=passed)
 
     # -- lease --------------------------------------------------------------
 
@@ -205,13 +347,13 @@ class AttemptRun:
     # -- the attempt --------------------------------------------------------
 
     async def run(self) -> str:
-        """Run the attempt; returns its outcome (attempted, failed, stood_down, drained)."""
+        """Run the attempt; returns its outcome (attempted, failed, released,
+        stood_down, drained)."""
         keeper = asyncio.create_task(self._keep_lease(), name=f"lease-{self.claim.campaign_id}")
-        self.workdir = make_workdir(self.data_dir, self.claim, self.cls.repository)
-        worktree = worktree_path(self.workdir)
+        self.workspace = make_workdir(self.data_dir, self.claim, self.cls.repository)
         repo = Repository(self.cls.repository, cache_dir=self.data_dir / "repos")
         try:
-            self.outcome = await self._attempt(repo, worktree)
+            self.outcome = await self._attempt(repo, self.workspace)
         except (StoodDown, StaleLease):
             self.outcome = "drained" if self.drained else "stood_down"
         except Unavailable as exc:
@@ -224,11 +366,13 @@ class AttemptRun:
         except asyncio.CancelledError:
             self._kill()
             raise
+        except Exception as exc:  # noqa: BLE001 -- Ledger's own crash is no verdict on the attempt
+            self.log.exception("the attempt crashed in Ledger's own code; releasing it")
+            self.outcome = await self._release(f"Ledger's worker failed: {type(exc).__name__}: {exc}")
         finally:
             keeper.cancel()
             self._kill()
-            await asyncio.to_thread(repo.remove_worktree, worktree)
-            shutil.rmtree(self.workdir, ignore_errors=True)
+            await asyncio.to_thread(remove_tree, self.workspace.root)
         self.log.info("attempt ended", outcome=self.outcome)
         return self.outcome
 
@@ -236,40 +380,76 @@ class AttemptRun:
         if self.stood_down.is_set() or self.journal.fenced:
             raise StoodDown
 
-    async def _attempt(self, repo: Repository, worktree: Path) -> str:
+    async def _attempt(self, repo: Repository, workspace: Workspace) -> str:
         c = self.claim
         branch = f"ledger/{c.campaign_id}/{c.attempt_no}"
+        ref = f"refs/heads/{branch}"
+        author = Identity.parse(self.cls.author)
+        if self.sandboxed:
+            try:
+                await asyncio.to_thread(cells.check_available)
+            except cells.SandboxUnavailable as exc:
+                return await self._release(f"{exc.message} ({exc.hint})")
+        before = await asyncio.to_thread(surfaces_digest, self.cls.repository, self.config_file)
         try:
-            base = await asyncio.to_thread(repo.add_worktree, worktree, self.cls.base_ref, branch)
-        except repository.GitError as exc:
+            base = await asyncio.to_thread(repo.resolve, self.cls.base_ref)
+            await asyncio.to_thread(repo.seed_workspace, workspace.work, base, branch, author)
+        except GitError as exc:
             self._check()
-            return await self._fail(f"could not prepare the worktree: {exc.message}", None)
-        await self.journal.event("attempt.started", {"attempt_no": c.attempt_no, "worker": self.identity,
-                                                     "base_sha": base, "branch": branch})
-        context = await self._context(base, worktree)
-        context_file = self.workdir / "campaign.json"  # type: ignore[operator]
-        context_file.write_text(json.dumps(context, indent=2, default=str))
-
-        exit_code, reason = await self._run_command(worktree, context_file, context)
+            return await self._release(f"could not prepare the attempt's workspace: {exc.message}")
+        await self.journal.event("attempt.started", {
+            "attempt_no": c.attempt_no, "worker": self.identity, "base_sha": base, "branch": branch,
+            "sandboxed": self.sandboxed, "network": self.cls.cell.network if self.sandboxed else "host"})
+        context = await self._context(base, workspace)
+        workspace.campaign_file.write_text(json.dumps(context, indent=2, default=str))
+        try:
+            exit_code, reason, result = await self._run_command(workspace, context)
+        except ConfigError as exc:
+            self._check()
+            return await self._release(f"configuration error: {exc.message}")
         self._check()
-        changed = await asyncio.to_thread(self._commit, worktree)
-        candidate = await asyncio.to_thread(repository.head, worktree)
-        diff = b"" if candidate == base else await asyncio.to_thread(repository.diff, worktree, base, candidate)
+        self._inspect(result)
+        finished = await self._finish(workspace, base)
+        self._check()
+        if isinstance(finished, str):
+            return await self._fail(reason or finished, None)
+        try:
+            candidate = await asyncio.to_thread(self._candidate, repo, workspace, base)
+        except ValueError as exc:
+            return await self._fail(reason or str(exc), None)
+        diff = b"" if candidate == base else await asyncio.to_thread(repository.diff, repo.path, base, candidate)
         fingerprint = bundles.fingerprint_of(diff) if diff else None
         if candidate != base:
             await self.journal.event("commit.made", {"candidate_sha": candidate, "fingerprint": fingerprint,
-                                                     "diff_bytes": len(diff), "committed_changes": changed})
+                                                     "diff_bytes": len(diff)})
+        after = await asyncio.to_thread(surfaces_digest, self.cls.repository, self.config_file)
+        changed = sorted(k for k in set(before) | set(after) if before.get(k) != after.get(k))
+        if changed:
+            self.security.append(("repository.changed", "the user's repository configuration or "
+                                  "Ledger's configuration changed while the attempt ran: "
+                                  + ", ".join(changed[:10]), {"paths": changed[:100]}))
         self._check()
+        if self.security:
+            return await self._refuse_insecure(fingerprint)
         if reason is None and not diff:
             reason = "the attempt command succeeded but changed nothing"
         if reason is not None:
             return await self._fail(reason, fingerprint)
+        if len(diff) > self.cls.max_candidate_mb << 20:
+            return await self._fail(f"the candidate's diff is {len(diff)} bytes, over the class's "
+                                    f"max_candidate_mb ({self.cls.max_candidate_mb})", fingerprint)
         if not self.acceptance.get("allow_protected_changes"):
             touched = await asyncio.to_thread(
-                protection.Protection.of(self.acceptance).changes, worktree, base, candidate)
+                protection.Protection.of(self.acceptance).changes, repo.path, base, candidate)
             if touched:
                 return await self._refuse(touched, fingerprint)  # type: ignore[arg-type]
-        return await self._record(base, candidate, diff, fingerprint)  # type: ignore[arg-type]
+        assert fingerprint is not None
+        try:
+            await asyncio.to_thread(repo.publish, ref, candidate)
+        except GitError as exc:
+            self._check()
+            return await self._release(f"could not publish the candidate: {exc.message}")
+        return await self._record(base, candidate, diff, fingerprint, ref)
 
     @property
     def acceptance(self) -> dict[str, Any]:
@@ -278,20 +458,64 @@ class AttemptRun:
         criteria = self.claim.acceptance_criteria
         return dict(criteria) if criteria.get("commands") else self.cls.acceptance.effective()
 
-    def _commit(self, worktree: Path) -> bool:
-        """Commit what the command left, with its message (if it wrote one) and
-        the campaign and attempt as trailers."""
+    def _inspect(self, result: CommandResult) -> None:
+        """What the cell saw the command try, kept for its security events."""
+        if result.leftovers:
+            self.security.append(("cell.leftover_processes",
+                                  f"{len(result.leftovers)} process(es) were still running when the "
+                                  f"attempt command exited (killed with its cell): "
+                                  + "; ".join(result.leftovers[:5]),
+                                  {"processes": list(result.leftovers[:50])}))
+        if result.monitor_lost:
+            self.security.append(("cell.monitor_killed", "the cell's monitor was killed from inside "
+                                  "the cell (the attempt command killed it)", {}))
+        if self.redactor.redacted:
+            self.security.append(("output.secret", f"the attempt's output held {self.redactor.redacted} "
+                                  "value(s) of Ledger's secrets (redacted before storage)", {}))
+
+    async def _finish(self, workspace: Workspace, base: str) -> str | None:
+        """Commit what the command left and bundle its commits, in a cell of
+        its own over the same workspace; ``None`` on success, else why not
+        (the attempt's own doing: it broke its clone)."""
+        env = {"LEDGER_BASE_SHA": base, **Identity.parse(self.cls.author).env("AUTHOR"),
+               **Identity.parse(self.cls.committer).env("COMMITTER"), "GIT_CONFIG_NOSYSTEM": "1",
+               "GIT_CONFIG_GLOBAL": os.devnull}
+        argv = ["/bin/sh", "-c", _FINISH]
+        if self.sandboxed:
+            policy = self.cls.cell.model_copy(update={"network": "none"})
+            result = await run_command(argv, "/", timeout_s=FINISH_TIMEOUT_S, tail_bytes=4096,
+                                       cell=cells.CellSpec(policy, workspace.bindings(),
+                                                           env=cell_environment(base={}) | env))
+        else:
+            script = _FINISH.replace("/cell/work", str(workspace.work)).replace("/cell/out", str(workspace.out))
+            result = await run_command(["/bin/sh", "-c", script], workspace.work, timeout_s=FINISH_TIMEOUT_S,
+                                       tail_bytes=4096, env={**child_environment(), **env})
+        if result.passed:
+            return None
+        tail = " | ".join(result.output.strip().splitlines()[-3:])
+        return "the attempt's clone could not be committed and bundled" + (f": {tail}" if tail else "")
+
+    def _candidate(self, repo: Repository, workspace: Workspace, base: str) -> str:
+        """The candidate from what the cell handed back: ``base`` when the
+        attempt made no commit, else one commit of its tree on the base.
+        ``ValueError`` (the attempt's own failure) for a bad bundle or a
+        history that does not descend from the base."""
+        bundle = workspace.out / BUNDLE_FILE
+        if not os.path.lexists(bundle):
+            return base
+        head = repo.import_bundle(bundle, self.cls.max_candidate_mb << 20)
+        if not repo.is_ancestor(base, head):
+            raise ValueError(f"the attempt's history ({head[:12]}) does not descend from its base "
+                             f"{base[:12]}: rewritten history is not a candidate")
         c = self.claim
         message = f"ledger: campaign {c.campaign_id} attempt {c.attempt_no}\n\n{c.objective_key}"
-        written = self.workdir / MESSAGE_FILE  # type: ignore[operator]
-        if written.is_file():
-            text = written.read_bytes()[:_MESSAGE_LIMIT].decode("utf-8", errors="replace").strip()
-            message = text or message
-        message = repository.with_trailers(worktree, message, [
+        written = read_handed_back(workspace.out / MESSAGE_FILE, _MESSAGE_LIMIT)
+        if written is not None:
+            message = written.decode("utf-8", errors="replace").strip() or message
+        message = repository.with_trailers(repo.path, message, [
             ("Ledger-Campaign", str(c.campaign_id)), ("Ledger-Attempt", str(c.attempt_no))])
-        return repository.commit_all(worktree, message,
-                                     author=repository.Identity.parse(self.cls.author),
-                                     committer=repository.Identity.parse(self.cls.committer))
+        return repo.make_candidate(head, base, message, Identity.parse(self.cls.author),
+                                   Identity.parse(self.cls.committer))
 
     async def _refuse(self, touched: list[protection.Change], fingerprint: str) -> str:
         reason = (f"refused before verification: the candidate changes protected paths "
@@ -309,7 +533,24 @@ class AttemptRun:
             return await self._resolve(exc)
         return "failed"
 
-    async def _context(self, base: str, worktree: Path) -> dict[str, Any]:
+    async def _refuse_insecure(self, fingerprint: str | None) -> str:
+        """Record each thing the attempt was seen to try outside its cell, and
+        refuse its candidate (the attempt's own failure)."""
+        await self.journal.close()
+        self._check()
+        c = self.claim
+        for action, reason, details in self.security:
+            self.log.warning("security event", action=action, reason=reason)
+            try:
+                await self.kernel.report_security_event(c.campaign_id, c.generation, action, reason,
+                                                        details=details, timeout_s=self._budget())
+            except Unavailable as exc:
+                return await self._resolve(exc)
+        kinds = ", ".join(a for a, _, _ in self.security)
+        return await self._fail(f"refused: the attempt tried what its cell does not allow ({kinds}); "
+                                + self.security[0][1], fingerprint)
+
+    async def _context(self, base: str, workspace: Workspace) -> dict[str, Any]:
         """What the attempt command is told: the campaign and what failed before."""
         c = self.claim
         try:
@@ -322,35 +563,54 @@ class AttemptRun:
                      "failure_reason": a.failure_reason or reasons.get(a.id),
                      "fingerprint": a.fingerprint}
                     for a in detail.attempts if a.attempt_no != c.attempt_no]
+        seen = workspace.seen(self.sandboxed)
         return {
             "campaign_id": c.campaign_id, "attempt_no": c.attempt_no, "generation": c.generation,
             "class": c.class_, "objective_key": c.objective_key, "target": c.target,
             "desired_state": c.desired_state, "opening_observation": c.opening_observation,
             "acceptance": self.acceptance, "protected": protection.patterns_of(self.acceptance),
             "allow_protected_changes": bool(self.acceptance.get("allow_protected_changes")),
-            "commit_message_file": str(self.workdir / MESSAGE_FILE),  # type: ignore[operator]
+            "commit_message_file": f"{seen['out']}/{MESSAGE_FILE}",
             "base_ref": self.cls.base_ref,
-            "base_sha": base, "worktree": str(worktree), "previous_attempts": previous,
+            "base_sha": base, "worktree": seen["worktree"], "previous_attempts": previous,
             "refused_fingerprints": sorted({a["fingerprint"] for a in previous if a["fingerprint"]
                                             and (a["outcome"] == "failed" or a["verdict"] == "rejected")}),
+            "sandboxed": self.sandboxed,
+            "network": self.cls.cell.network if self.sandboxed else "host",
         }
 
-    async def _run_command(self, worktree: Path, context_file: Path,
-                           context: dict[str, Any]) -> tuple[int | None, str | None]:
-        """Run the attempt command; returns (exit code, failure reason or None)."""
+    async def _run_command(self, workspace: Workspace, context: dict[str, Any]
+                           ) -> tuple[int | None, str | None, CommandResult]:
+        """Run the attempt command in its cell; returns (exit code, failure
+        reason or None, the result). ``ConfigError`` for a command line the
+        class's configuration cannot fill in."""
         c = self.claim
-        values = {"campaign_file": str(context_file), "worktree": str(worktree),
+        seen = workspace.seen(self.sandboxed)
+        values = {"campaign_file": seen["campaign_file"], "worktree": seen["worktree"],
                   "campaign_id": str(c.campaign_id), "attempt_no": str(c.attempt_no)}
-        argv = [arg.format(**values) for arg in self.cls.attempt_command]
-        env = child_environment(self.cls.attempt_environment)
-        env.update(LEDGER_CAMPAIGN_FILE=str(context_file), LEDGER_CAMPAIGN_ID=str(c.campaign_id),
-                   LEDGER_ATTEMPT_NO=str(c.attempt_no), LEDGER_WORKTREE=str(worktree),
-                   LEDGER_OBJECTIVE=c.objective_key,
-                   LEDGER_COMMIT_MESSAGE_FILE=str(self.workdir / MESSAGE_FILE))  # type: ignore[operator]
-        await self.journal.event("command.started", {"argv": argv})
-        self._command = asyncio.create_task(run_command(
-            argv, worktree, timeout_s=self.cls.attempt_timeout_s, env=env, tail_bytes=_LOG_TAIL,
-            stdin=json.dumps(context, default=str).encode(), on_output=self.journal.output))
+        try:
+            argv = [arg.format(**values) for arg in self.cls.attempt_command]
+        except (KeyError, IndexError, ValueError) as exc:
+            raise ConfigError(f"class {self.cls.name}: attempt_command cannot be filled in ({exc!r}; "
+                              f"known placeholders: {', '.join(sorted(ATTEMPT_PLACEHOLDERS))})") from None
+        protocol = dict(LEDGER_CAMPAIGN_FILE=seen["campaign_file"], LEDGER_CAMPAIGN_ID=str(c.campaign_id),
+                        LEDGER_ATTEMPT_NO=str(c.attempt_no), LEDGER_WORKTREE=seen["worktree"],
+                        LEDGER_OBJECTIVE=c.objective_key,
+                        LEDGER_COMMIT_MESSAGE_FILE=f"{seen['out']}/{MESSAGE_FILE}")
+        await self.journal.event("command.started", {"argv": argv, "sandboxed": self.sandboxed})
+        stdin = json.dumps(context, default=str).encode()
+        if self.sandboxed:
+            env = {**cell_environment(self.cls.attempt_environment), **protocol}
+            self._command = asyncio.create_task(run_command(
+                argv, "/", timeout_s=self.cls.attempt_timeout_s, tail_bytes=_LOG_TAIL, stdin=stdin,
+                on_output=self.journal.output, redact=self.redactor,
+                cell=cells.CellSpec(self.cls.cell, workspace.bindings(), cwd=seen["worktree"], env=env)))
+        else:
+            env = {**child_environment(self.cls.attempt_environment), **protocol}
+            self._command = asyncio.create_task(run_command(
+                argv, workspace.work, timeout_s=self.cls.attempt_timeout_s, env=env,
+                tail_bytes=_LOG_TAIL, stdin=stdin, on_output=self.journal.output,
+                redact=self.redactor))
         try:
             result = await self._command
         except asyncio.CancelledError:
@@ -361,16 +621,18 @@ class AttemptRun:
         self._check()
         await self.journal.event("command.exited", {
             "exit_code": result.exit_code, "duration_s": round(result.duration_s, 3),
-            "timed_out": result.timed_out, "output_bytes": result.output_bytes})
+            "timed_out": result.timed_out, "output_bytes": result.output_bytes,
+            "sandboxed": result.sandboxed, "leftovers": len(result.leftovers)})
         if result.error:
-            return None, f"could not start the attempt command {argv[0]!r}: {result.error}"
+            return None, f"could not start the attempt command {argv[0]!r}: {result.error}", result
         if result.timed_out:
-            return result.exit_code, f"the attempt command timed out after {self.cls.attempt_timeout_s:g}s"
+            return (result.exit_code,
+                    f"the attempt command timed out after {self.cls.attempt_timeout_s:g}s", result)
         if result.exit_code != 0:
             tail = result.output.strip().splitlines()[-3:]
             return result.exit_code, (f"the attempt command exited with {result.exit_code}"
-                                      + (f": {' | '.join(tail)}" if tail else ""))
-        return result.exit_code, None
+                                      + (f": {' | '.join(tail)}" if tail else "")), result
+        return result.exit_code, None, result
 
     # -- endings ------------------------------------------------------------
 
@@ -386,7 +648,24 @@ class AttemptRun:
             return await self._resolve(exc)
         return "failed"
 
-    async def _record(self, base: str, candidate: str, diff: bytes, fingerprint: str) -> str:
+    async def _release(self, reason: str) -> str:
+        """A fault that is not the attempt's own: hand the campaign back,
+        charging nothing; it waits, saying why, and is tried again."""
+        self.log.warning("attempt released: a fault that is not the attempt's own", reason=reason)
+        await self.journal.close()
+        if self.stood_down.is_set() or self.journal.fenced:
+            return "stood_down"
+        self.ending = True
+        try:
+            await self.kernel.release_attempt(self.claim.campaign_id, self.claim.generation,
+                                              reason[:4000], timeout_s=self._budget())
+        except StaleLease:
+            return "stood_down"
+        except Unavailable as exc:
+            return await self._resolve(exc)
+        return "released"
+
+    async def _record(self, base: str, candidate: str, diff: bytes, fingerprint: str, ref: str) -> str:
         c = self.claim
         frozen = bundles.Bundle(
             campaign_id=c.campaign_id, attempt_no=c.attempt_no, generation=c.generation,
@@ -395,8 +674,7 @@ class AttemptRun:
             base_sha=base, candidate_sha=candidate, fingerprint=fingerprint,
             acceptance=self.acceptance, verifier=self.cls.verifier,
             created_at=datetime.now(timezone.utc))
-        campaign_dir = bundles.evidence_dir(self.data_dir, c.campaign_id)
-        _, digest = bundles.freeze(frozen, diff, campaign_dir)
+        digest = bundles.digest_of(frozen, diff)
         await self.journal.close()
         self._check()
         self.ending = True
@@ -404,14 +682,14 @@ class AttemptRun:
             await self.kernel.record_attempt(
                 c.campaign_id, c.generation, base_sha=base, candidate_sha=candidate,
                 fingerprint=fingerprint, bundle=frozen.model_dump(mode="json", by_alias=True),
-                bundle_digest=digest, evidence_location=str(campaign_dir),
-                log_tail=self.log_tail, timeout_s=self._budget())
+                bundle_digest=digest, log_tail=self.log_tail, diff=diff, candidate_ref=ref,
+                timeout_s=self._budget())
         except RepeatedApproach as exc:
             self.ending = False
             return await self._fail(exc.message, fingerprint)
         except Unavailable as exc:
             return await self._resolve(exc)
-        self.log.info("attempt recorded", candidate=candidate, fingerprint=fingerprint)
+        self.log.info("attempt recorded", candidate=candidate, fingerprint=fingerprint, ref=ref)
         return "attempted"
 
     async def _resolve(self, exc: Unavailable) -> str:

@@ -9,9 +9,10 @@ the worker was told). Once a campaign is closed and ``ledger gc`` has deleted
 its attempt branches, the bundle is what remains of each candidate: its SHA,
 its diff and the digest over both.
 
-It is written to the campaign's evidence location
-(``<data_dir>/evidence/campaign-<id>/attempt-<n>/``); its content digest goes to
-the database with the attempt, so an edit after freezing is detected.
+It lives in the database with the attempt (the bundle as JSON, the diff as
+bytes, and the digest over both), so every role on every machine reads the
+same evidence and none needs the worker's disk; the digest makes a change
+after recording detectable.
 """
 
 from __future__ import annotations
@@ -77,30 +78,19 @@ def _canonical(bundle: Bundle) -> bytes:
                       separators=(",", ":")).encode()
 
 
-def evidence_dir(data_dir: Path, campaign_id: int) -> Path:
-    """Where a campaign's evidence lives."""
-    return data_dir / "evidence" / f"campaign-{campaign_id}"
+def digest_of(bundle: Bundle, diff: bytes) -> str:
+    """The digest a bundle and its diff are recorded with."""
+    return _digest(_canonical(bundle), diff)
 
 
-def freeze(bundle: Bundle, diff: bytes, campaign_dir: Path) -> tuple[Path, str]:
-    """Write the bundle under ``campaign_dir``; return its directory and digest."""
-    directory = campaign_dir / f"attempt-{bundle.attempt_no}"
-    directory.mkdir(parents=True, exist_ok=True)
-    content = _canonical(bundle)
-    (directory / BUNDLE_FILE).write_bytes(content)
-    (directory / DIFF_FILE).write_bytes(diff)
-    return directory, _digest(content, diff)
-
-
-def load(directory: Path, expected_digest: str) -> tuple[Bundle, bytes]:
-    """Read a frozen bundle, refusing it unless its digest matches."""
-    try:
-        content = (directory / BUNDLE_FILE).read_bytes()
-        diff = (directory / DIFF_FILE).read_bytes()
-    except OSError as exc:
-        raise BundleTampered(f"bundle at {directory} cannot be read: {exc}") from exc
-    actual = _digest(content, diff)
+def verify(recorded: dict[str, Any] | None, diff: bytes | None, expected_digest: str | None) -> Bundle:
+    """The bundle recorded with an attempt, checked against its digest
+    (``BundleTampered`` if it does not match or is missing)."""
+    if not recorded or not expected_digest:
+        raise BundleTampered("the attempt has no frozen verification bundle")
+    bundle = Bundle.model_validate(recorded)
+    actual = digest_of(bundle, diff or b"")
     if actual != expected_digest:
-        raise BundleTampered(f"bundle at {directory} was changed after it was frozen "
+        raise BundleTampered(f"the bundle recorded with the attempt does not match its digest "
                              f"(digest {actual}, recorded {expected_digest})")
-    return Bundle.model_validate_json(content), diff
+    return bundle

@@ -43,7 +43,10 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+import string
+
 from . import protection
+from .cell import CellPolicy
 from .errors import ConfigError
 from .processes import check_extra
 from .repository import Identity
@@ -84,6 +87,8 @@ class Acceptance(_Strict):
     allow_protected_changes: bool = False
     environment: list[str] = Field(default_factory=list,
                                    description="extra variables for the commands: NAME or NAME=VALUE")
+    cell: CellPolicy = Field(default_factory=CellPolicy,
+                             description="the sandbox the acceptance commands run in (on the verifier)")
 
     @field_validator("commands")
     @classmethod
@@ -118,6 +123,27 @@ class RoleAuthority(_Strict):
     hosts: list[str] = Field(default_factory=list)
 
 
+#: What an attempt command's arguments may name (``{campaign_file}`` ...).
+ATTEMPT_PLACEHOLDERS = frozenset({"campaign_file", "worktree", "campaign_id", "attempt_no"})
+#: What a sensor's objective template may name.
+OBJECTIVE_PLACEHOLDERS = frozenset({"sensor", "target"})
+
+
+def check_placeholders(template: str, allowed: frozenset[str], where: str) -> str:
+    """``ValueError`` naming ``where`` unless every ``{name}`` in
+    ``template`` is one of ``allowed`` (``{{`` and ``}}`` are literal braces)."""
+    try:
+        fields = [f for _, f, spec, conv in string.Formatter().parse(template) if f is not None]
+    except ValueError as exc:
+        raise ValueError(f"{where}: {template!r} is not a valid template ({exc}); write a literal "
+                         "brace as {{ or }}") from None
+    for name in fields:
+        if name not in allowed:
+            raise ValueError(f"{where}: unknown placeholder {{{name}}} in {template!r} (known: "
+                             + ", ".join("{" + a + "}" for a in sorted(allowed)) + ")")
+    return template
+
+
 class CampaignClassConfig(_Strict):
     """One campaign class."""
 
@@ -144,8 +170,19 @@ class CampaignClassConfig(_Strict):
     committer: str = Field(str(Identity()), description="committer of promoted commits: Name <email>")
     branch_retention_s: float = Field(BRANCH_RETENTION_S, ge=0,
                                       description="keep attempt branches this long after closing")
+    cell: CellPolicy = Field(default_factory=CellPolicy,
+                             description="the sandbox the attempt command runs in")
+    max_candidate_mb: int = Field(64, ge=1, le=64,
+                                  description="largest candidate (its commits, and its diff) recorded")
 
     _attempt_environment = field_validator("attempt_environment")(_extras)
+
+    @field_validator("attempt_command")
+    @classmethod
+    def _placeholders(cls, value: list[str]) -> list[str]:
+        for arg in value:
+            check_placeholders(arg, ATTEMPT_PLACEHOLDERS, "attempt_command")
+        return value
 
     @field_validator("author", "committer")
     @classmethod
@@ -246,10 +283,20 @@ class SensorConfig(_Strict):
     campaign_class: str = Field(pattern=NAME, alias="class")
     environment: list[str] = Field(default_factory=list,
                                    description="extra variables for the command: NAME or NAME=VALUE")
+    cell: CellPolicy = Field(default_factory=CellPolicy,
+                             description="the sandbox the check command runs in")
+    checkout: bool | None = Field(None, description="run the command in an export of the target's "
+                                                    "ref (default: when the target names the class's "
+                                                    "repository)")
 
     _environment = field_validator("environment")(_extras)
 
     model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+
+    @field_validator("objective")
+    @classmethod
+    def _objective_placeholders(cls, value: str) -> str:
+        return check_placeholders(value, OBJECTIVE_PLACEHOLDERS, "objective")
 
     @model_validator(mode="after")
     def _one_schedule_one_check(self) -> SensorConfig:
@@ -257,6 +304,10 @@ class SensorConfig(_Strict):
             raise ValueError("give exactly one of every_s or cron")
         if (self.command is None) == (self.url is None):
             raise ValueError("give exactly one check: command or url")
+        if self.cwd is not None and self.cell.sandbox:
+            raise ValueError("cwd: a sandboxed check runs in an export of its target's ref (or an "
+                             "empty directory), never in a directory of the host; remove cwd, or "
+                             "opt out with cell.sandbox = false")
         return self
 
     def objective_key(self) -> str:
@@ -289,13 +340,20 @@ def parse_config(data: dict[str, Any], source: str = "config") -> LedgerConfig:
         unknown = set(data) - {"classes", "sensors"}
         if unknown:
             raise ConfigError(f"{source}: unknown top-level keys: {', '.join(sorted(unknown))}")
-        config = LedgerConfig(
-            classes={name: CampaignClassConfig(name=name, **body) for name, body in raw_classes.items()},
-            sensors={name: SensorConfig(name=name, **body) for name, body in raw_sensors.items()},
-        )
+        where_prefix = ""
+        classes = {}
+        for name, body in raw_classes.items():
+            where_prefix = f"classes.{name}."
+            classes[name] = CampaignClassConfig(name=name, **body)
+        sensors = {}
+        for name, body in raw_sensors.items():
+            where_prefix = f"sensors.{name}."
+            sensors[name] = SensorConfig(name=name, **body)
+        where_prefix = ""
+        config = LedgerConfig(classes=classes, sensors=sensors)
     except ValidationError as exc:
         first = exc.errors()[0]
-        where = ".".join(str(p) for p in first["loc"])
+        where = where_prefix + ".".join(str(p) for p in first["loc"])
         raise ConfigError(f"{source}: {where}: {first['msg']}"
                           + (f" (and {exc.error_count() - 1} more)" if exc.error_count() > 1 else "")
                           ) from exc

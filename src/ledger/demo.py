@@ -118,7 +118,8 @@ def demo_config(repository: Path, sensor_every_s: float = 2.0) -> LedgerConfig:
         }},
         "sensors": {DEMO_SENSOR: {
             "target": f"{repository}#main", "every_s": sensor_every_s,
-            "command": [python, str(examples / "run_tests_at.py"), str(repository), "main"],
+            # run in a fresh export of the target's ref (main), in a cell
+            "command": [python, "-m", "unittest", "-q"],
             "class": DEMO_CLASS, "objective": "tests-pass:{target}",
         }},
     }, "demo")
@@ -250,7 +251,8 @@ async def run_demo(settings: Settings, console: Console, *, sensor_every_s: floa
             running = asyncio.create_task(host.run())
             # A new sensor's first tick is the next one on its schedule; rather than
             # wait for it, the sensor looks once now (as `ledger sensor run --once`).
-            await Sensors(Kernel(sensing), config, [DEMO_SENSOR], process_identity("sensor")).run_once()
+            await Sensors(Kernel(sensing), config, [DEMO_SENSOR], process_identity("sensor"),
+                          data_dir=root / "data").run_once()
             reader = Reads(reading)
             objective = config.sensors[DEMO_SENSOR].objective_key()
             try:

@@ -69,11 +69,13 @@ from .logs import get_logger
 from .runtime.service import Loop
 from .models import Campaign, SideEffectClaim
 from .reads import Reads
-from .rebase import rebase
 from .backoff import backoff
-from .repository import LEDGER, GitError, Identity, RefMoved, Repository, WorktreeDirty
+from .repository import LEDGER, GitError, Identity, RefMoved, Repository, SystemFault, WorktreeDirty
 
 OUTBOX_CHANNEL = "ledger_outbox"
+#: The longest pause between retries of a promotion waiting on a system fault
+#: or on its target.
+WAIT_CAP_S = 300.0
 FAULT_AFTER_ACTION = "dispatcher.after_action"
 
 Outcome = Literal["done", "conflict", "retry", "failed"]
@@ -112,6 +114,13 @@ def _done(**result: Any) -> Verdict:
 
 def _failed(error: str, **result: Any) -> Verdict:
     return Verdict("failed", result, error)
+
+
+def _waiting(error: str, *, on: str = "system_fault", **result: Any) -> Verdict:
+    """A retry for a reason that is not the candidate's (a remote that cannot
+    be reached, a dirty checkout of the target): retried with backoff for as
+    long as it takes, never turned into a failure, and the campaign says why."""
+    return Verdict("retry", {**result, "waiting_on": on}, error)
 
 
 class Dispatcher(Loop):
@@ -239,8 +248,13 @@ class Dispatcher(Loop):
         error = verdict.error
         retry_after = 0.0
         if outcome == "retry":
-            if claim.tries >= self.max_tries:
+            if claim.tries >= self.max_tries and not verdict.result.get("waiting_on"):
                 outcome, error = "failed", f"gave up after {claim.tries} tries: {error}"
+            elif verdict.result.get("waiting_on"):
+                # Waiting on a fault that is not the candidate's: the pause
+                # grows with the campaign's faults in a row (the kernel does
+                # not count such a retry as a try), up to WAIT_CAP_S.
+                retry_after = backoff(campaign.fault_count + 1, base_s=2.0, cap_s=WAIT_CAP_S, jitter=0.2)
             else:
                 # jittered, so a fleet of dispatchers does not hammer a
                 # recovering target in lockstep
@@ -312,10 +326,6 @@ class Dispatcher(Loop):
                            f"(new={claim.payload.get('new')!r}, old={old_raw!r})")
         if not isinstance(location, str) or not location:
             return _failed("payload.repository is missing")
-        if "://" in location or location.startswith("git@"):
-            # Repository would update its local cache clone, not the remote:
-            # a promotion that moves nothing anyone sees.
-            return _failed(f"{location} is remote; the dispatcher updates local repositories only")
         if claim.purpose != "promotion":
             # The kernel judged the ref against the worker's authority profile,
             # but the repository is the worker's choice: it must be the class's.
@@ -323,17 +333,27 @@ class Dispatcher(Loop):
             if location != allowed:
                 return _failed(f"repository {location} is not the repository of class "
                                f"{campaign.class_} ({allowed or 'none configured'})")
-
-        repo = Repository(location)
-        try:
-            current = await asyncio.to_thread(repo.rev_parse, ref)
-        except GitError as exc:
-            return Verdict("retry", error=str(exc))
+        remote = "://" in location or location.startswith("git@")
+        if remote and self.data_dir is None:
+            return _waiting(f"{location} is a remote: this dispatcher needs a data dir for its "
+                            "cache of it (a configuration error)")
+        repo = Repository(location, cache_dir=self.data_dir / "repos" if self.data_dir else None)
+        candidate_ref = claim.payload.get("candidate_ref")
         landing = claim.payload.get("landing") if claim.purpose == "promotion" else None
+        try:
+            # The remote is the truth: read the target there, bring the
+            # candidate (and the target's commit, a landing's parent) here.
+            current = await asyncio.to_thread(repo.remote_ref, ref)
+            fetch = [r for r in (ref if current else None,
+                                 candidate_ref if isinstance(candidate_ref, str) else None) if r]
+            await asyncio.to_thread(repo.fetch, *fetch)
+        except GitError as exc:
+            return _waiting(f"cannot read {ref} of {location}: {exc.message}")
         landed: dict[str, Any] = {}
         if landing is not None:
-            if await asyncio.to_thread(repo.rev_parse, new) != new:
-                return _failed(f"commit {new} is not in {location}", read_back=current)
+            if not await asyncio.to_thread(repo.has_commit, new):
+                return _waiting(f"commit {new} is not in {location}"
+                                + (f" (fetched {candidate_ref})" if candidate_ref else ""), read_back=current)
             try:
                 new_sha = await asyncio.to_thread(_land, repo, new, old, landing)
             except (GitError, ValueError, TypeError, KeyError) as exc:
@@ -354,8 +374,8 @@ class Dispatcher(Loop):
                            f"{ref} is at {current or 'nothing'}, not the expected {old or 'nothing'}")
         if (gave_up := self._gave_up(claim)) is not None:
             return gave_up
-        if await asyncio.to_thread(repo.rev_parse, new) != new:
-            return _failed(f"commit {new} is not in {location}", read_back=current)
+        if not await asyncio.to_thread(repo.has_commit, new):
+            return _waiting(f"commit {new} is not in {location}", read_back=current)
 
         await self._go_ahead(claim, needed_s=1.0)
         try:
@@ -366,8 +386,12 @@ class Dispatcher(Loop):
             # else: someone made the very same move meanwhile; the read-back decides
         except WorktreeDirty as exc:
             # Someone's work in progress on the checked-out branch: not ours to
-            # overwrite, and not a state a retry can be sure to fix.
-            return _failed(exc.message, read_back=current, **landed)
+            # overwrite, and no fault of the candidate's. The promotion waits
+            # (and is retried) until the checkout is clean; nothing is
+            # re-attempted.
+            return _waiting(exc.message, on="target", read_back=current, **landed)
+        except SystemFault as exc:
+            return _waiting(exc.message, read_back=current)
         except GitError as exc:
             # The ref is still at the expected commit (else RefMoved): another
             # writer held its lock. Transient.
@@ -378,10 +402,10 @@ class Dispatcher(Loop):
             await faults.point(FAULT_AFTER_ACTION)
 
         try:
-            after = await asyncio.to_thread(repo.rev_parse, ref)
+            after = await asyncio.to_thread(repo.remote_ref, ref)
         except GitError as exc:
             # The update is in; the next claim's read-back will see it.
-            return Verdict("retry", error=f"read-back failed: {exc}")
+            return _waiting(f"read-back failed: {exc.message}")
         if after != new:
             return Verdict("conflict", {"read_back": after, "expected": new},
                            f"{ref} moved to {after or 'nothing'} right after the update")
@@ -390,34 +414,38 @@ class Dispatcher(Loop):
     async def _rebase(self, claim: SideEffectClaim, campaign: Campaign, repo: Repository,
                       base: str, onto: str, candidate: str) -> Verdict:
         """The promotion's target moved from ``base`` to ``onto``: replay the
-        candidate onto it and send it back for verification, or -- when it does
-        not apply cleanly, or bundles cannot be frozen here -- a conflict."""
+        candidate onto it in the object database (``Repository.replay``),
+        publish the result and send it back for verification -- or, when it
+        does not apply cleanly, a conflict (a new attempt is needed)."""
         moved = {"read_back": onto, "expected": base}
-        if self.data_dir is None:
-            return Verdict("conflict", moved, f"{claim.target} moved to {onto}")
         attempts = await self.reads.attempts_of(campaign.id)
         accepted = next((a for a in attempts if a.generation == claim.generation), None)
         if accepted is None or accepted.bundle is None:
             return Verdict("conflict", moved, f"{claim.target} moved to {onto}; the accepted "
                                               "attempt has no bundle to rebase")
         attempt_no = max(a.attempt_no for a in attempts) + 1
-        rebased = await asyncio.to_thread(rebase, repo.path, base, onto, candidate,
-                                          f"ledger/{campaign.id}/{attempt_no}")
+        try:
+            rebased = await asyncio.to_thread(repo.replay, base, onto, candidate)
+        except GitError as exc:
+            return _waiting(f"cannot replay the candidate onto {onto}: {exc.message}")
         if rebased is None:
             return Verdict("conflict", moved, f"{claim.target} moved to {onto} and the candidate "
-                                              "does not rebase onto it cleanly")
+                                              "does not apply onto it cleanly")
+        ref = f"refs/heads/ledger/{campaign.id}/{attempt_no}"
+        try:
+            await asyncio.to_thread(repo.publish, ref, rebased)
+        except GitError as exc:
+            return _waiting(f"cannot publish the rebased candidate: {exc.message}")
         frozen = bundles.Bundle.model_validate({
             **accepted.bundle, "attempt_no": attempt_no,
             "generation": claim.generation + 1, "worker": self.identity, "base_sha": onto,
             "candidate_sha": rebased, "created_at": datetime.now(timezone.utc)})
         diff = await asyncio.to_thread(repositories.diff, repo.path, onto, rebased)
-        directory = bundles.evidence_dir(self.data_dir, campaign.id)
-        _, digest = await asyncio.to_thread(bundles.freeze, frozen, diff, directory)
         await self._go_ahead(claim, needed_s=1.0)
         await self.kernel.rebase_promotion(
             claim.side_effect_id, claim.claim_token, base_sha=onto, candidate_sha=rebased,
-            bundle=frozen.model_dump(mode="json", by_alias=True), bundle_digest=digest,
-            evidence_location=str(directory))
+            bundle=frozen.model_dump(mode="json", by_alias=True),
+            bundle_digest=bundles.digest_of(frozen, diff), diff=diff, candidate_ref=ref)
         return Verdict("rebased", {"onto": onto, "candidate": rebased, "attempt_no": attempt_no})
 
     async def _class_repository(self, campaign: Campaign) -> str | None:

@@ -181,16 +181,19 @@ class Kernel:
         bundle_digest: str | None = None,
         evidence_location: str | None = None,
         log_tail: str | None = None,
+        diff: bytes | None = None,
+        candidate_ref: str | None = None,
         timeout_s: float | None = None,
     ) -> int:
-        """Record the candidate (leased -> attempted); returns the attempt number.
-        Retrying the identical record returns the same number; verifiers and
-        tails are hinted after the commit (``Session.hint``)."""
+        """Record the candidate (leased -> attempted) with its evidence (the
+        bundle, its diff, the ref it was published under); returns the
+        attempt number. Retrying the identical record returns the same number;
+        verifiers and tails are hinted after the commit (``Session.hint``)."""
         attempt_no = await self._scalar_as(
             int, "record_attempt", _timeout_s=timeout_s, campaign_id=campaign_id, generation=generation,
             base_sha=base_sha, candidate_sha=candidate_sha, fingerprint=fingerprint,
             bundle=bundle, bundle_digest=bundle_digest, evidence_location=evidence_location,
-            log_tail=log_tail,
+            log_tail=log_tail, diff=diff, candidate_ref=candidate_ref,
         )
         await self.executor.hint(_attempted_hints([campaign_id]))
         return attempt_no
@@ -223,6 +226,27 @@ class Kernel:
             "fail_attempt", _timeout_s=timeout_s, campaign_id=campaign_id, generation=generation,
             reason=reason, fingerprint=fingerprint, retry_after_s=retry_after_s, drained=drained,
         )
+
+    async def release_attempt(self, campaign_id: int, generation: int, reason: str, *,
+                              retry_after_s: float | None = None,
+                              timeout_s: float | None = None) -> str:
+        """A fault that is not the attempt's own stopped it (leased -> ready,
+        the release transition): nothing charged, no approach refused; the
+        campaign waits (``waiting_on = system_fault``) and is retried after
+        a pause. Returns the new state; an identical retry returns it again."""
+        return await self._scalar_as(str, "release_attempt", _timeout_s=timeout_s,
+                                     campaign_id=campaign_id, generation=generation, reason=reason,
+                                     retry_after_s=retry_after_s)
+
+    async def report_security_event(self, campaign_id: int, generation: int, action: str,
+                                    reason: str, *, details: dict[str, Any] | None = None,
+                                    timeout_s: float | None = None) -> int:
+        """Record what the attempt tried outside its cell (``security_event``,
+        journaled as ``security.detected``); returns the record's id (the
+        same one when the report is retried)."""
+        return await self._scalar_as(int, "report_security_event", _timeout_s=timeout_s,
+                                     campaign_id=campaign_id, generation=generation, action=action,
+                                     reason=reason, details=details or {})
 
     async def refuse_candidate(self, campaign_id: int, generation: int, reason: str, *,
                                fingerprint: str, paths: Sequence[str],
@@ -309,6 +333,16 @@ class Kernel:
         return await self._scalar_as(str, "reject", _timeout_s=timeout_s, verification_id=verification_id,
                                   reason=reason, evidence=evidence or {})
 
+    async def release_verification(self, verification_id: int, reason: str, *,
+                                   retry_after_s: float | None = None,
+                                   timeout_s: float | None = None) -> str:
+        """The check could not be made for a reason that is not the
+        candidate's: no verdict, nothing charged; the campaign stays
+        attempted, says why it waits, and is verified again after a pause."""
+        return await self._scalar_as(str, "release_verification", _timeout_s=timeout_s,
+                                     verification_id=verification_id, reason=reason,
+                                     retry_after_s=retry_after_s)
+
     # --- dispatchers ---------------------------------------------------------
 
     async def claim_side_effect(self, dispatcher: str, *, lease_s: float = 60.0,
@@ -337,7 +371,8 @@ class Kernel:
 
     async def rebase_promotion(self, side_effect_id: int, claim_token: int, *, base_sha: str,
                                candidate_sha: str, bundle: dict[str, Any], bundle_digest: str,
-                               evidence_location: str) -> int:
+                               evidence_location: str | None = None, diff: bytes | None = None,
+                               candidate_ref: str | None = None) -> int:
         """The promotion's target moved and its candidate was rebased onto it:
         send the campaign back for verification (verified -> attempted, a new
         generation and attempt row); returns the new attempt number. Verifiers
@@ -345,7 +380,8 @@ class Kernel:
         rows = await self._call("rebase_promotion", side_effect_id=side_effect_id,
                                 claim_token=claim_token, base_sha=base_sha,
                                 candidate_sha=candidate_sha, bundle=bundle,
-                                bundle_digest=bundle_digest, evidence_location=evidence_location)
+                                bundle_digest=bundle_digest, evidence_location=evidence_location,
+                                diff=diff, candidate_ref=candidate_ref)
         await self.executor.hint(_attempted_hints([rows[0]["campaign_id"]]))
         return int(rows[0]["attempt_no"])
 

@@ -49,6 +49,12 @@ class Campaign(_Row):
     created_at: datetime
     updated_at: datetime
     closed_at: datetime | None
+    #: what holds the campaign back that is not its attempts' doing (a system
+    #: fault, a condition of the target), why, and since when
+    waiting_on: Literal["system_fault", "target"] | None = None
+    waiting_reason: str | None = None
+    waiting_since: datetime | None = None
+    fault_count: int = 0
 
     @property
     def is_terminal(self) -> bool:
@@ -68,7 +74,7 @@ class Attempt(_Row):
     lease_expires_at: datetime
     last_heartbeat_at: datetime | None
     heartbeat_count: int
-    outcome: Literal["running", "attempted", "failed", "lost", "drained", "abandoned"]
+    outcome: Literal["running", "attempted", "failed", "lost", "drained", "released", "abandoned"]
     verdict: Literal["accepted", "rejected"] | None
     ended_at: datetime | None
     failure_reason: str | None
@@ -78,6 +84,8 @@ class Attempt(_Row):
     bundle: dict[str, Any] | None
     bundle_digest: str | None
     log_tail: str | None
+    candidate_ref: str | None = None
+    diff_bytes: int | None = None
 
 
 class Event(_Row):
@@ -125,7 +133,7 @@ class Verification(_Row):
     generation: int
     verifier: str
     model_family: str | None
-    status: Literal["running", "accepted", "rejected", "lost", "abandoned"]
+    status: Literal["running", "accepted", "rejected", "lost", "released", "abandoned"]
     claimed_at: datetime
     lease_expires_at: datetime
     finished_at: datetime | None
@@ -274,6 +282,9 @@ class AttemptRecord(BaseModel):
     bundle_digest: str | None = None
     evidence_location: str | None = None
     log_tail: str | None = None
+    #: the candidate's diff, base64 (JSON carries no bytes)
+    diff: str | None = None
+    candidate_ref: str | None = None
 
 
 class AttemptRecorded(_Row):
@@ -316,6 +327,9 @@ class VerificationClaim(_Row):
     lease_expires_at: datetime
     #: the verification lease's length by the database's clock
     lease_remaining_s: float
+    #: the candidate's evidence, from the database: its diff and published ref
+    diff: bytes | None = None
+    candidate_ref: str | None = None
 
 
 class SideEffectRequested(_Row):

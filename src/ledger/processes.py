@@ -1,6 +1,7 @@
-"""Running the commands Ledger does not trust -- attempt commands and
-acceptance commands: one process group per command, a deadline, a bounded
-tail of the output, and nothing left running afterwards.
+"""Running the commands Ledger does not trust -- attempt commands,
+acceptance commands and sensor checks: in a cell (``ledger.cell``) unless a
+class opted out, one process group per command, a deadline, a bounded tail of
+the output, and nothing left running afterwards.
 
 Every command starts in a new session (its own process group), so a timeout --
 or its runtime being told to stop -- kills the command *and everything it
@@ -32,6 +33,9 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from . import cell as cells
+from .redaction import Redactor, redactor
 
 #: How much of a command's output is kept as evidence (the end of it).
 TAIL_BYTES = 16 * 1024
@@ -74,6 +78,23 @@ def check_extra(extra: str) -> str:
         raise ValueError(f"{name} is never given to a command Ledger runs "
                          "(LEDGER_*, PG* and DATABASE_URL hold Ledger's secrets)")
     return extra
+
+
+def cell_environment(extras: Iterable[str] = (), *, base: Mapping[str, str] | None = None
+                     ) -> dict[str, str]:
+    """The environment of a command in a cell: the locale and time zone of
+    ``base`` (default: this process's environment) and ``extras`` (see
+    ``check_extra``); the cell sets ``PATH``, ``HOME`` and ``TMPDIR`` to its
+    own. Nothing else of Ledger's environment is there."""
+    source = os.environ if base is None else base
+    env = {k: v for k, v in source.items() if k in ("LANG", "LANGUAGE", "TZ") or k.startswith("LC_")}
+    for extra in extras:
+        name, sep, value = check_extra(extra).partition("=")
+        if sep:
+            env[name] = value
+        elif name in source:
+            env[name] = source[name]
+    return env
 
 
 def child_environment(extras: Iterable[str] = (), *, base: Mapping[str, str] | None = None
@@ -136,6 +157,12 @@ class CommandResult:
     timed_out: bool = False
     error: str | None = None  # why it could not start
     extra: dict[str, Any] = field(default_factory=dict)
+    #: whether it ran in a cell, and what the cell reported: the processes
+    #: still running when the command exited (killed with the cell), and
+    #: whether the cell's monitor was killed before it could report
+    sandboxed: bool = False
+    leftovers: tuple[str, ...] = ()
+    monitor_lost: bool = False
 
     @property
     def passed(self) -> bool:
@@ -151,6 +178,11 @@ class CommandResult:
         }
         if self.error:
             record["error"] = self.error
+        record["sandboxed"] = self.sandboxed
+        if self.leftovers:
+            record["leftovers"] = list(self.leftovers)
+        if self.monitor_lost:
+            record["monitor_lost"] = True
         record.update(self.extra)
         return record
 
@@ -180,40 +212,64 @@ def kill_group(pgid: int) -> None:
 
 
 class _Capture(asyncio.SubprocessProtocol):
-    """Feeds the output to a ``Tail`` and tells exit apart from end-of-output.
+    """Feeds the output, with Ledger's secrets redacted (``ledger.redaction``),
+    to a ``Tail`` and tells exit apart from end-of-output.
 
     ``Process.wait()`` of asyncio's streams API only returns once every pipe
     is closed, so a child that keeps the pipe open would make an exited
     command look like a hung one. The protocol's own callbacks separate them."""
 
-    def __init__(self, tail: Tail, on_output: Callable[[bytes], None] | None):
+    def __init__(self, tail: Tail, on_output: Callable[[bytes], None] | None,
+                 redact: Redactor | None = None):
         self.tail = tail
         self.on_output = on_output
+        self.redact = redact if redact is not None else redactor()
         self.exited = asyncio.Event()
         self.closed = asyncio.Event()
 
-    def pipe_data_received(self, fd: int, data: bytes) -> None:
+    def _deliver(self, data: bytes) -> None:
+        if not data:
+            return
         self.tail.feed(data)
         if self.on_output is not None:
             self.on_output(data)
 
+    def pipe_data_received(self, fd: int, data: bytes) -> None:
+        self._deliver(self.redact.feed(data))
+
     def process_exited(self) -> None:
         self.exited.set()
 
+    def finish(self) -> None:
+        """Release what the redactor still holds (the output ended)."""
+        self._deliver(self.redact.flush())
+
     def connection_lost(self, exc: Exception | None) -> None:
+        self.finish()
         self.closed.set()
 
 
-async def run_command(argv: Sequence[str], cwd: Path, *, timeout_s: float,
+async def run_command(argv: Sequence[str], cwd: Path | str, *, timeout_s: float,
                       env: Mapping[str, str] | None = None,
                       tail_bytes: int = TAIL_BYTES, stdin: bytes | None = None,
-                      on_output: Callable[[bytes], None] | None = None) -> CommandResult:
+                      on_output: Callable[[bytes], None] | None = None,
+                      cell: cells.CellSpec | None = None,
+                      redact: Redactor | None = None) -> CommandResult:
     """Run ``argv`` in ``cwd`` in its own process group, keep the tail of its
     output (and hand every chunk to ``on_output``), feed it ``stdin``, and kill
     the group at ``timeout_s``, on cancellation, and after it exits
     (stragglers). ``env`` defaults to ``child_environment()``; either way the
     command gets a private temporary directory (``TMPDIR``), removed after it.
+
+    With ``cell``, the command runs in that cell instead (``env`` is ignored:
+    the cell's own is whole; ``cwd`` too: the cell says where it starts; the
+    private /tmp is the cell's own), and the result says what the cell
+    reported. Output reaches ``on_output`` and the tail with Ledger's secrets
+    redacted (``redact``, default: this process's known secrets).
     Never raises for the command's own failure."""
+    if cell is not None:
+        return await _run_in_cell(argv, timeout_s=timeout_s, tail_bytes=tail_bytes, stdin=stdin,
+                                  on_output=on_output, cell=cell, redact=redact)
     argv = [str(a) for a in argv]
     started = time.monotonic()
     tail = Tail(tail_bytes)
@@ -223,7 +279,7 @@ async def run_command(argv: Sequence[str], cwd: Path, *, timeout_s: float,
         environment.update(dict.fromkeys(TEMP_VARIABLES, scratch))
         try:
             transport, capture = await loop.subprocess_exec(
-                lambda: _Capture(tail, on_output), *argv, cwd=cwd,
+                lambda: _Capture(tail, on_output, redact), *argv, cwd=cwd,
                 stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
                 preexec_fn=die_with_parent, env=environment)
@@ -255,6 +311,80 @@ async def run_command(argv: Sequence[str], cwd: Path, *, timeout_s: float,
                     await asyncio.wait_for(asyncio.shield(capture.closed.wait()), timeout=_DRAIN_S)
             finally:
                 transport.close()
+                capture.finish()
         return CommandResult(argv=argv, exit_code=transport.get_returncode(), output=tail.text(),
                              output_bytes=tail.total, truncated=tail.truncated,
                              duration_s=time.monotonic() - started, timed_out=timed_out)
+
+
+async def _run_in_cell(argv: Sequence[str], *, timeout_s: float, tail_bytes: int,
+                       stdin: bytes | None, on_output: Callable[[bytes], None] | None,
+                       cell: cells.CellSpec, redact: Redactor | None) -> CommandResult:
+    """``run_command`` in a cell: bubblewrap is the process group leader, so
+    killing the group kills the cell (its PID namespace dies with its first
+    process); the cell's monitor reports the exit status and what was left."""
+    argv = [str(a) for a in argv]
+    started = time.monotonic()
+    tail = Tail(tail_bytes)
+    loop = asyncio.get_running_loop()
+    with tempfile.TemporaryFile(prefix="ledger-cell-report-") as report:
+        wrapped = cells.wrap(argv, cell, report.fileno(), extra_preexec=die_with_parent)
+        try:
+            transport, capture = await loop.subprocess_exec(
+                lambda: _Capture(tail, on_output, redact), *wrapped.argv, cwd="/",
+                stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
+                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
+                preexec_fn=wrapped.preexec, env=wrapped.env, pass_fds=wrapped.pass_fds)
+        except OSError as exc:
+            return CommandResult(argv=argv, exit_code=None, output="", output_bytes=0, truncated=False,
+                                 duration_s=time.monotonic() - started, sandboxed=True,
+                                 error=exc.strerror or type(exc).__name__)
+        if stdin is not None:
+            pipe = transport.get_pipe_transport(0)
+            with contextlib.suppress(OSError):
+                pipe.write(stdin)  # type: ignore[union-attr]
+                pipe.close()  # type: ignore[union-attr]
+        pid = transport.get_pid()
+        timed_out = False
+        try:
+            try:
+                await asyncio.wait_for(capture.exited.wait(), timeout=max(timeout_s, 0.0))
+            except TimeoutError:
+                timed_out = True
+        finally:
+            kill_group(pid)
+            try:
+                await asyncio.shield(capture.exited.wait())
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(asyncio.shield(capture.closed.wait()), timeout=_DRAIN_S)
+            finally:
+                transport.close()
+                capture.finish()
+        report.seek(0)
+        exit_code, leftovers, reported = _parse_report(report.read(64 * 1024))
+        status = transport.get_returncode()
+        if not reported:
+            # bubblewrap's own status: its failure to build the cell, or the
+            # monitor killed (by the command, or by the timeout)
+            exit_code = status
+        return CommandResult(argv=argv, exit_code=exit_code, output=tail.text(),
+                             output_bytes=tail.total, truncated=tail.truncated,
+                             duration_s=time.monotonic() - started, timed_out=timed_out,
+                             sandboxed=True, leftovers=leftovers,
+                             monitor_lost=not reported and not timed_out)
+
+
+def _parse_report(raw: bytes) -> tuple[int | None, tuple[str, ...], bool]:
+    """The cell monitor's report: (exit code, processes left, whether it reported)."""
+    exit_code: int | None = None
+    left: list[str] = []
+    for line in raw.splitlines():
+        word, _, rest = line.partition(b" ")
+        if word == b"exit":
+            with contextlib.suppress(ValueError):
+                exit_code = int(rest)
+        elif word == b"left":
+            pid, _, hexed = rest.partition(b" ")
+            with contextlib.suppress(ValueError):
+                left.append(f"{int(pid)} {bytes.fromhex(hexed.decode()).decode('utf-8', 'replace')}")
+    return exit_code, tuple(left), exit_code is not None

@@ -61,6 +61,8 @@ campaigns = Table(
     Column("labels", ARRAY(Text)), Column("event_seq", BigInteger),
     Column("promoted_at", TS), Column("promoted_sha", Text),
     Column("created_at", TS), Column("updated_at", TS), Column("closed_at", TS),
+    Column("waiting_on", Text), Column("waiting_reason", Text), Column("waiting_since", TS),
+    Column("fault_count", Integer),
 )
 
 attempts = Table(
@@ -71,7 +73,8 @@ attempts = Table(
     Column("heartbeat_count", Integer), Column("outcome", Text), Column("verdict", Text),
     Column("ended_at", TS), Column("failure_reason", Text), Column("fingerprint", Text),
     Column("base_sha", Text), Column("candidate_sha", Text), Column("bundle", JSONB),
-    Column("bundle_digest", Text), Column("log_tail", Text),
+    Column("bundle_digest", Text), Column("log_tail", Text), Column("candidate_ref", Text),
+    Column("diff_bytes", Integer),
 )
 
 events = Table(

@@ -24,7 +24,9 @@ import hashlib
 import os
 import re
 import shutil
+import stat
 import subprocess
+import tempfile
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -134,8 +136,25 @@ def _run(cwd: str | Path, args: Sequence[str], env: Mapping[str, str] | None,
     return done
 
 
+class SystemFault(GitError):
+    """A git step failed for a reason that is not the attempt's own: a remote
+    that cannot be reached or refuses Ledger's credentials, a ref or object
+    that should be there and is not. Never a verdict: the work waits and is
+    retried (see ``ledger.faults``)."""
+
+    slug = "system-fault"
+    http_status = 503
+
+
+def _transport_fault(exc: GitError, what: str) -> SystemFault:
+    return SystemFault(f"{what}: {exc.message}")
+
+
 class Repository:
-    """One repository Ledger works on (a local path, or a URL cached locally)."""
+    """One repository Ledger works on: a local path, worked on in place, or a
+    URL, worked on through a bare cache under ``cache_dir`` (one per role's
+    data dir: roles share the remote, never a disk) and published to with
+    compare-and-swap pushes."""
 
     def __init__(self, location: str, cache_dir: Path | None = None):
         self.location = location
@@ -148,41 +167,33 @@ class Repository:
 
     @property
     def path(self) -> Path:
-        """The local repository (cloning a URL into the cache on first use)."""
+        """The local repository: the path itself, or the URL's cache (cloned,
+        empty of refs, on first use; ``fetch`` brings what a step needs)."""
         if not self.is_remote:
             return Path(self.location)
         if self._cache_dir is None:
-            raise GitError(f"{self.location} is a URL; a cache directory is needed to clone it")
+            raise GitError(f"{self.location} is a URL; a cache directory is needed to work on it")
         local = self._cache_dir / hashlib.sha256(self.location.encode()).hexdigest()[:16]
-        if not local.exists():
+        if not (local / "objects").is_dir():
             local.parent.mkdir(parents=True, exist_ok=True)
-            git(local.parent, "clone", "--quiet", "--bare", "--template=", *UPLOAD_PACK, "--",
-                self.location, str(local))
-        else:
-            # By URL, never by remote name: a remote's configured programs
-            # (remote.<name>.uploadpack: git takes the first one given, so no
-            # override can replace it) never apply. No --prune: the cache
-            # also holds the workers' ledger/* branches.
-            git(local, "fetch", "--quiet", *UPLOAD_PACK, "--", self.location,
-                "+refs/heads/*:refs/heads/*")
+            with _locked(local.parent / (local.name + ".lock")):
+                if not (local / "objects").is_dir():
+                    scratch = local.with_name(local.name + ".new")
+                    shutil.rmtree(scratch, ignore_errors=True)
+                    git(local.parent, "init", "--quiet", "--bare", "--template=", str(scratch))
+                    scratch.rename(local)
         return local
 
     @contextlib.contextmanager
-    def _worktree_lock(self) -> Iterator[None]:
-        """Serialise adding and removing worktrees across processes. git's
-        ``worktree add`` reads every other worktree's admin files while a
-        concurrent add is still writing its own ("failed to read
-        .git/worktrees/<name>/commondir"), so two attempts starting together
-        on one repository could fail each other."""
-        common = Path(self._git("rev-parse", "--git-common-dir"))
-        if not common.is_absolute():
-            common = self.path / common
-        with open(common / "ledger-worktrees.lock", "a+b") as handle:
-            fcntl.flock(handle, fcntl.LOCK_EX)
-            try:
-                yield
-            finally:
-                fcntl.flock(handle, fcntl.LOCK_UN)
+    def _cache_lock(self) -> Iterator[None]:
+        """One git transfer at a time on a cache (a worker with several
+        attempts fetches into one cache; git's ref locks would fail the
+        second instead of waiting)."""
+        if not self.is_remote:
+            yield
+            return
+        with _locked(self.path.with_name(self.path.name + ".lock")):
+            yield
 
     def _git(self, *args: str, **kwargs: object) -> str:
         path = self.path
@@ -191,12 +202,94 @@ class Repository:
         return git(path, *args, **kwargs)  # type: ignore[arg-type]
 
     def rev_parse(self, ref: str) -> str | None:
-        """The commit a ref points at, or ``None`` if it does not exist."""
+        """The commit a ref (or SHA) names here, or ``None`` if none."""
         try:
             found = self._git("rev-parse", "--verify", "--quiet", f"{ref}^{{commit}}", ok=(0, 1))
         except GitError:
             return None
         return found or None
+
+    def has_commit(self, sha: str) -> bool:
+        """Whether commit ``sha`` is in this (local) repository."""
+        return self.rev_parse(sha) == sha
+
+    # --- the remote -----------------------------------------------------------
+
+    def fetch(self, *refs: str) -> None:
+        """Bring ``refs`` (full names) from the remote into the cache, each to
+        the same name (forced: the remote is the truth). By URL, never by
+        remote name, so no configured ``remote.*`` program applies. A local
+        repository has them already. ``SystemFault`` if the remote cannot
+        be reached or lacks one of them."""
+        if not self.is_remote or not refs:
+            return
+        with self._cache_lock():
+            try:
+                self._git("fetch", "--quiet", "--no-tags", "--no-write-fetch-head", *UPLOAD_PACK,
+                          "--", self.location, *(f"+{r}:{r}" for r in refs))
+            except GitError as exc:
+                raise _transport_fault(exc, f"cannot fetch {', '.join(refs)} from {self.location}") from exc
+
+    def remote_refs(self, pattern: str) -> dict[str, str]:
+        """The remote's refs matching ``pattern`` (``ls-remote``; a local
+        repository's own refs): name -> SHA."""
+        if not self.is_remote:
+            listing = self._git("for-each-ref", "--format=%(refname) %(objectname)", pattern.rstrip("*"))
+            pairs = (line.rsplit(" ", 1) for line in listing.splitlines() if line)
+            return {name: sha for name, sha in pairs}
+        try:
+            listing = git(self.path, "ls-remote", *UPLOAD_PACK, "--", self.location, pattern)
+        except GitError as exc:
+            raise _transport_fault(exc, f"cannot list {pattern} on {self.location}") from exc
+        refs = {}
+        for line in listing.splitlines():
+            sha, _, name = line.partition("\t")
+            if name:
+                refs[name] = sha
+        return refs
+
+    def remote_ref(self, ref: str) -> str | None:
+        """Where ``ref`` is on the remote (a local repository: here), or
+        ``None`` if it does not exist. The read-back of every publication."""
+        if not self.is_remote:
+            return self.rev_parse(ref)
+        return self.remote_refs(ref).get(ref)
+
+    def resolve(self, ref: str) -> str:
+        """The commit ``ref`` names (a branch name, a full ref or a SHA),
+        fetched first from a remote. ``SystemFault`` if it is nowhere."""
+        full = ref if ref.startswith("refs/") or _is_sha(ref) else f"refs/heads/{ref}"
+        if self.is_remote and not _is_sha(ref):
+            self.fetch(full)
+        sha = self.rev_parse(full)
+        if sha is None:
+            raise SystemFault(f"{ref} is not in {self.location}")
+        return sha
+
+    def publish(self, ref: str, sha: str) -> None:
+        """Create ``ref`` at ``sha`` where every role can see it (the remote,
+        or the local repository): a compare-and-swap from nothing, so an
+        existing ref elsewhere is never moved; the same ref already at
+        ``sha`` (a retry) is fine. Read back before it counts.
+        ``SystemFault`` if the remote cannot be reached or does not show it."""
+        if not self.is_remote:
+            current = self.rev_parse(ref)
+            if current == sha:
+                return
+            if current is not None:
+                raise RefMoved(ref, None, current)
+            self._git("update-ref", "-m", "ledger candidate", ref, sha, ZERO_SHA)
+            return
+        with self._cache_lock():
+            self._git("update-ref", ref, sha)  # the cache's copy: what gc lists
+            try:
+                git(self.path, "push", "--quiet", "--porcelain", *RECEIVE_PACK,
+                    f"--force-with-lease={ref}:", "--", self.location, f"{sha}:{ref}")
+            except GitError as exc:
+                if self.remote_ref(ref) != sha:
+                    raise _transport_fault(exc, f"cannot publish {ref} to {self.location}") from exc
+        if self.remote_ref(ref) != sha:
+            raise SystemFault(f"{self.location} does not show {ref} at {sha} after the push")
 
     # --- promotion ---------------------------------------------------------------
 
@@ -206,13 +299,21 @@ class Repository:
         a plain ``GitError`` if the update failed with the ref still in place
         (another writer holding its lock: worth retrying).
 
-        When ``ref`` is checked out in a work tree (a non-bare repository), the
-        work tree and its index move with it, as with git's
+        On a remote this is ``git push --atomic --force-with-lease=ref:old``
+        (the remote refuses unless the ref is where we expect), then a
+        read-back with ``ls-remote``. ``SystemFault`` when the remote cannot
+        be reached.
+
+        When ``ref`` is checked out in a work tree of a local repository (a
+        non-bare one), the work tree and its index move with it, as with git's
         ``receive.denyCurrentBranch=updateInstead``: only if they are clean
         (``WorktreeDirty`` otherwise, and the ref stays where it is). The ref is
         locked and verified first, the files moved, and only then the ref
         committed, so nobody commits in between and no index is left stale
         behind a moved ref."""
+        if self.is_remote:
+            self._push_cas(ref, new, expected_old)
+            return
         checked_out = self.worktrees_on(ref)
         if not checked_out:
             try:
@@ -241,8 +342,27 @@ class Repository:
                         pass
                 raise
 
+    def _push_cas(self, ref: str, new: str, expected_old: str | None) -> None:
+        lease = f"--force-with-lease={ref}:{expected_old or ''}"
+        with self._cache_lock():
+            try:
+                git(self.path, "push", "--quiet", "--atomic", "--porcelain", *RECEIVE_PACK, lease,
+                    "--", self.location, f"{new}:{ref}")
+            except GitError as exc:
+                try:
+                    actual = self.remote_ref(ref)
+                except SystemFault:
+                    raise _transport_fault(exc, f"cannot push {ref} to {self.location}") from exc
+                if actual == new:
+                    return  # in, whatever the reply said
+                if actual != expected_old:
+                    raise RefMoved(ref, expected_old, actual) from None
+                raise _transport_fault(exc, f"cannot push {ref} to {self.location}") from exc
+
     def worktrees_on(self, ref: str) -> list[Path]:
         """The work trees (of this repository) that have ``ref`` checked out."""
+        if self.is_remote:
+            return []
         listing = self._git("worktree", "list", "--porcelain", "-z")
         found, current = [], None
         for field in listing.split("\0"):
@@ -270,51 +390,131 @@ class Repository:
         return self._git("commit-tree", "--no-gpg-sign", tree, *parent_args, "-F", "-",
                          env=env, input=(message + "\n").encode())
 
-    # --- attempts and verifications ------------------------------------------------
+    def replay(self, base: str, onto: str, candidate: str) -> str | None:
+        """``candidate``'s change (from ``base``) applied onto ``onto``, as one
+        commit with the candidate's author and message, computed in the object
+        database alone (``merge-tree --write-tree``: no clone, no work tree,
+        nothing fetched back, so no object can go missing); ``None`` when it
+        does not apply cleanly or ``onto`` does not descend from ``base``."""
+        if not self.is_ancestor(base, onto):
+            return None
+        done = _run(self.path, ["merge-tree", "--write-tree", "--no-messages", onto, candidate],
+                    None, None, (0, 1))
+        if done.returncode != 0:
+            return None
+        tree = done.stdout.decode().split()[0]
+        fields = self._git("show", "-s", "--format=%an%x00%ae%x00%ad", "--date=raw", candidate).split("\0")
+        message = self._git("show", "-s", "--format=%B", candidate)
+        env = {**Identity(fields[0], fields[1]).env("AUTHOR", fields[2]), **LEDGER.env("COMMITTER")}
+        return self._git("commit-tree", "--no-gpg-sign", tree, "-p", onto, "-F", "-", env=env,
+                         input=(message.rstrip("\n") + "\n").encode())
 
-    def add_worktree(self, directory: Path, base_ref: str, branch: str) -> str:
-        """A fresh worktree at ``base_ref`` on a new ``branch``; returns the base SHA."""
-        base = self._git("rev-parse", "--verify", f"{base_ref}^{{commit}}")
-        with self._worktree_lock():
-            self._git("worktree", "add", "--quiet", "-B", branch, str(directory), base)
-        return base
+    def is_ancestor(self, ancestor: str, descendant: str) -> bool:
+        """Whether ``ancestor`` is ``descendant`` or one of its ancestors."""
+        done = _run(self.path, ["merge-base", "--is-ancestor", ancestor, descendant], None, None, (0, 1))
+        return done.returncode == 0
 
-    def remove_worktree(self, directory: Path) -> None:
-        """Remove a worktree and its administrative files, whatever state it is in."""
+    # --- attempts ---------------------------------------------------------------
+
+    def seed_workspace(self, directory: Path, base: str, branch: str, author: Identity) -> None:
+        """A clone of this repository at ``base`` in ``directory`` for an
+        attempt: a repository of its own (its own ``.git``, configuration,
+        hooks and refs -- never a worktree of the user's), holding only the
+        history of ``base`` (no other attempt's candidates), checked out on
+        ``branch``, with no remote (nothing to push to)."""
+        directory.mkdir(parents=True)
+        git(directory, "init", "--quiet", "--template=", str(directory))
+        git(directory, "fetch", "--quiet", "--no-tags", *UPLOAD_PACK, "--", f"file://{self.path}", base)
+        git(directory, "checkout", "--quiet", "-B", branch, base)
+        git(directory, "config", "user.name", author.name)
+        git(directory, "config", "user.email", author.email)
+
+    def import_bundle(self, bundle: Path, limit_bytes: int) -> str:
+        """The commits of a bundle an attempt's cell wrote (``<base>..HEAD``),
+        added to this repository's objects (``git bundle unbundle``: every
+        object checked by ``index-pack``; no ref is created); returns its
+        HEAD. ``ValueError`` for a bundle that is not a regular file, is too
+        large, or does not unbundle: the attempt's own doing."""
         try:
-            with self._worktree_lock():
-                try:
-                    self._git("worktree", "remove", "--force", "--force", str(directory))
-                except GitError:
-                    pass
-                shutil.rmtree(directory, ignore_errors=True)
-                self._git("worktree", "prune")
-        except (GitError, OSError):
-            shutil.rmtree(directory, ignore_errors=True)
+            info = os.lstat(bundle)
+        except FileNotFoundError:
+            raise ValueError("the attempt left no candidate bundle") from None
+        if not stat.S_ISREG(info.st_mode):
+            raise ValueError("the candidate bundle is not a regular file")
+        if info.st_size > limit_bytes:
+            raise ValueError(f"the candidate is {info.st_size} bytes, over the class's limit of "
+                             f"{limit_bytes}")
+        try:
+            listing = self._git("bundle", "unbundle", str(bundle))
+        except GitError as exc:
+            raise ValueError(f"the candidate bundle does not unbundle: {exc.message}") from None
+        heads = [line.split()[0] for line in listing.splitlines() if line.split()[1:] == ["HEAD"]]
+        if len(heads) != 1 or not _is_sha(heads[0]):
+            raise ValueError("the candidate bundle has no single HEAD")
+        return heads[0]
 
-    def clean_checkout(self, sha: str, directory: Path) -> None:
-        """A clone of the repository at ``sha`` in ``directory``: its own index and
-        work tree, sharing objects read-only; never someone else's worktree."""
-        git(directory.parent, "clone", "--quiet", "--shared", "--no-checkout", "--",
-            str(self.path), str(directory))
-        git(directory, "checkout", "--quiet", "--detach", sha)
+    def make_candidate(self, head: str, base: str, message: str, author: Identity,
+                       committer: Identity) -> str:
+        """The candidate Ledger records for an attempt that ended at ``head``:
+        one commit of ``head``'s tree on ``base``, with ``message``."""
+        tree = self._git("rev-parse", "--verify", f"{head}^{{tree}}")
+        env = {**author.env("AUTHOR"), **committer.env("COMMITTER")}
+        return self._git("commit-tree", "--no-gpg-sign", tree, "-p", base, "-F", "-", env=env,
+                         input=(message.rstrip("\n") + "\n").encode())
+
+    # --- verifications and sensors ------------------------------------------------
+
+    def export_tree(self, sha: str, directory: Path, *, replace_from: str | None = None,
+                    paths: Sequence[str] = ()) -> None:
+        """The tree of commit ``sha`` written to ``directory`` (created; no
+        ``.git``: nothing there for a command to run or rewrite), with
+        ``paths`` taken from commit ``replace_from`` instead (removed when it
+        lacks them). Built in a private index, by git's plumbing."""
+        directory.mkdir(parents=True, exist_ok=False)
+        with tempfile.TemporaryDirectory(prefix="ledger-index-") as scratch:
+            index = {"GIT_INDEX_FILE": str(Path(scratch) / "index")}
+            self._git("read-tree", sha, env=index)
+            if paths and replace_from:
+                lines = []
+                for path in paths:
+                    entry = self._git("ls-tree", "-z", "--full-tree", replace_from, "--", path)
+                    entry = entry.rstrip("\0")
+                    if entry:
+                        meta, _, name = entry.partition("\t")
+                        mode, _kind, blob = meta.split()
+                        lines.append(f"{mode} {blob}\t{name}")
+                    else:
+                        lines.append(f"0 {ZERO_SHA}\t{path}")
+                self._git("update-index", "-z", "--index-info", env=index,
+                          input="".join(line + "\0" for line in lines).encode())
+            # The export's own work tree (a bare repository has none).
+            self._git("--work-tree", str(directory), "checkout-index", "--all", "--force", env=index)
 
     # --- retention ----------------------------------------------------------------
 
     def attempt_branches(self) -> list[tuple[str, str, int, int]]:
-        """Ledger's attempt branches: ``(ref, sha, campaign, attempt)``."""
-        listing = self._git("for-each-ref", "--format=%(refname)%00%(objectname)", BRANCH_PREFIX)
+        """Ledger's attempt branches (on the remote, for a URL): ``(ref, sha,
+        campaign, attempt)``."""
         branches = []
-        for line in listing.splitlines():
-            ref, _, sha = line.partition("\0")
+        for ref, sha in sorted(self.remote_refs(BRANCH_PREFIX + "*").items()):
             match = _ATTEMPT_BRANCH.match(ref)
             if match:
                 branches.append((ref, sha, int(match.group(1)), int(match.group(2))))
         return branches
 
     def delete_ref(self, ref: str, expected: str) -> bool:
-        """Delete ``ref`` if it is still at ``expected``; ``False`` if it moved
-        or is checked out somewhere (then it is left alone)."""
+        """Delete ``ref`` if it is still at ``expected`` (compare-and-swap, on
+        the remote for a URL); ``False`` if it moved or is checked out
+        somewhere (then it is left alone)."""
+        if self.is_remote:
+            try:
+                with self._cache_lock():
+                    git(self.path, "push", "--quiet", "--porcelain", *RECEIVE_PACK,
+                        f"--force-with-lease={ref}:{expected}", "--", self.location, f":{ref}")
+                    self._git("update-ref", "-d", ref, ok=(0, 1))
+            except GitError:
+                return False
+            return True
         if self.worktrees_on(ref):
             return False
         try:
@@ -326,11 +526,27 @@ class Repository:
     def prune_worktrees(self) -> int:
         """Forget the administrative files of worktrees whose directory is gone;
         returns how many there were."""
+        if self.is_remote:
+            return 0
         listing = self._git("worktree", "list", "--porcelain", "-z")
         stale = sum(1 for field in listing.split("\0") if field.startswith("prunable"))
         if stale:
             self._git("worktree", "prune")
         return stale
+
+
+def _is_sha(text: str) -> bool:
+    return re.fullmatch(r"[0-9a-f]{40}|[0-9a-f]{64}", text) is not None
+
+
+@contextlib.contextmanager
+def _locked(path: Path) -> Iterator[None]:
+    with open(path, "a+b") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 class _RefTransaction:

@@ -23,7 +23,6 @@ the baseline its candidates are held to (see ``verifiers.pytest_report``).
 from __future__ import annotations
 
 import asyncio
-import os
 import tempfile
 import time
 from collections.abc import Sequence
@@ -39,12 +38,14 @@ from apscheduler.triggers.interval import IntervalTrigger
 
 from verifiers.pytest_report import junit_arguments, pytest_command, read_report
 
-from .config import LedgerConfig, SensorConfig
+from . import cell as cells
+from .config import CampaignClassConfig, LedgerConfig, SensorConfig
 from .errors import ConfigError, LedgerError
 from .kernel import Kernel
 from .logs import get_logger
 from .models import ObservationRecorded
-from .processes import child_environment, run_command
+from .processes import cell_environment, child_environment, run_command
+from .repository import GitError, Repository
 
 EPOCH = datetime(2000, 1, 1, tzinfo=timezone.utc)
 _OUTPUT_LIMIT = 8 * 1024
@@ -90,12 +91,16 @@ class Reading:
     details: dict[str, Any]
 
 
-async def check(sensor: SensorConfig) -> Reading:
-    """Run the sensor's check once: a command (exit 0 is green) or an HTTP probe."""
+async def check(sensor: SensorConfig, *, repository: str | None = None, ref: str | None = None,
+                cache_dir: Path | None = None) -> Reading:
+    """Run the sensor's check once: a command (exit 0 is green) or an HTTP
+    probe. A command whose sensor observes a repository (``repository`` and
+    ``ref``: its target names its class's repository) runs in a fresh export
+    of that ref's tree, fetched from the remote for a URL."""
     started = datetime.now(timezone.utc)
     t0 = time.monotonic()
     if sensor.command is not None:
-        details = await _run_command(sensor)
+        details = await _run_command(sensor, repository, ref, cache_dir)
         green = details.get("exit_code") == 0
     else:
         details = await _probe(sensor)
@@ -104,23 +109,58 @@ async def check(sensor: SensorConfig) -> Reading:
     return Reading("green" if green else "red", started, datetime.now(timezone.utc), details)
 
 
-async def _run_command(sensor: SensorConfig) -> dict[str, Any]:
+async def _run_command(sensor: SensorConfig, repository: str | None, ref: str | None,
+                       cache_dir: Path | None) -> dict[str, Any]:
     assert sensor.command is not None
+    details: dict[str, Any] = {"command": sensor.command}
+    sandboxed = sensor.cell.sandbox
     with tempfile.TemporaryDirectory(prefix="ledger-sensor-") as scratch:
-        report = Path(scratch) / "junit.xml"
+        work, out = Path(scratch) / "work", Path(scratch) / "out"
+        out.mkdir()
+        if repository is not None and ref is not None:
+            repo = Repository(repository, cache_dir=cache_dir)
+            try:
+                sha = await asyncio.to_thread(repo.resolve, ref)
+                await asyncio.to_thread(repo.export_tree, sha, work)
+            except GitError as exc:
+                details["error"] = f"cannot check out {ref} of {repository}: {exc.message}"
+                details["system_fault"] = True
+                return details
+            details.update(ref=ref, sha=sha)
+        else:
+            work.mkdir()
+        seen_out = cells.INSIDE_OUT if sandboxed else str(out)
+        report = Path(seen_out) / "junit.xml"
         pytest = pytest_command(sensor.command)
         argv = [*pytest, *junit_arguments(report)] if pytest else list(sensor.command)
-        env = {**child_environment(sensor.environment), JUNIT_VARIABLE: str(report)}
-        result = await run_command(argv, Path(sensor.cwd or os.getcwd()), timeout_s=sensor.timeout_s,
-                                   env=env, tail_bytes=_OUTPUT_LIMIT)
-        tests = read_report(report)
-    details: dict[str, Any] = {"command": sensor.command}
+        if sandboxed:
+            try:
+                await asyncio.to_thread(cells.check_available)
+            except cells.SandboxUnavailable as exc:
+                details["error"] = f"{exc.message} ({exc.hint})"
+                details["system_fault"] = True
+                return details
+            env = {**cell_environment(sensor.environment), JUNIT_VARIABLE: str(report)}
+            spec = cells.CellSpec(sensor.cell, (cells.Binding(work, cells.INSIDE_WORK, writable=True),
+                                                cells.Binding(out, cells.INSIDE_OUT, writable=True)),
+                                  cwd=cells.INSIDE_WORK, env=env)
+            result = await run_command(argv, "/", timeout_s=sensor.timeout_s, tail_bytes=_OUTPUT_LIMIT,
+                                       cell=spec)
+        else:
+            env = {**child_environment(sensor.environment), JUNIT_VARIABLE: str(report)}
+            cwd = Path(sensor.cwd) if sensor.cwd else work
+            result = await run_command(argv, cwd, timeout_s=sensor.timeout_s, env=env,
+                                       tail_bytes=_OUTPUT_LIMIT)
+        tests = read_report(out / "junit.xml")
     if result.error:
         details["error"] = f"cannot start: {result.error}"
     elif result.timed_out:
         details["error"] = f"timed out after {sensor.timeout_s:g}s"
     else:
         details.update(exit_code=result.exit_code, output=result.output)
+    if result.leftovers:
+        details["leftovers"] = list(result.leftovers)
+    details["sandboxed"] = result.sandboxed
     if tests is not None:
         details["tests"] = tests.summary()
     return details
@@ -136,13 +176,32 @@ async def _probe(sensor: SensorConfig) -> dict[str, Any]:
         return {"url": sensor.url, "error": str(exc) or type(exc).__name__}
 
 
+def observed_ref(sensor: SensorConfig, cls: CampaignClassConfig | None) -> tuple[str, str] | None:
+    """The repository and ref a sensor's check runs on: its target's ref
+    (``REPOSITORY#REF``) or, for a target naming only the repository, the
+    branch its class promotes to (else its base); ``None`` when the target
+    is not its class's repository (the check then starts in an empty
+    directory) or the sensor says ``checkout = false``."""
+    if cls is None or sensor.command is None or sensor.checkout is False:
+        return None
+    if cls.target_problem(sensor.target) is not None:
+        return None
+    _, sep, ref = sensor.target.partition("#")
+    if not sep:
+        ref = cls.promote_to or cls.base_ref
+    return cls.repository, ref
+
+
 class Sensor:
     """One sensor's schedule, tick claims and observations."""
 
-    def __init__(self, kernel: Kernel, config: SensorConfig, identity: str):
+    def __init__(self, kernel: Kernel, config: SensorConfig, identity: str, *,
+                 observes: tuple[str, str] | None = None, cache_dir: Path | None = None):
         self.kernel = kernel
         self.config = config
         self.identity = identity
+        self.observes = observes
+        self.cache_dir = cache_dir
         self.trigger = trigger_for(config)
         self.log = get_logger("sensor", sensor=config.name, target=config.target)
         self.observed = 0
@@ -155,7 +214,8 @@ class Sensor:
         if tick is not None and not await self.kernel.claim_sensor_tick(self.config.name, tick, self.identity):
             self.log.info("tick owned by another sensor process", tick=tick.isoformat())
             return None
-        reading = await check(self.config)
+        repository, ref = self.observes or (None, None)
+        reading = await check(self.config, repository=repository, ref=ref, cache_dir=self.cache_dir)
         result = await self.kernel.record_observation(
             self.config.name, self.config.objective_key(), self.config.target, reading.status,
             reading.started_at, finished_at=reading.finished_at, details=reading.details,
@@ -211,14 +271,23 @@ class Sensors:
 
     name = "sensors"
 
-    def __init__(self, kernel: Kernel, config: LedgerConfig, names: Sequence[str], identity: str):
+    def __init__(self, kernel: Kernel, config: LedgerConfig, names: Sequence[str], identity: str,
+                 *, data_dir: Path | None = None):
         chosen = list(names) or sorted(config.sensors)
         unknown = [n for n in chosen if n not in config.sensors]
         if unknown:
             raise ConfigError(f"unknown sensor(s): {', '.join(unknown)}")
         if not chosen:
             raise ConfigError("the config declares no sensors")
-        self.sensors = [Sensor(kernel, config.sensors[n], identity) for n in chosen]
+        cache = data_dir / "repos" if data_dir is not None else None
+        self.sensors = []
+        for n in chosen:
+            sensor = config.sensors[n]
+            observes = observed_ref(sensor, config.classes.get(sensor.campaign_class))
+            if observes is not None and cache is None and ("://" in observes[0] or observes[0].startswith("git@")):
+                raise ConfigError(f"sensor {n} observes the remote {observes[0]}: a data dir is needed "
+                                  "for its cache")
+            self.sensors.append(Sensor(kernel, sensor, identity, observes=observes, cache_dir=cache))
 
     @property
     def observed(self) -> int:

@@ -81,7 +81,8 @@ async def one_machine(stack: AsyncExitStack, db: Database, config: LedgerConfig,
         services.append(Dispatcher(Kernel(session), hub=hub, poll_s=poll_s, data_dir=data_dir))
     if run.sensors and config.sensors:
         session = await stack.enter_async_context(db.session("sensor", max_size=2))
-        services.append(Sensors(Kernel(session), config, [], process_identity("sensor")))
+        services.append(Sensors(Kernel(session), config, [], process_identity("sensor"),
+                                data_dir=data_dir))
     if run.trim_after_s is not None:
         session = await stack.enter_async_context(db.session("operator", max_size=1))
         services.append(Trimmer(Kernel(session), older_than_s=run.trim_after_s,

@@ -1,28 +1,32 @@
 """The independent verifier (mechanism 11): claims attempted campaigns, checks
-each candidate on a clean checkout of its frozen bundle, records a verdict.
+each candidate on a fresh export of its tree, records a verdict.
 
-Independence comes from three places, none of them this module's good manners:
+Independence comes from four places, none of them this module's good manners:
 the process acts as the ``verifier`` database role (a worker cannot record a
 verdict, a verifier cannot claim a campaign); the kernel never hands a verifier
 a campaign whose attempt its own identity made and refuses such a verdict
-(``SameIdentity``); and the candidate is judged from the bundle frozen when
-the attempt was recorded -- an edit after freezing fails the digest check and
-is rejected -- on a fresh clone at the candidate SHA, never the worker's tree.
+(``SameIdentity``); the candidate is judged from the bundle recorded with the
+attempt in the database -- checked against its digest -- and fetched from
+where the worker published it (the class's repository, a remote for a URL:
+the verifier needs nothing of the worker's disk); and the acceptance
+commands run in a cell (``ledger.cell``) on an export of the candidate's tree
+with no ``.git``, seeing neither the verifier's environment nor its files.
 
 One verification at a time per ``Verifier``: claim (SKIP LOCKED, a short lease
 of its own), heartbeat while checking, verdict. A heartbeat that finds the
 verification stale (the lease lapsed and another verifier took over, or the
 campaign moved) stops the check and writes nothing more. A check that cannot
-run for reasons outside the candidate (git unreachable, an implementation
-crashing) records nothing either: the lease lapses and the campaign is
-verified again, by this verifier or another. Anything wrong *with the
-candidate or its bundle* is a rejection with evidence.
+run for reasons outside the candidate (the remote unreachable, the candidate's
+ref gone, no sandbox on this host, an implementation crashing) is no verdict:
+the verification is released (``release_verification``), nothing is charged,
+and the campaign waits, saying why, to be verified again. Anything wrong
+*with the candidate or its bundle* is a rejection with evidence.
 
 What the candidate is judged by comes from the database, not from the bundle
 the worker wrote: the campaign's acceptance criteria (commands, protected
-paths, environment) and its class's verifier, and the observation that opened
-the campaign (the tests that failed then, for the pytest verifier). On the
-clean checkout the protected paths are restored from the base commit; a
+paths, environment, cell) and its class's verifier, and the observation that
+opened the campaign (the tests that failed then, for the pytest verifier). In
+the exported tree the protected paths are as the base commit has them; a
 candidate that had changed them is rejected -- the verdict names the paths --
 even if its worker failed to refuse it.
 """
@@ -41,7 +45,8 @@ from typing import Any, Literal, TypeVar
 import verifiers
 
 from . import bundle as bundles
-from . import faults, protection, repository
+from . import cell as cells
+from . import faults, protection
 from .errors import LedgerError, StaleLease, Unavailable
 from .hub import WakeSource
 from .identity import process_identity
@@ -51,11 +56,11 @@ from .logs import get_logger
 from .models import VerificationClaim
 from .reads import Reads
 from .runtime.service import Loop, Stopped
-from .repository import GitError, Repository, head
+from .repository import GitError, Repository
 
 T = TypeVar("T")
 
-Outcome = Literal["accepted", "rejected", "stale"]
+Outcome = Literal["accepted", "rejected", "stale", "released"]
 
 
 class CheckFailed(LedgerError):
@@ -129,7 +134,7 @@ class Verifier(Loop):
         self.cache_dir = data_dir / "repos" if data_dir is not None else None
         self.work_dir = work_dir
         self.log = get_logger(self.name, verifier=self.identity, model_family=model_family)
-        self.verdicts: dict[Outcome, int] = {"accepted": 0, "rejected": 0, "stale": 0}
+        self.verdicts: dict[Outcome, int] = {"accepted": 0, "rejected": 0, "stale": 0, "released": 0}
 
     # --- one verification ----------------------------------------------------
 
@@ -183,9 +188,18 @@ class Verifier(Loop):
         try:
             judgement = check.result()
         except CheckFailed as exc:
-            # No verdict: the lease lapses and the candidate is checked again.
-            log.warning("check could not complete; nothing recorded", error=exc.message)
-            raise
+            # No verdict, nothing charged: the verification is released, the
+            # campaign says why it waits and is verified again after a pause.
+            log.warning("check could not complete for a reason that is not the candidate's; "
+                        "released, no verdict", error=exc.message)
+            try:
+                await self.kernel.release_verification(claim.verification_id, exc.message[:4000],
+                                                       timeout_s=max(lease.remaining(), 0.001))
+            except (StaleLease, Unavailable) as release_error:
+                log.warning("could not release the verification; it lapses instead",
+                            error=release_error.message)
+            self.verdicts["released"] += 1
+            return "released"
         await faults.point("verifier.before_verdict")
         try:
             if lease.lapsed:
@@ -249,13 +263,13 @@ class Verifier(Loop):
         def reject(reason: str, **more: Any) -> _Judgement:
             return _Judgement(False, reason, {**evidence, **more})
 
-        if not claim.bundle_digest or not claim.evidence_location:
-            return reject("the attempt has no frozen verification bundle to check")
-        directory = Path(claim.evidence_location) / f"attempt-{claim.attempt_no}"
-        evidence["bundle_location"] = str(directory)
         try:
-            frozen, _diff = await _blocking(bundles.load, directory, claim.bundle_digest)
+            frozen = bundles.verify(claim.bundle, claim.diff, claim.bundle_digest)
         except bundles.BundleTampered as exc:
+            if not claim.bundle or not claim.bundle_digest:
+                # Nothing to judge is no verdict on the candidate: the
+                # campaign waits, visibly, for someone to look.
+                raise CheckFailed(exc.message) from exc
             return reject(f"bundle tampered: {exc.message}", bundle_error=exc.message)
         except ValueError as exc:  # the digest matched, but it is not a bundle
             return reject(f"bundle unreadable: {exc}")
@@ -269,7 +283,7 @@ class Verifier(Loop):
             return reject("bundle does not describe this attempt: " + "; ".join(mismatch))
         spec, verifier_name, baseline = await self._judged_by(claim, frozen)
         evidence.update(implementation=verifier_name, repository=frozen.repository,
-                        base_sha=frozen.base_sha)
+                        base_sha=frozen.base_sha, candidate_ref=claim.candidate_ref)
         try:
             acceptance = verifiers.Acceptance.from_spec(spec, baseline)
         except verifiers.InvalidAcceptance as exc:
@@ -277,34 +291,48 @@ class Verifier(Loop):
         try:
             implementation = verifiers.load(verifier_name)
         except verifiers.UnknownVerifier as exc:
-            # Rejected rather than left hanging: the operator sees why in the
-            # campaign's last failure, and no candidate waits forever.
-            return reject(str(exc))
+            # A verifier that is not installed here is this host's fault,
+            # not the candidate's: no verdict, the campaign waits, saying why.
+            raise CheckFailed(str(exc)) from exc
+        if acceptance.sandboxed:
+            try:
+                await _blocking(cells.check_available)
+            except cells.SandboxUnavailable as exc:
+                raise CheckFailed(f"{exc.message} ({exc.hint})") from exc
 
         scratch = Path(await _blocking(tempfile.mkdtemp, f"-c{claim.campaign_id}",
                                        "ledger-verify-", self.work_dir))
         checkout = scratch / "checkout"
+        outputs = scratch / "out"
         try:
             repo = Repository(frozen.repository, cache_dir=self.cache_dir)
             try:
-                await _blocking(repo.clean_checkout, frozen.candidate_sha, checkout)
-                checked_out = await _blocking(head, checkout)
+                refs = [r for r in (claim.candidate_ref,) if r]
+                await _blocking(repo.fetch, *refs)
             except GitError as exc:
-                if await _blocking(repo.rev_parse, frozen.candidate_sha) is None:
-                    return reject(f"candidate commit {frozen.candidate_sha} is not in "
-                                  f"{frozen.repository}", git_error=exc.message)
-                raise CheckFailed(f"cannot check out the candidate: {exc.message}") from exc
-            if checked_out != frozen.candidate_sha:
-                return reject(f"checkout is at {checked_out}, not the candidate "
-                              f"{frozen.candidate_sha}")
-            evidence["checked_out_sha"] = checked_out
+                raise CheckFailed(f"cannot fetch the candidate: {exc.message}") from exc
+            if not await _blocking(repo.has_commit, frozen.candidate_sha):
+                # It was published before it was recorded: gone now is a
+                # fault of the repository (or of gc), never the candidate's.
+                raise CheckFailed(f"candidate commit {frozen.candidate_sha} is not in "
+                                  f"{frozen.repository} ({claim.candidate_ref or 'no published ref'})")
             changed: list[protection.Change] = []
             if not spec.get("allow_protected_changes"):
-                changed = await _blocking(self._restore_protected, checkout, spec, frozen.base_sha,
-                                          frozen.candidate_sha)
+                changed = await _blocking(protection.Protection.of(spec).changes, repo.path,
+                                          frozen.base_sha, frozen.candidate_sha)
                 evidence["protected_restored"] = [str(c) for c in changed]
             try:
-                verdict = await implementation.verify(checkout, acceptance)
+                # The judge's tree: the candidate's, with the protected paths
+                # as the base has them; no .git (nothing in it to run).
+                await _blocking(lambda: repo.export_tree(
+                    frozen.candidate_sha, checkout, replace_from=frozen.base_sha,
+                    paths=sorted({c.path for c in changed})))
+            except GitError as exc:
+                raise CheckFailed(f"cannot check out the candidate: {exc.message}") from exc
+            outputs.mkdir()
+            evidence["checked_out_sha"] = frozen.candidate_sha
+            try:
+                verdict = await implementation.verify(checkout, acceptance.with_outputs(outputs))
             except Exception as exc:
                 raise CheckFailed(f"verifier {verifier_name!r} failed: {exc!r}") from exc
         finally:
@@ -337,15 +365,6 @@ class Verifier(Loop):
             cls = await self.reads.campaign_class(claim.class_)
             return dict(criteria), cls.verifier, baseline
         return dict(frozen.acceptance), frozen.verifier, baseline
-
-    @staticmethod
-    def _restore_protected(checkout: Path, spec: dict[str, Any], base: str, candidate: str
-                           ) -> list[protection.Change]:
-        """Restore the protected paths from ``base`` over the candidate in
-        ``checkout``; returns what the candidate had changed there."""
-        changed = protection.Protection.of(spec).changes(checkout, base, candidate)
-        repository.restore(checkout, base, sorted({c.path for c in changed}))
-        return changed
 
     # --- the loop ------------------------------------------------------------
 

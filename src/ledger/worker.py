@@ -44,6 +44,9 @@ class WorkerOptions:
     classes: list[str] = field(default_factory=list)  # empty: every class in the config
     poll_s: float = 5.0
     drain_timeout_s: float = 30.0
+    #: Ledger's configuration file, which an attempt must never change (its
+    #: digest is compared at the claim and at the ending)
+    config_file: Path | None = None
 
     def __post_init__(self) -> None:
         if self.concurrency < 1:
@@ -244,7 +247,8 @@ class Worker:
     def _start(self, kernel: Kernel, claim: Claim, lease: LeaseClock) -> None:
         cls = self.config.campaign_class(claim.class_)
         run = AttemptRun(kernel, claim, cls, identity=self.identity,
-                         data_dir=self.options.data_dir, hub=self.hub, lease=lease)
+                         data_dir=self.options.data_dir, hub=self.hub, lease=lease,
+                         config_file=self.options.config_file)
         task = asyncio.create_task(run.run(), name=f"attempt-{claim.campaign_id}-{claim.attempt_no}")
         self.attempts[claim.campaign_id] = (run, task)
         self.log.info("claimed", campaign=claim.campaign_id, attempt=claim.attempt_no,

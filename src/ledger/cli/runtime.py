@@ -68,7 +68,8 @@ def worker(
     st = state(ctx)
     cfg = load_config(config_path(ctx, config))
     options = WorkerOptions(data_dir=st.settings.data_dir, concurrency=concurrency,
-                            classes=class_, poll_s=poll, drain_timeout_s=drain_timeout)
+                            classes=class_, poll_s=poll, drain_timeout_s=drain_timeout,
+                            config_file=config_path(ctx, config))
     reaper = ReaperOptions(grace_s=grace, interval_s=max(min(grace, 5.0), 0.2))
 
     async def go() -> int:
@@ -105,7 +106,8 @@ def sensor_run(
         from ..sensors import Sensors
 
         async with st.database(wait_s=wait_for_database).session("sensor") as session:
-            sensors = Sensors(Kernel(session), cfg, names or [], process_identity("sensor"))
+            sensors = Sensors(Kernel(session), cfg, names or [], process_identity("sensor"),
+                              data_dir=st.settings.data_dir)
             if once:
                 await sensors.run_once()
                 return 0
@@ -149,7 +151,8 @@ def run_all(
     st = state(ctx)
     cfg = load_config(config_path(ctx, config))
     options = RunOptions(WorkerOptions(data_dir=st.settings.data_dir, concurrency=workers, poll_s=poll,
-                                       drain_timeout_s=drain_timeout), ReaperOptions(),
+                                       drain_timeout_s=drain_timeout,
+                                       config_file=config_path(ctx, config)), ReaperOptions(),
                          model_family=model_family, sensors=not no_sensors,
                          trim_after_s=parse_duration(trim_after) if trim_after else None)
 

@@ -155,6 +155,11 @@ BEGIN
     END IF;
     UPDATE ledger.side_effect s
        SET state = v_state,
+           -- a retry that waits on a fault outside the effect (its remote
+           -- down, its target's checkout dirty) is no try: waiting never
+           -- turns into giving up
+           tries = CASE WHEN p_outcome = 'retry' AND p_result ? 'waiting_on'
+                        THEN greatest(s.tries - 1, 0) ELSE s.tries END,
            claimed_by = NULL, lease_expires_at = NULL,
            result = coalesce(p_result, '{}'), error = left(p_error, 4000),
            next_try_at = CASE WHEN p_outcome = 'retry'
@@ -179,19 +184,32 @@ BEGIN
                SET promoted_at = v_now,
                    promoted_sha = CASE WHEN p_result ->> 'landed' ~ '^[0-9a-f]{40}([0-9a-f]{24})?$'
                                        THEN p_result ->> 'landed'
-                                       ELSE v_s.payload ->> 'new' END
+                                       ELSE v_s.payload ->> 'new' END,
+                   waiting_on = NULL, waiting_reason = NULL, waiting_since = NULL, fault_count = 0
+             WHERE c.id = v_c.id;
+        ELSIF p_outcome = 'retry' THEN
+            -- The promotion waits (a remote that cannot be reached, a dirty
+            -- checkout of the target, a lock): the candidate stays verified,
+            -- nothing is re-attempted, and the campaign says why.
+            UPDATE ledger.campaign c
+               SET waiting_on = CASE WHEN p_result ->> 'waiting_on' = 'target' THEN 'target'
+                                     ELSE 'system_fault' END,
+                   waiting_reason = left('promotion: ' || coalesce(p_error, 'retrying'), 4000),
+                   waiting_since = coalesce(c.waiting_since, v_now),
+                   fault_count = c.fault_count + CASE WHEN p_result ? 'waiting_on' THEN 1 ELSE 0 END
              WHERE c.id = v_c.id;
         ELSIF p_outcome IN ('conflict', 'failed') THEN
-            -- An accepted candidate that could not land is no failed attempt:
-            -- the campaign gets the attempt back (one more allowed), so a
-            -- target that keeps moving cannot exhaust it.
+            -- An accepted candidate that could not land (its target moved
+            -- and it does not apply there) is no failed attempt: the campaign
+            -- gets the spent attempt back (the transition's charge is -1),
+            -- so a target that keeps moving cannot exhaust it.
             PERFORM ledger.begin_transition('promote_failed', 'dispatcher', v_s.claimed_by,
                         jsonb_build_object('side_effect_id', v_s.id, 'outcome', p_outcome,
                                            'result', coalesce(p_result, '{}'), 'error', p_error,
                                            'attempt_given_back', true));
             UPDATE ledger.campaign c
                SET state = 'ready', next_attempt_at = v_now, promoted_at = NULL, promoted_sha = NULL,
-                   max_attempts = c.max_attempts + 1,
+                   attempt_count = c.attempt_count - 1,
                    last_failure_reason = left('promotion failed: ' || coalesce(p_error, p_outcome), 4000)
              WHERE c.id = v_c.id;
             PERFORM ledger.end_transition();
@@ -203,7 +221,8 @@ $$;
 
 CREATE OR REPLACE FUNCTION ledger_api.rebase_promotion(
         p_side_effect_id bigint, p_claim_token bigint, p_base_sha text, p_candidate_sha text,
-        p_bundle jsonb, p_bundle_digest text, p_evidence_location text)
+        p_bundle jsonb, p_bundle_digest text, p_evidence_location text DEFAULT NULL,
+        p_diff bytea DEFAULT NULL, p_candidate_ref text DEFAULT NULL)
     RETURNS TABLE (campaign_id bigint, attempt_no integer, generation bigint)
     LANGUAGE plpgsql
     SECURITY DEFINER
@@ -224,9 +243,8 @@ BEGIN
        OR p_base_sha IS NULL OR p_base_sha !~ '^[0-9a-f]{7,64}$' THEN
         RAISE EXCEPTION 'candidate and base must be hexadecimal commit ids' USING ERRCODE = 'LG007';
     END IF;
-    IF p_bundle IS NULL OR jsonb_typeof(p_bundle) <> 'object' OR coalesce(p_bundle_digest, '') = ''
-       OR coalesce(p_evidence_location, '') = '' THEN
-        RAISE EXCEPTION 'a rebased candidate needs its frozen bundle, digest and evidence location'
+    IF p_bundle IS NULL OR jsonb_typeof(p_bundle) <> 'object' OR coalesce(p_bundle_digest, '') = '' THEN
+        RAISE EXCEPTION 'a rebased candidate needs its frozen bundle and digest'
             USING ERRCODE = 'LG007';
     END IF;
     SELECT * INTO v_s FROM ledger.side_effect s WHERE s.id = p_side_effect_id;
@@ -264,7 +282,8 @@ BEGIN
                                    'base_sha', p_base_sha));
     UPDATE ledger.campaign c
        SET state = 'attempted', generation = c.generation + 1,
-           promoted_at = NULL, promoted_sha = NULL, evidence_location = p_evidence_location,
+           promoted_at = NULL, promoted_sha = NULL,
+           evidence_location = coalesce(p_evidence_location, c.evidence_location),
            last_failure_reason = NULL
      WHERE c.id = v_c.id;
     PERFORM ledger.end_transition();
@@ -272,10 +291,11 @@ BEGIN
     -- dispatcher: its own attempt row, which the budget does not count.
     INSERT INTO ledger.attempt (campaign_id, attempt_no, generation, worker, claimed_at, lease_expires_at,
                                 outcome, ended_at, fingerprint, base_sha, candidate_sha, bundle,
-                                bundle_digest, log_tail)
+                                bundle_digest, log_tail, diff, candidate_ref)
     VALUES (v_c.id, v_attempt_no, v_c.generation + 1, v_s.claimed_by, v_now, v_now,
             'attempted', v_now, v_a.fingerprint, p_base_sha, p_candidate_sha, p_bundle,
-            p_bundle_digest, format('rebased from %s onto %s', v_a.candidate_sha, p_base_sha));
+            p_bundle_digest, format('rebased from %s onto %s', v_a.candidate_sha, p_base_sha),
+            p_diff, p_candidate_ref);
     RETURN QUERY SELECT v_c.id, v_attempt_no, v_c.generation + 1;
 END
 $$;

@@ -212,6 +212,12 @@ BEGIN
                                           ELSE c.last_failure_reason END
          WHERE c.id = v_c.id;
         PERFORM ledger.end_transition();
+        -- A regression is the promoted attempt's own failure (it stays
+        -- charged): with the budget spent, the campaign is exhausted, not
+        -- attempted again.
+        IF v_to = 'ready' THEN
+            PERFORM ledger.exhaust_if_spent(v_c.id);
+        END IF;
     END IF;
     v_campaign := coalesce(v_campaign, v_c.id);
     UPDATE ledger.observation o SET effect = v_effect, campaign_id = v_campaign WHERE o.id = v_obs.id;

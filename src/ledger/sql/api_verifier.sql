@@ -4,7 +4,10 @@
 -- grants each to this one role. SQLSTATEs: see api_helpers.sql.
 
 -- Claim an attempted campaign for verification (SKIP LOCKED, own short
--- lease). Verifications whose verifier vanished lapse here first.
+-- lease). Verifications whose verifier vanished lapse here first. The claim
+-- carries the candidate's evidence from the database (its bundle, diff and
+-- published ref): a verifier on another machine needs nothing of the
+-- worker's disk.
 -- Two verifiers never collide on verification_one_running: the campaign row
 -- is locked first, and the "no running verification" test is made again,
 -- on a fresh snapshot, after the lock (the SELECT's own snapshot predates a
@@ -17,7 +20,7 @@ CREATE OR REPLACE FUNCTION ledger_api.claim_verification(
                    target text, base_sha text, candidate_sha text, fingerprint text,
                    bundle jsonb, bundle_digest text, acceptance_criteria jsonb,
                    evidence_location text, worker text, lease_expires_at timestamptz,
-                   lease_remaining_s double precision)
+                   lease_remaining_s double precision, diff bytea, candidate_ref text)
     LANGUAGE plpgsql
     SECURITY DEFINER
     SET search_path = pg_catalog, pg_temp
@@ -44,6 +47,7 @@ BEGIN
         SELECT c.* INTO v_c
           FROM ledger.campaign c
          WHERE c.state = 'attempted'
+           AND c.next_attempt_at <= v_now  -- a released verification waits out its pause
            AND (p_classes IS NULL OR c.class = ANY (p_classes))
            AND NOT (c.id = ANY (v_passed))
            AND NOT EXISTS (SELECT 1 FROM ledger.verification v
@@ -75,7 +79,8 @@ BEGIN
     RETURN QUERY SELECT v_id, v_c.id, v_c.generation, v_a.id, v_a.attempt_no, v_c.class,
                         v_c.objective_key, v_c.target, v_a.base_sha, v_a.candidate_sha,
                         v_a.fingerprint, v_a.bundle, v_a.bundle_digest, v_c.acceptance_criteria,
-                        v_c.evidence_location, v_a.worker, v_expires, p_lease_s;
+                        v_c.evidence_location, v_a.worker, v_expires, p_lease_s, v_a.diff,
+                        v_a.candidate_ref;
 END
 $$;
 
@@ -217,6 +222,7 @@ BEGIN
         VALUES (v_c.id, v_c.generation, 'git.update_ref', 'promotion', v_promotion ->> 'ref',
                 jsonb_build_object('old', v_a.base_sha),
                 jsonb_build_object('new', v_a.candidate_sha,
+                                   'candidate_ref', v_a.candidate_ref,
                                    'repository', v_promotion ->> 'repository',
                                    -- what the landed commit says, frozen here so that every
                                    -- dispatcher carrying the intent out builds the very same
@@ -284,5 +290,62 @@ BEGIN
         RETURN 'exhausted';
     END IF;
     RETURN 'ready';
+END
+$$;
+
+-- The check could not be made for a reason that is not the candidate's: the
+-- remote or the candidate's ref cannot be reached, the verifier's own
+-- configuration or code failed. No verdict: the verification ends as
+-- released, the campaign stays attempted (nothing charged, no approach
+-- refused), says why it waits (waiting_on = 'system_fault'), and is
+-- verified again after a pause (2 s, doubling with the faults in a row, at
+-- most 5 minutes; p_retry_after_s overrides it). An identical retry returns
+-- the first result.
+CREATE OR REPLACE FUNCTION ledger_api.release_verification(
+        p_verification_id bigint, p_reason text, p_retry_after_s double precision DEFAULT NULL)
+    RETURNS text
+    LANGUAGE plpgsql
+    SECURITY DEFINER
+    SET search_path = pg_catalog, pg_temp
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_now timestamptz := ledger.now();
+    v_v ledger.verification;
+    v_c ledger.campaign;
+    v_next timestamptz;
+BEGIN
+    IF p_reason IS NULL OR length(p_reason) NOT BETWEEN 1 AND 4000 THEN
+        RAISE EXCEPTION 'a released verification needs a reason (1 to 4000 characters)'
+            USING ERRCODE = 'LG007';
+    END IF;
+    PERFORM ledger.check_range('retry_after_s', p_retry_after_s, 0, 86400, true);
+    v_v := ledger.locked_verification(p_verification_id);
+    IF v_v.status = 'released' AND v_v.reason = p_reason THEN
+        RETURN 'attempted';  -- this very release, retried: it is in
+    END IF;
+    IF v_v.status <> 'running' OR v_v.lease_expires_at <= v_now THEN
+        RAISE EXCEPTION 'verification % is no longer current (status %)', v_v.id, v_v.status
+            USING ERRCODE = 'LG001';
+    END IF;
+    SELECT * INTO v_c FROM ledger.campaign c WHERE c.id = v_v.campaign_id;
+    IF v_c.state <> 'attempted' OR v_c.generation <> v_v.generation THEN
+        RAISE EXCEPTION 'verification % is no longer current (campaign % is % at generation %)',
+            v_v.id, v_c.id, v_c.state, v_c.generation USING ERRCODE = 'LG001';
+    END IF;
+    v_next := v_now + make_interval(secs => coalesce(p_retry_after_s,
+                                                     least(300, 2 * power(2, least(v_c.fault_count, 20)))));
+    UPDATE ledger.verification v
+       SET status = 'released', finished_at = v_now, reason = p_reason
+     WHERE v.id = v_v.id;
+    UPDATE ledger.campaign c
+       SET next_attempt_at = v_next, fault_count = c.fault_count + 1,
+           waiting_on = 'system_fault', waiting_reason = left('verification: ' || p_reason, 4000),
+           waiting_since = coalesce(c.waiting_since, v_now)
+     WHERE c.id = v_c.id;
+    PERFORM ledger.append_event(v_c.id, 'verification.released', v_v.verifier,
+                jsonb_build_object('verification_id', v_v.id, 'reason', p_reason,
+                                   'system_fault', true, 'retry_at', v_next));
+    RETURN 'attempted';
 END
 $$;

@@ -265,11 +265,14 @@ $$;
 
 -- The attempt produced a candidate: leased -> attempted. Retrying the
 -- identical record (same candidate and fingerprint) after it committed
--- returns its attempt number; anything else needs the live lease.
+-- returns its attempt number; anything else needs the live lease. The
+-- candidate's evidence (bundle, diff, where it was published) is stored
+-- here, in the database, for roles on other machines.
 CREATE OR REPLACE FUNCTION ledger_api.record_attempt(
         p_campaign_id bigint, p_generation bigint, p_base_sha text, p_candidate_sha text,
         p_fingerprint text, p_bundle jsonb DEFAULT NULL, p_bundle_digest text DEFAULT NULL,
-        p_evidence_location text DEFAULT NULL, p_log_tail text DEFAULT NULL)
+        p_evidence_location text DEFAULT NULL, p_log_tail text DEFAULT NULL,
+        p_diff bytea DEFAULT NULL, p_candidate_ref text DEFAULT NULL)
     RETURNS integer
     LANGUAGE plpgsql
     SECURITY DEFINER
@@ -306,7 +309,8 @@ BEGIN
     UPDATE ledger.attempt a
        SET outcome = 'attempted', ended_at = v_now, fingerprint = p_fingerprint,
            base_sha = p_base_sha, candidate_sha = p_candidate_sha, bundle = p_bundle,
-           bundle_digest = p_bundle_digest, log_tail = p_log_tail
+           bundle_digest = p_bundle_digest, log_tail = p_log_tail, diff = p_diff,
+           candidate_ref = p_candidate_ref
      WHERE a.campaign_id = p_campaign_id AND a.generation = p_generation
     RETURNING a.attempt_no INTO v_attempt_no;
     -- (The journal trigger describes the attempt from its row.)
@@ -324,7 +328,8 @@ $$;
 
 -- Record many candidates: p_attempts is a JSON array of objects with
 -- campaign_id, generation, candidate_sha, fingerprint and optionally
--- base_sha, bundle, bundle_digest, evidence_location, log_tail. Returns one
+-- base_sha, bundle, bundle_digest, evidence_location, log_tail, diff
+-- (base64) and candidate_ref. Returns one
 -- row per item: 'recorded' with its attempt number (also when that very
 -- record committed before: a retried batch), or 'stale' (the lease was lost
 -- or had expired: stand down for that one). Bad input fails the whole call
@@ -387,9 +392,11 @@ BEGIN
     UPDATE ledger.attempt a
        SET outcome = 'attempted', ended_at = v_now, fingerprint = i.fingerprint,
            base_sha = i.base_sha, candidate_sha = i.candidate_sha, bundle = i.bundle,
-           bundle_digest = i.bundle_digest, log_tail = i.log_tail
+           bundle_digest = i.bundle_digest, log_tail = i.log_tail,
+           diff = decode(i.diff, 'base64'), candidate_ref = i.candidate_ref
       FROM jsonb_to_recordset(p_attempts) AS i(campaign_id bigint, generation bigint, candidate_sha text,
-               fingerprint text, base_sha text, bundle jsonb, bundle_digest text, log_tail text)
+               fingerprint text, base_sha text, bundle jsonb, bundle_digest text, log_tail text,
+               diff text, candidate_ref text)
      WHERE i.campaign_id = ANY (v_ids) AND a.campaign_id = i.campaign_id AND a.generation = i.generation;
     -- One UPDATE for the batch: the journal trigger reads each event's
     -- details and lease holder from that campaign's own rows.
@@ -446,7 +453,9 @@ BEGIN
     IF v_a.outcome = (CASE WHEN p_drained THEN 'drained' ELSE 'failed' END)
        AND v_a.failure_reason = left(p_reason, 4000) THEN
         -- this very ending, retried: it is in
-        RETURN coalesce(ledger.ended_as(p_campaign_id, p_generation, 'fail_attempt'), 'ready');
+        RETURN coalesce(ledger.ended_as(p_campaign_id, p_generation,
+                                        CASE WHEN p_drained THEN 'release' ELSE 'fail_attempt' END),
+                        'ready');
     END IF;
     PERFORM ledger.check_live(v_c, p_generation);
     v_count := v_c.attempt_count + CASE WHEN p_drained THEN 0 ELSE 1 END;
@@ -458,7 +467,10 @@ BEGIN
            ended_at = v_now, failure_reason = left(p_reason, 4000), fingerprint = p_fingerprint
      WHERE a.campaign_id = p_campaign_id AND a.generation = p_generation
     RETURNING a.attempt_no INTO v_attempt_no;
-    PERFORM ledger.begin_transition('fail_attempt', 'worker', v_c.lease_owner,
+    -- A drained attempt is no failure of its own: the release transition,
+    -- which charges nothing.
+    PERFORM ledger.begin_transition(CASE WHEN p_drained THEN 'release' ELSE 'fail_attempt' END,
+                'worker', v_c.lease_owner,
                 jsonb_build_object('attempt_no', v_attempt_no, 'reason', left(p_reason, 4000),
                                    'drained', p_drained, 'next_attempt_at', v_next,
                                    'fingerprint', p_fingerprint));
@@ -472,6 +484,113 @@ BEGIN
         RETURN 'exhausted';
     END IF;
     RETURN 'ready';
+END
+$$;
+
+-- A fault that is not the attempt's own stopped it -- a remote that cannot
+-- be reached, a candidate that could not be published, a configuration
+-- error, Ledger's own crash: leased -> ready (the release transition),
+-- charging nothing: no attempt used up, no approach refused, never
+-- exhausted. The campaign says why it waits (waiting_on = 'system_fault')
+-- and is retried after a pause that grows with the faults in a row (2 s,
+-- doubling, at most 5 minutes; p_retry_after_s overrides it). Fenced like
+-- every ending; an identical retry returns the first result.
+CREATE OR REPLACE FUNCTION ledger_api.release_attempt(
+        p_campaign_id bigint, p_generation bigint, p_reason text,
+        p_retry_after_s double precision DEFAULT NULL)
+    RETURNS text
+    LANGUAGE plpgsql
+    SECURITY DEFINER
+    SET search_path = pg_catalog, pg_temp
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_now timestamptz := ledger.now();
+    v_c ledger.campaign := ledger.lease_row(p_campaign_id, p_generation);
+    v_a ledger.attempt;
+    v_next timestamptz;
+    v_attempt_no integer;
+BEGIN
+    IF p_reason IS NULL OR length(p_reason) NOT BETWEEN 1 AND 4000 THEN
+        RAISE EXCEPTION 'a released attempt needs a reason (1 to 4000 characters)' USING ERRCODE = 'LG007';
+    END IF;
+    PERFORM ledger.check_range('retry_after_s', p_retry_after_s, 0, 86400, true);
+    SELECT * INTO v_a FROM ledger.attempt a
+     WHERE a.campaign_id = p_campaign_id AND a.generation = p_generation;
+    IF v_a.outcome = 'released' AND v_a.failure_reason = p_reason THEN
+        RETURN 'ready';  -- this very release, retried: it is in
+    END IF;
+    PERFORM ledger.check_live(v_c, p_generation);
+    v_next := v_now + make_interval(secs => coalesce(p_retry_after_s,
+                                                     least(300, 2 * power(2, least(v_c.fault_count, 20)))));
+    UPDATE ledger.attempt a
+       SET outcome = 'released', ended_at = v_now, failure_reason = p_reason
+     WHERE a.campaign_id = p_campaign_id AND a.generation = p_generation
+    RETURNING a.attempt_no INTO v_attempt_no;
+    PERFORM ledger.begin_transition('release', 'worker', v_c.lease_owner,
+                jsonb_build_object('attempt_no', v_attempt_no, 'reason', p_reason,
+                                   'system_fault', true, 'next_attempt_at', v_next));
+    UPDATE ledger.campaign c
+       SET state = 'ready', lease_owner = NULL, leased_at = NULL, lease_expires_at = NULL,
+           next_attempt_at = v_next, fault_count = c.fault_count + 1,
+           waiting_on = 'system_fault', waiting_reason = p_reason,
+           waiting_since = coalesce(c.waiting_since, v_now)
+     WHERE c.id = p_campaign_id;
+    PERFORM ledger.end_transition();
+    RETURN 'ready';
+END
+$$;
+
+-- What the worker saw its attempt try outside its cell (a process left
+-- running, the cell's monitor killed, a secret of Ledger's in its output, the
+-- user's repository or Ledger's configuration changed meanwhile): kept in
+-- security_event and journaled as security.detected. Fenced by generation
+-- and liveness like every write of the lease holder; the same action
+-- reported again for the same generation (a lost reply) returns the first
+-- record. The worker then refuses the candidate (fail_attempt).
+CREATE OR REPLACE FUNCTION ledger_api.report_security_event(
+        p_campaign_id bigint, p_generation bigint, p_action text, p_reason text,
+        p_details jsonb DEFAULT '{}')
+    RETURNS bigint
+    LANGUAGE plpgsql
+    SECURITY DEFINER
+    SET search_path = pg_catalog, pg_temp
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_c ledger.campaign := ledger.lease_row(p_campaign_id, p_generation);
+    v_id bigint;
+    v_attempt_no integer;
+BEGIN
+    IF p_action IS NULL OR p_action !~ '^[a-z][a-z0-9_.]{0,63}$' THEN
+        RAISE EXCEPTION 'a security event needs an action (lowercase, dotted, 1 to 64 characters)'
+            USING ERRCODE = 'LG007';
+    END IF;
+    IF p_reason IS NULL OR length(p_reason) NOT BETWEEN 1 AND 4000 THEN
+        RAISE EXCEPTION 'a security event needs a reason (1 to 4000 characters)' USING ERRCODE = 'LG007';
+    END IF;
+    IF p_details IS NOT NULL AND jsonb_typeof(p_details) <> 'object' THEN
+        RAISE EXCEPTION 'security event details must be a JSON object' USING ERRCODE = 'LG007';
+    END IF;
+    SELECT e.id INTO v_id FROM ledger.security_event e
+     WHERE e.campaign_id = p_campaign_id AND e.action = p_action
+       AND (e.details ->> 'generation')::bigint = p_generation;
+    IF FOUND THEN
+        RETURN v_id;  -- this very report, retried
+    END IF;
+    PERFORM ledger.check_live(v_c, p_generation);
+    SELECT a.attempt_no INTO v_attempt_no FROM ledger.attempt a
+     WHERE a.campaign_id = p_campaign_id AND a.generation = p_generation;
+    INSERT INTO ledger.security_event (at, actor_role, actor, campaign_id, action, target, reason, details)
+    VALUES (ledger.now(), 'worker', v_c.lease_owner, p_campaign_id, p_action,
+            format('campaign %s attempt %s', p_campaign_id, v_attempt_no), p_reason,
+            coalesce(p_details, '{}') || jsonb_build_object('generation', p_generation,
+                                                            'attempt_no', v_attempt_no))
+    RETURNING id INTO v_id;
+    PERFORM ledger.append_event(p_campaign_id, 'security.detected', v_c.lease_owner,
+                jsonb_build_object('kind', p_action, 'attempt_no', v_attempt_no, 'reason', p_reason,
+                                   'security_event_id', v_id));
+    RETURN v_id;
 END
 $$;
 

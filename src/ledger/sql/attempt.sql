@@ -13,7 +13,7 @@ CREATE TABLE IF NOT EXISTS ledger.attempt (
     heartbeat_count   integer NOT NULL DEFAULT 0,
     outcome           text NOT NULL DEFAULT 'running'
                       CHECK (outcome IN ('running', 'attempted', 'failed', 'lost',
-                                         'drained', 'abandoned')),
+                                         'drained', 'released', 'abandoned')),
     verdict           text CHECK (verdict IN ('accepted', 'rejected')),
     ended_at          timestamptz,
     failure_reason    text,
@@ -22,6 +22,14 @@ CREATE TABLE IF NOT EXISTS ledger.attempt (
     candidate_sha     text,
     bundle            jsonb,
     bundle_digest     text,
+    -- The candidate's diff from its base: with the bundle, the evidence every
+    -- later role reads from here, never from the worker's disk (bounded: a
+    -- larger candidate is refused before it is recorded).
+    diff              bytea CHECK (octet_length(diff) <= 67108864),
+    -- Where the candidate was published (refs/heads/ledger/<campaign>/<attempt>
+    -- on the class's repository, a remote for a URL): the verifier and the
+    -- dispatcher fetch it from there.
+    candidate_ref     text CHECK (candidate_ref ~ '^refs/[A-Za-z0-9/_.-]{1,240}$'),
     log_tail          text,
     CONSTRAINT attempt_number_unique UNIQUE (campaign_id, attempt_no),
     CONSTRAINT attempt_generation_unique UNIQUE (campaign_id, generation),

@@ -66,11 +66,21 @@ CREATE TABLE IF NOT EXISTS ledger.campaign (
     last_append_seq     bigint,
     promoted_at         timestamptz,
     promoted_sha        text,
+    -- Why the campaign is held back by something that is not its attempts'
+    -- doing, and since when: a system fault (a remote down, a missing
+    -- candidate, a configuration error, Ledger's own crash) or a condition
+    -- of the target (a dirty checkout). Set by the release paths, cleared by
+    -- the next real step; fault_count drives the pause between retries.
+    waiting_on          text CHECK (waiting_on IN ('system_fault', 'target')),
+    waiting_reason      text CHECK (length(waiting_reason) <= 4000),
+    waiting_since       timestamptz,
+    fault_count         integer NOT NULL DEFAULT 0 CHECK (fault_count >= 0),
     created_at          timestamptz NOT NULL,
     updated_at          timestamptz NOT NULL,
     closed_at           timestamptz,
     CONSTRAINT campaign_lease_iff_leased CHECK (
-        (state = 'leased') = (lease_owner IS NOT NULL AND lease_expires_at IS NOT NULL))
+        (state = 'leased') = (lease_owner IS NOT NULL AND lease_expires_at IS NOT NULL)),
+    CONSTRAINT campaign_waiting_says_why CHECK ((waiting_on IS NULL) = (waiting_reason IS NULL))
 );
 
 -- Mechanism 7: invariants as indexes.
@@ -134,6 +144,7 @@ DECLARE
     v_known boolean;
     v_old_terminal boolean;
     v_new_terminal boolean;
+    v_charge smallint;
     v_now   timestamptz := ledger.now();
 BEGIN
     IF TG_OP = 'INSERT' THEN
@@ -152,8 +163,8 @@ BEGIN
     END IF;
 
     IF NEW.state IS DISTINCT FROM OLD.state THEN
-        SELECT so.is_terminal, sn.is_terminal, t.owner_role, t.name IS NOT NULL
-          INTO v_old_terminal, v_new_terminal, v_owner, v_known
+        SELECT so.is_terminal, sn.is_terminal, t.owner_role, t.name IS NOT NULL, t.attempt_charge
+          INTO v_old_terminal, v_new_terminal, v_owner, v_known, v_charge
           FROM ledger.state so
           LEFT JOIN ledger.state sn ON sn.name = NEW.state
           LEFT JOIN ledger.transition t
@@ -181,10 +192,28 @@ BEGIN
             RAISE EXCEPTION 'transition % belongs to %, not %', v_name, v_owner, coalesce(v_role, 'nobody')
                 USING ERRCODE = 'LG003';
         END IF;
+        -- One accounting of attempts: the transition says what it charges.
+        IF NEW.attempt_count - OLD.attempt_count IS DISTINCT FROM v_charge THEN
+            RAISE EXCEPTION 'transition % of campaign % changes attempt_count by %, not by %',
+                v_name, OLD.id, NEW.attempt_count - OLD.attempt_count, v_charge
+                USING ERRCODE = 'LG002';
+        END IF;
         NEW.event_seq := OLD.event_seq + 1;
         IF v_new_terminal THEN
             NEW.closed_at := v_now;
         END IF;
+        IF v_name IS DISTINCT FROM 'release' THEN
+            -- a real step: whatever held the campaign back is over
+            NEW.waiting_on := NULL;
+            NEW.waiting_reason := NULL;
+            NEW.waiting_since := NULL;
+            IF v_name IN ('record_attempt', 'fail_attempt', 'expire_lease', 'reject', 'accept') THEN
+                NEW.fault_count := 0;
+            END IF;
+        END IF;
+    ELSIF NEW.attempt_count IS DISTINCT FROM OLD.attempt_count THEN
+        RAISE EXCEPTION 'campaign %: attempt_count changes only with a transition', OLD.id
+            USING ERRCODE = 'LG002';
     END IF;
     NEW.updated_at := v_now;
     RETURN NEW;
@@ -193,6 +222,30 @@ $$;
 
 CREATE OR REPLACE TRIGGER campaign_guard BEFORE INSERT OR UPDATE ON ledger.campaign
     FOR EACH ROW EXECUTE FUNCTION ledger.campaign_guard();
+
+-- No campaign rests in ready with its attempts spent: every path that
+-- charges an attempt and returns to ready must exhaust the campaign in the
+-- same transaction (exhaust_if_spent). Checked at commit, on the row as it
+-- is then; queued only by the rare update that makes a spent ready row.
+CREATE OR REPLACE FUNCTION ledger.campaign_spent_check() RETURNS trigger
+    LANGUAGE plpgsql
+AS $$
+BEGIN
+    IF EXISTS (SELECT 1 FROM ledger.campaign c
+                WHERE c.id = NEW.id AND c.state = 'ready' AND c.attempt_count >= c.max_attempts) THEN
+        RAISE EXCEPTION 'campaign % is ready with its % attempt(s) spent: it must be exhausted',
+            NEW.id, NEW.max_attempts USING ERRCODE = 'LG002';
+    END IF;
+    RETURN NULL;
+END
+$$;
+
+DROP TRIGGER IF EXISTS campaign_spent_check ON ledger.campaign;
+CREATE CONSTRAINT TRIGGER campaign_spent_check AFTER INSERT OR UPDATE ON ledger.campaign
+    DEFERRABLE INITIALLY DEFERRED
+    FOR EACH ROW
+    WHEN (NEW.state = 'ready' AND NEW.attempt_count >= NEW.max_attempts)
+    EXECUTE FUNCTION ledger.campaign_spent_check();
 
 CREATE OR REPLACE FUNCTION ledger.campaign_journal() RETURNS trigger
     LANGUAGE plpgsql

@@ -31,12 +31,13 @@ BEGIN
                 ('claim_campaign', 'worker'), ('claim_campaigns', 'worker'), ('heartbeat', 'worker'),
                 ('record_attempt', 'worker'), ('record_attempts', 'worker'), ('fail_attempt', 'worker'),
                 ('append_events', 'worker'), ('request_side_effect', 'worker'),
-                ('refuse_candidate', 'worker'),
+                ('refuse_candidate', 'worker'), ('release_attempt', 'worker'),
+                ('report_security_event', 'worker'),
                 -- reaper (api_reaper.sql)
                 ('expire_leases', 'reaper'),
                 -- verifier (api_verifier.sql)
                 ('claim_verification', 'verifier'), ('heartbeat_verification', 'verifier'),
-                ('accept', 'verifier'), ('reject', 'verifier'),
+                ('accept', 'verifier'), ('reject', 'verifier'), ('release_verification', 'verifier'),
                 -- dispatcher (api_dispatcher.sql)
                 ('claim_side_effect', 'dispatcher'), ('confirm_side_effect', 'dispatcher'),
                 ('complete_side_effect', 'dispatcher'), ('rebase_promotion', 'dispatcher'),

@@ -1,7 +1,10 @@
 -- Security events
 
--- Refused writes. Written by functions that then return a refusal instead of
--- raising, so the record survives.
+-- Refused writes, and what a worker's cell saw an attempt try (a process left
+-- behind, its monitor killed, Ledger's secret in its output, the user's
+-- repository or Ledger's configuration changed while it ran). Written by
+-- functions that then return a refusal instead of raising, so the record
+-- survives.
 CREATE TABLE IF NOT EXISTS ledger.security_event (
     id          bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
     at          timestamptz NOT NULL,
@@ -13,3 +16,4 @@ CREATE TABLE IF NOT EXISTS ledger.security_event (
     reason      text NOT NULL,
     details     jsonb NOT NULL DEFAULT '{}'
 );
+CREATE INDEX IF NOT EXISTS security_event_by_campaign ON ledger.security_event (campaign_id, id);

@@ -32,6 +32,13 @@ CREATE TABLE IF NOT EXISTS ledger.transition (
     from_state text REFERENCES ledger.state (name),  -- NULL: the campaign is created
     to_state   text NOT NULL REFERENCES ledger.state (name),
     owner_role text NOT NULL REFERENCES ledger.actor (name),
+    -- How the transition changes the campaign's attempt_count (the charged
+    -- attempts): +1 when an attempt is spent (a candidate recorded, a failure,
+    -- a lost lease), -1 when a spent attempt is given back (an accepted
+    -- candidate that cannot land on its moved target), 0 otherwise -- above
+    -- all for a fault that is not the attempt's own (release). The guard
+    -- trigger holds every state change to it: one accounting, in the schema.
+    attempt_charge smallint NOT NULL DEFAULT 0 CHECK (attempt_charge BETWEEN -1 AND 1),
     note       text NOT NULL DEFAULT '',
     CONSTRAINT transition_unique UNIQUE NULLS NOT DISTINCT (name, from_state),
     CONSTRAINT transition_moves CHECK (from_state IS DISTINCT FROM to_state)
@@ -58,27 +65,28 @@ INSERT INTO ledger.actor (name, db_role, description) VALUES
     ('system',     NULL,         'follows from another transition inside the kernel')
 ON CONFLICT DO NOTHING;
 
-INSERT INTO ledger.transition (name, from_state, to_state, owner_role, note) VALUES
-    ('open',           NULL,        'ready',     'sensor',     'idempotent: one open campaign per objective key'),
-    ('claim',          'ready',     'leased',    'worker',     'SKIP LOCKED; bumps generation; stamps owner and lease expiry'),
-    ('record_attempt', 'leased',    'attempted', 'worker',     'fenced by generation; candidate and bundle stored'),
-    ('fail_attempt',   'leased',    'ready',     'worker',     'fenced; failure reason; attempt_count+1; backoff'),
-    ('expire_lease',   'leased',    'ready',     'reaper',     'only if the lease is still expired at the write; bumps generation'),
-    ('accept',         'attempted', 'verified',  'verifier',   'verifier identity differs from the attempt''s worker'),
-    ('reject',         'attempted', 'ready',     'verifier',   'the rejected fingerprint can never be attempted again'),
-    ('promote_failed', 'verified',  'ready',     'dispatcher', 'the promotion failed, or its target moved and the candidate does not rebase cleanly; the attempt is given back'),
-    ('confirm',        'verified',  'confirmed', 'sensor',     'only an observation started after promotion counts'),
-    ('regress',        'verified',  'ready',     'sensor',     'red observation after promotion'),
-    ('dismiss',        'ready',     'dismissed', 'sensor',     'target green with nothing of ours in flight'),
-    ('dismiss',        'exhausted', 'dismissed', 'sensor',     'target green while exhausted: nothing left to decide'),
-    ('exhaust',        'ready',     'exhausted', 'system',     'attempts used up'),
-    ('reopen',         'exhausted', 'ready',     'operator',   'a human grants more attempts'),
-    ('abandon',        'ready',     'abandoned', 'operator',   'bumps generation'),
-    ('abandon',        'leased',    'abandoned', 'operator',   'bumps generation: the worker is fenced out and told to stop'),
-    ('abandon',        'attempted', 'abandoned', 'operator',   'bumps generation'),
-    ('abandon',        'verified',  'abandoned', 'operator',   'bumps generation'),
-    ('abandon',        'exhausted', 'abandoned', 'operator',   'bumps generation'),
-    ('rebase',         'verified',  'attempted', 'dispatcher', 'the target moved: the candidate, rebased cleanly onto it, is verified again')
+INSERT INTO ledger.transition (name, from_state, to_state, owner_role, attempt_charge, note) VALUES
+    ('open',           NULL,        'ready',     'sensor', 0,     'idempotent: one open campaign per objective key'),
+    ('claim',          'ready',     'leased',    'worker', 0,     'SKIP LOCKED; bumps generation; stamps owner and lease expiry'),
+    ('record_attempt', 'leased',    'attempted', 'worker', 1,     'fenced by generation; candidate and bundle stored'),
+    ('fail_attempt',   'leased',    'ready',     'worker', 1,     'fenced; the attempt''s own failure: failure reason; charged; backoff'),
+    ('release',        'leased',    'ready',     'worker', 0,     'fenced; a fault that is not the attempt''s own (the system, its configuration, a worker shutting down): nothing charged; retried after a pause'),
+    ('expire_lease',   'leased',    'ready',     'reaper', 1,     'only if the lease is still expired at the write; bumps generation'),
+    ('accept',         'attempted', 'verified',  'verifier', 0,   'verifier identity differs from the attempt''s worker'),
+    ('reject',         'attempted', 'ready',     'verifier', 0,   'the rejected fingerprint can never be attempted again'),
+    ('promote_failed', 'verified',  'ready',     'dispatcher', -1, 'the target moved and the accepted candidate does not apply onto it: a new attempt is needed, and the spent one is given back'),
+    ('confirm',        'verified',  'confirmed', 'sensor', 0,     'only an observation started after promotion counts'),
+    ('regress',        'verified',  'ready',     'sensor', 0,     'red observation after promotion'),
+    ('dismiss',        'ready',     'dismissed', 'sensor', 0,     'target green with nothing of ours in flight'),
+    ('dismiss',        'exhausted', 'dismissed', 'sensor', 0,     'target green while exhausted: nothing left to decide'),
+    ('exhaust',        'ready',     'exhausted', 'system', 0,     'attempts used up'),
+    ('reopen',         'exhausted', 'ready',     'operator', 0,   'a human grants more attempts'),
+    ('abandon',        'ready',     'abandoned', 'operator', 0,   'bumps generation'),
+    ('abandon',        'leased',    'abandoned', 'operator', 0,   'bumps generation: the worker is fenced out and told to stop'),
+    ('abandon',        'attempted', 'abandoned', 'operator', 0,   'bumps generation'),
+    ('abandon',        'verified',  'abandoned', 'operator', 0,   'bumps generation'),
+    ('abandon',        'exhausted', 'abandoned', 'operator', 0,   'bumps generation'),
+    ('rebase',         'verified',  'attempted', 'dispatcher', 0, 'the target moved: the candidate, rebased cleanly onto it, is verified again')
 ON CONFLICT DO NOTHING;
 
 -- Declares which transition the next state change is, who performs it and what

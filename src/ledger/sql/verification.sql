@@ -9,7 +9,7 @@ CREATE TABLE IF NOT EXISTS ledger.verification (
     verifier         text NOT NULL,
     model_family     text,
     status           text NOT NULL DEFAULT 'running'
-                     CHECK (status IN ('running', 'accepted', 'rejected', 'lost', 'abandoned')),
+                     CHECK (status IN ('running', 'accepted', 'rejected', 'lost', 'released', 'abandoned')),
     claimed_at       timestamptz NOT NULL,
     lease_expires_at timestamptz NOT NULL,
     finished_at      timestamptz,

@@ -8,14 +8,24 @@ CREATE OR REPLACE VIEW ledger_api.campaigns AS
 SELECT id, class, objective_key, target, desired_state, opening_observation, state,
        lease_owner, leased_at, lease_expires_at, generation, attempt_count, max_attempts,
        next_attempt_at, last_failure_reason, acceptance_criteria, evidence_location, seat,
-       priority, labels, event_seq, promoted_at, promoted_sha, created_at, updated_at, closed_at
+       priority, labels, event_seq, promoted_at, promoted_sha, created_at, updated_at, closed_at,
+       waiting_on, waiting_reason, waiting_since, fault_count
   FROM ledger.campaign;
 
 CREATE OR REPLACE VIEW ledger_api.attempts AS
 SELECT id, campaign_id, attempt_no, generation, worker, claimed_at, lease_expires_at,
        last_heartbeat_at, heartbeat_count, outcome, verdict, ended_at, failure_reason,
-       fingerprint, base_sha, candidate_sha, bundle, bundle_digest, log_tail
+       fingerprint, base_sha, candidate_sha, bundle, bundle_digest, log_tail, candidate_ref,
+       octet_length(diff) AS diff_bytes
   FROM ledger.attempt;
+
+-- A candidate's diff (the evidence a verifier, a dispatcher rebasing it and
+-- the dashboard read), apart from the attempts view so that listing attempts
+-- does not carry every diff along.
+CREATE OR REPLACE VIEW ledger_api.attempt_diffs AS
+SELECT campaign_id, attempt_no, generation, candidate_ref, diff
+  FROM ledger.attempt
+ WHERE diff IS NOT NULL;
 
 CREATE OR REPLACE VIEW ledger_api.events AS
 SELECT campaign_id, seq, type, actor, generation, delta, payload, created_at, actor_role
