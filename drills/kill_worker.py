@@ -7,7 +7,7 @@ from __future__ import annotations
 import signal
 import time
 
-from ledger.drill import Drill, DrillContext, process_gone
+from ledger.drill import host_pid, Drill, DrillContext, process_gone
 
 from .workshop import WORKER_ARGS, one_ending_per_attempt, open_campaigns, setup, started
 
@@ -24,7 +24,7 @@ class KillWorker(Drill):
         [cid] = await open_campaigns(ctx)
         first = ctx.spawn("worker-1", *WORKER_ARGS)
         await ctx.until(started(ctx, cid, 1).exists, "attempt 1 to start")
-        command = int(started(ctx, cid, 1).read_text())
+        command = host_pid(started(ctx, cid, 1).read_text())
         first.signal(signal.SIGKILL)
         killed_at = time.monotonic()
         ctx.step(f"fault: SIGKILL worker-1 (pid {first.pid}) mid-attempt")

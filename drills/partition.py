@@ -14,7 +14,7 @@ import signal
 import time
 from datetime import datetime
 
-from ledger.drill import Drill, DrillContext, UnderExercised, process_gone
+from ledger.drill import host_pid, Drill, DrillContext, UnderExercised, process_gone
 from ledger.faultproxy import FaultProxy
 
 from .workshop import open_campaigns, setup, started
@@ -44,7 +44,7 @@ class Partition(Drill):
         [cid] = await open_campaigns(ctx)
         if not await ctx.until(started(ctx, cid, 1).exists, "attempt 1 to start behind the proxy"):
             raise UnderExercised("the worker behind the proxy never started an attempt")
-        command_pid = int(started(ctx, cid, 1).read_text())
+        command_pid = host_pid(started(ctx, cid, 1).read_text())
         [attempt] = ctx.attempts(cid)
         generation, holder = attempt["generation"], attempt["worker"]
         other = ctx.spawn("worker-direct", *WORKER, **ping)

@@ -6,10 +6,11 @@ leaves markers). Steps:
   ["message", text]       leave a commit message in $LEDGER_COMMIT_MESSAGE_FILE
   ["context", name]       save the campaign it was given as <name>-<campaign>-<attempt>.json
   ["lines", n]            print n lines
-  ["block"]               write started-<campaign>-<attempt> (pid inside) and
+  ["block"]               write started-<campaign>-<attempt> (its pid and PID
+                          namespace inside: ledger.drill.host_pid finds it) and
                           wait until release-<campaign>-<attempt> exists
   ["child"]               start a grandchild that sleeps (holding stdout open);
-                          its pid in child-<c>-<a>
+                          its pid and namespace in child-<c>-<a>
   ["print", text]         write text to stdout as is
   ["random", p]           write a random change; exit 0 with probability p, else 1
   ["random-own", p]       the same in a file of the campaign's own (change-<campaign>.txt),
@@ -24,7 +25,7 @@ import sys
 import time
 from pathlib import Path
 
-plan_file = Path(sys.argv[1])
+plan_file = Path(sys.argv[1])  # in a directory the cell may write (its markers)
 context = json.load(sys.stdin)
 assert context == json.loads(Path(os.environ["LEDGER_CAMPAIGN_FILE"]).read_text())
 assert "LEDGER_DATABASE_URL" not in os.environ, "the attempt must not see database credentials"
@@ -48,12 +49,12 @@ for step in steps:
             print(f"line {i} of attempt {tag}", flush=False)
         sys.stdout.flush()
     elif kind == "block":
-        (markers / f"started-{tag}").write_text(str(os.getpid()))
+        (markers / f"started-{tag}").write_text(f"{os.getpid()} {os.readlink('/proc/self/ns/pid')}")
         while not (markers / f"release-{tag}").exists():
             time.sleep(0.02)  # the simulated work: waiting for the test to release it
     elif kind == "child":
         child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
-        (markers / f"child-{tag}").write_text(str(child.pid))
+        (markers / f"child-{tag}").write_text(f"{child.pid} {os.readlink('/proc/self/ns/pid')}")
     elif kind == "random":
         import random
 

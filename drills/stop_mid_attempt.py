@@ -6,7 +6,7 @@ from __future__ import annotations
 import signal
 import time
 
-from ledger.drill import Drill, DrillContext, process_gone
+from ledger.drill import host_pid, Drill, DrillContext, process_gone
 
 from .workshop import WORKER_ARGS, open_campaigns, setup, started
 
@@ -23,8 +23,8 @@ class StopMidAttempt(Drill):
         [cid] = await open_campaigns(ctx)
         worker = ctx.spawn("worker", *WORKER_ARGS)
         await ctx.until(started(ctx, cid, 1).exists, "the attempt to start")
-        command = int(started(ctx, cid, 1).read_text())
-        child = int(ctx.marker("child", cid, 1).read_text())
+        command = host_pid(started(ctx, cid, 1).read_text())
+        child = host_pid(ctx.marker("child", cid, 1).read_text())
         cut = ctx.sql("SELECT max(seq) AS s FROM ledger.campaign_event WHERE campaign_id = %s", cid)[0]["s"]
         began = time.monotonic()
         await (await ctx.kernel("operator")).abandon(cid, "drill: stop", "drill-operator")

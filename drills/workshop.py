@@ -45,6 +45,8 @@ async def setup(ctx: DrillContext, plan: dict[str, list[list[Any]]], *, lease_s:
         "backoff = { base_s = 0, jitter = 0 }",
         f"acceptance = {{ commands = {_toml(acceptance or [])}, timeout_s = 30 }}",
         'authority.worker = { refs = ["refs/heads/ledger/*"] }',
+        # the scripted attempt's plan and markers: the one host directory its cell may write
+        f"cell = {{ writable = {_toml([str(plan_file.parent)])} }}",
     ]
     if promote:
         lines.append('promote_to = "refs/heads/main"')

@@ -5,8 +5,11 @@ from __future__ import annotations
 import itertools
 from datetime import datetime, timezone
 
+from pathlib import Path
+
 from conftest import Actors
 from ledger import Database, Kernel, Reads
+from ledger.models import Claim
 
 _ids = itertools.count(1)
 PROMOTING_CLASS = "promoting"
@@ -128,3 +131,30 @@ async def eventually(check, *, timeout: float = 15.0, interval: float = 0.05, wh
         if loop.time() > deadline:
             raise AssertionError(f"timed out after {timeout}s waiting for {what}")
         await asyncio.sleep(interval)
+
+
+async def record_candidate(kernel: Kernel, claim: Claim, *, repo: Path, base: str, sha_: str,
+                           acceptance: dict, verifier: str = "command", worker: str = "worker-1",
+                           repository: str | None = None) -> tuple[int, str]:
+    """What the worker does with a candidate, without the attempt: publish it
+    under its ledger ref, and record it with its bundle and diff in the
+    database. Returns the attempt number and the bundle digest."""
+    import subprocess
+    from ledger import bundle as bundles
+    from ledger import repository as repositories
+
+    ref = f"refs/heads/ledger/{claim.campaign_id}/{claim.attempt_no}"
+    subprocess.run(["git", "-C", str(repo), "update-ref", ref, sha_], check=True)
+    diff = repositories.diff(repo, base, sha_)
+    frozen = bundles.Bundle(
+        campaign_id=claim.campaign_id, attempt_no=claim.attempt_no, generation=claim.generation,
+        worker=worker, **{"class": claim.class_}, objective_key=claim.objective_key,
+        target=claim.target, repository=repository or str(repo), base_ref="main", base_sha=base,
+        candidate_sha=sha_, fingerprint=bundles.fingerprint_of(diff), acceptance=acceptance,
+        verifier=verifier, created_at=now())
+    digest = bundles.digest_of(frozen, diff)
+    n = await kernel.record_attempt(
+        claim.campaign_id, claim.generation, base_sha=base, candidate_sha=sha_,
+        fingerprint=frozen.fingerprint, bundle=frozen.model_dump(mode="json", by_alias=True),
+        bundle_digest=digest, diff=diff, candidate_ref=ref)
+    return n, digest

@@ -129,11 +129,13 @@ async def event_types(actors: Any, cid: int) -> list[str]:
     return [e.type for e in await (await actors.reads("reader")).events(cid)]
 
 
-async def after_lease(actors: Any, **options: Any) -> int:
+async def after_lease(actors: Any, *, later: int = 0, **options: Any) -> int:
     """One pass of a fresh dispatcher with the database clock pinned past any
-    claim lease taken until now (a crashed dispatcher's claim has lapsed)."""
+    claim lease taken until now (a crashed dispatcher's claim has lapsed);
+    ``later``: that many more quarter hours on (past a waiting retry's pause)."""
     await actors("dispatcher")
-    async with actors.session("dispatcher").transaction(now=now() + timedelta(minutes=11)) as tx:
+    async with actors.session("dispatcher").transaction(
+            now=now() + timedelta(minutes=11 + 15 * later)) as tx:
         return await Dispatcher(Kernel(tx), **options).run_once()
 
 
@@ -391,14 +393,23 @@ async def test_lock_contention_is_retried_with_backoff_then_done(actors: Actors,
 
 
 @pytest.mark.rollback  # only SQL: a transaction rolled back after the test
-async def test_a_candidate_missing_from_the_repository_fails_the_promotion(actors: Actors, repo: Path) -> None:
+async def test_a_candidate_missing_from_the_repository_waits_and_is_not_charged(actors: Actors, repo: Path) -> None:
+    """A candidate that is not in the repository (its ref gone, the remote
+    behind) is a fault of the system, not of the candidate: the promotion
+    waits and is retried, the campaign stays verified and says why, and
+    nothing is re-attempted (issue 25: no objective burnt by a fault that is
+    not the attempt's own)."""
     base = rev(repo)
     cid, effect = await accepted(actors, repo, "f" * 40)
-    assert await Dispatcher(await actors("dispatcher")).run_once() == 1
+    before = await (await actors.reads("reader")).campaign(cid)
+    for n in range(6):  # more than max_tries: waiting never turns into giving up
+        assert await after_lease(actors, later=n, max_tries=3) == 1
     assert rev(repo) == base
     se = await side_effect(actors, cid, effect)
-    assert se.state == "failed" and se.error is not None and "not in" in se.error
-    assert (await (await actors.reads("reader")).campaign(cid)).state == "ready"
+    assert se.state == "pending" and se.error is not None and "not in" in se.error
+    campaign = await (await actors.reads("reader")).campaign(cid)
+    assert campaign.state == "verified" and campaign.attempt_count == before.attempt_count
+    assert campaign.waiting_on == "system_fault" and "not in" in (campaign.waiting_reason or "")
 
 
 @pytest.mark.rollback  # only SQL: a transaction rolled back after the test
@@ -476,7 +487,12 @@ async def test_promotion_into_a_checked_out_branch_moves_its_files_and_index(act
 
 @pytest.mark.rollback  # only SQL: a transaction rolled back after the test
 @pytest.mark.parametrize("mess", ["unstaged", "staged", "untracked in the way"])
-async def test_a_dirty_checkout_is_left_alone_and_the_promotion_fails(actors: Actors, repo: Path, mess) -> None:
+async def test_a_dirty_checkout_is_left_alone_and_the_promotion_waits(actors: Actors, repo: Path, mess) -> None:
+    """The user's uncommitted work on the checked-out target is not ours to
+    overwrite, and no fault of the candidate's: the promotion waits (retried
+    with backoff, never re-attempted or charged, the campaign saying why) and
+    lands once the checkout is clean (issue 25, finding 5: it used to send
+    the candidate back to be attempted again, without end)."""
     base = rev(repo)
     candidate = edited(repo, base, {"README": "fixed\n", "NEW": "added\n"})
     cid, effect = await accepted(actors, repo, candidate)
@@ -488,22 +504,31 @@ async def test_a_dirty_checkout_is_left_alone_and_the_promotion_fails(actors: Ac
             git(repo, "add", "README")
     before = git(repo, "status", "--porcelain")
 
-    assert await Dispatcher(await actors("dispatcher")).run_once() == 1
+    for n in range(3):
+        assert await after_lease(actors, later=n) == 1
 
     assert rev(repo) == base, "the ref was not moved"
     assert promotions_in_reflog(repo) == 0
     assert git(repo, "status", "--porcelain") == before, "the user's changes are untouched"
     se = await side_effect(actors, cid, effect)
-    assert se.state == "failed" and se.error is not None
+    assert se.state == "pending" and se.error is not None
     assert "checked out in" in se.error and "the ref was not moved" in se.error
     campaign = await (await actors.reads("reader")).campaign(cid)
-    assert campaign.state == "ready" and campaign.promoted_at is None
-    assert campaign.last_failure_reason is not None and "checked out in" in campaign.last_failure_reason
+    assert campaign.state == "verified" and campaign.promoted_at is None and campaign.attempt_count == 1
+    assert campaign.waiting_on == "target" and "checked out in" in (campaign.waiting_reason or "")
     transitions = [e.payload["transition"] for e in await (await actors.reads("reader")).events(cid)
                    if e.type == "transition"]
-    assert transitions[-1] == "promote_failed"
+    assert "promote_failed" not in transitions
     assert not (repo / ".git" / "refs" / "heads" / "main.lock").exists()
     assert not (repo / ".git" / "index.lock").exists()
+
+    # The user commits or stashes their work: the waiting promotion lands.
+    git(repo, "checkout", "--", ".") if mess != "untracked in the way" else (repo / "NEW").unlink()
+    git(repo, "reset", "-q", "--hard")
+    assert await after_lease(actors, later=3) == 1
+    landed(repo, candidate, base)
+    campaign = await (await actors.reads("reader")).campaign(cid)
+    assert campaign.promoted_at is not None and campaign.waiting_on is None
 
 
 @pytest.mark.rollback  # only SQL: a transaction rolled back after the test

@@ -116,7 +116,7 @@ _ARGUMENTS: dict[str, Any] = {
     "p_reason": "late", "p_events": psycopg.types.json.Jsonb([{"type": "output", "payload": {}}]),
     "p_kind": "git.update_ref", "p_target": "refs/heads/ledger/x",
     "p_precondition": psycopg.types.json.Jsonb({"old": None}), "p_idempotency_key": "k-null",
-    "p_paths": ["tests/test_calc.py"],
+    "p_paths": ["tests/test_calc.py"], "p_action": "cell.leftover_processes",
 }
 
 

@@ -175,6 +175,51 @@ def test_the_plants_run_under_plain_git(tmp_path: Path, plants: Plants) -> None:
     assert any(name.startswith("hook-pre-commit") for name in plants.ran())
 
 
+def _candidate_steps(repo: Repository, tmp_path: Path, base: str) -> str:
+    """The worker's git steps for one attempt: seed its clone, bundle what
+    it committed there (as its cell does), import the bundle, make the
+    candidate and publish it; returns the candidate."""
+    work = tmp_path / "attempt" / "work"
+    repo.seed_workspace(work, base, "ledger/1/1", repositories.Identity("agent", "agent@x"))
+    (work / "app.py").write_text("def add(a, b):\n    return a + b\n")
+    clean = {**os.environ, "GIT_CONFIG_GLOBAL": os.devnull, "GIT_CONFIG_NOSYSTEM": "1",
+             "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@x", "GIT_COMMITTER_NAME": "t",
+             "GIT_COMMITTER_EMAIL": "t@x"}
+    # (the attempt's own git, in its own clone: what runs there is its business)
+    plain_git(work, "-c", "core.hooksPath=/dev/null", "commit", "-qam", "fix", env=clean)
+    bundle = tmp_path / "attempt" / "candidate.bundle"
+    plain_git(work, "bundle", "create", "-q", str(bundle), f"{base}..HEAD", env=clean)
+    head = repo.import_bundle(bundle, 1 << 20)
+    assert repo.is_ancestor(base, head)
+    message = repositories.with_trailers(repo.path, "fix add", [("Ledger-Campaign", "1")])
+    candidate = repo.make_candidate(head, base, message, repositories.LEDGER, repositories.LEDGER)
+    assert repositories.diff(repo.path, base, candidate)
+    assert repositories.changed_paths(repo.path, base, candidate) == ["app.py"]
+    assert repositories.file_at(repo.path, candidate, "app.py") == b"def add(a, b):\n    return a + b\n"
+    repo.publish("refs/heads/ledger/1/1", candidate)
+    return candidate
+
+
+def _judge_and_promote(repo: Repository, tmp_path: Path, base: str, candidate: str) -> None:
+    """The verifier's step (an export with protected paths from the base),
+    the dispatcher's (the landed commit, a compare-and-swap promotion, a
+    replay onto a moved target) and retention's."""
+    repo.fetch("refs/heads/ledger/1/1")
+    repo.export_tree(candidate, tmp_path / "verify" / "checkout", replace_from=base,
+                     paths=["tests/test_app.py"])
+    landed = repo.land(candidate, base, trailers=[("Ledger-Campaign", "1")],
+                       committer=repositories.LEDGER, committed_at=1_700_000_000)
+    repo.update_ref("refs/heads/main", landed, base)
+    assert repo.remote_ref("refs/heads/main") == landed
+    other = repo.land(candidate, base, trailers=[("Ledger-Campaign", "2")],
+                      committer=repositories.LEDGER, committed_at=1_700_000_001)
+    repo.replay(base, landed, other)  # (conflicting or not: only what runs matters here)
+    assert [b[0] for b in repo.attempt_branches()] == ["refs/heads/ledger/1/1"]
+    for ref, sha, _c, _a in repo.attempt_branches():
+        assert repo.delete_ref(ref, sha)
+    repo.prune_worktrees()
+
+
 def test_no_plant_runs_in_the_git_steps_of_the_loop(tmp_path: Path, plants: Plants) -> None:
     # A non-bare repository whose main is checked out: promotion moves its
     # work tree (read-tree -u applies filters, runs post-checkout...).
@@ -183,52 +228,23 @@ def test_no_plant_runs_in_the_git_steps_of_the_loop(tmp_path: Path, plants: Plan
     repo = Repository(str(user))
     base = repo.rev_parse("refs/heads/main")
     assert base is not None
-
-    # A candidate made by the worker's steps: a worktree, a commit, a diff.
-    work = tmp_path / "attempt"
-    repo.add_worktree(work, "main", "ledger/1/1")
-    (work / "app.py").write_text("def add(a, b):\n    return a + b\n")
-    message = repositories.with_trailers(work, "fix add", [("Ledger-Campaign", "1")])
-    assert repositories.commit_all(work, message)
-    candidate = repositories.head(work)
-    assert repositories.diff(work, base, candidate)
-    assert repositories.changed_paths(user, base, candidate) == ["app.py"]
-    assert repositories.file_at(user, candidate, "app.py") == b"def add(a, b):\n    return a + b\n"
-    repo.remove_worktree(work)
-
-    # The verifier's steps: a clean checkout, protected paths restored.
-    checkout = tmp_path / "verify" / "checkout"
-    checkout.parent.mkdir()
-    repo.clean_checkout(candidate, checkout)
-    repositories.restore(checkout, base, ["tests/test_app.py"])
-
-    # The dispatcher's: the landed commit, a compare-and-swap promotion into
-    # the checked-out branch (its files move), the rebase path.
-    landed = repo.land(candidate, base, trailers=[("Ledger-Campaign", "1")],
-                       committer=repositories.LEDGER, committed_at=1_700_000_000)
-    repo.update_ref("refs/heads/main", landed, base)
+    candidate = _candidate_steps(repo, tmp_path, base)
+    _judge_and_promote(repo, tmp_path, base, candidate)
     assert (user / "app.py").read_text() == "def add(a, b):\n    return a + b\n"
-    from ledger.rebase import rebase
-    other = repo.land(candidate, landed, trailers=[("Ledger-Campaign", "2")],
-                      committer=repositories.LEDGER, committed_at=1_700_000_001)
-    assert rebase(user, base, landed, other, "ledger/2/1") is not None
-
-    # Retention.
-    assert [b[0] for b in repo.attempt_branches()]
-    for ref, sha, _c, _a in repo.attempt_branches():
-        repo.delete_ref(ref, sha)
-    repo.prune_worktrees()
-
     assert plants.ran() == [], f"repository-controlled programs ran: {plants.ran()}"
 
 
-def test_a_cached_clone_of_a_url_runs_nothing_of_the_remote(tmp_path: Path, plants: Plants) -> None:
+def test_no_plant_runs_through_a_remote_and_its_caches(tmp_path: Path, plants: Plants) -> None:
     remote = _seed(tmp_path, "remote", bare=True)
     plants.plant_repository(remote)
-    repo = Repository(f"file://{remote}", cache_dir=tmp_path / "cache")
-    assert repo.rev_parse("refs/heads/main")
-    plants.plant_repository(repo.path)  # and the cache itself, planted afterwards
-    assert repo.rev_parse("refs/heads/main")  # fetched again
+    worker = Repository(f"file://{remote}", cache_dir=tmp_path / "worker-cache")
+    base = worker.resolve("main")
+    plants.plant_repository(worker.path)  # and the cache itself, planted afterwards
+    candidate = _candidate_steps(worker, tmp_path / "w", base)
+    dispatcher = Repository(f"file://{remote}", cache_dir=tmp_path / "dispatcher-cache")
+    dispatcher.resolve("main")
+    plants.plant_repository(dispatcher.path)
+    _judge_and_promote(dispatcher, tmp_path / "d", base, candidate)
     assert plants.ran() == [], f"repository-controlled programs ran: {plants.ran()}"
 
 

@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 from conftest import TEST_PREFIX
-from drive import eventually, now
+from drive import eventually, now, record_candidate
 from ledger import bundle as bundles
 from ledger import repository
 from ledger.config import load_config, parse_config
@@ -128,9 +128,10 @@ class Bench:
         if not baseline:
             return (await sensor.open_campaign(CLASS, f"tests-{self.keys}", "repo#main")).campaign_id
         sensor_cfg = parse_config({"sensors": {"tests": {
-            "target": "repo#main", "every_s": 60, "command": PYTEST, "cwd": str(self.repo),
+            "target": "repo#main", "every_s": 60, "command": PYTEST,
             "class": CLASS, "environment": QUICK}}}).sensors["tests"]
-        reading = await check(sensor_cfg)
+        # the sensor's check runs in an export of main of the repository, in a cell
+        reading = await check(sensor_cfg, repository=str(self.repo), ref="main")
         assert reading.status == "red" and reading.details["tests"]["failed"] == [FAILING]
         opened = await sensor.record_observation(
             "tests", f"tests-{self.keys}", "repo#main", "red", reading.started_at,
@@ -144,19 +145,9 @@ class Bench:
         kernel = await self.actors("worker")
         claim = await kernel.claim_campaign("worker-A", [CLASS])
         assert claim is not None and claim.campaign_id == campaign_id
-        diff = repository.diff(self.repo, self.base, sha)
-        frozen = bundles.Bundle(
-            campaign_id=campaign_id, attempt_no=claim.attempt_no, generation=claim.generation,
-            worker="worker-A", **{"class": CLASS}, objective_key=claim.objective_key,
-            target=claim.target, repository=str(self.repo), base_ref="main", base_sha=self.base,
-            candidate_sha=sha, fingerprint=bundles.fingerprint_of(diff),
-            acceptance=acceptance or claim.acceptance_criteria, verifier=verifier, created_at=now())
-        campaign_dir = bundles.evidence_dir(self.data_dir, campaign_id)
-        _, digest = bundles.freeze(frozen, diff, campaign_dir)
-        await kernel.record_attempt(
-            campaign_id, claim.generation, base_sha=self.base, candidate_sha=sha,
-            fingerprint=frozen.fingerprint, bundle=frozen.model_dump(mode="json", by_alias=True),
-            bundle_digest=digest, evidence_location=str(campaign_dir))
+        await record_candidate(kernel, claim, repo=self.repo, base=self.base, sha_=sha,
+                               acceptance=acceptance or claim.acceptance_criteria, verifier=verifier,
+                               worker="worker-A")
 
     async def verdict(self, campaign_id: int) -> tuple[str, str | None, dict[str, Any]]:
         verifier = Verifier(await self.actors("verifier"), identity="verifier-B", data_dir=self.data_dir)
@@ -279,7 +270,9 @@ async def attempts_by_a_worker(actors: Any, admin: Any, db_url: str, tmp_path: P
     """Run a ``ledger worker`` process on a fresh campaign until ``n`` attempts
     ended; returns the campaign and the repository."""
     repo, _ = make_repo(tmp_path / "repo")
-    plan_file = tmp_path / "plan.json"
+    markers = tmp_path / "markers"  # the plan and markers: the one host directory the cell may write
+    markers.mkdir()
+    plan_file = markers / "plan.json"
     plan_file.write_text(json.dumps(plan))
     config = tmp_path / "ledger.toml"
     config.write_text(f"""
@@ -292,6 +285,7 @@ heartbeat_s = 1
 backoff = {{ base_s = 0, jitter = 0 }}
 verifier = "pytest"
 acceptance = {{ commands = [{json.dumps(PYTEST)}], timeout_s = 60, environment = {json.dumps(QUICK)} }}
+cell = {{ writable = ["{markers}"] }}
 {toml}""")
     await (await actors("operator")).register_class(CLASS, **load_config(config).classes[CLASS].registration())
     cid = (await (await actors("sensor")).open_campaign(CLASS, "tests-pass", "repo#main")).campaign_id
@@ -328,7 +322,7 @@ async def test_the_worker_refuses_a_candidate_that_edits_a_test_and_the_next_att
     journal = [r["type"] for r in admin.execute(
         "SELECT type FROM ledger.campaign_event WHERE campaign_id = %s ORDER BY seq", (cid,)).fetchall()]
     assert "security.refused" in journal
-    seen = json.loads(next(tmp_path.glob("seen-*-2.json")).read_text())
+    seen = json.loads(next((tmp_path / "markers").glob("seen-*-2.json")).read_text())
     assert "tests/" in seen["protected"] and seen["allow_protected_changes"] is False
     assert seen["refused_fingerprints"] == [first["fingerprint"]]
     assert seen["previous_attempts"][0]["failure_reason"] == first["failure_reason"]

@@ -12,7 +12,7 @@ import pytest
 from test_dispatcher import MAIN, git, rev
 
 from conftest import Actors, Admin
-from drive import Driver, fingerprint
+from drive import Driver, fingerprint, record_candidate
 from ledger import bundle as bundles
 from ledger.dispatcher import Dispatcher
 
@@ -52,21 +52,12 @@ async def verified(actors: Any, repo: Path, tmp_path: Path, candidate: str, max_
         "rebasing", max_attempts=max_attempts, lease_seconds=30, backoff_base_s=0, backoff_jitter=0,
         promotion={"ref": MAIN, "repository": str(repo)})
     d = Driver(actors, "rebasing")
-    cid, gen = await d.leased()
-    base = rev(repo)
-    diff = git(repo, "diff", "--binary", "--full-index", base, candidate).encode() + b"\n"
-    frozen = bundles.Bundle.model_validate({
-        "campaign_id": cid, "attempt_no": 1, "generation": gen, "worker": "worker-1", "class": "rebasing",
-        "objective_key": "k", "target": "t", "repository": str(repo), "base_ref": "main",
-        "base_sha": base, "candidate_sha": candidate, "fingerprint": fingerprint(1),
-        "acceptance": {"commands": [["true"]]}, "verifier": "command",
-        "created_at": datetime.now(timezone.utc)})
-    directory = bundles.evidence_dir(tmp_path / "worker-data", cid)
-    _, digest = bundles.freeze(frozen, diff, directory)
-    await (await actors("worker")).record_attempt(
-        cid, gen, base_sha=base, candidate_sha=candidate, fingerprint=fingerprint(1),
-        bundle=frozen.model_dump(mode="json", by_alias=True), bundle_digest=digest,
-        evidence_location=str(directory))
+    cid = await d.open()
+    worker = await actors("worker")
+    claim = await worker.claim_campaign("worker-1", ["rebasing"])
+    assert claim is not None
+    await record_candidate(worker, claim, repo=repo, base=rev(repo), sha_=candidate,
+                           acceptance={"commands": [["true"]]})
     verifier = await actors("verifier")
     claim = await verifier.claim_verification("verifier-1", classes=["rebasing"])
     assert claim is not None
@@ -94,14 +85,18 @@ async def test_a_moved_target_gets_the_candidate_rebased_and_verified_again(acto
     attempts = await (await actors.reads("reader")).attempts_of(cid)
     rebased = attempts[-1]
     assert (rebased.attempt_no, rebased.outcome, rebased.worker) == (2, "attempted", dispatcher.identity)
-    assert rebased.base_sha == moved and rebased.fingerprint == fingerprint(1)
+    assert rebased.base_sha == moved and rebased.fingerprint == attempts[0].fingerprint
     assert git(repo, "rev-parse", f"{rebased.candidate_sha}^") == moved
     assert git(repo, "show", f"{rebased.candidate_sha}:app.py").endswith("return a + b")
     assert git(repo, "show", f"{rebased.candidate_sha}:notes.txt") == "someone else's notes"
-    # its bundle is frozen, and loads against its digest, for the verifier
-    assert campaign.evidence_location is not None and rebased.bundle_digest is not None
-    frozen, _ = bundles.load(Path(campaign.evidence_location) / "attempt-2", rebased.bundle_digest)
+    # its bundle and diff are recorded in the database, and check against its
+    # digest, for a verifier on any machine; the candidate is published
+    assert rebased.bundle_digest is not None and rebased.candidate_ref == f"refs/heads/ledger/{cid}/2"
+    (row,) = admin.execute("SELECT diff FROM ledger.attempt WHERE campaign_id = %s AND attempt_no = 2",
+                           (cid,)).fetchall()
+    frozen = bundles.verify(rebased.bundle, row["diff"], rebased.bundle_digest)
     assert (frozen.attempt_no, frozen.candidate_sha, frozen.base_sha) == (2, rebased.candidate_sha, moved)
+    assert rev(repo, rebased.candidate_ref) == rebased.candidate_sha
     transitions = [e.payload["transition"] for e in await (await actors.reads("reader")).events(cid)
                    if e.type == "transition"]
     assert transitions[-2:] == ["accept", "rebase"]
@@ -134,8 +129,8 @@ async def test_a_candidate_that_does_not_rebase_cleanly_returns_to_ready_without
     campaign = await (await actors.reads("reader")).campaign(cid)
     # its one attempt was accepted: losing the race does not exhaust it
     assert campaign.state == "ready", campaign.state
-    assert (campaign.attempt_count, campaign.max_attempts) == (1, 2)
+    assert (campaign.attempt_count, campaign.max_attempts) == (0, 1), "the spent attempt was given back"
     events = await (await actors.reads("reader")).events(cid)
     last = [e for e in events if e.type == "transition"][-1]
     assert last.payload["transition"] == "promote_failed" and last.payload["attempt_given_back"] is True
-    assert "does not rebase" in (campaign.last_failure_reason or "")
+    assert "does not apply" in (campaign.last_failure_reason or "")

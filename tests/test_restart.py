@@ -131,9 +131,11 @@ async def test_every_service_survives_a_crash_restart_mid_work(tmp_path: Path, c
     subprocess.run(["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@t", "add", "."], check=True)
     subprocess.run(["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "x"],
                    check=True)
-    plan = tmp_path / "plan.json"
+    markers = tmp_path / "markers"  # the plan and markers: the one host directory cells may write
+    markers.mkdir()
+    plan = markers / "plan.json"
     plan.write_text(json.dumps({"default": [["write", "fix.txt", "good"], ["block"], ["exit", 0]]}))
-    check = (f"import pathlib, time; root = pathlib.Path({str(tmp_path)!r}); "
+    check = (f"import pathlib, time; root = pathlib.Path({str(markers)!r}); "
              "(root / 'verify-started').write_text('x'); "
              "[time.sleep(0.05) for _ in iter(lambda: (root / 'verify-release').exists(), True)]")
     config = tmp_path / "ledger.toml"
@@ -144,7 +146,8 @@ attempt_command = ["{sys.executable}", "{scripted_attempt()}", "{plan}"]
 lease_s = 10
 heartbeat_s = 1
 backoff = {{ base_s = 0, jitter = 0 }}
-acceptance = {{ commands = [["{sys.executable}", "-c", {json.dumps(check)}]], timeout_s = 120 }}
+acceptance = {{ commands = [["{sys.executable}", "-c", {json.dumps(check)}]], timeout_s = 120, cell = {{ writable = ["{markers}"] }} }}
+cell = {{ writable = ["{markers}"] }}
 """)
     kernels = {a: Kernel(await db.session(a).open()) for a in ("operator", "sensor", "worker")}
     await kernels["operator"].register_class(CLASS, **load_config(config).campaign_class(CLASS).registration())
@@ -166,10 +169,10 @@ acceptance = {{ commands = [["{sys.executable}", "-c", {json.dumps(check)}]], ti
         spawn("dispatcher", "dispatcher", "--poll", "5")
         attempting, checking = [
             (await kernels["sensor"].open_campaign(CLASS, f"objective-{i}", "repo")).campaign_id for i in (1, 2)]
-        await eventually(lambda: all((tmp_path / f"started-{c}-1").exists() for c in (attempting, checking)),
+        await eventually(lambda: all((markers / f"started-{c}-1").exists() for c in (attempting, checking)),
                          timeout=60, what="both attempts to start")
-        (tmp_path / f"release-{checking}-1").write_text("go")
-        await eventually((tmp_path / "verify-started").exists, timeout=60, what="the verifier's check to start")
+        (markers / f"release-{checking}-1").write_text("go")
+        await eventually((markers / "verify-started").exists, timeout=60, what="the verifier's check to start")
 
         # the dispatcher, mid-pass: an HTTP intent whose target holds the request
         notify = (await kernels["sensor"].open_campaign("notify", "notify", "hook")).campaign_id
@@ -197,8 +200,8 @@ acceptance = {{ commands = [["{sys.executable}", "-c", {json.dumps(check)}]], ti
         probe.start()
         cluster.start()
         Hook.release.set()
-        (tmp_path / "verify-release").write_text("go")
-        (tmp_path / f"release-{attempting}-1").write_text("go")
+        (markers / "verify-release").write_text("go")
+        (markers / f"release-{attempting}-1").write_text("go")
         probe.join(timeout=30)
         first = probe.seconds()
         print(f"seconds from the server accepting connections to each service's first call: {first}")

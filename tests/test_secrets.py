@@ -40,6 +40,8 @@ sys.exit(1 if role == "sensor" else 0)
 ATTEMPT_CONTEXT = {"LEDGER_CAMPAIGN_FILE", "LEDGER_CAMPAIGN_ID", "LEDGER_ATTEMPT_NO",
                    "LEDGER_WORKTREE", "LEDGER_OBJECTIVE", "LEDGER_COMMIT_MESSAGE_FILE"}
 TEMP = {"TMPDIR", "TMP", "TEMP"}
+#: What a cell sets for itself (none of it from Ledger's environment).
+CELL = {"USER", "LOGNAME", "SHELL", "PWD"}
 
 
 def secrets() -> dict[str, str]:
@@ -87,13 +89,15 @@ repository = "{repo}"
 attempt_command = ["{PY}", "{probe}", "attempt", "{seen}"]
 lease_s = 10
 heartbeat_s = 1
-acceptance = {{ commands = [["{PY}", "{probe}", "verifier", "{seen}"]], timeout_s = 60 }}
+acceptance = {{ commands = [["{PY}", "{probe}", "verifier", "{seen}"]], timeout_s = 60, cell = {{ writable = ["{seen}"] }} }}
+cell = {{ writable = ["{seen}"] }}
 
 [sensors.probe]
 target = "repo#main"
 every_s = 60
 command = ["{PY}", "{probe}", "sensor", "{seen}"]
 class = "{CLASS}"
+cell = {{ writable = ["{seen}"] }}
 """)
     from ledger.config import load_config
     cfg = load_config(config)
@@ -121,11 +125,11 @@ class = "{CLASS}"
 
     for role, extra in (("sensor", {"LEDGER_JUNIT_XML"}), ("attempt", ATTEMPT_CONTEXT), ("verifier", set())):
         env = json.loads((seen / f"{role}.json").read_text())
-        unexpected = {k for k in env if k not in ALLOWED and not k.startswith("LC_")} - TEMP - extra
+        unexpected = {k for k in env if k not in ALLOWED and not k.startswith("LC_")} - TEMP - CELL - extra
         assert unexpected == set(), f"{role} got {sorted(unexpected)}"
         assert not set(env.values()) & set(planted.values()), role
-        assert Path(env["TMPDIR"]).name.startswith("ledger-cmd-"), role
-        assert not Path(env["TMPDIR"]).exists(), f"{role}: its temporary directory was removed"
+        # in its cell: a private /tmp and $HOME of its own, not the host's
+        assert env["TMPDIR"] == "/tmp" and env["HOME"] == "/cell/home", role
     kept = stored(admin, data_dir)
     for role in ("sensor", "attempt", "verifier"):  # else this would prove nothing
         assert f"{role}.json" in kept or role in kept

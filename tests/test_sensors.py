@@ -31,7 +31,9 @@ sys.exit(0 if pathlib.Path(sys.argv[1]).read_text().strip() == 'green' else 1)
 def _config(tmp_path: Path, every_s: float = 0.5, cron: str | None = None):
     script = tmp_path / "check.py"
     script.write_text(CHECK)
-    status = tmp_path / "target.status"
+    markers = tmp_path / "markers"  # the check's status and runs: the one host directory its cell may write
+    markers.mkdir(exist_ok=True)
+    status = markers / "target.status"
     status.write_text("green")
     schedule = f'cron = "{cron}"' if cron else f"every_s = {every_s}"
     toml = f"""
@@ -40,6 +42,7 @@ target = "repo-x"
 {schedule}
 command = ["{sys.executable}", "{script}", "{status}"]
 class = "test"
+cell = {{ writable = ["{markers}"] }}
 """
     (tmp_path / "ledger.toml").write_text(toml)
     import tomllib
@@ -125,7 +128,7 @@ async def test_two_sensor_processes_observe_each_tick_once(db_url: str, admin: A
     assert all(r["n"] == 1 for r in rows) and all(r["tick"] is not None for r in rows)
     claims = admin.execute("SELECT claimed_by, count(*) AS n FROM ledger.sensor_tick GROUP BY claimed_by").fetchall()
     assert sum(c["n"] for c in claims) == len(rows)
-    runs = (tmp_path / "target.runs").read_text().count("run")
+    runs = (tmp_path / "markers" / "target.runs").read_text().count("run")
     assert runs == len(rows), "a tick was checked twice"
 
 
@@ -260,8 +263,9 @@ async def test_an_exhausted_campaign_whose_target_turns_green_is_dismissed(actor
 
 @pytest.mark.rollback  # only SQL: a transaction rolled back after the test
 async def test_a_pytest_sensor_names_the_failing_tests(tmp_path: Path) -> None:
-    """What becomes a campaign's baseline: run directly, or through the shipped
-    wrapper that exports a ref of a bare repository."""
+    """What becomes a campaign's baseline: run in a cell on an export of the
+    target's ref of a bare repository, or -- a sensor opted out of the cell --
+    through the shipped wrapper that exports it itself."""
     from ledger.demo import examples_dir
     from ledger.sensors import check
 
@@ -277,14 +281,15 @@ async def test_a_pytest_sensor_names_the_failing_tests(tmp_path: Path) -> None:
     subprocess.run(["git", "clone", "-q", "--bare", str(work), str(bare)], check=True)
     quick = ["PYTEST_DISABLE_PLUGIN_AUTOLOAD=1", "PYTHONDONTWRITEBYTECODE=1"]
     direct = parse_config({"sensors": {"s": {
-        "target": "app#main", "every_s": 60, "cwd": str(work), "class": "c", "environment": quick,
+        "target": "app#main", "every_s": 60, "class": "c", "environment": quick,
         "command": [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider"]}}}).sensors["s"]
     wrapped = parse_config({"sensors": {"s": {
         "target": "app#main", "every_s": 60, "class": "c", "environment": quick,
+        "cell": {"sandbox": False},
         "command": [sys.executable, str(examples_dir() / "run_tests_at.py"), str(bare), "main",
                     "--pytest"]}}}).sensors["s"]
-    for sensor in (direct, wrapped):
-        reading = await check(sensor)
+    for sensor, observes in ((direct, {"repository": str(bare), "ref": "main"}), (wrapped, {})):
+        reading = await check(sensor, **observes)
         assert reading.status == "red"
         assert reading.details["tests"] == {"collected": 3, "failed": ["tests/test_app.py::test_broken"],
                                             "skipped": 1, "passed": 1}

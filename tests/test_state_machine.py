@@ -145,6 +145,11 @@ async def act_fail(d: Driver, s: dict, role: str) -> int:
     return s["cid"]
 
 
+async def act_release(d: Driver, s: dict, role: str) -> int:
+    await (await _as(d, role)).release_attempt(s["cid"], s["gen"], "the remote is down")
+    return s["cid"]
+
+
 async def act_expire(d: Driver, s: dict, role: str) -> int:
     await d.k(role)
     session = d.actors.session(role)
@@ -205,6 +210,7 @@ CASES = [
     Case("claim", "ready", "worker", "test", _ready, act_claim),
     Case("record_attempt", "leased", "worker", "test", _leased, act_record),
     Case("fail_attempt", "leased", "worker", "test", _leased, act_fail),
+    Case("release", "leased", "worker", "test", _leased, act_release),
     Case("expire_lease", "leased", "reaper", "test", _leased, act_expire),
     Case("accept", "attempted", "verifier", "test", _verifying, act_accept),
     Case("reject", "attempted", "verifier", "test", _verifying, act_reject),

@@ -23,10 +23,10 @@ import pytest
 
 import verifiers
 from conftest import TEST_PREFIX
-from drive import eventually, now
+from drive import eventually, record_candidate, now
 from ledger import Forbidden, Kernel, Reads, SameIdentity, repository
 from ledger import bundle as bundles
-from ledger.drill import process_gone
+from ledger.drill import host_pid, process_gone
 from ledger.models import Verification
 from ledger.processes import TAIL_BYTES, run_command
 from ledger.verifier import Verifier
@@ -93,27 +93,16 @@ class FakeWorker:
         return (await sensor.open_campaign(self.class_, key, str(self.repo))).campaign_id
 
     async def attempt(self, campaign_id: int, sha: str, acceptance: dict[str, Any], *,
-                      verifier: str = "command", worker: str = "worker-A") -> tuple[int, str, Path]:
-        """Claim, freeze a bundle for ``sha`` and record the attempt; returns the
-        attempt number, the bundle digest and the bundle directory."""
+                      verifier: str = "command", worker: str = "worker-A") -> tuple[int, str]:
+        """Claim, publish ``sha`` and record the attempt with its bundle;
+        returns the attempt number and the bundle digest."""
         kernel = await self.actors("worker")
         claim = await kernel.claim_campaign(worker, [self.class_])
         assert claim is not None and claim.campaign_id == campaign_id
-        diff = repository.diff(self.repo, self.base, sha)
-        frozen = bundles.Bundle(
-            campaign_id=campaign_id, attempt_no=claim.attempt_no, generation=claim.generation,
-            worker=worker, **{"class": self.class_}, objective_key=claim.objective_key,
-            target=claim.target, repository=str(self.repo), base_ref="main", base_sha=self.base,
-            candidate_sha=sha, fingerprint=bundles.fingerprint_of(diff), acceptance=acceptance,
-            verifier=verifier, created_at=now())
-        campaign_dir = bundles.evidence_dir(self.data_dir, campaign_id)
-        directory, digest = bundles.freeze(frozen, diff, campaign_dir)
-        n = await kernel.record_attempt(
-            campaign_id, claim.generation, base_sha=self.base, candidate_sha=sha,
-            fingerprint=frozen.fingerprint, bundle=frozen.model_dump(mode="json", by_alias=True),
-            bundle_digest=digest, evidence_location=str(campaign_dir))
+        n, digest = await record_candidate(kernel, claim, repo=self.repo, base=self.base, sha_=sha,
+                                           acceptance=acceptance, verifier=verifier, worker=worker)
         assert n == claim.attempt_no
-        return n, digest, directory
+        return n, digest
 
 
 async def verifications(actors: Any, campaign_id: int) -> list[Verification]:
@@ -159,7 +148,7 @@ async def test_bad_candidate_rejected_with_evidence_then_good_one_accepted(
                         lease_s=10, work_dir=work)
     cid = await worker.open("calc-tests")
 
-    n1, digest1, _ = await worker.attempt(cid, breaks_add, acceptance, verifier="pytest")
+    n1, digest1 = await worker.attempt(cid, breaks_add, acceptance, verifier="pytest")
     assert await verifier.run_once() == 1
     (first,) = await verifications(actors, cid)
     assert first.status == "rejected" and first.verifier == verifier.identity
@@ -178,7 +167,7 @@ async def test_bad_candidate_rejected_with_evidence_then_good_one_accepted(
     assert campaign.state == "ready"
     assert list(work.iterdir()) == []  # the clean checkout is gone
 
-    n2, digest2, _ = await worker.attempt(cid, fixes, acceptance, verifier="pytest", worker="worker-B")
+    n2, digest2 = await worker.attempt(cid, fixes, acceptance, verifier="pytest", worker="worker-B")
     assert await verifier.run_once() == 1
     assert await verifier.run_once() == 0  # nothing else is waiting
     first_again, second = await verifications(actors, cid)
@@ -256,26 +245,26 @@ async def test_verifier_never_judges_its_own_attempt_nor_acts_as_worker(
 # --- tampering ----------------------------------------------------------------
 
 
-@pytest.mark.rollback  # only SQL: a transaction rolled back after the test
-@pytest.mark.parametrize("edited", [bundles.BUNDLE_FILE, bundles.DIFF_FILE])
-async def test_bundle_edited_after_freezing_is_rejected(
-        actors: Any, worker: FakeWorker, test_class: str, edited: str) -> None:
-    # The frozen acceptance fails; the edit would make it pass.
+@pytest.mark.parametrize("edited", ["bundle", "diff"])
+async def test_a_recorded_bundle_edited_afterwards_is_rejected(
+        actors: Any, admin: Any, worker: FakeWorker, test_class: str, edited: str) -> None:
+    # The recorded acceptance fails; the edit would make it pass.
     failing = {"commands": [[PY, "-c", "raise SystemExit(1)"]], "timeout_s": 30.0}
     cid = await worker.open(f"tamper-{edited}")
-    _, digest, directory = await worker.attempt(cid, worker.base, failing)
-    path = directory / edited
-    if edited == bundles.BUNDLE_FILE:
-        path.write_text(path.read_text().replace("raise SystemExit(1)", "raise SystemExit(0)"))
+    _, digest = await worker.attempt(cid, worker.base, failing)
+    if edited == "bundle":
+        admin.execute("UPDATE ledger.attempt SET bundle = jsonb_set(bundle, '{acceptance,commands}', "
+                      "%s::jsonb) WHERE campaign_id = %s",
+                      (json.dumps([[PY, "-c", "raise SystemExit(0)"]]), cid))
     else:
-        path.write_bytes(path.read_bytes() + b"\n")
+        admin.execute("UPDATE ledger.attempt SET diff = diff || '\\x0a'::bytea WHERE campaign_id = %s", (cid,))
 
     verifier = Verifier(await actors("verifier"), classes=[test_class])
     assert await verifier.run_once() == 1
     (v,) = await verifications(actors, cid)
     assert v.status == "rejected"
     assert v.reason is not None and v.reason.startswith("bundle tampered:")
-    assert "changed after it was frozen" in v.reason and digest in v.reason
+    assert "does not match its digest" in v.reason and digest in v.reason
     assert "commands" not in v.evidence  # nothing from the edited bundle was run
     assert v.evidence["bundle_digest"] == digest
     detail = await (await actors.reads("reader")).campaign_detail(cid)
@@ -284,14 +273,19 @@ async def test_bundle_edited_after_freezing_is_rejected(
 
 
 @pytest.mark.rollback  # only SQL: a transaction rolled back after the test
-async def test_a_bundle_naming_an_uninstalled_verifier_is_rejected_saying_so(
+async def test_a_bundle_naming_an_uninstalled_verifier_waits_saying_so(
         actors: Any, worker: FakeWorker, test_class: str) -> None:
+    """A verifier implementation this host lacks is no verdict on the
+    candidate: the verification is released, nothing is charged, and the
+    campaign says why it waits."""
     cid = await worker.open("unknown-verifier")
     await worker.attempt(cid, worker.base, passing(), verifier="no_such_verifier")
     assert await Verifier(await actors("verifier"), classes=[test_class]).run_once() == 1
     (v,) = await verifications(actors, cid)
-    assert v.status == "rejected" and "'no_such_verifier'" in (v.reason or "")
-    assert "commands" not in v.evidence
+    assert v.status == "released" and "'no_such_verifier'" in (v.reason or "")
+    campaign = await (await actors.reads("reader")).campaign(cid)
+    assert campaign.state == "attempted" and campaign.attempt_count == 1
+    assert campaign.waiting_on == "system_fault" and "no_such_verifier" in (campaign.waiting_reason or "")
 
 
 # --- a verifier killed mid-check -----------------------------------------------
@@ -300,7 +294,7 @@ BLOCKING = textwrap.dedent("""\
     import os, sys, time, pathlib
     marker, release = map(pathlib.Path, sys.argv[1:3])
     tmp = marker.with_suffix(".tmp")
-    tmp.write_text(str(os.getpid()))
+    tmp.write_text(f"{os.getpid()} {os.readlink('/proc/self/ns/pid')}")  # (ledger.drill.host_pid)
     tmp.rename(marker)
     deadline = time.monotonic() + 120
     while not release.exists() and time.monotonic() < deadline:
@@ -309,10 +303,19 @@ BLOCKING = textwrap.dedent("""\
 """)
 
 
+def blocking(tmp_path: Path) -> tuple[dict[str, Any], Path, Path]:
+    """An acceptance that blocks until released, and its marker and release
+    files: in the one host directory its cell may write."""
+    markers = tmp_path / "markers"
+    markers.mkdir(exist_ok=True)
+    marker, release = markers / "checking.pid", markers / "release"
+    return ({"commands": [[PY, "-c", BLOCKING, str(marker), str(release)]], "timeout_s": 120.0,
+             "cell": {"writable": [str(markers)]}}, marker, release)
+
+
 async def test_killed_verifier_lapses_and_a_second_finishes_with_one_verdict(
         actors: Any, worker: FakeWorker, test_class: str, db_url: str, tmp_path: Path) -> None:
-    marker, release = tmp_path / "checking.pid", tmp_path / "release"
-    acceptance = {"commands": [[PY, "-c", BLOCKING, str(marker), str(release)]], "timeout_s": 120.0}
+    acceptance, marker, release = blocking(tmp_path)
     cid = await worker.open("killed")
     await worker.attempt(cid, worker.base, acceptance)
     env = {**os.environ, "LEDGER_DATABASE_URL": db_url, "LEDGER_ROLE_PREFIX": TEST_PREFIX,
@@ -325,7 +328,7 @@ async def test_killed_verifier_lapses_and_a_second_finishes_with_one_verdict(
     try:
         await eventually(lambda: marker.exists() or proc.poll() is not None, what="the acceptance to start", timeout=30.0)
         assert proc.poll() is None, (tmp_path / "verifier.log").read_text()
-        orphan = int(marker.read_text())
+        orphan = host_pid(marker.read_text())
         (running,) = await verifications(actors, cid)
         assert running.status == "running" and f":{proc.pid}:" in running.verifier
 
@@ -368,8 +371,7 @@ async def test_killed_verifier_lapses_and_a_second_finishes_with_one_verdict(
 @pytest.mark.rollback  # only SQL: a transaction rolled back after the test
 async def test_stale_heartbeat_stops_the_check_and_writes_nothing(
         actors: Any, worker: FakeWorker, test_class: str, tmp_path: Path) -> None:
-    marker, release = tmp_path / "checking.pid", tmp_path / "release"
-    acceptance = {"commands": [[PY, "-c", BLOCKING, str(marker), str(release)]], "timeout_s": 120.0}
+    acceptance, marker, release = blocking(tmp_path)
     cid = await worker.open("stale")
     await worker.attempt(cid, worker.base, acceptance)
     work = tmp_path / "work"
@@ -380,7 +382,7 @@ async def test_stale_heartbeat_stops_the_check_and_writes_nothing(
     checking = asyncio.ensure_future(first.run_once())
     try:
         await eventually(marker.exists, what="the first verifier's acceptance to start", timeout=30.0)
-        command = int(marker.read_text())
+        command = host_pid(marker.read_text())
         (running,) = await verifications(actors, cid)
         # Its lease lapses (clock pinned past it) and another verifier takes over.
         async with actors.session("verifier").transaction(
@@ -391,7 +393,7 @@ async def test_stale_heartbeat_stops_the_check_and_writes_nothing(
     finally:
         checking.cancel()
         release.touch()
-    assert first.verdicts == {"accepted": 0, "rejected": 0, "stale": 1}
+    assert first.verdicts == {"accepted": 0, "rejected": 0, "stale": 1, "released": 0}
     await eventually(lambda: not alive(command), what="the stale check's command to be killed", timeout=30.0)
     assert list(work.iterdir()) == []
     (lost, taken) = await verifications(actors, cid)
@@ -411,8 +413,7 @@ async def test_a_verifier_cut_off_from_the_database_stops_its_check_before_its_l
     from ledger import Database
     from ledger.faultproxy import FaultProxy
 
-    marker, release = tmp_path / "checking.pid", tmp_path / "release"
-    acceptance = {"commands": [[PY, "-c", BLOCKING, str(marker), str(release)]], "timeout_s": 120.0}
+    acceptance, marker, release = blocking(tmp_path)
     cid = await worker.open("cut-off")
     await worker.attempt(cid, worker.base, acceptance)
     with FaultProxy.before(db_url) as proxy:
@@ -422,7 +423,7 @@ async def test_a_verifier_cut_off_from_the_database_stops_its_check_before_its_l
                                 lease_s=3.0, heartbeat_s=0.5, work_dir=tmp_path)
             checking = asyncio.ensure_future(verifier.run_once())
             await eventually(marker.exists, what="the acceptance to start", timeout=30.0)
-            command = int(marker.read_text())
+            command = host_pid(marker.read_text())
             proxy.silence()
             assert await asyncio.wait_for(checking, 10) == 1, "the check did not stop on its own"
             stopped = now()
@@ -443,7 +444,8 @@ SPAWNS_AND_HANGS = textwrap.dedent("""\
     import os, subprocess, sys, time, pathlib
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
     out = pathlib.Path(sys.argv[1])
-    out.with_suffix(".tmp").write_text(f"{os.getpid()} {child.pid}")
+    ns = os.readlink('/proc/self/ns/pid')
+    out.with_suffix(".tmp").write_text(f"{os.getpid()} {ns}\\n{child.pid} {ns}")
     out.with_suffix(".tmp").rename(out)
     print("started", flush=True)
     time.sleep(120)
@@ -453,16 +455,18 @@ SPAWNS_AND_HANGS = textwrap.dedent("""\
 @pytest.mark.rollback  # only SQL: a transaction rolled back after the test
 async def test_acceptance_past_its_timeout_is_killed_with_its_children_and_rejected(
         actors: Any, worker: FakeWorker, test_class: str, tmp_path: Path) -> None:
-    pids = tmp_path / "pids"
+    markers = tmp_path / "markers"
+    markers.mkdir()
+    pids = markers / "pids"
     acceptance = {"commands": [[PY, "-c", SPAWNS_AND_HANGS, str(pids)], [PY, "-c", "pass"]],
-                  "timeout_s": 1.5}
+                  "timeout_s": 1.5, "cell": {"writable": [str(markers)]}}
     cid = await worker.open("slow")
     await worker.attempt(cid, worker.base, acceptance)
     verifier = Verifier(await actors("verifier"), classes=[test_class])
     run = asyncio.ensure_future(verifier.run_once())
     try:
         await eventually(pids.exists, what="the acceptance command to start its child", timeout=30.0)
-        parent, child = map(int, pids.read_text().split())
+        parent, child = (host_pid(line) for line in pids.read_text().splitlines())
         assert await asyncio.wait_for(run, 60) == 1
     finally:
         run.cancel()

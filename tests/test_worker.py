@@ -19,7 +19,7 @@ from conftest import TEST_PREFIX, Actors, Admin
 from drive import eventually
 from ledger import bundle as bundles
 from ledger.config import load_config
-from ledger.drill import process_gone, scripted_attempt
+from ledger.drill import host_pid, process_gone, scripted_attempt
 
 pytestmark = pytest.mark.anyio
 
@@ -36,7 +36,10 @@ class Workshop:
         self.root, self.db_url = root, db_url
         self.repo = root / "repo"
         self.data = root / "data"
-        self.plan_file = root / "plan.json"
+        # the plan and the attempt's markers: the one host directory its cell may write
+        self.markers = root / "markers"
+        self.markers.mkdir()
+        self.plan_file = self.markers / "plan.json"
         self.procs: list[subprocess.Popen[bytes]] = []
         subprocess.run(["git", "init", "-q", "-b", "main", str(self.repo)], check=True)
         (self.repo / "README").write_text("a repository under repair\n")
@@ -54,6 +57,7 @@ max_attempts = 3
 lease_s = {LEASE_S}
 heartbeat_s = {HEARTBEAT_S}
 backoff = {{ base_s = 0, jitter = 0 }}
+cell = {{ writable = ["{self.markers}"] }}
 """)
         self.plan({})
 
@@ -61,7 +65,7 @@ backoff = {{ base_s = 0, jitter = 0 }}
         self.plan_file.write_text(json.dumps(plan))
 
     def marker(self, kind: str, campaign: int, attempt: int) -> Path:
-        return self.root / f"{kind}-{campaign}-{attempt}"
+        return self.markers / f"{kind}-{campaign}-{attempt}"
 
     def release(self, campaign: int, attempt: int) -> None:
         self.marker("release", campaign, attempt).write_text("go")
@@ -140,7 +144,7 @@ async def test_sigkilled_worker_loses_the_attempt_not_the_campaign(shop: Worksho
     first = shop.worker()
     started = shop.marker("started", cid, 1)
     await eventually(started.exists, what="attempt 1 to start")
-    command_pid = int(started.read_text())
+    command_pid = host_pid(started.read_text())
     first.send_signal(signal.SIGKILL)
     first.wait()
     await eventually(_gone(command_pid), what="the attempt command to die with its worker")
@@ -208,11 +212,16 @@ async def test_next_attempt_must_differ(shop: Workshop, actors: Actors, admin: A
     assert "exited with 1" in rows[0]["failure_reason"]
     assert "must differ" in rows[1]["failure_reason"]
     assert rows[2]["fingerprint"] not in (rows[0]["fingerprint"], None)
-    # The candidate's bundle is frozen at the evidence location, digest on the row.
-    location = _rows(admin, "SELECT evidence_location FROM ledger.campaign WHERE id = %s", cid)[0]["evidence_location"]
-    frozen, diff = bundles.load(Path(location) / "attempt-3", rows[2]["bundle_digest"])
-    assert frozen.fingerprint == rows[2]["fingerprint"] == bundles.fingerprint_of(diff)
-    assert b"+B" in diff
+    # The candidate's bundle and diff are in the database, checked by the digest on the row,
+    # and the candidate is published under its ledger ref.
+    [row] = _rows(admin, "SELECT bundle, diff, candidate_sha, candidate_ref FROM ledger.attempt "
+                         "WHERE campaign_id = %s AND attempt_no = 3", cid)
+    frozen = bundles.verify(row["bundle"], row["diff"], rows[2]["bundle_digest"])
+    assert frozen.fingerprint == rows[2]["fingerprint"] == bundles.fingerprint_of(row["diff"])
+    assert b"+B" in row["diff"]
+    assert row["candidate_ref"] == f"refs/heads/ledger/{cid}/3"
+    assert subprocess.run(["git", "-C", str(shop.repo), "rev-parse", row["candidate_ref"]], check=True,
+                          capture_output=True, text=True).stdout.strip() == row["candidate_sha"]
     worker.send_signal(signal.SIGTERM)
     assert worker.wait(timeout=20) == 0
 
@@ -225,7 +234,7 @@ async def test_a_saturated_worker_never_claims(shop: Workshop, actors: Actors, a
     def leased() -> int:
         return _rows(admin, "SELECT count(*) AS n FROM ledger.campaign WHERE state = 'leased'")[0]["n"]
 
-    await eventually(lambda: len(list(shop.root.glob("started-*"))) == 2, what="two attempts running")
+    await eventually(lambda: len(list(shop.markers.glob("started-*"))) == 2, what="two attempts running")
     # Observe across several poll ticks: never a third lease.
     samples = []
     deadline = time.monotonic() + 1.5
@@ -234,9 +243,9 @@ async def test_a_saturated_worker_never_claims(shop: Workshop, actors: Actors, a
         time.sleep(0.05)
     assert set(samples) == {2}
     # A slot frees: exactly one more claim.
-    first = sorted(shop.root.glob("started-*"))[0]
-    shop.root.joinpath(first.name.replace("started", "release")).write_text("go")
-    await eventually(lambda: len(list(shop.root.glob("started-*"))) == 3, what="a third attempt")
+    first = sorted(shop.markers.glob("started-*"))[0]
+    shop.markers.joinpath(first.name.replace("started", "release")).write_text("go")
+    await eventually(lambda: len(list(shop.markers.glob("started-*"))) == 3, what="a third attempt")
     assert leased() == 2
     worker.send_signal(signal.SIGTERM)
     assert worker.wait(timeout=20) == 0
@@ -273,7 +282,7 @@ async def test_sigterm_past_the_drain_budget_hands_the_campaign_back(shop: Works
     assert _attempts(admin, cid) == [(1, "drained")]
     row = _rows(admin, "SELECT attempt_count FROM ledger.campaign WHERE id = %s", cid)[0]
     assert row["attempt_count"] == 0, "a drained attempt must not use up the budget"
-    await eventually(_gone(int(started.read_text())), what="the attempt command to be killed")
+    await eventually(_gone(host_pid(started.read_text())), what="the attempt command to be killed")
     assert _workdirs(shop) == []
 
 
@@ -283,7 +292,7 @@ async def test_abandon_kills_the_attempt_within_a_heartbeat(shop: Workshop, acto
     worker = shop.worker()
     started = shop.marker("started", cid, 1)
     await eventually(started.exists, what="the attempt")
-    command, grandchild = int(started.read_text()), int(shop.marker("child", cid, 1).read_text())
+    command, grandchild = host_pid(started.read_text()), host_pid(shop.marker("child", cid, 1).read_text())
     cut = _rows(admin, "SELECT max(seq) AS s FROM ledger.campaign_event WHERE campaign_id = %s", cid)[0]["s"]
 
     began = time.monotonic()
@@ -335,15 +344,21 @@ async def test_an_idle_worker_wakes_on_notify_not_on_its_poll_tick(shop: Worksho
 
 async def test_a_leftover_child_and_nul_output_do_not_stall_or_break_the_attempt(shop: Workshop, actors: Actors, admin: Admin) -> None:
     # The grandchild keeps stdout open and sleeps for minutes; the attempt must
-    # end when the command exits, and the grandchild must die with its group.
-    shop.plan({"default": [["child"], ["print", "binary junk: \u0000 end\n"], ["write", "fix.txt", "y"],
-                           ["exit", 0]]})
+    # end when the command exits, and the grandchild must die with its cell.
+    # A process left running is what the cell reports: a security event, and
+    # the candidate refused.
+    shop.plan({"1": [["child"], ["print", "binary junk: \u0000 end\n"], ["write", "fix.txt", "y"],
+                     ["exit", 0]]})
     [cid] = await _open(actors)
     worker = shop.worker()
-    await eventually(lambda: _state(admin, cid) == "attempted", timeout=20, what="the attempt to be recorded")
-    await eventually(_gone(int(shop.marker("child", cid, 1).read_text())), what="the grandchild to be killed")
-    log_tail = _rows(admin, "SELECT log_tail FROM ledger.attempt WHERE campaign_id = %s", cid)[0]["log_tail"]
-    assert "binary junk: \ufffd end" in log_tail
+    await eventually(lambda: _attempts(admin, cid)[:1] == [(1, "failed")], timeout=20,
+                     what="the attempt to end")
+    await eventually(_gone(host_pid(shop.marker("child", cid, 1).read_text())), what="the grandchild to be killed")
+    [reason] = [r["failure_reason"] for r in _rows(
+        admin, "SELECT failure_reason FROM ledger.attempt WHERE campaign_id = %s AND attempt_no = 1", cid)]
+    assert "cell.leftover_processes" in reason
+    assert [r["action"] for r in _rows(admin, "SELECT action FROM ledger.security_event WHERE campaign_id = %s",
+                                       cid)] == ["cell.leftover_processes"]
     output = "".join(r["t"] for r in _rows(admin, "SELECT payload->>'text' AS t FROM ledger.campaign_event "
                                                    "WHERE campaign_id = %s AND type = 'output' ORDER BY seq", cid))
     assert "binary junk: \ufffd end" in output

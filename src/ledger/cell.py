@@ -96,8 +96,12 @@ class CellPolicy(BaseModel):
     read_only: list[str] = Field(default_factory=list,
                                  description="host directories visible read-only at the same path "
                                              "(a toolchain, an agent's installation)")
+    writable: list[str] = Field(default_factory=list,
+                                description="host directories visible read-write at the same path "
+                                            "(a cache shared by every attempt of the class; never a "
+                                            "repository, a data dir or anything secret)")
 
-    @field_validator("read_only")
+    @field_validator("read_only", "writable")
     @classmethod
     def _absolute(cls, value: list[str]) -> list[str]:
         for path in value:
@@ -290,6 +294,10 @@ def wrap(argv: Sequence[str], spec: CellSpec, report_fd: int,
         if os.path.isdir(directory) and directory not in visible:
             visible.append(directory)
             args += ["--ro-bind", directory, directory]
+    for directory in policy.writable:
+        if os.path.isdir(directory):
+            visible.append(directory)
+            args += ["--bind", directory, directory]
     for file in _named_files(argv, env["PATH"] + ":" + os.environ.get("PATH", "")):
         if not any(file == d or file.startswith(d.rstrip("/") + "/") for d in visible):
             if not file.startswith("/usr/"):

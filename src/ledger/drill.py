@@ -201,15 +201,23 @@ class DrillContext:
         subprocess.run(["git", "-C", str(repo), "commit", "-qm", "start"], check=True, env=env)
         return repo
 
+    @property
+    def markers(self) -> Path:
+        """The one directory of the drill's that attempt cells may write
+        (``cell.writable``): the scripted attempt's plan and its markers."""
+        path = self.workspace / "markers"
+        path.mkdir(exist_ok=True)
+        return path
+
     def plan(self, plan: dict[str, list[list[Any]]]) -> Path:
         """Write the scripted attempt command's plan (see drills/scripted_attempt.py)."""
-        path = self.workspace / "plan.json"
+        path = self.markers / "plan.json"
         path.write_text(json.dumps(plan))
         return path
 
     def marker(self, kind: str, campaign: int, attempt: int) -> Path:
         """A file the scripted attempt writes (started, child) or waits for (release)."""
-        return self.workspace / f"{kind}-{campaign}-{attempt}"
+        return self.markers / f"{kind}-{campaign}-{attempt}"
 
     def write_config(self, text: str) -> LedgerConfig:
         """Write ledger.toml for the drill's processes; returns it parsed."""
@@ -309,8 +317,41 @@ class DrillContext:
             "AND type = 'transition' ORDER BY seq", campaign_id)]
 
 
+def pid_marker() -> str:
+    """What a process writes so that a test on the host can find it even in a
+    cell's PID namespace: its pid there and that namespace (``host_pid``)."""
+    return f"{os.getpid()} {os.readlink('/proc/self/ns/pid')}"
+
+
+def host_pid(marker: str) -> int:
+    """The host's pid of the process that wrote ``marker`` (``pid_marker``):
+    its own pid when it ran in this PID namespace, else the process of that
+    namespace whose innermost pid it is (``NSpid`` in /proc/<pid>/status);
+    -1 when it is gone."""
+    words = marker.split()
+    pid = int(words[0])
+    namespace = words[1] if len(words) > 1 else os.readlink("/proc/self/ns/pid")
+    if namespace == os.readlink("/proc/self/ns/pid"):
+        return pid
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            if os.readlink(f"/proc/{entry}/ns/pid") != namespace:
+                continue
+            status = Path(f"/proc/{entry}/status").read_text()
+        except OSError:
+            continue
+        for line in status.splitlines():
+            if line.startswith("NSpid:") and int(line.split()[-1]) == pid:
+                return int(entry)
+    return -1
+
+
 def process_gone(pid: int) -> bool:
     """Whether a process has exited (a zombie awaiting its reaper counts as gone)."""
+    if pid < 0:
+        return True
     try:
         os.kill(pid, 0)
     except ProcessLookupError:

@@ -64,7 +64,6 @@ STATIC_OVERRIDES: tuple[tuple[str, str], ...] = (
     ("protocol.ssh.allow", "always"),
     ("protocol.http.allow", "always"),
     ("protocol.https.allow", "always"),
-    ("uploadpack.packObjectsHook", ""),
     ("gc.auto", "0"),
     ("maintenance.auto", "false"),
     ("submodule.recurse", "false"),
@@ -88,9 +87,11 @@ _PROGRAM_KEYS = re.compile(
       | gpg\.(?:program|.+\.program|ssh\.defaultkeycommand)
       | sequence\.editor | pager\..+
       | remote\..+\.(?:uploadpack|receivepack|vcs)
-      | uploadpack\.packobjectshook
       | hook\..+\.command
     )$""", re.X | re.I)
+# (uploadpack.packObjectsHook is not among them: git honours it only from the
+# command line, system and user configuration -- none of which is the
+# repository's -- and an override would set it, not clear it.)
 
 
 def _neutral(name: str) -> str:

@@ -23,6 +23,7 @@ import fcntl
 import hashlib
 import os
 import re
+import shlex
 import shutil
 import stat
 import subprocess
@@ -42,9 +43,33 @@ _TRAILER_KEYS = ("Ledger-Campaign", "Ledger-Attempt", "Ledger-Verdict")
 _OUR_TRAILER = re.compile(r"^(?:" + "|".join(_TRAILER_KEYS) + r")\s*:.*$\n?", re.I | re.M)
 
 
-#: Git's own program on the other side of a fetch, whatever any configuration says.
-UPLOAD_PACK = ("--upload-pack=git-upload-pack",)
-RECEIVE_PACK = ("--receive-pack=git-receive-pack",)
+# Git's own program on the other side of a transfer, whatever any configuration
+# says. Over a local transport (``file://`` or a path) it runs here, as Ledger,
+# in the other repository -- and git hands it none of this side's overrides
+# (it clears them for the other side) -- so its command line carries the
+# overrides of that repository itself: no hooks, no fsmonitor, none of its
+# program-valued keys. Over a network transport the other side is a server:
+# its hooks are its owner's policy, and run there.
+
+
+def _other_side(location: str, program: str) -> str:
+    if not _is_local(location):
+        return f"git-{program}"
+    path = location[len("file://"):] if location.startswith("file://") else location
+    options = [f"-c {shlex.quote(f'{k}={v}')}" for k, v in hardened_git.overrides(path or None)]
+    return " ".join(["git", *options, program])
+
+
+def _upload_pack(location: str) -> tuple[str, ...]:
+    return (f"--upload-pack={_other_side(location, 'upload-pack')}",)
+
+
+def _receive_pack(location: str) -> tuple[str, ...]:
+    return (f"--receive-pack={_other_side(location, 'receive-pack')}",)
+
+
+def _is_local(location: str) -> bool:
+    return location.startswith("file://") or ("://" not in location and not location.startswith("git@"))
 
 
 class GitError(LedgerError):
@@ -225,7 +250,7 @@ class Repository:
             return
         with self._cache_lock():
             try:
-                self._git("fetch", "--quiet", "--no-tags", "--no-write-fetch-head", *UPLOAD_PACK,
+                self._git("fetch", "--quiet", "--no-tags", "--no-write-fetch-head", *_upload_pack(self.location),
                           "--", self.location, *(f"+{r}:{r}" for r in refs))
             except GitError as exc:
                 raise _transport_fault(exc, f"cannot fetch {', '.join(refs)} from {self.location}") from exc
@@ -238,7 +263,7 @@ class Repository:
             pairs = (line.rsplit(" ", 1) for line in listing.splitlines() if line)
             return {name: sha for name, sha in pairs}
         try:
-            listing = git(self.path, "ls-remote", *UPLOAD_PACK, "--", self.location, pattern)
+            listing = git(self.path, "ls-remote", *_upload_pack(self.location), "--", self.location, pattern)
         except GitError as exc:
             raise _transport_fault(exc, f"cannot list {pattern} on {self.location}") from exc
         refs = {}
@@ -283,7 +308,7 @@ class Repository:
         with self._cache_lock():
             self._git("update-ref", ref, sha)  # the cache's copy: what gc lists
             try:
-                git(self.path, "push", "--quiet", "--porcelain", *RECEIVE_PACK,
+                git(self.path, "push", "--quiet", "--porcelain", *_receive_pack(self.location),
                     f"--force-with-lease={ref}:", "--", self.location, f"{sha}:{ref}")
             except GitError as exc:
                 if self.remote_ref(ref) != sha:
@@ -346,7 +371,7 @@ class Repository:
         lease = f"--force-with-lease={ref}:{expected_old or ''}"
         with self._cache_lock():
             try:
-                git(self.path, "push", "--quiet", "--atomic", "--porcelain", *RECEIVE_PACK, lease,
+                git(self.path, "push", "--quiet", "--atomic", "--porcelain", *_receive_pack(self.location), lease,
                     "--", self.location, f"{new}:{ref}")
             except GitError as exc:
                 try:
@@ -424,7 +449,8 @@ class Repository:
         ``branch``, with no remote (nothing to push to)."""
         directory.mkdir(parents=True)
         git(directory, "init", "--quiet", "--template=", str(directory))
-        git(directory, "fetch", "--quiet", "--no-tags", *UPLOAD_PACK, "--", f"file://{self.path}", base)
+        source = f"file://{self.path}"
+        git(directory, "fetch", "--quiet", "--no-tags", *_upload_pack(source), "--", source, base)
         git(directory, "checkout", "--quiet", "-B", branch, base)
         git(directory, "config", "user.name", author.name)
         git(directory, "config", "user.email", author.email)
@@ -509,7 +535,7 @@ class Repository:
         if self.is_remote:
             try:
                 with self._cache_lock():
-                    git(self.path, "push", "--quiet", "--porcelain", *RECEIVE_PACK,
+                    git(self.path, "push", "--quiet", "--porcelain", *_receive_pack(self.location),
                         f"--force-with-lease={ref}:{expected}", "--", self.location, f":{ref}")
                     self._git("update-ref", "-d", ref, ok=(0, 1))
             except GitError:

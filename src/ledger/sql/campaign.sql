@@ -227,8 +227,12 @@ CREATE OR REPLACE TRIGGER campaign_guard BEFORE INSERT OR UPDATE ON ledger.campa
 -- charges an attempt and returns to ready must exhaust the campaign in the
 -- same transaction (exhaust_if_spent). Checked at commit, on the row as it
 -- is then; queued only by the rare update that makes a spent ready row.
+-- (SECURITY DEFINER: it fires at commit, after the API function that made
+-- the change has returned, as the session's runtime role.)
 CREATE OR REPLACE FUNCTION ledger.campaign_spent_check() RETURNS trigger
     LANGUAGE plpgsql
+    SECURITY DEFINER
+    SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
     IF EXISTS (SELECT 1 FROM ledger.campaign c

@@ -1,0 +1,321 @@
+"""Attempt cells (``ledger.cell``): an attempt cannot leave its cell, and what
+it tries is recorded.
+
+The main test runs a real ``ledger worker`` against a real repository with a
+hostile attempt command (``drills/hostile_agent.py``) that tries each escape
+found before cells existed -- the worker's environment through ``/proc``,
+the database directly, the user's repository (its refs, its working tree,
+its hooks), hooks and configuration for Ledger's own git, a daemon that
+outlives the attempt, Ledger's configuration and the judge's interpreter,
+and the network -- and then checks, on the host, that each was refused or
+contained: nothing of the worker's environment reached the journal, the
+repository and the files are as they were, no planted program ran, no
+process survived, the listener heard nothing; that the cell's report is a
+``security_event`` and the candidate was refused; and that the honest
+second attempt is recorded. Smaller tests check the cell's own promises one
+by one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import os
+import socket
+import subprocess
+import sys
+import sysconfig
+import tempfile
+import uuid
+from pathlib import Path
+
+import pytest
+from psycopg.conninfo import conninfo_to_dict
+
+from conftest import TEST_PREFIX, Actors, Admin
+from drive import eventually
+from ledger import cell as cells
+from ledger.config import load_config
+from ledger.processes import cell_environment, run_command
+from ledger.redaction import Redactor, known_secrets
+
+pytestmark = pytest.mark.anyio
+
+HOSTILE = Path(__file__).resolve().parent.parent / "drills" / "hostile_agent.py"
+CLASS = "hostile"
+BUGGY = "def add(a, b):\n    return a - b\n"
+FIXED = "def add(a, b):\n    return a + b\n"
+
+needs_cells = pytest.mark.skipif(cells.bubblewrap() is None,
+                                 reason="bubblewrap is not installed (apt-get install bubblewrap)")
+
+
+def _git(repo: Path, *args: str) -> str:
+    return subprocess.run(["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@t", *args],
+                          check=True, capture_output=True, text=True).stdout.strip()
+
+
+def _digest(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest() if path.exists() else "absent"
+
+
+def _tree_digest(root: Path) -> dict[str, str]:
+    return {str(p.relative_to(root)): _digest(p) for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def _work_tree(repo: Path) -> dict[str, str]:
+    return {k: v for k, v in _tree_digest(repo).items() if not k.startswith(".git/")}
+
+
+def _host_processes_with(tag: str) -> list[int]:
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                if tag.encode() in Path(f"/proc/{entry}/cmdline").read_bytes():
+                    found.append(int(entry))
+            except OSError:
+                pass
+    return found
+
+
+class Listener:
+    """A TCP server on the host's loopback that records every connection."""
+
+    def __init__(self) -> None:
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(8)
+        self.sock.setblocking(False)
+        self.port = self.sock.getsockname()[1]
+
+    def heard(self) -> int:
+        n = 0
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except BlockingIOError:
+                return n
+            conn.close()
+            n += 1
+
+
+@needs_cells
+async def test_a_hostile_attempt_is_contained_and_recorded(tmp_path: Path, db_url: str, actors: Actors,
+                                                          admin: Admin) -> None:
+    repo = tmp_path / "repo"
+    _git(tmp_path, "init", "-q", "-b", "main", str(repo))
+    (repo / "calc.py").write_text(BUGGY)
+    _git(repo, "add", ".")
+    _git(repo, "commit", "-qm", "calc with a bug")
+    main_before = _git(repo, "rev-parse", "refs/heads/main")
+    data = tmp_path / "data"
+    markers = tmp_path / "markers"
+    markers.mkdir()
+    listener = Listener()
+    tag = f"hostile-daemon-{uuid.uuid4().hex}"
+    canary = f"canary-{uuid.uuid4().hex}"
+    site = Path(sysconfig.get_paths()["purelib"])
+    targets = tmp_path / "targets.json"
+    config = tmp_path / "ledger.toml"
+    targets.write_text(json.dumps({
+        "user_repo": str(repo), "ledger_toml": str(config), "data_dir": str(data),
+        "site_packages": str(site), "db_port": conninfo_to_dict(db_url).get("port") or 5432,
+        "listen_port": listener.port, "marker_dir": str(markers), "daemon_tag": tag,
+        "fix": {"calc.py": FIXED}}))
+    config.write_text(f"""
+[classes.{CLASS}]
+repository = "{repo}"
+base_ref = "main"
+attempt_command = ["{sys.executable}", "{HOSTILE}", "{targets}"]
+attempt_timeout_s = 60
+max_attempts = 3
+lease_s = 20
+heartbeat_s = 2
+backoff = {{ base_s = 0, jitter = 0 }}
+""")
+    config_before = _digest(config)
+    _work_tree_before = _work_tree(repo)
+    git_config_before = _digest(repo / ".git" / "config")
+    hooks_before = _tree_digest(repo / ".git" / "hooks")
+    site_before = sorted(p.name for p in site.iterdir())
+    op = await actors("operator")
+    await op.register_class(CLASS, **load_config(config).campaign_class(CLASS).registration())
+    cid = (await (await actors("sensor")).open_campaign(CLASS, "hostile", "repo")).campaign_id
+
+    env = {**os.environ, "LEDGER_DATABASE_URL": db_url, "LEDGER_ROLE_PREFIX": TEST_PREFIX,
+           "LEDGER_DATA_DIR": str(data), "LEDGER_CONFIG": str(config), "HOSTILE_CANARY": canary}
+    log = open(tmp_path / "worker.log", "wb")
+    worker = subprocess.Popen([sys.executable, "-m", "ledger", "worker", "--poll", "0.2"], env=env,
+                              stdout=log, stderr=subprocess.STDOUT)
+    try:
+        def attempts() -> list[dict]:
+            return admin.execute("SELECT attempt_no, outcome, failure_reason FROM ledger.attempt "
+                                 "WHERE campaign_id = %s ORDER BY attempt_no", (cid,)).fetchall()
+        await eventually(lambda: len(attempts()) >= 2 and attempts()[1]["outcome"] != "running",
+                         timeout=120, what="the hostile attempt and the honest one after it")
+    finally:
+        worker.terminate()
+        worker.wait(timeout=60)
+    first, second = attempts()[:2]
+
+    # The cell's report: a security event, and the candidate refused.
+    assert first["outcome"] == "failed", first
+    assert first["failure_reason"].startswith("refused: the attempt tried what its cell does not allow")
+    actions = {r["action"] for r in admin.execute(
+        "SELECT action FROM ledger.security_event WHERE campaign_id = %s", (cid,)).fetchall()}
+    assert "cell.leftover_processes" in actions
+    assert second["outcome"] == "attempted", second  # the honest fix, recorded
+
+    # What the agent itself saw: every escape refused.
+    output = "".join(r["chunk"] for r in admin.execute(
+        "SELECT payload->>'text' AS chunk FROM ledger.campaign_event WHERE campaign_id = %s "
+        "AND type = 'output' ORDER BY seq", (cid,)).fetchall() if r["chunk"])
+    seen = {}
+    for line in output.splitlines():
+        if line.startswith("{"):
+            entry = json.loads(line)
+            seen[entry["escape"]] = entry
+    assert set(seen) >= {"proc.environ", "database", "user.repository", "git.plants", "daemon",
+                         "config.judge", "network"}, output
+    escaped = {k: v for k, v in seen.items() if v["outcome"] != "refused"}
+    assert escaped == {}, escaped
+
+    # And on the host: nothing of the worker's reached the journal ...
+    everything = json.dumps([dict(r) for r in admin.execute(
+        "SELECT payload FROM ledger.campaign_event WHERE campaign_id = %s", (cid,)).fetchall()])
+    everything += json.dumps([r["log_tail"] for r in admin.execute(
+        "SELECT log_tail FROM ledger.attempt WHERE campaign_id = %s", (cid,)).fetchall()])
+    assert canary not in everything
+    assert db_url not in everything
+    # ... the user's repository, Ledger's configuration and the interpreter are as they were ...
+    assert _git(repo, "rev-parse", "refs/heads/main") == main_before
+    assert _work_tree(repo) == _work_tree_before
+    assert _digest(repo / ".git" / "config") == git_config_before
+    assert _tree_digest(repo / ".git" / "hooks") == hooks_before
+    assert not (repo / "HOSTILE").exists()
+    assert _digest(config) == config_before
+    assert sorted(p.name for p in site.iterdir()) == site_before
+    assert not (data / "hostile").exists()
+    # ... no planted program ran, no process survived, nobody was heard.
+    assert list(markers.iterdir()) == []
+    assert _host_processes_with(tag) == []
+    assert listener.heard() == 0
+
+
+@needs_cells
+async def test_the_cell_sees_no_process_of_the_host_and_an_empty_environment(tmp_path: Path) -> None:
+    spec = cells.CellSpec(cells.CellPolicy(), (cells.Binding(tmp_path, cells.INSIDE_WORK, True),),
+                          env=cell_environment())
+    script = ("import os, json; pids = [p for p in os.listdir('/proc') if p.isdigit()]; "
+              "print(json.dumps({'pids': len(pids), 'init_env': open('/proc/1/environ','rb').read().decode(), "
+              "'uid': os.getuid(), 'env': sorted(os.environ)}))")
+    result = await run_command([sys.executable, "-c", script], "/", timeout_s=60, cell=spec)
+    assert result.passed, result.output
+    seen = json.loads(result.output)
+    assert seen["pids"] <= 4  # bubblewrap's init, the monitor, the command (and nothing of the host's)
+    assert seen["init_env"] == ""
+    assert seen["uid"] == cells.CELL_UID
+    assert not any(k.startswith(("LEDGER_", "PG")) or "DATABASE" in k for k in seen["env"])
+
+
+@needs_cells
+async def test_only_the_workspace_is_writable_and_the_host_is_mostly_absent(tmp_path: Path) -> None:
+    work = tmp_path / "work"
+    work.mkdir()
+    secret_dir = tmp_path / "secret"
+    secret_dir.mkdir()
+    (secret_dir / "key").write_text("do not read")
+    spec = cells.CellSpec(cells.CellPolicy(), (cells.Binding(work, cells.INSIDE_WORK, True),),
+                          env=cell_environment())
+    script = (f"import os\nfor path in ['/etc/x', '/usr/x', '{sys.prefix}/x', '/tmp/x', '/cell/work/x']:\n"
+              f"    try:\n        open(path, 'w').write('x'); print('wrote', path)\n"
+              f"    except OSError as e: print('refused', path, e.errno)\n"
+              f"print('secret', os.path.exists('{secret_dir}/key'))\n"
+              f"print('home', sorted(os.listdir('{Path.home()}')) if os.path.isdir('{Path.home()}') else [], "
+              f"os.environ['HOME'])\n"
+              "try:\n    open('/etc/shadow').read(); print('shadow True')\n"
+              "except OSError:\n    print('shadow False')\n")
+    result = await run_command([sys.executable, "-c", script], "/", timeout_s=60, cell=spec)
+    lines = result.output.splitlines()
+    assert "wrote /tmp/x" in lines and "wrote /cell/work/x" in lines
+    assert (work / "x").exists()
+    for path in ("/etc/x", "/usr/x", f"{sys.prefix}/x"):
+        assert f"wrote {path}" not in lines, result.output
+    assert "secret False" in lines
+    assert "shadow False" in lines
+    # Of the host's $HOME, at most the way to an interpreter Ledger runs under (bound read-only).
+    home_line = next(line for line in lines if line.startswith("home "))
+    assert home_line.endswith(cells.INSIDE_HOME)
+    allowed = {Path(p).relative_to(Path.home()).parts[0] for p in cells._interpreter_paths()
+               if p.startswith(str(Path.home()) + "/")}
+    seen_in_home = set(eval(home_line[len("home "):-len(cells.INSIDE_HOME)].strip()))  # noqa: S307 (our own print)
+    assert seen_in_home <= allowed, seen_in_home
+
+
+@needs_cells
+async def test_daemons_die_with_the_cell_and_are_reported(tmp_path: Path) -> None:
+    tag = f"cell-daemon-{uuid.uuid4().hex}"
+    script = ("import os, sys, time\n"
+              "if os.fork() == 0:\n    os.setsid()\n    if os.fork() == 0:\n"
+              f"        os.execv(sys.executable, [sys.executable, '-c', 'import time; time.sleep(300)', '{tag}'])\n"
+              "    os._exit(0)\nos.wait(); time.sleep(0.3)\n")
+    spec = cells.CellSpec(cells.CellPolicy(), (), cwd="/", env=cell_environment())
+    result = await run_command([sys.executable, "-c", script], "/", timeout_s=60, cell=spec)
+    assert result.passed, result.output
+    assert any(tag in left for left in result.leftovers), result.leftovers
+    await eventually(lambda: _host_processes_with(tag) == [], what="the daemon to be gone")
+
+
+@needs_cells
+async def test_no_network_by_default(tmp_path: Path) -> None:
+    listener = Listener()
+    script = (f"import socket\ntry:\n    socket.create_connection(('127.0.0.1', {listener.port}), timeout=2)\n"
+              "    print('reached')\nexcept OSError as e:\n    print('refused', e)\n")
+    spec = cells.CellSpec(cells.CellPolicy(), (), cwd="/", env=cell_environment())
+    result = await run_command([sys.executable, "-c", script], "/", timeout_s=60, cell=spec)
+    assert result.output.startswith("refused"), result.output
+    assert listener.heard() == 0
+    host = cells.CellSpec(cells.CellPolicy(network="host"), (), cwd="/", env=cell_environment())
+    opened = await run_command([sys.executable, "-c", script], "/", timeout_s=60, cell=host)
+    assert opened.output.startswith("reached"), opened.output  # the opt-in does what it says
+    assert listener.heard() == 1
+
+
+@needs_cells
+async def test_limits_bound_memory_and_file_size(tmp_path: Path) -> None:
+    spec = cells.CellSpec(cells.CellPolicy(memory_mb=256, file_size_mb=1),
+                          (cells.Binding(tmp_path, cells.INSIDE_WORK, True),), env=cell_environment())
+    grow = await run_command([sys.executable, "-c", "x = bytearray(1 << 30)"], "/", timeout_s=60, cell=spec)
+    assert not grow.passed and "MemoryError" in grow.output
+    write = await run_command(["/bin/sh", "-c", "head -c 2000000 /dev/zero > /cell/work/big"], "/",
+                              timeout_s=60, cell=spec)
+    assert not write.passed
+    assert (tmp_path / "big").stat().st_size <= 1 << 20
+
+
+@needs_cells
+async def test_a_cell_is_killed_at_its_timeout(tmp_path: Path) -> None:
+    spec = cells.CellSpec(cells.CellPolicy(), (), cwd="/", env=cell_environment())
+    result = await run_command(["/bin/sleep", "60"], "/", timeout_s=0.5, cell=spec)
+    assert result.timed_out and result.duration_s < 30
+
+
+async def test_known_secrets_are_redacted_even_across_chunks() -> None:
+    secrets = known_secrets({"LEDGER_DATABASE_URL": "postgresql://ledger:s3cr3t-pw@db:5432/x",
+                             "LEDGER_SESSION_SECRET": "session-secret-value", "PATH": "/bin"})
+    assert "s3cr3t-pw" in secrets and "session-secret-value" in secrets and "/bin" not in secrets
+    redactor = Redactor(secrets)
+    stream = b"connect to postgresql://ledger:s3cr3t-pw@db:5432/x now; pw s3cr3"
+    out = redactor.feed(stream[:20]) + redactor.feed(stream[20:]) + redactor.feed(b"t-pw done") + redactor.flush()
+    assert b"s3cr3t-pw" not in out and out.count(b"[redacted]") == 2, out
+    assert out.endswith(b" done")
+
+
+async def test_the_sandbox_unavailable_is_one_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(cells, "bubblewrap", lambda: None)
+    monkeypatch.setattr(cells, "_checked", {})
+    with pytest.raises(cells.SandboxUnavailable) as raised:
+        cells.check_available()
+    assert "bubblewrap" in raised.value.message and "apt-get install bubblewrap" in (raised.value.hint or "")
