@@ -319,3 +319,86 @@ async def test_the_sandbox_unavailable_is_one_clear_error(monkeypatch: pytest.Mo
     with pytest.raises(cells.SandboxUnavailable) as raised:
         cells.check_available()
     assert "bubblewrap" in raised.value.message and "apt-get install bubblewrap" in (raised.value.hint or "")
+
+
+class Echo:
+    """A TCP server on the host's loopback that answers each line with itself."""
+
+    def __init__(self) -> None:
+        self.server: asyncio.base_events.Server | None = None
+        self.port = 0
+
+    async def start(self) -> None:
+        async def echo(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            line = await reader.readline()
+            writer.write(b"echo " + line)
+            await writer.drain()
+            writer.close()
+        self.server = await asyncio.start_server(echo, "127.0.0.1", 0)
+        self.port = self.server.sockets[0].getsockname()[1]
+
+
+PROXIED = """import json, socket, sys
+allowed, other = int(sys.argv[1]), int(sys.argv[2])
+def connect(target):
+    s = socket.create_connection(("127.0.0.1", 3128), timeout=10)
+    s.sendall(f"CONNECT {target} HTTP/1.1\\r\\nHost: {target}\\r\\n\\r\\n".encode())
+    head = b""
+    while b"\\r\\n\\r\\n" not in head:
+        chunk = s.recv(1)
+        if not chunk:
+            break
+        head += chunk
+    status = head.split(b" ", 2)[1].decode() if head else "none"
+    if status == "200":
+        s.sendall(b"hello\\n")
+        return status, s.recv(100).decode().strip()
+    return status, ""
+out = {"allowed": connect(f"127.0.0.1:{allowed}"), "other": connect(f"127.0.0.1:{other}"),
+       "by_name": connect(f"localhost:{allowed}")}
+try:
+    socket.create_connection(("127.0.0.1", allowed), timeout=2)
+    out["direct"] = "reached"
+except OSError:
+    out["direct"] = "refused"
+print(json.dumps(out))
+"""
+
+
+@needs_cells
+async def test_the_proxy_policy_lets_out_only_what_the_class_allows() -> None:
+    allowed, other = Echo(), Echo()
+    await allowed.start()
+    await other.start()
+    policy = cells.CellPolicy(network="proxy", allow=[f"127.0.0.1:{allowed.port}"])
+    spec = cells.CellSpec(policy, (), cwd="/", env=cell_environment())
+    result = await run_command([sys.executable, "-c", PROXIED, str(allowed.port), str(other.port)], "/",
+                               timeout_s=60, cell=spec)
+    assert result.passed, result.output
+    seen = json.loads(result.output)
+    assert seen["allowed"] == ["200", "echo hello"]
+    assert seen["other"][0] == "403"  # a port no pattern names
+    assert seen["by_name"][0] == "403"  # a name that is not allowed (and resolves to loopback)
+    assert seen["direct"] == "refused"  # around the proxy: no network at all
+    assert set(result.egress_refused) == {f"127.0.0.1:{other.port}", f"localhost:{allowed.port}"}
+
+
+async def test_an_allowed_name_resolving_to_this_hosts_networks_is_refused() -> None:
+    from ledger.egress import EgressProxy
+    proxy = EgressProxy(["localhost:5432", "*.internal:443"])
+    async with proxy.serving() as path:
+        reader, writer = await asyncio.open_unix_connection(str(path))
+        writer.write(b"CONNECT localhost:5432 HTTP/1.1\r\n\r\n")
+        await writer.drain()
+        answer = await reader.read(200)
+        writer.close()
+    assert answer.startswith(b"HTTP/1.1 403"), answer  # allowed by name, but it is the host's own database
+    assert proxy.refused and "resolves to" in proxy.refused[0]
+    assert proxy.permits("api.internal", 443) and not proxy.permits("api.internal", 80)
+
+
+def test_a_proxy_policy_needs_its_allow_list() -> None:
+    with pytest.raises(ValueError, match="needs cell.allow"):
+        cells.CellPolicy(network="proxy")
+    with pytest.raises(ValueError, match="HOST:PORT"):
+        cells.CellPolicy(network="proxy", allow=["api.example.com"])

@@ -469,6 +469,10 @@ class AttemptRun:
         if result.monitor_lost:
             self.security.append(("cell.monitor_killed", "the cell's monitor was killed from inside "
                                   "the cell (the attempt command killed it)", {}))
+        if result.egress_refused:
+            self.security.append(("network.refused", "the attempt tried to reach what its class does "
+                                  "not allow: " + ", ".join(result.egress_refused[:5]),
+                                  {"destinations": list(result.egress_refused[:100])}))
         if self.redactor.redacted:
             self.security.append(("output.secret", f"the attempt's output held {self.redactor.redacted} "
                                   "value(s) of Ledger's secrets (redacted before storage)", {}))

@@ -22,9 +22,12 @@ written here), built fresh for each command:
   write. Ledger's data directory, configuration, evidence, other attempts,
   the user's repository and ``$HOME`` are simply not there.
 * **Its own network namespace**: by default no network at all (only its own
-  loopback, where nothing of the host listens). ``network = "host"`` shares
-  the host's network (everything the host reaches, the database included: a
-  last resort, logged).
+  loopback, where nothing of the host listens). ``network = "proxy"`` keeps
+  that, plus one way out: an HTTPS ``CONNECT`` proxy of the worker's that
+  lets through only the ``host:port`` patterns of ``cell.allow``, never to an
+  address of the host's own networks (``ledger.egress``); what it refuses is
+  reported. ``network = "host"`` shares the host's network (everything the
+  host reaches, the database included: a last resort, logged).
 * **Its own user namespace** (uid 65534 inside, no capabilities, no further
   user namespaces), IPC, UTS and cgroup namespaces, a new session (no
   terminal injection), and ``--die-with-parent``.
@@ -55,7 +58,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from .errors import ConfigError
 
@@ -70,7 +73,7 @@ _INIT = Path(__file__).with_name("cell_init.py")
 CELL_UID = 65534
 INSIDE_PATH = "/usr/local/bin:/usr/bin:/bin:/usr/local/sbin:/usr/sbin:/sbin"
 
-Network = Literal["none", "host"]
+Network = Literal["none", "proxy", "host"]
 
 
 class SandboxUnavailable(ConfigError):
@@ -86,8 +89,13 @@ class CellPolicy(BaseModel):
 
     sandbox: bool = Field(True, description="run commands in a cell; false is an explicit, logged "
                                             "opt-out (the command then runs as the worker's user)")
-    network: Network = Field("none", description="none: no network; host: the host's network "
-                                                 "(everything it reaches, the database included)")
+    network: Network = Field("none", description="none: no network; proxy: only the hosts of "
+                                                 "cell.allow, through the worker's proxy; host: the "
+                                                 "host's network (everything it reaches, the "
+                                                 "database included)")
+    allow: list[str] = Field(default_factory=list,
+                             description="with network = proxy: the HOST:PORT patterns a command may "
+                                         "reach (e.g. api.example.com:443, *.example.com:443)")
     memory_mb: int = Field(4096, ge=64, le=1 << 20, description="address-space limit per process")
     processes: int = Field(1024, ge=8, le=1 << 16,
                            description="process limit (where the kernel counts them)")
@@ -109,6 +117,22 @@ class CellPolicy(BaseModel):
                 raise ValueError(f"cell.read_only entries are absolute paths, not {path!r}")
         return value
 
+    @field_validator("allow")
+    @classmethod
+    def _patterns(cls, value: list[str]) -> list[str]:
+        from .egress import check_pattern
+        for pattern in value:
+            check_pattern(pattern)
+        return value
+
+    @model_validator(mode="after")
+    def _allow_needs_proxy(self) -> CellPolicy:
+        if self.network == "proxy" and not self.allow:
+            raise ValueError("cell.network = proxy needs cell.allow (the HOST:PORT patterns it may reach)")
+        if self.allow and self.network != "proxy":
+            raise ValueError("cell.allow applies with cell.network = proxy only")
+        return self
+
 
 @dataclass(frozen=True)
 class Binding:
@@ -128,6 +152,8 @@ class CellSpec:
     bindings: tuple[Binding, ...] = ()
     cwd: str = INSIDE_WORK
     env: Mapping[str, str] = field(default_factory=dict)
+    #: the Unix socket of the worker's egress proxy (network = "proxy")
+    egress: Path | None = None
 
 
 @dataclass(frozen=True)
@@ -307,10 +333,16 @@ def wrap(argv: Sequence[str], spec: CellSpec, report_fd: int,
     for binding in spec.bindings:
         args += ["--bind" if binding.writable else "--ro-bind", str(binding.source), binding.target]
     args += ["--ro-bind", str(_INIT), _INSIDE_INIT]
+    monitor = [str(report_fd)]
+    if spec.egress is not None:
+        from .egress import INSIDE_SOCKET, proxy_environment
+        args += ["--bind", str(spec.egress), INSIDE_SOCKET]
+        monitor += ["--egress", INSIDE_SOCKET]
+        env.update(proxy_environment())
     for key, value in env.items():
         args += ["--setenv", key, value]
     args += ["--chdir", spec.cwd, "--",
-             sys.executable, "-I", "-S", "-B", _INSIDE_INIT, str(report_fd), "--", *argv]
+             sys.executable, "-I", "-S", "-B", _INSIDE_INIT, *monitor, "--", *argv]
     apply_limits = _limits(policy)
 
     def preexec() -> None:

@@ -101,7 +101,11 @@ def secure_database(url: str) -> None:
     """Re-apply what a database copied from a template lacks (no TEMPORARY for PUBLIC)."""
     with psycopg.connect(url, autocommit=True) as conn:
         if _scalar(conn, "SELECT to_regprocedure('ledger.secure_database()') IS NOT NULL"):
-            conn.execute("SELECT ledger.secure_database()")
+            # Two processes migrating at once would update the database's ACL
+            # together ("tuple concurrently updated"): one at a time.
+            with conn.transaction():
+                conn.execute("SELECT pg_advisory_xact_lock(hashtext('ledger.secure_database'))")
+                conn.execute("SELECT ledger.secure_database()")
 
 
 def downgrade(url: str, role_prefix: str = "ledger_", revision: str = "base") -> None:

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import ctypes
 import os
 import re
@@ -35,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from . import cell as cells
+from .egress import EgressProxy
 from .redaction import Redactor, redactor
 
 #: How much of a command's output is kept as evidence (the end of it).
@@ -163,6 +165,8 @@ class CommandResult:
     sandboxed: bool = False
     leftovers: tuple[str, ...] = ()
     monitor_lost: bool = False
+    #: with network = "proxy": the destinations its proxy refused
+    egress_refused: tuple[str, ...] = ()
 
     @property
     def passed(self) -> bool:
@@ -183,6 +187,8 @@ class CommandResult:
             record["leftovers"] = list(self.leftovers)
         if self.monitor_lost:
             record["monitor_lost"] = True
+        if self.egress_refused:
+            record["egress_refused"] = list(self.egress_refused)
         record.update(self.extra)
         return record
 
@@ -267,6 +273,13 @@ async def run_command(argv: Sequence[str], cwd: Path | str, *, timeout_s: float,
     reported. Output reaches ``on_output`` and the tail with Ledger's secrets
     redacted (``redact``, default: this process's known secrets).
     Never raises for the command's own failure."""
+    if cell is not None and cell.policy.network == "proxy" and cell.egress is None:
+        proxy = EgressProxy(cell.policy.allow)
+        async with proxy.serving() as socket_path:
+            result = await _run_in_cell(argv, timeout_s=timeout_s, tail_bytes=tail_bytes, stdin=stdin,
+                                        on_output=on_output, cell=dataclasses.replace(cell, egress=socket_path),
+                                        redact=redact)
+        return dataclasses.replace(result, egress_refused=tuple(proxy.refused[:100]))
     if cell is not None:
         return await _run_in_cell(argv, timeout_s=timeout_s, tail_bytes=tail_bytes, stdin=stdin,
                                   on_output=on_output, cell=cell, redact=redact)
