@@ -39,7 +39,8 @@ class BodyLimit:
             return
         too_large = PayloadTooLarge(f"the request body is larger than {self.max_bytes} bytes")
         for name, value in scope["headers"]:
-            if name == b"content-length" and value.isdigit() and int(value) > self.max_bytes:
+            if name == b"content-length" and value.isdigit() \
+                    and (len(value) > 18 or int(value) > self.max_bytes):
                 await problem_for(too_large, Request(scope))(scope, receive, send)
                 return
         received = 0

@@ -13,6 +13,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import HTMLResponse, Response
 
 from ... import bulk as bulk_actions
+from ...bounds import is_ascii_int
 from ...errors import InvalidInput
 from ...reads import Reads
 from ...models import Campaign
@@ -33,7 +34,7 @@ async def _campaigns(reads: Reads, ids: list[int]) -> list[Campaign]:
 
 def _ids(text: str | None) -> list[int]:
     parts = [p for p in (text or "").split(",") if p.strip()]
-    if len(parts) > _IDS_LIMIT or not all(p.strip().isdigit() for p in parts):
+    if len(parts) > _IDS_LIMIT or not all(is_ascii_int(p.strip()) for p in parts):
         raise InvalidInput("the previewed campaign ids are not a list of ids")
     return [int(p) for p in parts]
 
