@@ -427,3 +427,7 @@ class Kernel:
         """A bulk job's progress (its items once it has ended), or ``None``."""
         rows = await self._call("bulk_job", _idempotent=True, job_id=job_id)
         return rows[0] if rows else None
+
+    async def server_secret(self, name: str) -> str:
+        """The server's own secret ``name`` (64 hex digits), made on first use."""
+        return await self._scalar_as(str, "server_secret", _idempotent=True, name=name)

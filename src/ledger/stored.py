@@ -24,6 +24,7 @@ from datetime import date, datetime, timezone
 from typing import Any
 
 import psycopg
+from psycopg import abc
 from psycopg.adapt import Buffer, Loader
 from psycopg.pq import Format
 from psycopg.types.json import set_json_loads
@@ -72,12 +73,13 @@ def _outside(data: Buffer, fmt: Format) -> bool:
     """Whether an out-of-range value is before (True) or after year 1..9999."""
     if fmt == Format.BINARY:
         raw = bytes(data)
-        return struct.unpack("!q" if len(raw) == 8 else "!i", raw)[0] < 0
+        number: int = struct.unpack("!q" if len(raw) == 8 else "!i", raw)[0]
+        return number < 0
     text = bytes(data)
     return text.endswith(b"BC") or text.startswith(b"-")
 
 
-def _tolerant(base: type[Loader], low: Any, high: Any) -> type[Loader]:
+def _tolerant(base: type[abc.Loader], low: Any, high: Any) -> type[Loader]:
     """A loader that delegates to ``base`` (psycopg's own, C where available) and
     reads a value out of Python's range as ``low`` or ``high``."""
 

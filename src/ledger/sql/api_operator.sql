@@ -328,3 +328,19 @@ AS $$
            j.created_at, j.updated_at
       FROM ledger.bulk_job j WHERE j.id = p_job_id
 $$;
+
+-- The server's own secret of this name, made on first use (from the server's
+-- strong random source: gen_random_uuid).
+CREATE OR REPLACE FUNCTION ledger_api.server_secret(p_name text)
+    RETURNS text
+    LANGUAGE plpgsql
+    SECURITY DEFINER
+    SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    INSERT INTO ledger.server_secret (name, value)
+    VALUES (p_name, encode(sha256(convert_to(gen_random_uuid()::text || gen_random_uuid()::text, 'UTF8')), 'hex'))
+    ON CONFLICT (name) DO NOTHING;
+    RETURN (SELECT s.value FROM ledger.server_secret s WHERE s.name = p_name);
+END
+$$;

@@ -47,7 +47,7 @@ BEGIN
                 ('start_web_session', 'operator'), ('web_session', 'operator'),
                 ('end_web_sessions', 'operator'), ('start_bulk_job', 'operator'),
                 ('record_bulk_item', 'operator'), ('finish_bulk_job', 'operator'),
-                ('bulk_job', 'operator')
+                ('bulk_job', 'operator'), ('server_secret', 'operator')
                ) AS x(name, actor)
           LEFT JOIN (pg_catalog.pg_proc p
                      JOIN pg_catalog.pg_namespace n ON n.oid = p.pronamespace

@@ -49,3 +49,11 @@ CREATE TABLE IF NOT EXISTS ledger.bulk_job_item (
     at          timestamptz NOT NULL,
     PRIMARY KEY (job_id, campaign_id)
 );
+
+-- Secrets the server makes for itself when none is configured (the key of
+-- bulk selection tokens): one per database, so every server process of a
+-- deployment shares it and another deployment's tokens mean nothing here.
+CREATE TABLE IF NOT EXISTS ledger.server_secret (
+    name  text PRIMARY KEY CHECK (name ~ '^[a-z_]{1,40}$'),
+    value text NOT NULL CHECK (value ~ '^[0-9a-f]{64}$')
+);
