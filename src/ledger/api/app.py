@@ -190,12 +190,12 @@ def create_app(database: Database, tokens: TokenTable,
     # Added last = outermost: the request id is there for the log, and the log
     # sees every response, limits included.
     app.add_middleware(BodyLimit, max_bytes=options.max_body_bytes)
-    app.add_middleware(SecureOverHttps)
     app.add_middleware(SessionMiddleware,
                        secret_key=cookies.session_secret(options.session_secret,
                                                          (e.digest for e in tokens.entries)),
                        session_cookie=cookies.COOKIE, max_age=int(options.session_ttl_s), path="/",
                        same_site="strict", https_only=options.secure_cookies)
+    app.add_middleware(SecureOverHttps)  # outside the session middleware: sees its cookie
     app.add_middleware(HtmlHeaders)
     app.add_middleware(RequestLog, counters=state.counters)
     app.add_middleware(CorrelationIdMiddleware, header_name="X-Request-ID",

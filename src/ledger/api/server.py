@@ -105,14 +105,15 @@ def _protocol(request_timeout_s: float) -> type[DeadlineH11Protocol]:
 
 
 def uvicorn_config(app: FastAPI, *, host: str, port: int, limits: ServerLimits | None = None,
-                   log_level: str = "warning", graceful_s: int = 5) -> uvicorn.Config:
+                   log_level: str = "warning", graceful_s: int = 5,
+                   lifespan: bool = True) -> uvicorn.Config:
     """The uvicorn configuration every Ledger server runs with."""
     limits = limits or ServerLimits()
     # uvicorn's own loggers go through the structured root logger; the API
     # writes its own request log, so uvicorn's access log stays off.
     return uvicorn.Config(
         app, host=host, port=port, log_config=None, access_log=False, log_level=log_level,
-        timeout_graceful_shutdown=graceful_s, lifespan="on", proxy_headers=False,
+        timeout_graceful_shutdown=graceful_s, lifespan="on" if lifespan else "off", proxy_headers=False,
         server_header=False, http=_protocol(limits.request_timeout_s),
         limit_concurrency=limits.max_connections, timeout_keep_alive=limits.keepalive_timeout_s,
         h11_max_incomplete_event_size=limits.max_header_bytes)
@@ -130,10 +131,11 @@ class BackgroundServer:
     """Serve ``app`` on ``host:port`` (0: any free port) in a task of this loop."""
 
     def __init__(self, app: FastAPI, host: str = "127.0.0.1", port: int = 0,
-                 limits: ServerLimits | None = None):
+                 limits: ServerLimits | None = None, lifespan: bool = True):
+        """``lifespan=False``: the caller runs the app's lifespan itself."""
         self.host = host
         self._server = _Guest(uvicorn_config(app, host=host, port=port, limits=limits,
-                                             graceful_s=2))
+                                             graceful_s=2, lifespan=lifespan))
         self._task: asyncio.Task[None] | None = None
 
     async def start(self, timeout_s: float = 15.0) -> BackgroundServer:
