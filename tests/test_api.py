@@ -331,7 +331,7 @@ async def test_bulk_abandon_and_reopen_preview_then_act(api: Api, actors: Actors
     preview = r.json()
     assert preview["dry_run"] is True and preview["matched"] == 3 and preview["outcomes"] == {}
     assert sorted(preview["campaign_ids"]) == sorted(ready)
-    assert preview["selection"].startswith("sel1-")
+    assert preview["selection"].startswith("sel2-")
     reader = await actors.reads()
     assert [(await reader.campaign(c)).state for c in ready] == ["ready"] * 3
     r = await api.post("/campaigns/abandon", json={"filter": {"label": "sweep"},

@@ -205,7 +205,7 @@ async def test_bulk_confirm_without_a_preview_or_with_a_forged_one_does_nothing(
     for forged in ({"label": "batch"},  # the old form: a filter and a count
                    {"label": "batch", "expected": "4"},
                    {**form, "ids": f"{form['ids']},{extra}"},  # an id the preview never had
-                   {**form, "selection": "sel1-" + "0" * 32},
+                   {**form, "selection": "sel2-" + "9" * 10 + "-" + "0" * 64},
                    {**form, "label": "other"}):  # the same ids under another filter
         r = await ui.client.post("/ui/bulk/abandon", data={**forged, "csrf": csrf})
         assert r.status_code == 422, (forged, r.status_code)

@@ -334,6 +334,8 @@ async def test_every_numeric_argument_refuses_nan_infinity_and_out_of_range(acto
         ("reopen", "p_extra_attempts"): lambda x: op.reopen(cid, extra_attempts=_int(x)),
         ("open_campaign", "p_priority"): lambda x: sensor.open_campaign(test_class, "prio", "t", priority=_int(x)),
         ("claim_campaigns", "p_limit"): lambda x: worker.claim_campaigns("w", limit=_int(x)),
+        ("start_web_session", "p_ttl_s"): lambda x: op.start_web_session(
+            "0" * 64, "t", "reader", "0" * 64, "0" * 64, ttl_s=x),
     }
     assert set(calls) == _numeric_parameters(admin), "every numeric argument needs a row here"
     before = tables(admin)

@@ -5,12 +5,15 @@ it grows a bulk command), so the rule lives in one place:
 
 1. ``select`` pages through what a filter matches *now*, within the states
    the action applies to (abandon: any open state; reopen: exhausted), up to
-   a cap, and returns a ``Selection``: the ids and a ``token``, a digest of the
-   action, the filter and the ids.
+   a cap, and returns a ``Selection``: the ids and a ``token``.
 2. The caller shows that preview. To act, it sends back the previewed ids and
-   the token (``apply``). The token proves the ids are the ones previewed for
-   this action and filter (it is not a secret: it protects against mixing up
-   previews, not against an operator, who may act on any campaign one by one).
+   the token (``apply``). The token means "this caller previewed exactly these
+   ids for this action and filter, recently, on this deployment": an HMAC of
+   all of them and of an expiry, keyed with the server's secret
+   (``LEDGER_SESSION_SECRET``, else one made once per database), so a client
+   cannot compute one without a preview, another operator cannot confirm it,
+   it expires, and another deployment's means nothing here. It is used once:
+   the job that acts on it records its digest, unique (``ledger.bulk_job``).
 3. ``apply`` selects again and acts on the previewed ids that *still* match,
    one at a time, and on nothing else. What changed in between is reported,
    never acted on: ids that match now but were not previewed (``not_previewed``)
@@ -25,7 +28,10 @@ newer changes counts as no longer matching -- left alone, never the reverse.
 from __future__ import annotations
 
 import hashlib
+import hmac
 import json
+import re
+import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -83,10 +89,40 @@ class Selector:
                           sort_keys=True, separators=(",", ":"))
 
 
-def token_of(action: str, selector: Selector, ids: Sequence[int]) -> str:
-    """The selection token of ``ids`` previewed for ``action`` under ``selector``."""
-    text = f"{action}\n{selector.canonical()}\n{','.join(str(i) for i in sorted(ids))}"
-    return "sel1-" + hashlib.sha256(text.encode()).hexdigest()[:32]
+_TOKEN = re.compile(r"^sel2-([0-9]{10})-([0-9a-f]{64})$")
+#: What a selection token looks like (the API's schema says so).
+TOKEN_PATTERN = _TOKEN.pattern
+
+
+def token_of(key: bytes, action: str, selector: Selector, ids: Sequence[int], caller: str,
+             expires: int) -> str:
+    """The selection token of ``ids`` previewed by ``caller`` for ``action``
+    under ``selector``, valid until ``expires`` (Unix seconds)."""
+    text = (f"{action}\n{caller}\n{expires}\n{selector.canonical()}\n"
+            f"{','.join(str(i) for i in sorted(ids))}")
+    mac = hmac.new(key, text.encode(), hashlib.sha256).hexdigest()
+    return f"sel2-{expires:010d}-{mac}"
+
+
+def token_digest(token: str) -> str:
+    """What a bulk job records of its token (single use): its SHA-256."""
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
+def check_token(key: bytes, token: str, action: str, selector: Selector, ids: Sequence[int],
+                caller: str, now: float | None = None) -> None:
+    """``InvalidInput`` unless ``token`` is this caller's unexpired preview of
+    exactly ``ids`` for ``action`` under ``selector`` (on this deployment)."""
+    found = _TOKEN.match(token or "")
+    if found is None:
+        raise InvalidInput("the selection token is not one this server issued: preview again")
+    expires = int(found.group(1))
+    expected = token_of(key, action, selector, ids, caller, expires)
+    if not hmac.compare_digest(expected, token):
+        raise InvalidInput("the selection token is not that of these campaign ids for this "
+                           "action, filter and caller: preview again")
+    if (time.time() if now is None else now) > expires:
+        raise InvalidInput("the preview has expired: preview again")
 
 
 @dataclass(frozen=True)
@@ -128,8 +164,20 @@ class Applied:
 
 
 async def select(reads: Reads, action: str, selector: Selector,
-                 cap: int = DEFAULT_CAP) -> Selection:
-    """What ``selector`` matches now for ``action`` (at most ``cap`` ids)."""
+                 cap: int = DEFAULT_CAP, *, key: bytes, caller: str,
+                 ttl_s: float = 900.0) -> Selection:
+    """What ``selector`` matches now for ``action`` (at most ``cap`` ids), with
+    the token ``caller`` may confirm it with for ``ttl_s``."""
+    ids, truncated = await matching(reads, action, selector, cap)
+    expires = int(time.time() + ttl_s)
+    return Selection(action, selector, ids, truncated,
+                     token_of(key, action, selector, ids, caller, expires))
+
+
+async def matching(reads: Reads, action: str, selector: Selector,
+                   cap: int = DEFAULT_CAP) -> tuple[tuple[int, ...], bool]:
+    """The ids ``selector`` matches now for ``action`` (at most ``cap``), and
+    whether more matched."""
     allowed = action_states(action)
     if selector.is_empty():
         raise InvalidInput("a bulk action needs a filter (state, class, target, objective "
@@ -150,41 +198,67 @@ async def select(reads: Reads, action: str, selector: Selector,
         if len(page) < want:
             break
         cursor = (page[-1].updated_at, page[-1].id)
-    kept = tuple(ids[:cap])
-    return Selection(action, selector, kept, len(ids) > cap, token_of(action, selector, kept))
+    return tuple(ids[:cap]), len(ids) > cap
 
 
-async def apply(reads: Reads, action: str, selector: Selector, previewed: Sequence[int],
-                token: str, act: Callable[[int], Awaitable[object]],
-                cap: int = DEFAULT_CAP) -> Applied:
-    """Act (``act(campaign_id)``) on the previewed ids that still match, and on
-    nothing else. ``InvalidInput`` if ``token`` is not the preview's of these
-    ids under this action and selector; ``Forbidden`` (from ``act``) stops at
-    once, since the role may not do this at all; any other refusal of one
-    campaign (it moved meanwhile) is counted under its problem slug."""
+@dataclass
+class Plan:
+    """What confirming a preview will act on, decided before anything is done."""
+
+    action: str
+    acting: list[int]
+    not_previewed: list[int]
+    no_longer_matching: list[int]
+    truncated: bool
+
+
+async def plan(reads: Reads, action: str, selector: Selector, previewed: Sequence[int],
+               token: str, *, key: bytes, caller: str, cap: int = DEFAULT_CAP) -> Plan:
+    """Check the preview's token, select again, and split the previewed ids into
+    those still matching (to act on) and what changed since."""
     previewed_ids = list(dict.fromkeys(int(i) for i in previewed))
     if not previewed_ids:
         raise InvalidInput("nothing was previewed: preview the bulk action first and send "
                            "back its campaign ids and selection token")
-    if token != token_of(action, selector, previewed_ids):
-        raise InvalidInput("the selection token is not that of these campaign ids for this "
-                           "action and filter: preview again")
-    now = await select(reads, action, selector, max(cap, len(previewed_ids)))
-    matching = set(now.ids)
+    check_token(key, token, action, selector, previewed_ids, caller)
+    now, truncated = await matching(reads, action, selector, max(cap, len(previewed_ids)))
+    still = set(now)
     wanted = set(previewed_ids)
-    result = Applied(action, truncated=now.truncated,
-                     not_previewed=[i for i in now.ids if i not in wanted],
-                     no_longer_matching=[i for i in previewed_ids if i not in matching])
-    for cid in previewed_ids:
-        if cid not in matching:
-            continue
+    return Plan(action, [i for i in previewed_ids if i in still],
+                not_previewed=[i for i in now if i not in wanted],
+                no_longer_matching=[i for i in previewed_ids if i not in still],
+                truncated=truncated)
+
+
+async def act_on(planned: Plan, act: Callable[[int], Awaitable[object]],
+                 record: Callable[[int, str], Awaitable[object]] | None = None) -> Applied:
+    """Act (``act(campaign_id)``) on each planned id, one at a time, recording
+    each item's outcome (``record``). ``Forbidden`` (from ``act``) stops at once,
+    since the role may not do this at all; any other refusal of one campaign
+    (it moved meanwhile) is counted under its problem slug."""
+    result = Applied(planned.action, truncated=planned.truncated,
+                     not_previewed=list(planned.not_previewed),
+                     no_longer_matching=list(planned.no_longer_matching))
+    for cid in planned.acting:
         try:
             await act(cid)
-            outcome = DONE[action]
+            outcome = DONE[planned.action]
             result.acted_on.append(cid)
         except Forbidden:
             raise
         except LedgerError as exc:
             outcome = exc.slug  # it moved between this read and the write
         result.outcomes[outcome] = result.outcomes.get(outcome, 0) + 1
+        if record is not None:
+            await record(cid, outcome)
     return result
+
+
+async def apply(reads: Reads, action: str, selector: Selector, previewed: Sequence[int],
+                token: str, act: Callable[[int], Awaitable[object]],
+                cap: int = DEFAULT_CAP, *, key: bytes, caller: str) -> Applied:
+    """``plan`` then ``act_on``: act on the previewed ids that still match, and
+    on nothing else (the caller records single use; see ``ledger.api``)."""
+    planned = await plan(reads, action, selector, previewed, token, key=key, caller=caller,
+                         cap=cap)
+    return await act_on(planned, act)

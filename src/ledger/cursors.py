@@ -22,6 +22,8 @@ def encode_position(updated_at: datetime, campaign_id: int) -> str:
 
 def decode_cursor(cursor: str) -> tuple[datetime, int]:
     """The ``(updated_at, id)`` position a cursor stands for; ``InvalidInput`` if forged."""
+    if len(cursor) > 200:
+        raise InvalidInput("the cursor is not one this server issued")
     try:
         raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4))
         stamp, ident = json.loads(raw)
@@ -29,5 +31,5 @@ def decode_cursor(cursor: str) -> tuple[datetime, int]:
         if when.tzinfo is None or not isinstance(ident, int) or not 0 < ident <= BIGINT_MAX:
             raise ValueError("out of range")
         return when, ident
-    except (binascii.Error, ValueError, TypeError, UnicodeDecodeError) as exc:
+    except (binascii.Error, ValueError, TypeError, UnicodeDecodeError, RecursionError) as exc:
         raise InvalidInput("the cursor is not one this server issued") from exc

@@ -44,7 +44,7 @@ from psycopg.types.json import Jsonb
 from psycopg_pool import AsyncConnectionPool
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception, stop_before_delay
 
-from . import errors
+from . import errors, stored
 from .logs import get_logger
 from .query_text import Query
 from .backoff import backoff
@@ -156,6 +156,8 @@ class _IntegerDumper(Dumper):
 
 
 psycopg.adapters.register_dumper(_Integer, _IntegerDumper)
+# Whatever a row holds reads back as something renderable (ledger.stored).
+stored.install()
 
 
 class _PromptReconnect(psycopg_pool.base.AttemptWithBackoff):

@@ -422,3 +422,48 @@ class Kernel:
         event, not a transition); returns the event's seq. ``IllegalTransition``
         unless the campaign is ready and still waiting."""
         return await self._scalar_as(int, "retry_now", campaign_id=campaign_id, operator=operator)
+
+    # --- the HTTP server's sign-ins and bulk jobs (operator role) -------------
+
+    async def start_web_session(self, id_digest: str, token_name: str, token_role: str,
+                                token_digest: str, csrf: str, ttl_s: float) -> datetime:
+        """Record a dashboard sign-in; returns when it expires."""
+        return await self._scalar_as(datetime, "start_web_session", id_digest=id_digest,
+                                     token_name=token_name, token_role=token_role,
+                                     token_digest=token_digest, csrf=csrf, ttl_s=ttl_s)
+
+    async def web_session(self, id_digest: str) -> dict[str, Any] | None:
+        """The live sign-in of a session id's digest (token name, role, digest,
+        CSRF token, expiry), or ``None`` if signed out, expired or unknown."""
+        rows = await self._call("web_session", _idempotent=True, id_digest=id_digest)
+        return rows[0] if rows else None
+
+    async def end_web_sessions(self, id_digest: str, everywhere: bool = False) -> int:
+        """Sign out this session (or every session of its token); how many ended."""
+        return await self._scalar_as(int, "end_web_sessions", _idempotent=True,
+                                     id_digest=id_digest, everywhere=everywhere)
+
+    async def start_bulk_job(self, job_id: str, selection: str, operator: str, action: str,
+                             campaign_ids: Sequence[int], details: Mapping[str, Any]) -> str:
+        """Begin a confirmed bulk action; ``InvalidInput`` if its selection was used."""
+        return await self._scalar_as(str, "start_bulk_job", job_id=job_id, selection=selection,
+                                     operator=operator, action=action,
+                                     campaign_ids=list(campaign_ids), details=dict(details))
+
+    async def record_bulk_item(self, job_id: str, campaign_id: int, outcome: str) -> None:
+        """What became of one campaign of a bulk job."""
+        await self._call("record_bulk_item", _idempotent=True, job_id=job_id,
+                         campaign_id=campaign_id, outcome=outcome)
+
+    async def finish_bulk_job(self, job_id: str, state: str) -> None:
+        """A bulk job ended (``done`` or ``failed``)."""
+        await self._call("finish_bulk_job", _idempotent=True, job_id=job_id, state=state)
+
+    async def bulk_job(self, job_id: str) -> dict[str, Any] | None:
+        """A bulk job's progress (its items once it has ended), or ``None``."""
+        rows = await self._call("bulk_job", _idempotent=True, job_id=job_id)
+        return rows[0] if rows else None
+
+    async def server_secret(self, name: str) -> str:
+        """The server's own secret ``name`` (64 hex digits), made on first use."""
+        return await self._scalar_as(str, "server_secret", _idempotent=True, name=name)

@@ -46,6 +46,7 @@ SCHEMA_FILES: tuple[str, ...] = (
     "verification.sql",
     "outbox.sql",           # side_effect
     "security_event.sql",
+    "web.sql",              # browser sessions, bulk jobs
     "sensor_tick.sql",
     "api_helpers.sql",      # internal helpers the role APIs share
     "api_sensor.sql",

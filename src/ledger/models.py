@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any, Literal, get_args
+from typing import Annotated, Any, Literal, get_args
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
 #: A campaign's state, in display order. ledger.state (state_machine.sql) is
 #: the source; tests/test_schema.py checks these three against it.
@@ -14,6 +14,16 @@ State = Literal["ready", "leased", "attempted", "verified", "exhausted",
 STATES: tuple[State, ...] = get_args(State)
 TERMINAL_STATES: frozenset[str] = frozenset({"confirmed", "dismissed", "abandoned"})
 OPEN_STATES: tuple[State, ...] = tuple(s for s in STATES if s not in TERMINAL_STATES)
+
+
+def _as_document(value: Any) -> Any:
+    # A stored document that is not an object (written by hand, or before its
+    # CHECK) reads as an object holding it: no read fails on one row's value.
+    return value if value is None or isinstance(value, dict) else {"value": value}
+
+
+#: A JSON object column (jsonb).
+Document = Annotated[dict[str, Any], BeforeValidator(_as_document)]
 
 
 class _Row(BaseModel):
@@ -27,8 +37,8 @@ class Campaign(_Row):
     class_: str = Field(alias="class")
     objective_key: str
     target: str
-    desired_state: dict[str, Any]
-    opening_observation: dict[str, Any]
+    desired_state: Document
+    opening_observation: Document
     state: State
     lease_owner: str | None
     leased_at: datetime | None
@@ -38,7 +48,7 @@ class Campaign(_Row):
     max_attempts: int
     next_attempt_at: datetime
     last_failure_reason: str | None
-    acceptance_criteria: dict[str, Any]
+    acceptance_criteria: Document
     evidence_location: str | None
     seat: str | None
     priority: int
@@ -81,7 +91,7 @@ class Attempt(_Row):
     fingerprint: str | None
     base_sha: str | None
     candidate_sha: str | None
-    bundle: dict[str, Any] | None
+    bundle: Document | None
     bundle_digest: str | None
     log_tail: str | None
     candidate_ref: str | None = None
@@ -97,7 +107,7 @@ class Event(_Row):
     actor: str
     generation: int
     delta: bool
-    payload: dict[str, Any]
+    payload: Document
     created_at: datetime
     #: The role whose call wrote it (an operator's is a human's action); None
     #: for events journaled before roles were recorded, and for verifiers' and
@@ -117,7 +127,7 @@ class Observation(_Row):
     started_at: datetime
     finished_at: datetime
     tick: datetime | None
-    details: dict[str, Any]
+    details: Document
     campaign_id: int | None
     effect: Literal["opened", "regressed", "confirmed", "dismissed", "recorded"]
     idempotency_key: str | None
@@ -138,7 +148,7 @@ class Verification(_Row):
     lease_expires_at: datetime
     finished_at: datetime | None
     reason: str | None
-    evidence: dict[str, Any]
+    evidence: Document
 
 
 class SideEffect(_Row):
@@ -150,8 +160,8 @@ class SideEffect(_Row):
     kind: Literal["git.update_ref", "http.request"]
     purpose: Literal["promotion", "other"]
     target: str
-    precondition: dict[str, Any]
-    payload: dict[str, Any]
+    precondition: Document
+    payload: Document
     idempotency_key: str
     requested_by: str
     requested_role: str
@@ -160,7 +170,7 @@ class SideEffect(_Row):
     lease_expires_at: datetime | None
     tries: int
     next_try_at: datetime
-    result: dict[str, Any] | None
+    result: Document | None
     error: str | None
     created_at: datetime
     updated_at: datetime
@@ -178,7 +188,7 @@ class SecurityEvent(_Row):
     action: str
     target: str
     reason: str
-    details: dict[str, Any]
+    details: Document
 
 
 class CampaignClass(_Row):
@@ -192,9 +202,9 @@ class CampaignClass(_Row):
     backoff_cap_s: float
     backoff_jitter: float
     seat_policy: Literal["none", "target"]
-    authority: dict[str, Any]
-    acceptance: dict[str, Any]
-    promotion: dict[str, Any]
+    authority: Document
+    acceptance: Document
+    promotion: Document
     verifier: str
     created_at: datetime
     updated_at: datetime
@@ -253,9 +263,9 @@ class Claim(_Row):
     class_: str = Field(alias="class")
     objective_key: str
     target: str
-    desired_state: dict[str, Any]
-    opening_observation: dict[str, Any]
-    acceptance_criteria: dict[str, Any]
+    desired_state: Document
+    opening_observation: Document
+    acceptance_criteria: Document
     attempt_count: int
     max_attempts: int
     #: the lease's length by the database's clock when it was granted
@@ -278,7 +288,7 @@ class AttemptRecord(BaseModel):
     candidate_sha: str
     fingerprint: str
     base_sha: str | None = None
-    bundle: dict[str, Any] | None = None
+    bundle: Document | None = None
     bundle_digest: str | None = None
     evidence_location: str | None = None
     log_tail: str | None = None
@@ -319,9 +329,9 @@ class VerificationClaim(_Row):
     base_sha: str | None
     candidate_sha: str | None
     fingerprint: str | None
-    bundle: dict[str, Any] | None
+    bundle: Document | None
     bundle_digest: str | None
-    acceptance_criteria: dict[str, Any]
+    acceptance_criteria: Document
     evidence_location: str | None
     worker: str
     lease_expires_at: datetime
@@ -350,8 +360,8 @@ class SideEffectClaim(_Row):
     kind: Literal["git.update_ref", "http.request"]
     purpose: Literal["promotion", "other"]
     target: str
-    precondition: dict[str, Any]
-    payload: dict[str, Any]
+    precondition: Document
+    payload: Document
     idempotency_key: str
     tries: int
     lease_expires_at: datetime

@@ -73,6 +73,17 @@ class Settings(BaseSettings):
         default=None, description="Signs dashboard sessions (unset: derived from the tokens)")
     secure_cookies: bool = Field(
         default=False, description="Send the dashboard's session cookie over HTTPS only")
+    api_auth_failures_per_minute: int = Field(
+        default=30, ge=1, le=100_000,
+        description="Failed sign-ins or bearer checks one client may make per minute (then 429)")
+    api_bulk_token_ttl_s: float = Field(
+        default=900.0, ge=1, le=86_400, description="How long a bulk preview may be confirmed")
+    api_request_timeout_s: float = Field(
+        default=15.0, gt=0, le=3600,
+        description="A request (headers and body) must arrive whole within this (slow clients)")
+    api_max_connections: int = Field(
+        default=500, ge=1, le=100_000,
+        description="Connections and requests one server process takes at once (then 503)")
 
     def role_urls(self) -> dict[str, str]:
         """Per-role logins that were configured, by actor."""

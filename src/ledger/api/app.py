@@ -23,6 +23,7 @@ import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
+from typing import Any
 
 from asgi_correlation_id import CorrelationIdMiddleware
 from fastapi import Depends, FastAPI
@@ -38,6 +39,7 @@ from ..hub import NOTIFY_QUEUE_ALARM, Hub
 from ..logs import get_logger
 from ..settings import Settings, get_settings
 from . import (
+    bulk_jobs,
     campaigns,
     contract,
     cookies,
@@ -50,8 +52,10 @@ from . import (
 )
 from .auth import TokenTable
 from .metrics import ProcessCounters
-from .middleware import BodyLimit, RequestLog
+from .cookies import SecureOverHttps
+from .middleware import BodyLimit, HtmlHeaders, RequestLog
 from .roles import RolePools
+from .throttle import Throttle
 
 log = get_logger("api")
 
@@ -72,10 +76,29 @@ class ApiOptions:
     #: server's notification queue
     notify_queue_alarm: float = NOTIFY_QUEUE_ALARM
     hub: bool = True  # LISTEN for wake-ups (else tails poll every poll_s)
-    #: Signs browser sessions; unset: derived from the configured tokens (so every
-    #: server process with the same tokens shares it).
+    #: Signs the session cookie and keys bulk selection tokens (HMAC); unset:
+    #: the cookie key is derived from the configured tokens and bulk tokens are
+    #: keyed by a secret made once per database (``ledger.bulk``).
     session_secret: str | None = None
-    secure_cookies: bool = False  # the session cookie only over HTTPS
+    secure_cookies: bool = False  # the session cookie only over HTTPS (always, not only on https)
+    session_ttl_s: float = 12 * 3600  # a browser signs in again after this long
+    #: Failed sign-ins or bearer checks a client may make per minute (then 429).
+    auth_failures_per_minute: int = 30
+    #: How long a bulk preview may be confirmed.
+    bulk_token_ttl_s: float = 900.0
+    #: A confirmed bulk action on more campaigns than this runs in the background.
+    bulk_inline_max: int = 100
+
+    @classmethod
+    def from_settings(cls, settings: Settings, **overrides: Any) -> ApiOptions:
+        """The options ``settings`` give, with ``overrides`` (a command's own
+        options) on top: an override never drops a setting it does not name."""
+        configured: dict[str, Any] = {
+            "session_secret": settings.session_secret, "secure_cookies": settings.secure_cookies,
+            "auth_failures_per_minute": settings.api_auth_failures_per_minute,
+            "bulk_token_ttl_s": settings.api_bulk_token_ttl_s,
+        }
+        return cls(**{**configured, **overrides})
 
     def __post_init__(self) -> None:
         if self.keepalive_s <= 0 or self.poll_s <= 0 or self.ready_timeout_s <= 0:
@@ -84,6 +107,10 @@ class ApiOptions:
             raise ValueError("notify_queue_alarm must be a share in (0, 1]")
         if self.max_body_bytes < 1 or self.pool_max_size < 1:
             raise ValueError("max_body_bytes and pool_max_size must be positive")
+        if self.session_ttl_s < 60 or self.bulk_token_ttl_s < 1 or self.bulk_inline_max < 1 \
+                or self.auth_failures_per_minute < 1:
+            raise ValueError("session_ttl_s (>= 60), bulk_token_ttl_s, bulk_inline_max and "
+                             "auth_failures_per_minute must be positive")
 
 
 @dataclass
@@ -98,6 +125,11 @@ class ApiState:
     hub: Hub | None = None
     queue_alarmed: bool = False  # the notification queue was over the alarm at the last look
     query_names: dict[tuple[str, str], frozenset[str]] | None = None
+    throttle: Throttle = field(default_factory=Throttle)
+    #: The key of bulk selection tokens (``ledger.bulk``), once known.
+    bulk_key: bytes | None = None
+    #: Bulk jobs running in this process, by id (``ledger.api.bulk_jobs``).
+    jobs: dict[str, Any] = field(default_factory=dict)
 
 
 def create_app(database: Database, tokens: TokenTable,
@@ -106,7 +138,10 @@ def create_app(database: Database, tokens: TokenTable,
     (``ledger.toml``, if any) gives the dashboard the sensors' schedules."""
     options = options or ApiOptions()
     state = ApiState(database=database, tokens=tokens, options=options,
-                     pools=RolePools(database, max_size=options.pool_max_size))
+                     pools=RolePools(database, max_size=options.pool_max_size),
+                     throttle=Throttle(options.auth_failures_per_minute, 60.0))
+    if options.session_secret:
+        state.bulk_key = options.session_secret.encode()
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -121,6 +156,8 @@ def create_app(database: Database, tokens: TokenTable,
         try:
             yield
         finally:
+            for job in list(state.jobs.values()):
+                job.cancel()
             if state.hub is not None:
                 await state.hub.stop()
             await state.pools.close()
@@ -141,7 +178,7 @@ def create_app(database: Database, tokens: TokenTable,
     )
     app.state.ledger = state
     problems.install(app)
-    for module in (campaigns, events, observations, metrics, health, problems):
+    for module in (campaigns, bulk_jobs, events, observations, metrics, health, problems):
         app.include_router(module.router)
     # Mounted, not included: pages are not part of the API's OpenAPI contract.
     app.mount("/ui", dashboard.create_dashboard(state, config))
@@ -156,8 +193,10 @@ def create_app(database: Database, tokens: TokenTable,
     app.add_middleware(SessionMiddleware,
                        secret_key=cookies.session_secret(options.session_secret,
                                                          (e.digest for e in tokens.entries)),
-                       session_cookie=cookies.COOKIE, max_age=cookies.MAX_AGE_S, path="/",
+                       session_cookie=cookies.COOKIE, max_age=int(options.session_ttl_s), path="/",
                        same_site="strict", https_only=options.secure_cookies)
+    app.add_middleware(SecureOverHttps)  # outside the session middleware: sees its cookie
+    app.add_middleware(HtmlHeaders)
     app.add_middleware(RequestLog, counters=state.counters)
     app.add_middleware(CorrelationIdMiddleware, header_name="X-Request-ID",
                        generator=lambda: uuid.uuid4().hex,
@@ -181,8 +220,7 @@ def app_from_settings(settings: Settings | None = None,
         except ConfigError as exc:
             log.warning("config not loaded: the dashboard shows no sensor schedules",
                         error=exc.message)
-    options = options or ApiOptions(session_secret=settings.session_secret,
-                                    secure_cookies=settings.secure_cookies)
+    options = options or ApiOptions.from_settings(settings)
     database = Database.from_settings(settings)
     database.service = True  # says so if it holds administrator rights
     return create_app(database, TokenTable.parse(settings.api_tokens),

@@ -9,9 +9,11 @@ Only a SHA-256 digest of each token is configured, never the token itself:
 ``LEDGER_API_TOKENS="ops:operator:<sha256 hex>,dash:reader:<sha256 hex>"``.
 ``ledger token create ROLE`` makes a token and prints its entry.
 
-A browser signed in on the dashboard sends the same token in a session cookie
-instead (``ledger.api.cookies``); a state-changing request authenticated that
-way must also carry the session's CSRF token in ``X-CSRF-Token``.
+A browser signed in on the dashboard sends a session cookie instead
+(``ledger.api.cookies``: it names a session the database keeps, never the
+token); a state-changing request authenticated that way must also carry the
+session's CSRF token in ``X-CSRF-Token``. Failed bearer checks are throttled
+per client (``ledger.api.throttle``).
 """
 
 from __future__ import annotations
@@ -105,15 +107,29 @@ class TokenTable:
             entries.append(TokenEntry(name, role, digest))
         return cls(entries)
 
-    def authenticate(self, token: str) -> Principal | None:
-        """The principal of ``token``, or ``None`` if it is not configured."""
+    def entry_of(self, token: str) -> TokenEntry | None:
+        """The configured entry of ``token``, or ``None``."""
         digest = hash_token(token)
         found: TokenEntry | None = None
         for entry in self.entries:
             # Every entry is compared, in constant time, whatever matched.
             if hmac.compare_digest(entry.digest, digest):
                 found = entry
+        return found
+
+    def authenticate(self, token: str) -> Principal | None:
+        """The principal of ``token``, or ``None`` if it is not configured."""
+        found = self.entry_of(token)
         return Principal(found.name, found.role) if found else None
+
+    def session_principal(self, session: cookies.BrowserSession) -> Principal | None:
+        """The principal of a browser session, while the very token that made it
+        is configured (same name, role and digest): a rotated token's sessions end."""
+        for entry in self.entries:
+            if (entry.name == session.token_name and entry.role == session.token_role
+                    and hmac.compare_digest(entry.digest, session.token_digest)):
+                return Principal(entry.name, entry.role)
+        return None
 
     def __len__(self) -> int:
         return len(self.entries)
@@ -122,23 +138,33 @@ class TokenTable:
 bearer = HTTPBearer(auto_error=False, description="A token from `ledger token create ROLE`")
 
 
+def client_of(request: Request) -> str:
+    """The client's address, as the throttle counts it."""
+    return request.client.host if request.client else "unknown"
+
+
 async def authenticate(
     request: Request,
     credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)],
 ) -> Principal:
     """The request's principal; ``Unauthenticated`` (401) without a valid token
-    (a bearer token, or a dashboard sign-in's cookie)."""
-    tokens: TokenTable = request.app.state.ledger.tokens
+    (a bearer token, or a dashboard sign-in's cookie); ``TooManyRequests``
+    (429) while this client has failed too many bearer checks."""
+    api = request.app.state.ledger
+    tokens: TokenTable = api.tokens
     if credentials is not None:
+        client = client_of(request)
+        api.throttle.check(client)
         principal = tokens.authenticate(credentials.credentials)
         if principal is None:
+            api.throttle.fail(client)
             raise Unauthenticated("the bearer token is not valid")
     else:
-        session = cookies.session_of(request)
-        if session is None:
+        if not cookies.has_session_cookie(request):
             raise Unauthenticated("a bearer token is required (Authorization: Bearer <token>)")
-        principal = tokens.authenticate(session.token)
-        if principal is None:
+        session = await cookies.session_of(request, await api.pools.kernel("operator"))
+        principal = tokens.session_principal(session) if session else None
+        if session is None or principal is None:
             raise Unauthenticated("the session cookie is not valid; sign in again")
         # The browser sends the cookie by itself: a change must prove it comes
         # from a page of ours, which alone knows the session's CSRF token.

@@ -15,14 +15,15 @@ from collections.abc import Awaitable, Callable
 from datetime import datetime
 from typing import Annotated, Literal
 
-from fastapi import APIRouter, Body, Path, Query
+from fastapi import APIRouter, Body, Path, Query, Request
+from fastapi.responses import JSONResponse
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
 
 from .. import bulk
 from ..cursors import BIGINT_MAX, decode_cursor, encode_position
 from ..errors import InvalidInput
 from ..models import Campaign, CampaignDetail, State
-from . import problems
+from . import bulk_jobs, problems
 from .roles import CallerDep
 
 router = APIRouter(tags=["campaigns"])
@@ -140,7 +141,7 @@ class BulkRequest(BaseModel):
                     "false: act, which needs `campaign_ids` and `selection` from a preview")
     campaign_ids: CampaignIds | None = Field(
         default=None, description="To act: the `campaign_ids` a preview answered")
-    selection: Annotated[str, Field(max_length=100, pattern=r"^sel1-[0-9a-f]{32}$")] | None = \
+    selection: Annotated[str, Field(max_length=100, pattern=bulk.TOKEN_PATTERN)] | None = \
         Field(default=None, description="To act: the `selection` token a preview answered")
     max_campaigns: Annotated[int, Field(ge=1, le=bulk.MAX_CAP)] = bulk.DEFAULT_CAP
 
@@ -180,6 +181,9 @@ class BulkResult(BaseModel):
         default_factory=list, description="Matching now but not previewed: left alone")
     no_longer_matching: list[int] = Field(
         default_factory=list, description="Previewed but no longer matching: not acted on")
+    job_id: str | None = Field(
+        default=None, description="The job that acts on a large set in the background "
+                                  "(202): follow GET /bulk-jobs/{job_id}/events")
 
 
 # --- reads ---------------------------------------------------------------------
@@ -267,18 +271,31 @@ async def retry_campaign(campaign_id: CampaignId, caller: CallerDep) -> RetryRes
     return RetryResult(campaign_id=campaign_id, outcome="retry_now", seq=seq)
 
 
-async def _bulk(caller: CallerDep, action: str, body: BulkRequest,
-                act: Callable[[int], Awaitable[object]]) -> BulkResult:
+async def _bulk(request: Request, caller: CallerDep, action: str, body: BulkRequest,
+                act: Callable[[int], Awaitable[object]]) -> BulkResult | JSONResponse:
     selector = body.filter.selector()
+    state = request.app.state.ledger
+    key = await bulk_jobs.bulk_key(state)
     if body.previewing():
-        preview = await bulk.select(caller.reads, action, selector, body.max_campaigns)
+        preview = await bulk.select(caller.reads, action, selector, body.max_campaigns, key=key,
+                                    caller=caller.principal.identity,
+                                    ttl_s=state.options.bulk_token_ttl_s)
         return BulkResult(dry_run=True, matched=len(preview.ids), truncated=preview.truncated,
                           outcomes={}, campaign_ids=list(preview.ids), selection=preview.token)
     if body.campaign_ids is None or body.selection is None:
         raise InvalidInput("a bulk action acts only on what was previewed: POST it with "
                            "dry_run first, then send back its campaign_ids and selection")
-    done = await bulk.apply(caller.reads, action, selector, body.campaign_ids, body.selection,
-                            act, body.max_campaigns)
+    done = await bulk_jobs.confirm(state, caller.kernel, caller.reads, caller.principal.identity,
+                                   action, selector, body.campaign_ids, body.selection, act,
+                                   body.max_campaigns)
+    if isinstance(done, str):
+        job = await bulk_jobs.read_job(caller.kernel, done)
+        accepted = BulkResult(dry_run=False, matched=job.total + len(job.not_previewed),
+                              truncated=False, outcomes=job.outcomes, campaign_ids=[],
+                              selection=None, not_previewed=job.not_previewed,
+                              no_longer_matching=job.no_longer_matching, job_id=done)
+        return JSONResponse(accepted.model_dump(mode="json"), status_code=202,
+                            headers={"Location": f"/bulk-jobs/{done}"})
     return BulkResult(dry_run=False, matched=len(done.acted_on) + len(done.not_previewed),
                       truncated=done.truncated, outcomes=done.outcomes,
                       campaign_ids=done.acted_on, selection=None,
@@ -288,20 +305,22 @@ async def _bulk(caller: CallerDep, action: str, body: BulkRequest,
 
 @router.post("/campaigns/abandon", response_model=BulkResult,
              responses=problems.responses(401, 403, 422, 503))
-async def abandon_campaigns(body: BulkAbandonRequest, caller: CallerDep) -> BulkResult:
+async def abandon_campaigns(request: Request, body: BulkAbandonRequest,
+                            caller: CallerDep) -> BulkResult | JSONResponse:
     """Preview, then abandon, the open campaigns a filter matches.
 
     Without `selection` this only previews (nothing is abandoned): it answers
     the matching `campaign_ids` and a `selection` token. Send both back to
     abandon those of them that still match; campaigns that match by then but
     were not previewed are listed in `not_previewed` and left alone."""
-    return await _bulk(caller, "abandon", body, lambda cid: caller.kernel.abandon(
+    return await _bulk(request, caller, "abandon", body, lambda cid: caller.kernel.abandon(
         cid, body.reason, caller.principal.identity))
 
 
 @router.post("/campaigns/reopen", response_model=BulkResult,
              responses=problems.responses(401, 403, 422, 503))
-async def reopen_campaigns(body: BulkReopenRequest, caller: CallerDep) -> BulkResult:
+async def reopen_campaigns(request: Request, body: BulkReopenRequest,
+                           caller: CallerDep) -> BulkResult | JSONResponse:
     """Preview, then reopen, the exhausted campaigns a filter matches (as for abandon)."""
-    return await _bulk(caller, "reopen", body, lambda cid: caller.kernel.reopen(
+    return await _bulk(request, caller, "reopen", body, lambda cid: caller.kernel.reopen(
         cid, caller.principal.identity, body.extra_attempts))

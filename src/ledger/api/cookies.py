@@ -1,24 +1,30 @@
-"""Browser sign-in: a signed session cookie that the API's authentication also accepts.
+"""Browser sign-in: a session kept in the database, named by a cookie.
 
 A browser cannot send ``Authorization: Bearer`` by itself (an ``EventSource``
 cannot send headers at all), so the dashboard's sign-in form takes a token
-and keeps it in the session. The session is Starlette's ``SessionMiddleware``
-(a cookie signed with itsdangerous, so nobody can edit what it holds):
-``HttpOnly`` (no script can read it), ``SameSite=Strict`` (no other site's
-page makes the browser send it), ``Secure`` when the server is configured so.
-It holds the token -- checked against ``TokenTable`` on every request exactly
-as a bearer token is, so any server process can serve any browser and
-revoking a token from ``LEDGER_API_TOKENS`` signs its browsers out -- and a
-random CSRF token made at sign-in.
+once and starts a session. The cookie (Starlette's ``SessionMiddleware``,
+signed with itsdangerous so nobody can edit what it holds) carries only a
+random session id -- never the token. The database keeps the session
+(``ledger.web_session``: the id's SHA-256, the token's name, role and digest,
+a random CSRF token, the expiry), so:
 
-State-changing requests authenticated by the session must also carry that
-CSRF token (a form field on the dashboard, the ``X-CSRF-Token`` header on the
-API): the synchronizer-token pattern, which a signed session makes a few
-lines. A CSRF middleware (asgi-csrf, starlette-csrf) was not used: they are
-double-submit-cookie schemes that read every form body of the whole app and
-would have to be taught to exempt bearer-token API calls, which need no CSRF
-protection at all. ``SameSite=Strict`` alone would leave other ports of the
-same host (the same "site") able to post.
+- signing out ends the session for every copy of the cookie at once (and,
+  if asked, every session of the same token);
+- a session is honoured only while its very token is configured: rotating or
+  removing a token in ``LEDGER_API_TOKENS`` ends every session made with it;
+- any server process of the deployment serves any browser.
+
+The cookie is ``HttpOnly`` (no script reads it), ``SameSite=Strict`` (no other
+site's page makes the browser send it) and ``Secure`` when configured
+(``LEDGER_SECURE_COOKIES``) or when the request came over HTTPS.
+
+State-changing requests authenticated by the session must also carry its
+CSRF token (a form field on the dashboard, the ``X-CSRF-Token`` header on
+the API): the synchronizer-token pattern. A CSRF middleware (asgi-csrf,
+starlette-csrf) was not used: they are double-submit-cookie schemes that read
+every form body of the whole app and would have to be taught to exempt
+bearer-token API calls, which need no CSRF protection at all. ``SameSite=Strict``
+alone would leave other ports of the same host (the same "site") able to post.
 """
 
 from __future__ import annotations
@@ -28,8 +34,14 @@ import hmac
 import secrets
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from starlette.requests import HTTPConnection
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+if TYPE_CHECKING:
+    from ..kernel import Kernel
+    from .auth import TokenEntry
 
 COOKIE = "ledger_session"
 CSRF_HEADER = "X-CSRF-Token"
@@ -38,13 +50,17 @@ CSRF_FIELD = "csrf"
 MAX_AGE_S = 12 * 3600
 #: Methods that change nothing: no CSRF token needed.
 SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
+_SID = "sid"
 
 
 @dataclass(frozen=True)
 class BrowserSession:
-    """One sign-in: the token it was made with and its CSRF token."""
+    """One sign-in: its id's digest, the token entry it was made with, its CSRF token."""
 
-    token: str
+    id_digest: str
+    token_name: str
+    token_role: str
+    token_digest: str
     csrf: str
 
     def csrf_matches(self, given: str | None) -> bool:
@@ -52,35 +68,91 @@ class BrowserSession:
         return given is not None and hmac.compare_digest(self.csrf, given.strip())
 
 
-def sign_in(connection: HTTPConnection, token: str) -> BrowserSession:
-    """Start a sign-in with ``token`` (a fresh session, a fresh CSRF token)."""
+def _digest(session_id: str) -> str:
+    return hashlib.sha256(session_id.encode()).hexdigest()
+
+
+async def sign_in(connection: HTTPConnection, entry: TokenEntry, sessions: Kernel,
+                  ttl_s: float = MAX_AGE_S) -> BrowserSession:
+    """Start a sign-in with the token of ``entry``: a new session (recorded
+    through ``sessions``, the operator role's kernel), a fresh CSRF token."""
+    session_id, csrf = secrets.token_urlsafe(32), secrets.token_hex(32)
+    digest = _digest(session_id)
+    await sessions.start_web_session(digest, entry.name, entry.role, entry.digest, csrf, ttl_s)
     connection.session.clear()
-    connection.session.update(token=token, csrf=secrets.token_hex(32))
-    return BrowserSession(token, connection.session["csrf"])
+    connection.session[_SID] = session_id
+    return BrowserSession(digest, entry.name, entry.role, entry.digest, csrf)
 
 
-def sign_out(connection: HTTPConnection) -> None:
-    """End the sign-in (the middleware then expires the cookie)."""
+async def sign_out(connection: HTTPConnection, sessions: Kernel, everywhere: bool = False) -> int:
+    """End the sign-in (every copy of its cookie; with ``everywhere``, every
+    session of its token); the middleware then expires the cookie."""
+    session_id = _session_id(connection)
     connection.session.clear()
+    if session_id is None:
+        return 0
+    return await sessions.end_web_sessions(_digest(session_id), everywhere)
 
 
-def session_of(connection: HTTPConnection) -> BrowserSession | None:
-    """The sign-in the request's session carries, if any (not yet checked
-    against the configured tokens)."""
+def _session_id(connection: HTTPConnection) -> str | None:
     if "session" not in connection.scope:
         return None
-    token, csrf = connection.session.get("token"), connection.session.get("csrf")
-    if not isinstance(token, str) or not isinstance(csrf, str) or not token or not csrf:
+    value = connection.session.get(_SID)
+    return value if isinstance(value, str) and 20 <= len(value) <= 100 else None
+
+
+def has_session_cookie(connection: HTTPConnection) -> bool:
+    """Whether the request names a session at all (checked or not)."""
+    return _session_id(connection) is not None
+
+
+async def session_of(connection: HTTPConnection, sessions: Kernel) -> BrowserSession | None:
+    """The live sign-in the request's cookie names, if any (not yet checked
+    against the configured tokens)."""
+    session_id = _session_id(connection)
+    if session_id is None:
         return None
-    return BrowserSession(token, csrf)
+    digest = _digest(session_id)
+    row = await sessions.web_session(digest)
+    if row is None:
+        return None
+    return BrowserSession(digest, row["token_name"], row["token_role"], row["token_digest"],
+                          row["csrf"])
 
 
 def session_secret(configured: str | None, token_digests: Iterable[str]) -> str:
-    """The key that signs sessions: the configured one, else one derived from
-    the configured tokens' digests -- the same in every server process with the
-    same configuration, and a new one (signing every browser out) when the
-    tokens change."""
+    """The key that signs the cookie: the configured one, else one derived from
+    the configured tokens' digests (the same in every server process with the
+    same configuration). The cookie only names a session the database keeps,
+    by an id nobody can guess, so the key guards the cookie's integrity, not
+    the sign-in."""
     if configured:
         return configured
     material = "\n".join(sorted(token_digests)).encode()
     return hashlib.sha256(b"ledger-session-key\n" + material).hexdigest()
+
+
+class SecureOverHttps:
+    """Mark the session cookie ``Secure`` on responses to HTTPS requests (the
+    session middleware does so always when configured, never otherwise)."""
+
+    def __init__(self, app: ASGIApp):
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope.get("scheme") != "https":
+            await self.app(scope, receive, send)
+            return
+
+        async def send_secure(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                headers = []
+                for name, value in message.get("headers", []):
+                    if name == b"set-cookie" and value.startswith(COOKIE.encode() + b"=") \
+                            and b"secure" not in value.lower():
+                        value += b"; secure"
+                    headers.append((name, value))
+                message = {**message, "headers": headers}
+            await send(message)
+
+        await self.app(scope, receive, send_secure)

@@ -25,6 +25,7 @@ from typing import Annotated
 from fastapi import APIRouter, Header, Query, Request, Response
 from sse_starlette import EventSourceResponse, ServerSentEvent
 
+from ..bounds import is_ascii_int
 from ..errors import InvalidInput
 from ..tail import Keepalive, TailItem, tail
 from . import problems
@@ -40,7 +41,8 @@ def _cursor(last_event_id: str | None, from_: int | None) -> int:
     """Where to resume: ``Last-Event-ID`` (a reconnect) wins over ``?from=``."""
     if last_event_id is not None and last_event_id.strip():
         text = last_event_id.strip()
-        if not text.isdigit() or int(text) > BIGINT_MAX:
+        # ASCII digits only: str.isdigit() takes '²', which int() refuses.
+        if not is_ascii_int(text) or int(text) > BIGINT_MAX:
             raise InvalidInput("Last-Event-ID must be a journal seq (a non-negative integer)")
         return int(text)
     return from_ or 0

@@ -36,6 +36,9 @@ DURATION_BUCKETS = (1, 5, 15, 30, 60, 120, 300, 600, 1200, 1800, 3600, 7200)
 
 Buckets = list[tuple[float, int, float]]
 #: Upper bounds (seconds) of the HTTP request-duration histogram's buckets.
+#: The methods counted by name; any other is ``other``.
+STANDARD_METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS",
+                              "TRACE", "CONNECT"})
 REQUEST_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 
 
@@ -73,8 +76,15 @@ class ProcessCounters:
 
     def count_request(self, method: str, route: str, status: int,
                       duration_s: float | None = None) -> None:
-        """Count one answered request (and how long it took, unless it streamed)."""
-        key = (method, route, str(status))
+        """Count one answered request (and how long it took, unless it streamed).
+
+        Labels are bounded whatever clients send: a method outside HTTP's
+        standard ones counts as ``other`` (h11 accepts any token as a method),
+        a path no route matched as ``unmatched`` (the caller's), a status
+        outside 100-599 as ``other``."""
+        method = method if method in STANDARD_METHODS else "other"
+        code = str(status) if 100 <= status <= 599 else "other"
+        key = (method, route, code)
         self.requests[key] = self.requests.get(key, 0) + 1
         if duration_s is not None and not route.endswith("/events"):
             self.durations.labels(method, route).observe(duration_s)

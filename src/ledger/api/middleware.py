@@ -1,4 +1,5 @@
-"""ASGI middleware of the API: a body size limit and the request log.
+"""ASGI middleware of the API: a body size limit, the request log, and the
+headers of every HTML page (frame protection, a CSP).
 
 Both are plain ASGI (no buffering), so streamed responses -- the SSE tails --
 pass straight through. The body limit is ours because nothing maintained does
@@ -9,6 +10,9 @@ log binds the id it chose.
 
 from __future__ import annotations
 
+import base64
+import hashlib
+import re
 import time
 
 import structlog
@@ -39,7 +43,8 @@ class BodyLimit:
             return
         too_large = PayloadTooLarge(f"the request body is larger than {self.max_bytes} bytes")
         for name, value in scope["headers"]:
-            if name == b"content-length" and value.isdigit() and int(value) > self.max_bytes:
+            if name == b"content-length" and value.isdigit() \
+                    and (len(value) > 18 or int(value) > self.max_bytes):
                 await problem_for(too_large, Request(scope))(scope, receive, send)
                 return
         received = 0
@@ -100,3 +105,77 @@ class RequestLog:
                     status=status, duration_ms=round(elapsed * 1000, 2),
                     caller=principal.identity if principal else None,
                     role=principal.role if principal else None)
+
+
+#: What every HTML response says about framing, sniffing and referrers.
+FRAME_HEADERS = {
+    "X-Frame-Options": "DENY",
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "same-origin",
+}
+_INLINE_SCRIPT = re.compile(rb"<script(?![^>]*\bsrc=)[^>]*>(.*?)</script>", re.S | re.I)
+
+
+def page_policy(body: bytes) -> str:
+    """A CSP for a page not written by the dashboard (``/docs``, ``/redoc``,
+    ``/problems``): everything from this server, and the page's own inline
+    scripts by their hashes (the docs pages start their viewer inline), styles
+    inline allowed (ReDoc injects its own), never framed."""
+    hashes = " ".join(
+        "'sha256-" + base64.b64encode(hashlib.sha256(m.group(1)).digest()).decode() + "'"
+        for m in _INLINE_SCRIPT.finditer(body))
+    return ("default-src 'self'; script-src 'self'" + (f" {hashes}" if hashes else "")
+            + "; style-src 'self' 'unsafe-inline'; img-src 'self' data:; "
+            "worker-src 'self' blob:; object-src 'none'; frame-ancestors 'none'; "
+            "form-action 'self'; base-uri 'none'")
+
+
+class HtmlHeaders:
+    """Frame protection and a CSP on every HTML response: the dashboard's pages
+    set their own policy; any other page (the API's docs, the problem pages)
+    gets ``page_policy`` of its body. HTML responses here are whole documents
+    of a few KiB (event streams are not HTML), so their bodies are held until
+    the last part to hash the inline scripts."""
+
+    def __init__(self, app: ASGIApp):
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        start: Message | None = None
+        parts: list[bytes] = []
+
+        async def send_with_headers(message: Message) -> None:
+            nonlocal start
+            if message["type"] == "http.response.start":
+                content_type = next((v for k, v in message.get("headers", [])
+                                     if k == b"content-type"), b"")
+                if not content_type.startswith(b"text/html"):
+                    await send(message)
+                    return
+                start = message
+                return
+            if start is None or message["type"] != "http.response.body":
+                await send(message)
+                return
+            parts.append(message.get("body", b""))
+            if message.get("more_body", False):
+                return
+            body = b"".join(parts)
+            head = scope.get("method") == "HEAD"  # its length is the GET's, its body empty
+            headers = [(k, v) for k, v in start.get("headers", [])
+                       if head or k != b"content-length"]
+            present = {k.lower() for k, _ in headers}
+            for name, value in FRAME_HEADERS.items():
+                if name.lower().encode() not in present:
+                    headers.append((name.lower().encode(), value.encode()))
+            if b"content-security-policy" not in present:
+                headers.append((b"content-security-policy", page_policy(body).encode()))
+            if not head:
+                headers.append((b"content-length", str(len(body)).encode()))
+            await send({**start, "headers": headers})
+            await send({"type": "http.response.body", "body": body, "more_body": False})
+
+        await self.app(scope, receive, send_with_headers)

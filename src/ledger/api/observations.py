@@ -13,11 +13,13 @@ from __future__ import annotations
 
 import hashlib
 import json
+from datetime import datetime
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Header, Path, Response
-from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
+from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
+from .. import bounds
 from ..errors import InvalidInput, NotFound
 from ..models import Observation, ObservationRecorded
 from . import problems
@@ -47,6 +49,24 @@ class ObservationIn(BaseModel):
     desired_state: dict[str, Any] = Field(default_factory=dict)
     labels: list[Name] = Field(
         default_factory=list, max_length=50)
+
+    @field_validator("details", "desired_state")
+    @classmethod
+    def _bounded_document(cls, value: dict[str, Any], info: ValidationInfo) -> dict[str, Any]:
+        # What a sensor stores every reader renders: bounded as the database
+        # bounds it (ledger.bounds), refused here so the problem names the field.
+        try:
+            return bounds.check_document(info.field_name or "document", value)  # type: ignore[no-any-return]
+        except InvalidInput as exc:
+            raise ValueError(exc.message) from None
+
+    @field_validator("started_at", "finished_at", "tick")
+    @classmethod
+    def _sane_instant(cls, value: datetime | None, info: ValidationInfo) -> datetime | None:
+        try:
+            return bounds.check_instant(info.field_name or "instant", value)
+        except InvalidInput as exc:
+            raise ValueError(exc.message) from None
 
     def digest(self) -> str:
         """SHA-256 of this request as canonical JSON."""

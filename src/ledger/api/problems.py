@@ -37,7 +37,7 @@ log = get_logger("api")
 _HTTP_SLUGS = {
     400: "bad-request", 401: "unauthenticated", 403: "forbidden", 404: "not-found",
     405: "method-not-allowed", 406: "not-acceptable", 413: "payload-too-large",
-    415: "unsupported-media-type", 422: "invalid-input",
+    415: "unsupported-media-type", 422: "invalid-input", 429: "too-many-requests",
 }
 
 
@@ -67,6 +67,19 @@ class PayloadTooLarge(LedgerError):
     slug = "payload-too-large"
     http_status = 413
     exit_code = 2
+
+
+class TooManyRequests(LedgerError):
+    """Too many failed sign-ins or bearer checks from this client: wait for
+    ``Retry-After`` seconds (every attempt is refused until then)."""
+
+    slug = "too-many-requests"
+    http_status = 429
+    exit_code = 75  # EX_TEMPFAIL
+
+    def __init__(self, message: str, *, retry_after_s: int = 60):
+        super().__init__(message)
+        self.retry_after_s = max(1, retry_after_s)
 
 
 class CursorBeyondEnd(InvalidInput):
@@ -99,6 +112,8 @@ def problem_response(
 def problem_for(exc: LedgerError, request: Request | None = None) -> JSONResponse:
     """The problem response of one of Ledger's errors."""
     headers = {"WWW-Authenticate": 'Bearer realm="ledger"'} if exc.http_status == 401 else None
+    if isinstance(exc, TooManyRequests):
+        headers = {"Retry-After": str(exc.retry_after_s)}
     detail = exc.message if not exc.detail else f"{exc.message} ({exc.detail})"
     return problem_response(exc.http_status, exc.slug, detail, request, headers=headers)
 

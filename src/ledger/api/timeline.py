@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
+from ..bounds import EARLIEST, LATEST
 from ..models import Attempt, Campaign, Event, Observation, SideEffect, Verification
 
 WIDTH = 1100.0
@@ -143,6 +144,9 @@ def campaign_timeline(
     moments += [v.finished_at for v in verifications if v.finished_at]
     moments += [s.created_at for s in side_effects]
     moments += [s.finished_at for s in side_effects if s.finished_at]
+    # The frame is drawn from instants a role may store (ledger.bounds): one
+    # read back from outside them (a BC or infinite time) sits at an edge.
+    moments = [m for m in moments if EARLIEST <= m < LATEST] or [now]
     start, stop = min(moments), max(moments)
     if (stop - start).total_seconds() < 1:
         stop = start + timedelta(seconds=1)

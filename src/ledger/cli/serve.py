@@ -40,6 +40,7 @@ def serve(
 
     from .. import logs
     from ..api import ApiOptions, app_from_settings
+    from ..api.server import ServerLimits, uvicorn_config
     from .readiness import diagnose
 
     logs.configure(log_level)
@@ -50,13 +51,15 @@ def serve(
     problem = diagnose(st.database().url, settings.role_prefix)
     if problem is not None:
         raise problem
-    app = app_from_settings(settings, ApiOptions(keepalive_s=keepalive, max_body_bytes=max_body,
-                                                 pool_max_size=pool_size))
-    # uvicorn's own loggers go through the structured root logger; the API
-    # writes its own request log, so uvicorn's access log stays off.
-    uvicorn.run(app, host=host, port=port, log_config=None, access_log=False,
-                log_level=log_level.lower(), timeout_graceful_shutdown=5,
-                proxy_headers=False, server_header=False)
+    # The command's options on top of the settings, never instead of them
+    # (LEDGER_SESSION_SECRET, LEDGER_SECURE_COOKIES ... stay in force).
+    options = ApiOptions.from_settings(settings, keepalive_s=keepalive, max_body_bytes=max_body,
+                                       pool_max_size=pool_size)
+    app = app_from_settings(settings, options)
+    limits = ServerLimits(request_timeout_s=settings.api_request_timeout_s,
+                          max_connections=settings.api_max_connections)
+    uvicorn.Server(uvicorn_config(app, host=host, port=port, limits=limits,
+                                  log_level=log_level.lower())).run()
 
 
 @token_app.command("create")

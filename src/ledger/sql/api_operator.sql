@@ -188,3 +188,159 @@ END
 $$;
 COMMENT ON FUNCTION ledger_api.retry_now IS
     'Skip the rest of a ready campaign''s backoff (journaled); refused unless it is waiting.';
+
+-- --- the HTTP server's sign-ins and bulk jobs (web.sql) ------------------------
+
+-- A new sign-in; expired sessions (a day past their end) are cleared on the way.
+CREATE OR REPLACE FUNCTION ledger_api.start_web_session(
+        p_id_digest text, p_token_name text, p_token_role text, p_token_digest text,
+        p_csrf text, p_ttl_s double precision)
+    RETURNS timestamptz
+    LANGUAGE plpgsql
+    SECURITY DEFINER
+    SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_now timestamptz := ledger.now();
+    v_expires timestamptz;
+BEGIN
+    PERFORM ledger.check_range('ttl_s', p_ttl_s, 1, 604800);
+    DELETE FROM ledger.web_session s WHERE s.expires_at < v_now - interval '1 day';
+    v_expires := v_now + make_interval(secs => p_ttl_s);
+    INSERT INTO ledger.web_session (id_digest, token_name, token_role, token_digest, csrf,
+                                    created_at, expires_at)
+    VALUES (p_id_digest, p_token_name, p_token_role, p_token_digest, p_csrf, v_now, v_expires);
+    RETURN v_expires;
+END
+$$;
+COMMENT ON FUNCTION ledger_api.start_web_session IS
+    'Record a dashboard sign-in (the session id''s digest, the token that made it, its CSRF token).';
+
+-- The live sign-in of a session id digest: not signed out, not expired.
+CREATE OR REPLACE FUNCTION ledger_api.web_session(p_id_digest text)
+    RETURNS TABLE (token_name text, token_role text, token_digest text, csrf text,
+                   expires_at timestamptz)
+    LANGUAGE sql STABLE
+    SECURITY DEFINER
+    SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT s.token_name, s.token_role, s.token_digest, s.csrf, s.expires_at
+      FROM ledger.web_session s
+     WHERE s.id_digest = p_id_digest AND s.ended_at IS NULL AND s.expires_at > ledger.now()
+$$;
+
+-- Sign out: this session, or (p_everywhere) every live session of its token.
+CREATE OR REPLACE FUNCTION ledger_api.end_web_sessions(p_id_digest text, p_everywhere boolean DEFAULT false)
+    RETURNS integer
+    LANGUAGE plpgsql
+    SECURITY DEFINER
+    SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_s ledger.web_session;
+    v_n integer;
+BEGIN
+    SELECT * INTO v_s FROM ledger.web_session s WHERE s.id_digest = p_id_digest;
+    IF NOT FOUND THEN
+        RETURN 0;
+    END IF;
+    UPDATE ledger.web_session s SET ended_at = ledger.now()
+     WHERE s.ended_at IS NULL
+       AND (s.id_digest = p_id_digest
+            OR (coalesce(p_everywhere, false) AND s.token_name = v_s.token_name
+                AND s.token_digest = v_s.token_digest));
+    GET DIAGNOSTICS v_n = ROW_COUNT;
+    RETURN v_n;
+END
+$$;
+
+-- A confirmed bulk action begins: refused (LG007) if its selection was acted on before.
+CREATE OR REPLACE FUNCTION ledger_api.start_bulk_job(
+        p_job_id text, p_selection text, p_operator text, p_action text, p_campaign_ids bigint[],
+        p_details jsonb DEFAULT '{}')
+    RETURNS text
+    LANGUAGE plpgsql
+    SECURITY DEFINER
+    SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_now timestamptz := ledger.now();
+BEGIN
+    INSERT INTO ledger.bulk_job (id, selection, operator, action, total, details, created_at, updated_at)
+    VALUES (p_job_id, p_selection, p_operator, p_action, coalesce(cardinality(p_campaign_ids), 0),
+            coalesce(p_details, '{}'), v_now, v_now)
+    ON CONFLICT (selection) DO NOTHING;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'this preview was acted on already: preview again' USING ERRCODE = 'LG007';
+    END IF;
+    RETURN p_job_id;
+END
+$$;
+
+-- One campaign of a bulk job acted on, and what became of it.
+CREATE OR REPLACE FUNCTION ledger_api.record_bulk_item(p_job_id text, p_campaign_id bigint, p_outcome text)
+    RETURNS void
+    LANGUAGE plpgsql
+    SECURITY DEFINER
+    SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    INSERT INTO ledger.bulk_job_item (job_id, campaign_id, outcome, at)
+    VALUES (p_job_id, p_campaign_id, p_outcome, ledger.now())
+    ON CONFLICT (job_id, campaign_id) DO NOTHING;
+    UPDATE ledger.bulk_job j SET updated_at = ledger.now() WHERE j.id = p_job_id;
+END
+$$;
+
+CREATE OR REPLACE FUNCTION ledger_api.finish_bulk_job(p_job_id text, p_state text)
+    RETURNS void
+    LANGUAGE plpgsql
+    SECURITY DEFINER
+    SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    UPDATE ledger.bulk_job j SET state = p_state, finished_at = ledger.now(), updated_at = ledger.now()
+     WHERE j.id = p_job_id AND j.state = 'running';
+END
+$$;
+
+-- A bulk job's progress: per outcome how many; every item once it has ended.
+CREATE OR REPLACE FUNCTION ledger_api.bulk_job(p_job_id text)
+    RETURNS TABLE (id text, operator text, action text, total integer, done integer,
+                   outcomes jsonb, state text, details jsonb, items jsonb,
+                   created_at timestamptz, updated_at timestamptz)
+    LANGUAGE sql STABLE
+    SECURITY DEFINER
+    SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT j.id, j.operator, j.action, j.total,
+           (SELECT count(*)::integer FROM ledger.bulk_job_item i WHERE i.job_id = j.id),
+           (SELECT coalesce(jsonb_object_agg(o.outcome, o.n), '{}')
+              FROM (SELECT i.outcome, count(*) AS n FROM ledger.bulk_job_item i
+                     WHERE i.job_id = j.id GROUP BY i.outcome) o),
+           j.state, j.details,
+           CASE WHEN j.state <> 'running' THEN
+               (SELECT coalesce(jsonb_agg(jsonb_build_object('campaign_id', i.campaign_id,
+                                                             'outcome', i.outcome)
+                                          ORDER BY i.at, i.campaign_id), '[]')
+                  FROM ledger.bulk_job_item i WHERE i.job_id = j.id)
+           END,
+           j.created_at, j.updated_at
+      FROM ledger.bulk_job j WHERE j.id = p_job_id
+$$;
+
+-- The server's own secret of this name, made on first use (from the server's
+-- strong random source: gen_random_uuid).
+CREATE OR REPLACE FUNCTION ledger_api.server_secret(p_name text)
+    RETURNS text
+    LANGUAGE plpgsql
+    SECURITY DEFINER
+    SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    INSERT INTO ledger.server_secret (name, value)
+    VALUES (p_name, encode(sha256(convert_to(gen_random_uuid()::text || gen_random_uuid()::text, 'UTF8')), 'hex'))
+    ON CONFLICT (name) DO NOTHING;
+    RETURN (SELECT s.value FROM ledger.server_secret s WHERE s.name = p_name);
+END
+$$;

@@ -135,9 +135,9 @@ BEGIN
         RAISE EXCEPTION 'observation status must be green or red, not %', coalesce(p_status, 'null')
             USING ERRCODE = 'LG007';
     END IF;
-    IF p_started_at IS NULL OR p_started_at > v_now THEN
-        RAISE EXCEPTION 'observation start % must be given and not in the future', p_started_at
-            USING ERRCODE = 'LG007';
+    IF p_started_at IS NULL OR p_started_at > v_now OR p_started_at < '2000-01-01 00:00:00+00' THEN
+        RAISE EXCEPTION 'observation start % must be given, not in the future and not before 2000',
+            p_started_at USING ERRCODE = 'LG007';
     END IF;
 
     INSERT INTO ledger.observation AS o

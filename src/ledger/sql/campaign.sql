@@ -6,6 +6,21 @@
 -- campaign.state: the guard trigger below admits only the to_state of a
 -- declared transition, and ledger.transition references ledger.state.
 
+-- Whether a document is within the bounds every role's input is held to
+-- (ledger.bounds says the same in Python, and the API refuses first, naming
+-- the field): at most p_bytes of text as PostgreSQL prints it, and no value
+-- deeper than p_depth levels ('{"a": 1}' is one level). Every reader renders
+-- what a role stored, so a document one role may store must be one that all
+-- of them can read.
+CREATE OR REPLACE FUNCTION ledger.json_within(p_doc jsonb, p_depth integer, p_bytes integer)
+    RETURNS boolean
+    LANGUAGE sql IMMUTABLE PARALLEL SAFE
+    SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT octet_length(p_doc::text) <= p_bytes
+       AND NOT jsonb_path_exists(p_doc, format('strict $.**{%s}', p_depth + 1)::jsonpath)
+$$;
+
 -- A kind of campaign: attempt budget, lease length, backoff, who may touch what.
 -- The worker-side config (attempt command, repository) lives in ledger.toml;
 -- what the kernel must judge lives here.
@@ -39,8 +54,14 @@ CREATE TABLE IF NOT EXISTS ledger.campaign (
     class               text NOT NULL REFERENCES ledger.campaign_class (name),
     objective_key       text NOT NULL CHECK (length(objective_key) BETWEEN 1 AND 500),
     target              text NOT NULL CHECK (length(target) BETWEEN 1 AND 2000),
-    desired_state       jsonb NOT NULL DEFAULT '{}',
-    opening_observation jsonb NOT NULL DEFAULT '{}',
+    -- bounded (ledger.json_within): the opening observation holds the
+    -- observation's details (32 levels, 256 KiB) one level down
+    desired_state       jsonb NOT NULL DEFAULT '{}' CONSTRAINT campaign_desired_state_bounded
+                        CHECK (jsonb_typeof(desired_state) = 'object'
+                               AND ledger.json_within(desired_state, 32, 262144)),
+    opening_observation jsonb NOT NULL DEFAULT '{}' CONSTRAINT campaign_opening_observation_bounded
+                        CHECK (jsonb_typeof(opening_observation) = 'object'
+                               AND ledger.json_within(opening_observation, 33, 266240)),
     -- no foreign key to ledger.state and no CHECK: see the guard below
     state               text NOT NULL,
     lease_owner         text,

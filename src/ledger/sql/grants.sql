@@ -43,7 +43,12 @@ BEGIN
                 ('complete_side_effect', 'dispatcher'), ('rebase_promotion', 'dispatcher'),
                 -- operator (api_operator.sql)
                 ('abandon', 'operator'), ('reopen', 'operator'), ('retry_now', 'operator'),
-                ('register_class', 'operator'), ('trim_journal', 'operator')
+                ('register_class', 'operator'), ('trim_journal', 'operator'),
+                -- the HTTP server's sign-ins and bulk jobs, through the operator role
+                ('start_web_session', 'operator'), ('web_session', 'operator'),
+                ('end_web_sessions', 'operator'), ('start_bulk_job', 'operator'),
+                ('record_bulk_item', 'operator'), ('finish_bulk_job', 'operator'),
+                ('bulk_job', 'operator'), ('server_secret', 'operator')
                ) AS x(name, actor)
           LEFT JOIN (pg_catalog.pg_proc p
                      JOIN pg_catalog.pg_namespace n ON n.oid = p.pronamespace

@@ -38,6 +38,7 @@ from ...errors import LedgerError
 from . import board, bulk, campaign, classes, signin
 from .board import board_changes, sensor_rows
 from .render import HERE, Pages, describe, duration, pages_of
+from ..problems import TooManyRequests
 from .viewer import SignInRequired
 
 if TYPE_CHECKING:
@@ -55,8 +56,11 @@ async def _on_sign_in(request: Request, exc: Exception) -> Response:
 
 async def _on_ledger_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, LedgerError)
-    return pages_of(request).page(request, "error.html", status=exc.http_status,
+    page = pages_of(request).page(request, "error.html", status=exc.http_status,
                                   title=exc.slug, message=exc.message)
+    if isinstance(exc, TooManyRequests):
+        page.headers["Retry-After"] = str(exc.retry_after_s)
+    return page
 
 
 async def _on_invalid(request: Request, exc: Exception) -> Response:

@@ -14,6 +14,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import HTMLResponse, Response
 from sse_starlette import EventSourceResponse, ServerSentEvent
 
+from ...bounds import ascii_int
 from ...bulk import ACTION_STATES
 from ...config import LedgerConfig, SensorConfig
 from ...errors import InvalidInput, LedgerError
@@ -237,9 +238,7 @@ async def board_events(request: Request) -> Response:
 async def autonomy(request: Request) -> Response:
     """The autonomy report as a chart and a table."""
     viewer = await viewer_of(request)
-    text = request.query_params.get("days", "14")
-    if not text.isdigit() or not 1 <= int(text) <= 366:
-        raise InvalidInput("days: 1 to 366")
-    report = await autonomy_report(viewer.reads, int(text))
+    days = ascii_int(request.query_params.get("days", "14"), "days", 1, 366)
+    report = await autonomy_report(viewer.reads, days)
     return pages_of(request).page(request, "autonomy.html", viewer, report=report,
-                                  days=int(text), chart=autonomy_chart(report))
+                                  days=days, chart=autonomy_chart(report))

@@ -13,9 +13,11 @@ from fastapi import APIRouter, Request
 from fastapi.responses import HTMLResponse, Response
 
 from ... import bulk as bulk_actions
+from ...bounds import is_ascii_int
 from ...errors import InvalidInput
 from ...reads import Reads
 from ...models import Campaign
+from .. import bulk_jobs
 from .campaign import extra_attempts
 from .filters import BoardFilter
 from .render import pages_of, redirect
@@ -33,7 +35,7 @@ async def _campaigns(reads: Reads, ids: list[int]) -> list[Campaign]:
 
 def _ids(text: str | None) -> list[int]:
     parts = [p for p in (text or "").split(",") if p.strip()]
-    if len(parts) > _IDS_LIMIT or not all(p.strip().isdigit() for p in parts):
+    if len(parts) > _IDS_LIMIT or not all(is_ascii_int(p.strip()) for p in parts):
         raise InvalidInput("the previewed campaign ids are not a list of ids")
     return [int(p) for p in parts]
 
@@ -49,12 +51,21 @@ def _render_preview(request: Request, viewer: Viewer, action: str, flt: BoardFil
         states=bulk_actions.action_states(action))
 
 
+async def _select(request: Request, viewer: Viewer, action: str,
+                  flt: BoardFilter) -> bulk_actions.Selection:
+    state = request.app.state.ledger
+    return await bulk_actions.select(viewer.reads, action, flt.selector(),
+                                     key=await bulk_jobs.bulk_key(state),
+                                     caller=viewer.principal.identity,
+                                     ttl_s=state.options.bulk_token_ttl_s)
+
+
 @router.get("/bulk/{action}", response_class=HTMLResponse)
 async def preview(request: Request, action: str) -> Response:
     """What a bulk action would act on (nothing is done)."""
     viewer = await viewer_of(request)
     flt = BoardFilter.from_query(request)
-    selection = await bulk_actions.select(viewer.reads, action, flt.selector())
+    selection = await _select(request, viewer, action, flt)
     sample = await _campaigns(viewer.reads, list(selection.ids[:SAMPLE]))
     return _render_preview(request, viewer, action, flt, selection, sample)
 
@@ -78,14 +89,19 @@ async def confirm(request: Request, action: str) -> Response:
         async def act(cid: int) -> object:
             return await k.reopen(cid, identity, extra)
 
-    done = await bulk_actions.apply(reads, action, flt.selector(), _ids(form.get("ids")),
-                                    form.get("selection") or "", act)
+    done = await bulk_jobs.confirm(request.app.state.ledger, k, reads, identity, action,
+                                   flt.selector(), _ids(form.get("ids")),
+                                   form.get("selection") or "", act)
+    if isinstance(done, str):
+        return redirect(request, "/ui/?" + flt.query(),
+                        f"Bulk {action} on {flt.describe()} runs in the background "
+                        f"(job {done}: GET /bulk-jobs/{done}/events follows it).")
     message = f"Bulk {action} on {flt.describe()}: {done.summary()}."
     if not done.changed:
         return redirect(request, "/ui/?" + flt.query(), message)
     # What matches is not what was previewed: say what differed, and offer a
     # fresh preview of what matches now.
-    now = await bulk_actions.select(reads, action, flt.selector())
+    now = await _select(request, viewer, action, flt)
     changes = {"not_previewed": await _campaigns(reads, done.not_previewed[:SAMPLE]),
                "no_longer_matching": await _campaigns(reads, done.no_longer_matching[:SAMPLE])}
     sample = await _campaigns(reads, list(now.ids[:SAMPLE]))

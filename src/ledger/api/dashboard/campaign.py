@@ -10,7 +10,8 @@ from datetime import datetime, timezone
 from fastapi import APIRouter, Request
 from fastapi.responses import HTMLResponse, Response
 
-from ...errors import InvalidInput, NotFound
+from ...bounds import ascii_int
+from ...errors import NotFound
 from ...cursors import BIGINT_MAX
 from ..timeline import campaign_timeline
 from .render import pages_of, redirect
@@ -37,9 +38,7 @@ def extra_attempts(text: str | None) -> int | None:
     """The "extra attempts" field of a reopen form (empty: the class's budget)."""
     if not text or not text.strip():
         return None
-    if not text.strip().isdigit() or not 1 <= int(text) <= 1000:
-        raise InvalidInput("extra attempts: a whole number from 1 to 1000")
-    return int(text)
+    return ascii_int(text, "extra attempts", 1, 1000)
 
 
 @router.get("/campaigns/{campaign_id}", response_class=HTMLResponse)

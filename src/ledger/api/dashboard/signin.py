@@ -1,4 +1,4 @@
-"""Signing in with a token (kept in the signed session) and signing out."""
+"""Signing in with a token (a session the database keeps) and signing out."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ from fastapi.responses import HTMLResponse, Response
 
 from ...logs import get_logger
 from .. import cookies
+from ..auth import client_of
 from .render import pages_of, redirect
 from .viewer import local_path, read_form, viewer_of
 
@@ -25,24 +26,32 @@ async def login_page(request: Request) -> Response:
 
 @router.post("/login", response_class=HTMLResponse)
 async def login(request: Request) -> Response:
-    """Sign in with a configured token."""
+    """Sign in with a configured token (throttled per client: 429 while it
+    has failed too often)."""
     state = request.app.state.ledger
+    client = client_of(request)
+    state.throttle.check(client)  # before the form is even read
     form = await read_form(request, None)
     token, target = (form.get("token") or "").strip(), local_path(form.get("next"))
-    principal = state.tokens.authenticate(token) if token else None
-    if principal is None:
+    entry = state.tokens.entry_of(token) if token else None
+    if entry is None:
+        state.throttle.fail(client)
         return pages_of(request).page(request, "login.html", status=401, next=target,
                                       error="That token is not configured on this server.",
                                       configured=len(state.tokens) > 0)
-    cookies.sign_in(request, token)
-    log.info("signed in", caller=principal.identity, role=principal.role)
+    await cookies.sign_in(request, entry, await state.pools.kernel("operator"),
+                          state.options.session_ttl_s)
+    log.info("signed in", caller=f"http:{entry.name}", role=entry.role)
     return redirect(request, target)
 
 
 @router.post("/logout")
 async def logout(request: Request) -> Response:
-    """Sign out."""
+    """Sign out: this session ends for every copy of its cookie; with
+    ``everywhere`` set, every session of the same token ends too."""
     viewer = await viewer_of(request)
-    await read_form(request, viewer)
-    cookies.sign_out(request)
+    form = await read_form(request, viewer)
+    ended = await cookies.sign_out(request, await request.app.state.ledger.pools.kernel("operator"),
+                                   everywhere=bool(form.get("everywhere")))
+    log.info("signed out", caller=viewer.principal.identity, sessions=ended)
     return redirect(request, "/ui/login")

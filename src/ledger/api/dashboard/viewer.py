@@ -11,7 +11,7 @@ from ...errors import Forbidden, InvalidInput
 from ...kernel import Kernel
 from ...reads import Reads
 from .. import cookies
-from ..auth import Principal, TokenTable
+from ..auth import Principal, TokenTable, client_of
 
 
 class SignInRequired(Exception):
@@ -42,16 +42,22 @@ class Viewer:
         return self.session.csrf if self.session else ""
 
 
-def _authenticate(request: Request) -> tuple[Principal, cookies.BrowserSession | None]:
-    tokens: TokenTable = request.app.state.ledger.tokens
+async def _authenticate(request: Request) -> tuple[Principal, cookies.BrowserSession | None]:
+    api = request.app.state.ledger
+    tokens: TokenTable = api.tokens
     header = request.headers.get("authorization", "")
     if header[:7].lower() == "bearer ":
+        client = client_of(request)
+        api.throttle.check(client)
         principal = tokens.authenticate(header[7:].strip())
         if principal is not None:
             return principal, None
+        api.throttle.fail(client)
         raise SignInRequired()
-    session = cookies.session_of(request)
-    principal = tokens.authenticate(session.token) if session else None
+    if not cookies.has_session_cookie(request):
+        raise SignInRequired()
+    session = await cookies.session_of(request, await api.pools.kernel("operator"))
+    principal = tokens.session_principal(session) if session else None
     if principal is None:
         raise SignInRequired()
     return principal, session
@@ -59,7 +65,7 @@ def _authenticate(request: Request) -> tuple[Principal, cookies.BrowserSession |
 
 async def viewer_of(request: Request) -> Viewer:
     """The caller of a page; ``SignInRequired`` if none."""
-    principal, session = _authenticate(request)
+    principal, session = await _authenticate(request)
     request.state.principal = principal  # for the request log
     kernel = await request.app.state.ledger.pools.kernel(principal.role)
     return Viewer(principal, session, kernel)
