@@ -181,12 +181,12 @@ async def test_the_alerts_fire_on_series_from_a_real_metrics_endpoint(scraped: S
     waiting = ("ledger_campaigns_waiting", (("class", "ops"), ("reason", "system_fault")))
     exhausted = ("ledger_campaigns", (("class", "ops"), ("state", "exhausted")))
     pending = ("ledger_side_effects_by_state", (("kind", "http.request"), ("state", "pending")))
-    done = ("ledger_side_effects_by_state", (("kind", "http.request"), ("state", "done")))
+    carried_out = ("ledger_side_effects_by_state", (("kind", "http.request"), ("state", "done")))
     deaf = ("ledger_hub_deaf", ())
     queue = ("ledger_notify_queue_usage", ())
     present = {(n, tuple(sorted(l.items()))): v for n, l, v in samples}
     # the real state the alarms are about, as /metrics reports it
-    assert present[exhausted] == 1 and present[pending] == 1 and present[done] == 1
+    assert present[exhausted] == 1 and present[pending] == 1 and present[carried_out] == 1
     assert present[waiting] == 0 and present[deaf] == 0 and present[queue] < 0.5
 
     as_scraped = {
@@ -217,7 +217,7 @@ async def test_the_alerts_fire_on_series_from_a_real_metrics_endpoint(scraped: S
     }
     working = {
         "interval": "1m", "name": "the dispatcher carries one out now and then: not stalled",
-        "input_series": series(samples, instance, {done: f"1+1x{MINUTES}"}),
+        "input_series": series(samples, instance, {carried_out: f"1+1x{MINUTES}"}),
         "alert_rule_test": [expect("LedgerOutboxStalled", "40m")],
     }
     full = {
