@@ -43,8 +43,14 @@ def mcp(
         raise ConfigError("ledger mcp needs the MCP SDK: pip install 'ledger[mcp]'") from None
     from ..api.auth import TokenTable
 
+    from .readiness import diagnose
+
     logs.configure(log_level)  # to stderr: on stdio, stdout is the protocol's
     st = state(ctx)
+    # as `ledger serve`: a server that cannot use its database says why once, and exits
+    problem = diagnose(st.database().url, st.settings.role_prefix)
+    if problem is not None:
+        raise problem
     token = os.environ.get("LEDGER_MCP_TOKEN")
     if transport == "stdio" and not token:
         raise ConfigError("ledger mcp on stdio acts with one token: set LEDGER_MCP_TOKEN "
