@@ -20,6 +20,7 @@ from .kill_worker import KillWorker
 from .load import Load
 from .lost_doorbell import LostDoorbell
 from .partition import Partition
+from .patroni import Patroni
 from .second_attempt_differs import SecondAttemptDiffers
 from .stop_mid_attempt import StopMidAttempt
 from .verifier_crash import VerifierCrash
@@ -28,4 +29,4 @@ from .zombie_worker import ZombieWorker
 #: In the order `ledger drill all` runs them (the issue's numbering).
 ALL = [Intake(), SecondAttemptDiffers(), KillWorker(), ZombieWorker(), FrozenWorker(), HeartbeatRace(), BadPatch(),
        ForbiddenWrite(), LostDoorbell(), DatabaseRestart(), DispatcherCrash(), StopMidAttempt(),
-       Drain(), VerifierCrash(), Partition(), GamingAgent(), Load(), Failover(), Chaos()]
+       Drain(), VerifierCrash(), Partition(), GamingAgent(), Load(), Failover(), Patroni(), Chaos()]

@@ -44,6 +44,7 @@ from .kernel import Kernel
 
 if TYPE_CHECKING:
     from .cluster import Replicated
+    from .patroni import PatroniCluster
 
 Verdict = Literal["pass", "fail", "under-exercised"]
 #: A drill that needs more than this is broken; the runner stops it.
@@ -84,6 +85,8 @@ class Drill:
     own_cluster: bool = False
     #: needs a primary and a streaming standby of its own (``ctx.pair``; it kills the primary)
     replicated: bool = False
+    #: needs a Patroni-managed cluster of its own (``ctx.patroni``; etcd and two members)
+    patroni: bool = False
 
     def timeout_s(self, scale: float, minutes: float | None) -> float:
         """How long the runner lets it run before stopping it."""
@@ -127,10 +130,12 @@ class DrillContext:
     """What a drill works with: its database, workspace, processes and report."""
 
     def __init__(self, drill: Drill, db: Database, workspace: Path, console: Console, scale: float,
-                 cluster: Path | None = None, *, pair: Replicated | None = None, minutes: float | None = None):
+                 cluster: Path | None = None, *, pair: Replicated | None = None, minutes: float | None = None,
+                 patroni: PatroniCluster | None = None):
         self.drill = drill
         self.cluster = cluster
         self.pair = pair
+        self.patroni = patroni
         #: ``ledger drill --minutes``: how long a soak drill (chaos) runs its faults
         self.minutes = minutes
         self.db = db
@@ -405,6 +410,7 @@ async def run_drill(drill: Drill, *, admin_url: str | None, role_prefix: str, co
     note = ""
     cluster = None
     pair = None
+    patroni = None
     limit = drill.timeout_s(scale, minutes)
     try:
         if drill.replicated:
@@ -414,13 +420,24 @@ async def run_drill(drill: Drill, *, admin_url: str | None, role_prefix: str, co
             admin_url = pair.url
             console.print(f"  [dim]primary 127.0.0.1:{pair.primary.port}, synchronous standby "
                           f"127.0.0.1:{pair.standby.port}[/]", highlight=False)
+        elif drill.patroni:
+            from .patroni import PatroniCluster, missing
+
+            if (why := missing()) is not None:
+                raise UnderExercised(f"no Patroni cluster can be made here: {why}")
+            patroni = await asyncio.to_thread(PatroniCluster, workspace / "patroni")
+            admin_url = patroni.url
+            console.print("  [dim]Patroni members " + ", ".join(
+                f"{m.name} 127.0.0.1:{m.pg_port}" for m in patroni.members) + f" (PostgreSQL from "
+                f"{patroni.bin_dir}), etcd 127.0.0.1:{patroni.etcd_port}[/]", highlight=False)
         elif drill.own_cluster or admin_url is None:
             from .embedded import server_url
 
             cluster = workspace / "cluster"
             admin_url = server_url(cluster, cleanup="delete")
         db = await _throwaway_database(admin_url, name, role_prefix)
-        ctx = DrillContext(drill, db, workspace, console, scale, cluster, pair=pair, minutes=minutes)
+        ctx = DrillContext(drill, db, workspace, console, scale, cluster, pair=pair, minutes=minutes,
+                           patroni=patroni)
         await asyncio.wait_for(drill.run(ctx), limit)
     except UnderExercised as exc:
         note = f"under-exercised: {exc}"
@@ -442,6 +459,8 @@ async def run_drill(drill: Drill, *, admin_url: str | None, role_prefix: str, co
             _stop_cluster(cluster)
         if pair is not None:
             pair.close()
+        if patroni is not None:
+            patroni.close()
         if not keep:
             shutil.rmtree(workspace, ignore_errors=True)
     expectations = ctx.expectations if ctx else []

@@ -56,6 +56,9 @@ class Snapshot:
     attempt_durations: Buckets
     verification_durations: Buckets
     notify_queue_usage: float = 0.0
+    #: class -> campaigns held back by a fault that is not the attempt's own
+    #: (0 for now: the lead wires the real count)
+    system_fault_waiting: dict[str, int] = field(default_factory=dict)
     read_s: float = 0.0
 
 
@@ -134,6 +137,12 @@ class LedgerCollector(Collector):
             for state in s.states:
                 campaigns.add_metric([cls, state], s.class_states.get((cls, state), 0))
         yield campaigns
+        waiting = GaugeMetricFamily("ledger_campaigns_waiting",
+                                    "Campaigns held back by a fault that is not the attempt's own, "
+                                    "per class and reason", labels=["class", "reason"])
+        for cls in classes:
+            waiting.add_metric([cls, "system_fault"], s.system_fault_waiting.get(cls, 0))
+        yield waiting
         yield GaugeMetricFamily("ledger_oldest_ready_age_seconds",
                                 "Age of the oldest ready campaign (0: none is ready)",
                                 value=s.oldest_ready_age_s or 0.0)

@@ -22,6 +22,7 @@ from . import (
     gc,
     journal,
     logins,
+    mcp,
     runtime,
     schema,
     serve,
@@ -87,11 +88,12 @@ serve.register(app)
 drill.register(app)
 gc.register(app)
 logins.register(app)
+mcp.register(app)
 
 
 #: Commands that run services until SIGTERM (the host then handles signals);
 #: ``gc`` and ``trim`` only with ``--every``, none of them with ``--once``.
-_SERVICES = frozenset({"worker", "run", "verifier", "dispatcher", "serve", "sensor"})
+_SERVICES = frozenset({"worker", "run", "verifier", "dispatcher", "serve", "sensor", "mcp"})
 _EVERY = frozenset({"gc", "trim"})
 #: Global options that take a value (they come before the command).
 _VALUED = frozenset({"--database-url", "--data-dir", "--role-prefix"})
