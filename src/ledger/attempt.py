@@ -46,6 +46,7 @@ from .lease import LeaseClock
 from .logs import get_logger
 from .models import Claim
 from .processes import CommandResult, child_environment, run_command
+from .protocol import AttemptContext
 from .reads import Reads
 from .repository import Repository
 
@@ -322,18 +323,18 @@ class AttemptRun:
                      "failure_reason": a.failure_reason or reasons.get(a.id),
                      "fingerprint": a.fingerprint}
                     for a in detail.attempts if a.attempt_no != c.attempt_no]
-        return {
-            "campaign_id": c.campaign_id, "attempt_no": c.attempt_no, "generation": c.generation,
-            "class": c.class_, "objective_key": c.objective_key, "target": c.target,
-            "desired_state": c.desired_state, "opening_observation": c.opening_observation,
-            "acceptance": self.acceptance, "protected": protection.patterns_of(self.acceptance),
-            "allow_protected_changes": bool(self.acceptance.get("allow_protected_changes")),
-            "commit_message_file": str(self.workdir / MESSAGE_FILE),  # type: ignore[operator]
-            "base_ref": self.cls.base_ref,
-            "base_sha": base, "worktree": str(worktree), "previous_attempts": previous,
-            "refused_fingerprints": sorted({a["fingerprint"] for a in previous if a["fingerprint"]
-                                            and (a["outcome"] == "failed" or a["verdict"] == "rejected")}),
-        }
+        return AttemptContext(  # the attempt protocol (ledger.protocol)
+            campaign_id=c.campaign_id, attempt_no=c.attempt_no, generation=c.generation,
+            class_=c.class_, objective_key=c.objective_key, target=c.target,
+            desired_state=c.desired_state, opening_observation=c.opening_observation,
+            acceptance=self.acceptance, protected=protection.patterns_of(self.acceptance),
+            allow_protected_changes=bool(self.acceptance.get("allow_protected_changes")),
+            commit_message_file=str(self.workdir / MESSAGE_FILE),  # type: ignore[operator]
+            base_ref=self.cls.base_ref,
+            base_sha=base, worktree=str(worktree), previous_attempts=previous,
+            refused_fingerprints=sorted({a["fingerprint"] for a in previous if a["fingerprint"]
+                                         and (a["outcome"] == "failed" or a["verdict"] == "rejected")}),
+        ).model_dump(mode="json", by_alias=True)
 
     async def _run_command(self, worktree: Path, context_file: Path,
                            context: dict[str, Any]) -> tuple[int | None, str | None]:
