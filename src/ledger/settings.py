@@ -80,13 +80,18 @@ class Settings(BaseSettings):
     database_url: str | None = Field(
         default=None, description="Administrator connection (URL or conninfo); unset: embedded"
     )
-    reader_database_url: str | None = None
-    sensor_database_url: str | None = None
-    worker_database_url: str | None = None
-    verifier_database_url: str | None = None
-    dispatcher_database_url: str | None = None
-    operator_database_url: str | None = None
-    reaper_database_url: str | None = None
+    # Per-role logins (``ledger logins create``); unset: the administrator's connection.
+    reader_database_url: str | None = Field(default=None, description="The reader role's login")
+    sensor_database_url: str | None = Field(default=None, description="The sensor role's login")
+    worker_database_url: str | None = Field(default=None, description="The worker role's login")
+    verifier_database_url: str | None = Field(default=None,
+                                              description="The verifier role's login")
+    dispatcher_database_url: str | None = Field(default=None,
+                                                description="The dispatcher role's login")
+    operator_database_url: str | None = Field(default=None,
+                                              description="The operator role's login")
+    reaper_database_url: str | None = Field(default=None,
+                                            description="The reaper's login; unset: the worker's")
     listen_database_url: str | None = Field(
         default=None, description="Direct (unpooled) connection for LISTEN; unset: the main URL")
     pooled: bool | None = Field(
@@ -97,7 +102,9 @@ class Settings(BaseSettings):
         default_factory=lambda: Path(platformdirs.user_data_dir("ledger")),
         description="Where the embedded server, evidence bundles and worktrees live",
     )
-    role_prefix: str = Field(default="ledger_", pattern=r"^[a-z][a-z0-9_]{0,30}$")
+    role_prefix: str = Field(default="ledger_", pattern=r"^[a-z][a-z0-9_]{0,30}$",
+                             description="Prefix of Ledger's database roles (several Ledgers on "
+                                         "one server)")
     config: Path = Field(default=Path("ledger.toml"), description="Campaign classes and sensors")
     hub_ping_s: float = Field(
         default=10.0, gt=0, le=3600,
