@@ -55,8 +55,7 @@ def open_(
     class_: str = typer.Argument(..., metavar="CLASS", help="Campaign class (registered)."),
     objective_key: str = typer.Argument(..., help="Objective key: one open campaign per key."),
     target: str = typer.Argument(..., help="The watched target."),
-    priority: int = typer.Option(0, min=-1_000_000, max=1_000_000, envvar="LEDGER_OPEN_PRIORITY",
-                                 show_envvar=True,
+    priority: int = typer.Option(0, envvar="LEDGER_OPEN_PRIORITY", show_envvar=True,
                                  help="Higher is claimed first (-1000000 to 1000000)."),
     label: list[str] = typer.Option([], "--label", envvar="LEDGER_OPEN_LABEL", show_envvar=True,
                                     help="Labels (repeatable; space-separated in the variable)."),
@@ -64,6 +63,10 @@ def open_(
 ) -> None:
     """Open a campaign by hand (as the sensor role); idempotent per objective key."""
     from ..kernel import Kernel
+
+    if not -1_000_000 <= priority <= 1_000_000:
+        # the kernel's own range, said before an integer too large for the call is sent
+        raise InvalidInput(f"--priority must be from -1000000 to 1000000, not {priority}")
 
     async def go() -> Opened:
         async with state(ctx).database().session("sensor") as s:
