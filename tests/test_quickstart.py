@@ -3,6 +3,7 @@ run: ``make -n`` prints the commands without running them)."""
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import subprocess
@@ -16,8 +17,10 @@ pytestmark = pytest.mark.skipif(shutil.which("make") is None, reason="make is no
 
 
 def dry_run(target: str, venv: Path) -> list[str]:
-    proc = subprocess.run(["make", "-n", target, f"VENV={venv}"], cwd=ROOT, capture_output=True,
-                          text=True, timeout=60, check=True)
+    # Run by `make test`, make's own variables would make this one print directories.
+    env = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MAKELEVEL", "MFLAGS")}
+    proc = subprocess.run(["make", "--no-print-directory", "-n", target, f"VENV={venv}"], cwd=ROOT,
+                          env=env, capture_output=True, text=True, timeout=60, check=True)
     return proc.stdout.splitlines()
 
 
