@@ -3,11 +3,14 @@
 PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
+# .installed: Ledger with its test extras (test, typecheck); .installed-demo:
+# Ledger alone, all the demo needs (a full install serves it too).
 STAMP  := $(VENV)/.installed
+DEMO_STAMP := $(VENV)/.installed-demo
 
-.PHONY: demo test typecheck bench
+.PHONY: demo test typecheck bench docs
 
-demo: $(STAMP)
+demo: $(DEMO_STAMP)
 	$(BIN)/ledger demo
 
 test: $(STAMP)
@@ -29,6 +32,19 @@ typecheck: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e '.[test,bench]'
 	$(BIN)/python -m bench $(BENCH_ARGS)
+
+# The documentation site (docs/, mkdocs.yml), built strictly: a broken link, a
+# page missing from the navigation or a reference page that cannot be generated
+# fails. The site lands in site/.
+docs: $(STAMP)
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e '.[test,docs]'
+	NO_MKDOCS_2_WARNING=1 $(BIN)/python -m mkdocs build --strict
+
+$(DEMO_STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check --upgrade pip
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e .
+	touch $(DEMO_STAMP)
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)

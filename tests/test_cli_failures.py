@@ -6,10 +6,13 @@ The commands are found by walking the typer app, so a new command is covered
 
 from __future__ import annotations
 
+import json
 import os
 import signal
+import socket
 import subprocess
 import sys
+import time
 import uuid
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -24,7 +27,7 @@ from psycopg.conninfo import make_conninfo
 
 from ledger.cli import app
 from ledger.cli.failures import EXIT_CODES
-from ledger.errors import DatabaseMissing, NotMigrated, Unavailable
+from ledger.errors import DatabaseMissing, InvalidInput, NotMigrated, Unavailable
 
 #: Sample values for every required argument or option, by parameter name.
 SAMPLES: dict[str, list[str]] = {
@@ -226,3 +229,152 @@ def test_only_long_running_services_treat_an_early_sigterm_as_a_clean_stop(
     from ledger.cli import _runs_services
 
     assert _runs_services(argv) is service
+
+
+# --- one exit code per cause, a hint that names it (issue 30) ---------------------------
+
+
+def ledger(args: list[str], env: dict[str, str], **kwargs: Any) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "ledger", *args], capture_output=True, text=True,
+                          timeout=120, env={**os.environ, "NO_COLOR": "1", **env}, **kwargs)
+
+
+def one_line(proc: subprocess.CompletedProcess[str], code: int, *fragments: str) -> str:
+    lines = [line for line in proc.stderr.strip().splitlines() if not line.startswith("{")]
+    assert proc.returncode == code, (proc.returncode, proc.stderr[-2000:])
+    assert len(lines) == 1 and lines[0].startswith("ledger: "), proc.stderr[-2000:]
+    assert "Traceback" not in proc.stderr
+    assert all(f in lines[0] for f in fragments), lines[0]
+    return lines[0]
+
+
+def test_serve_on_a_busy_port_is_not_a_stale_lease(db_url: str, tmp_path: Path) -> None:
+    """uvicorn exits 3 when it cannot bind, which is "stale lease" in the table."""
+    from ledger.errors import CannotListen, StaleLease
+
+    env = {"LEDGER_DATABASE_URL": db_url, "LEDGER_ROLE_PREFIX": TEST_PREFIX}
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        proc = ledger(["serve", "--port", str(port)], env)
+    assert CannotListen.exit_code != StaleLease.exit_code
+    one_line(proc, CannotListen.exit_code, f"port {port} on 127.0.0.1 is already in use",
+             "choose another --port")
+
+
+def test_every_command_with_a_login_the_server_refuses(pg_admin_url: str, tmp_path: Path,
+                                                       config: Path) -> None:
+    """The server answered: the hint is about the login, not "is PostgreSQL running"."""
+    from ledger.errors import LoginRefused
+
+    user = f"{TEST_PREFIX}nobody_{uuid.uuid4().hex[:6]}"
+    results = run_all(make_conninfo(pg_admin_url, user=user), tmp_path, config,
+                      skip=frozenset({("demo",)}))
+    assert_one_line(results, LoginRefused.exit_code, f'refused the login of user "{user}"',
+                    "hint: check the user and password")
+    assert not any("is PostgreSQL running" in p.stderr for p in results.values())
+
+
+def test_a_wrong_password_is_a_refused_login_and_the_password_is_not_shown(tmp_path: Path) -> None:
+    """A server that asks for a password (a throwaway embedded one, with a
+    scram-sha-256 rule for one user) and is given the wrong one."""
+    from ledger.embedded import discard, pg_ctl, server_of, server_url
+    from ledger.errors import LoginRefused
+
+    data = tmp_path / "pw"
+    admin = server_url(data, cleanup="delete")
+    try:
+        with psycopg.connect(admin, autocommit=True) as conn:
+            conn.execute("SET password_encryption = 'scram-sha-256'")
+            conn.execute("CREATE ROLE pwuser LOGIN PASSWORD 'the-right-one'")
+        hba = data / "pgdata" / "pg_hba.conf"
+        hba.write_text("local all pwuser scram-sha-256\n" + hba.read_text())
+        server = server_of(data)
+        assert server is not None
+        pg_ctl(server, "reload")
+        wrong = make_conninfo(admin, user="pwuser", password="not-it-7f3a")
+
+        def refused() -> bool:
+            try:
+                psycopg.connect(wrong).close()
+            except psycopg.OperationalError:
+                return True
+            return False
+        deadline = time.monotonic() + 30
+        while not refused():  # the reload takes effect a moment later
+            assert time.monotonic() < deadline, "the scram rule never took effect"
+            time.sleep(0.05)  # polling interval of the condition above
+        proc = ledger(["list"], {"LEDGER_DATABASE_URL": wrong, "LEDGER_ROLE_PREFIX": TEST_PREFIX})
+        line = one_line(proc, LoginRefused.exit_code, 'refused the login of user "pwuser"',
+                        "hint: check the user and password")
+        assert "not-it-7f3a" not in proc.stderr and "is PostgreSQL running" not in line
+    finally:
+        discard(data)
+
+
+@pytest.mark.parametrize(("url", "says"), [
+    ("postgresql+psycopg://postgres@127.0.0.1/x", "drop the +psycopg"),
+    ("mysql://root:hunter2@127.0.0.1/x", "it starts mysql://"),
+    ("not a url", "neither a postgresql:// URL nor a key=value conninfo string"),
+    ("postgresql://postgres@127.0.0.1:99999/x", "port '99999' is not a number from 1 to 65535"),
+], ids=["sqlalchemy", "mysql", "words", "port"])
+def test_a_malformed_database_url_is_one_line_and_a_config_error(url: str, says: str) -> None:
+    from ledger.errors import ConfigError
+
+    proc = ledger(["list"], {"LEDGER_DATABASE_URL": url})
+    one_line(proc, ConfigError.exit_code, "LEDGER_DATABASE_URL / --database-url: ", says)
+    assert "hunter2" not in proc.stderr and 'missing "="' not in proc.stderr
+
+
+def test_an_invalid_setting_is_one_line_naming_the_variable() -> None:
+    from ledger.errors import ConfigError
+
+    proc = ledger(["list"], {"LEDGER_ROLE_PREFIX": "Not-A-Prefix"})
+    one_line(proc, ConfigError.exit_code, "LEDGER_ROLE_PREFIX / --role-prefix: ")
+
+
+@pytest.fixture
+def registered(db_url: str, config: Path) -> dict[str, str]:
+    env = {"LEDGER_DATABASE_URL": db_url, "LEDGER_ROLE_PREFIX": TEST_PREFIX,
+           "LEDGER_CONFIG": str(config)}
+    synced = ledger(["classes", "sync"], env)
+    assert synced.returncode == 0, synced.stderr
+    return env
+
+
+@pytest.mark.parametrize(("args", "says"), [
+    (["demo-class", "", "target"], "objective key must be 1 to 500 characters long, not 0"),
+    (["demo-class", "x" * 501, "target"], "objective key must be 1 to 500 characters long, not 501"),
+    (["demo-class", "objective", ""], "target must be 1 to 2000 characters long, not 0"),
+    (["demo-class", "objective", "t", "--priority", "99999999999"],
+     "--priority must be from -1000000 to 1000000, not 99999999999"),
+    (["demo-class", "objective", "t", "--priority", "-1000001"],
+     "--priority must be from -1000000 to 1000000, not -1000001"),
+], ids=["empty-objective", "long-objective", "empty-target", "huge-priority", "low-priority"])
+def test_open_refuses_bad_input_in_words(registered: dict[str, str], args: list[str],
+                                         says: str) -> None:
+    proc = ledger(["open", *args], registered)
+    line = one_line(proc, InvalidInput.exit_code, says)
+    assert "check constraint" not in line and "type integer" not in line
+
+
+@pytest.mark.parametrize(("args", "code", "says"), [
+    (["--state", "bogus"], 2, "--state: unknown state bogus (one of ready, leased"),
+    (["--state", "ready", "--class", "nope"], 6, "--class: no campaign class nope is registered "
+                                                 "(registered: demo-class)"),
+    (["--search", "x" * 201], 2, "--search: at most 200 characters"),
+], ids=["state", "class", "search"])
+def test_list_refuses_the_filters_the_api_refuses(registered: dict[str, str], args: list[str],
+                                                  code: int, says: str) -> None:
+    proc = ledger(["list", *args], registered)
+    one_line(proc, code, says)
+    assert proc.stdout == ""  # not an empty table
+
+
+def test_list_with_good_filters_still_lists(registered: dict[str, str]) -> None:
+    opened = ledger(["open", "demo-class", "objective", "target"], registered)
+    assert opened.returncode == 0, opened.stderr
+    listed = ledger(["list", "--state", "ready", "--class", "demo-class", "--json"], registered)
+    assert listed.returncode == 0, listed.stderr
+    assert [c["objective_key"] for c in json.loads(listed.stdout)] == ["objective"]

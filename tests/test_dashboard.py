@@ -253,6 +253,23 @@ async def test_board_filters_count_and_page_through_campaigns(ui: Ui, actors: Ac
     assert (await ui.client.get("/ui/?cursor=forged")).status_code == 422
 
 
+async def test_the_board_honours_the_apis_search_parameter(ui: Ui, actors: Actors,
+                                                           test_class: str) -> None:
+    """``?search=`` is GET /campaigns' name for the board's ``q``: a link written
+    for the API narrows the board too, instead of being ignored (issue 30)."""
+    sensor = await actors("sensor")
+    flaky = (await sensor.open_campaign(test_class, "flaky-one", "repo#main")).campaign_id
+    other = (await sensor.open_campaign(test_class, "docs-build", "repo#docs")).campaign_id
+    await ui.sign_in("reader")
+    for query in ("q=flaky", "search=flaky"):
+        page = await ui.client.get(f"/ui/?{query}")
+        assert page.status_code == 200
+        rows = re.findall(r'<tr data-campaign="(\d+)"', page.text)
+        assert rows == [str(flaky)] and str(other) not in rows, query
+    too_long = await ui.client.get("/ui/?search=" + "x" * 201)
+    assert too_long.status_code == 422  # refused as q is, not ignored
+
+
 async def test_sensor_rows_without_a_config_have_no_next_tick() -> None:
     seen = [{"sensor": "ext", "observation_id": 7, "target": "t", "status": "red",
              "last_tick": None}]

@@ -60,6 +60,45 @@ def test_ledger_demo_exits_zero_and_leaves_nothing_running(db_url: str, tmp_path
     assert leftovers.strip() == ""
 
 
+def test_two_demos_on_one_data_directory_keep_their_own_databases(tmp_path: Path) -> None:
+    """Each demo run on the embedded server has a database of its own and drops
+    it when it ends: a second ``ledger demo`` on the same data directory used to
+    drop the first one's database under it (issue 30). A database left by a
+    killed run is swept by the next."""
+    import psycopg
+
+    from ledger.demo import DEMO_DATABASE, demo_database_name, prepare_database
+    from ledger.embedded import create_database, discard, server_url
+
+    data = tmp_path / "data"
+    admin = server_url(data, cleanup="delete")
+
+    def demo_databases() -> list[str]:
+        with psycopg.connect(admin) as conn:
+            return [r[0] for r in conn.execute(
+                "SELECT datname FROM pg_database WHERE datname LIKE %s ORDER BY 1",
+                (f"{DEMO_DATABASE}%",))]
+    try:
+        mine, drop = prepare_database(Settings(database_url=None, data_dir=data,
+                                               role_prefix=TEST_PREFIX))
+        create_database(admin, f"{DEMO_DATABASE}_999999999")  # no pid is that large: a dead run's
+        with psycopg.connect(mine.url, autocommit=True) as held:
+            held.execute("CREATE TABLE public.still_here ()")
+            env = {**os.environ, "LEDGER_DATA_DIR": str(data), "LEDGER_ROLE_PREFIX": TEST_PREFIX,
+                   "NO_COLOR": "1"}
+            env.pop("LEDGER_DATABASE_URL", None)
+            other = subprocess.run([sys.executable, "-m", "ledger", "demo"], env=env,
+                                   capture_output=True, text=True, timeout=120)
+            assert other.returncode == 0, other.stdout + other.stderr
+            # This run's database and its connection outlived the other run.
+            assert held.execute("SELECT to_regclass('public.still_here') IS NOT NULL").fetchone()[0]
+        assert demo_databases() == [demo_database_name()]  # the other's dropped, the dead one's swept
+        drop()
+        assert demo_databases() == []
+    finally:
+        discard(data)
+
+
 def test_ledger_run_closes_the_loop_and_stops_on_sigterm(db_url: str, admin, tmp_path: Path) -> None:
     import json
     import signal

@@ -46,9 +46,12 @@ CELL = {"USER", "LOGNAME", "SHELL", "PWD"}
 
 def secrets() -> dict[str, str]:
     tag = uuid.uuid4().hex[:8]
-    return {name: f"s3cret-{name.lower()}-{tag}" for name in (
-        "PGPASSWORD", "LEDGER_API_TOKENS", "LEDGER_OPERATOR_DATABASE_URL",
-        "DATABASE_URL", "GITHUB_TOKEN", "AWS_SECRET_ACCESS_KEY", "OPENAI_API_KEY")}
+    planted = {name: f"s3cret-{name.lower()}-{tag}" for name in (
+        "PGPASSWORD", "LEDGER_API_TOKENS", "DATABASE_URL", "GITHUB_TOKEN",
+        "AWS_SECRET_ACCESS_KEY", "OPENAI_API_KEY")}
+    # a well-formed URL (a malformed one stops every command: issue 30), its password the secret
+    planted["LEDGER_OPERATOR_DATABASE_URL"] = f"postgresql://op:s3cret-{tag}@127.0.0.1:1/x"
+    return planted
 
 
 def stored(admin: Any, data_dir: Path) -> str:

@@ -74,6 +74,7 @@ from .lease import LeaseClock
 from .logs import get_logger
 from .models import Claim
 from .processes import CommandResult, cell_environment, child_environment, run_command
+from .protocol import AttemptContext
 from .reads import Reads
 from .redaction import redactor
 from .repository import GitError, Identity, Repository
@@ -568,20 +569,20 @@ class AttemptRun:
                      "fingerprint": a.fingerprint}
                     for a in detail.attempts if a.attempt_no != c.attempt_no]
         seen = workspace.seen(self.sandboxed)
-        return {
-            "campaign_id": c.campaign_id, "attempt_no": c.attempt_no, "generation": c.generation,
-            "class": c.class_, "objective_key": c.objective_key, "target": c.target,
-            "desired_state": c.desired_state, "opening_observation": c.opening_observation,
-            "acceptance": self.acceptance, "protected": protection.patterns_of(self.acceptance),
-            "allow_protected_changes": bool(self.acceptance.get("allow_protected_changes")),
-            "commit_message_file": f"{seen['out']}/{MESSAGE_FILE}",
-            "base_ref": self.cls.base_ref,
-            "base_sha": base, "worktree": seen["worktree"], "previous_attempts": previous,
-            "refused_fingerprints": sorted({a["fingerprint"] for a in previous if a["fingerprint"]
-                                            and (a["outcome"] == "failed" or a["verdict"] == "rejected")}),
-            "sandboxed": self.sandboxed,
-            "network": self.cls.cell.network if self.sandboxed else "host",
-        }
+        return AttemptContext(  # the attempt protocol (ledger.protocol)
+            campaign_id=c.campaign_id, attempt_no=c.attempt_no, generation=c.generation,
+            class_=c.class_, objective_key=c.objective_key, target=c.target,
+            desired_state=c.desired_state, opening_observation=c.opening_observation,
+            acceptance=self.acceptance, protected=protection.patterns_of(self.acceptance),
+            allow_protected_changes=bool(self.acceptance.get("allow_protected_changes")),
+            commit_message_file=f"{seen['out']}/{MESSAGE_FILE}",
+            base_ref=self.cls.base_ref,
+            base_sha=base, worktree=seen["worktree"], previous_attempts=previous,
+            refused_fingerprints=sorted({a["fingerprint"] for a in previous if a["fingerprint"]
+                                         and (a["outcome"] == "failed" or a["verdict"] == "rejected")}),
+            sandboxed=self.sandboxed,
+            network=self.cls.cell.network if self.sandboxed else "host",
+        ).model_dump(mode="json", by_alias=True)
 
     async def _run_command(self, workspace: Workspace, context: dict[str, Any]
                            ) -> tuple[int | None, str | None, CommandResult]:

@@ -69,22 +69,24 @@ class _Strict(BaseModel):
 class Backoff(_Strict):
     """Delay before retrying after the n-th failure: base * factor^(n-1), capped, +/- jitter."""
 
-    base_s: float = Field(5.0, ge=0)
-    factor: float = Field(2.0, ge=1)
-    cap_s: float = Field(600.0, ge=0)
-    jitter: float = Field(0.1, ge=0, le=1)
+    base_s: float = Field(5.0, ge=0, description="seconds before the first retry")
+    factor: float = Field(2.0, ge=1, description="each later wait is this many times longer")
+    cap_s: float = Field(600.0, ge=0, description="the longest wait, in seconds")
+    jitter: float = Field(0.1, ge=0, le=1, description="+/- this fraction, at random")
 
 
 class Acceptance(_Strict):
     """What the verifier runs on a clean checkout of the candidate, and what a
     candidate may not change to pass it."""
 
-    commands: list[list[str]] = Field(default_factory=list)
-    timeout_s: float = Field(600.0, gt=0)
+    commands: list[list[str]] = Field(default_factory=list,
+                                      description="argv lists, run in order; all must pass")
+    timeout_s: float = Field(600.0, gt=0, description="seconds each command may take")
     protected: list[str] | None = Field(
         None, description="gitignore-style patterns (or PATTERN#SECTION); default: derived "
                           "from the commands")
-    allow_protected_changes: bool = False
+    allow_protected_changes: bool = Field(
+        False, description="let a candidate change protected paths (it is judged by them)")
     environment: list[str] = Field(default_factory=list,
                                    description="extra variables for the commands: NAME or NAME=VALUE")
     cell: CellPolicy = Field(default_factory=CellPolicy,
@@ -119,8 +121,8 @@ class Acceptance(_Strict):
 class RoleAuthority(_Strict):
     """What one role may touch: git refs and HTTP hosts (glob patterns, '*' = anything)."""
 
-    refs: list[str] = Field(default_factory=list)
-    hosts: list[str] = Field(default_factory=list)
+    refs: list[str] = Field(default_factory=list, description="git refs it may update")
+    hosts: list[str] = Field(default_factory=list, description="HTTP hosts it may call")
 
 
 #: What an attempt command's arguments may name (``{campaign_file}`` ...).
@@ -149,21 +151,27 @@ class CampaignClassConfig(_Strict):
 
     name: str = Field(pattern=NAME)
     repository: str = Field(min_length=1, description="local path or URL of the git repository")
-    base_ref: str = "main"
-    attempt_command: list[str] = Field(min_length=1)
-    attempt_timeout_s: float = Field(600.0, gt=0)
-    max_attempts: int = Field(3, ge=1, le=1000)
-    backoff: Backoff = Field(default_factory=Backoff)
-    lease_s: float = Field(60.0, gt=0)
-    heartbeat_s: float = Field(10.0, gt=0)
-    seat: Literal["none", "target"] = "none"
+    base_ref: str = Field("main", description="the ref each attempt starts from")
+    attempt_command: list[str] = Field(min_length=1, description=(
+        "argv of the agent or script that attempts a campaign (see the attempt protocol)"))
+    attempt_timeout_s: float = Field(600.0, gt=0, description="seconds an attempt may run")
+    max_attempts: int = Field(3, ge=1, le=1000,
+                              description="attempts before the campaign is exhausted")
+    backoff: Backoff = Field(default_factory=Backoff, description="the wait after a failure")
+    lease_s: float = Field(60.0, gt=0, description="how long a claim holds without a heartbeat")
+    heartbeat_s: float = Field(10.0, gt=0, description="how often a worker renews its lease")
+    seat: Literal["none", "target"] = Field(
+        "none", description="target: one attempt at a time per target, across campaigns")
     weight: int = Field(1, ge=1, le=1000,
                         description="share of claims when several classes have ready work")
-    acceptance: Acceptance = Field(default_factory=Acceptance)
-    verifier: str = Field("command", pattern=r"^[a-z][a-z0-9_]*$")
+    acceptance: Acceptance = Field(default_factory=Acceptance,
+                                   description="what the verifier runs on the candidate")
+    verifier: str = Field("command", pattern=r"^[a-z][a-z0-9_]*$",
+                          description="verifier kind: command, pytest (entry points)")
     promote_to: str | None = Field(None, description="ref a verified candidate is promoted onto")
-    authority: dict[Literal["worker", "dispatcher"], RoleAuthority] = Field(default_factory=dict)
-    log_limit_bytes: int = Field(256 * 1024, ge=1024)
+    authority: dict[Literal["worker", "dispatcher"], RoleAuthority] = Field(
+        default_factory=dict, description="what each role may touch")
+    log_limit_bytes: int = Field(256 * 1024, ge=1024, description="output kept per attempt")
     attempt_environment: list[str] = Field(
         default_factory=list, description="extra variables for the attempt command: NAME or NAME=VALUE")
     author: str = Field(str(Identity()), description="author of candidate commits: Name <email>")
@@ -271,16 +279,18 @@ class SensorConfig(_Strict):
     """A scheduled observation of a target (see ``ledger.sensors``)."""
 
     name: str = Field(pattern=NAME)
-    target: str = Field(min_length=1)
+    target: str = Field(min_length=1, description="what it watches: REPOSITORY or REPOSITORY#REF")
     every_s: float | None = Field(None, gt=0, description="interval schedule")
     cron: str | None = Field(None, description="cron schedule (5 fields)")
-    command: list[str] | None = Field(None, min_length=1)
-    url: str | None = None
-    expect_status: int = 200
-    timeout_s: float = Field(300.0, gt=0)
-    cwd: str | None = None
+    command: list[str] | None = Field(None, min_length=1,
+                                      description="a check command: exit 0 is green")
+    url: str | None = Field(None, description="a check URL: expect_status is green")
+    expect_status: int = Field(200, description="the HTTP status that is green")
+    timeout_s: float = Field(300.0, gt=0, description="seconds a check may take")
+    cwd: str | None = Field(None, description="the check command's working directory")
     objective: str = Field("{sensor}:{target}", description="objective key template")
-    campaign_class: str = Field(pattern=NAME, alias="class")
+    campaign_class: str = Field(pattern=NAME, alias="class",
+                                description="the class of the campaign it opens")
     environment: list[str] = Field(default_factory=list,
                                    description="extra variables for the command: NAME or NAME=VALUE")
     cell: CellPolicy = Field(default_factory=CellPolicy,

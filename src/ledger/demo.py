@@ -11,29 +11,33 @@ green, confirmed. It prints the journal and exits 0; nothing keeps running --
 except, with ``--ui``, the dashboard over the demo's database (``ledger.api``),
 served from the start and, after the loop closes, until Ctrl-C.
 
-On the embedded default it uses a throwaway database (``ledger_demo``, made
-anew each run) so it leaves the real ``ledger`` database alone.
+On the embedded default it uses a throwaway database of its own run
+(``ledger_demo_<pid>``, dropped when it ends; one left by a killed run is
+dropped by the next) so it leaves the real ``ledger`` database alone, and two
+demos on one data directory leave each other's alone.
 """
 
 from __future__ import annotations
 
 import asyncio
+import os
 import shutil
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import AsyncExitStack, asynccontextmanager
 from pathlib import Path
 from typing import Any
 
+import psycopg
 from rich.console import Console
 
 from . import logs, migrations
 from .config import LedgerConfig, parse_config
 from .database import Database
-from .embedded import create_database, server_url
+from .embedded import create_database, drop_database, server_url
 from .hub import Hub
 from .identity import process_identity
 from .kernel import Kernel
@@ -77,14 +81,48 @@ def examples_dir() -> Path:
     return Path(__file__).resolve().parents[2] / "examples"
 
 
-def prepare_database(settings: Settings) -> Database:
-    """A migrated database for the demo."""
+def demo_database_name(pid: int | None = None) -> str:
+    """The embedded server's database for the demo run of process ``pid``: each
+    run has its own, so two demos on one data directory never drop each other's."""
+    return f"{DEMO_DATABASE}_{os.getpid() if pid is None else pid}"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def sweep_demo_databases(admin_url: str) -> list[str]:
+    """Drop the demo databases of runs whose process is gone (a run killed
+    before it dropped its own); returns their names."""
+    with psycopg.connect(admin_url, autocommit=True) as conn:
+        names = [r[0] for r in conn.execute(
+            "SELECT datname FROM pg_database WHERE datname ~ %s", (f"^{DEMO_DATABASE}_[0-9]+$",))]
+    gone = [n for n in names if not _alive(int(n.rsplit("_", 1)[1]))]
+    for name in gone:
+        drop_database(admin_url, name)
+    return gone
+
+
+def prepare_database(settings: Settings) -> tuple[Database, Callable[[], None]]:
+    """A migrated database for the demo, and what drops it when the run ends
+    (nothing on a configured server: the demo uses that database as it is)."""
     if settings.database_url:
         url = settings.database_url
+        done: Callable[[], None] = lambda: None  # noqa: E731
     else:
-        url = create_database(server_url(settings.data_dir), DEMO_DATABASE, replace=True)
+        admin = server_url(settings.data_dir)
+        sweep_demo_databases(admin)
+        name = demo_database_name()
+        url = create_database(admin, name, replace=True)  # a stale one of a reused pid
+        done = lambda: drop_database(admin, name)  # noqa: E731
     migrations.upgrade(url, settings.role_prefix)
-    return Database(url, role_prefix=settings.role_prefix, role_urls=settings.role_urls())
+    return Database(url, role_prefix=settings.role_prefix, role_urls=settings.role_urls()), done
 
 
 def make_repository(root: Path) -> Path:
@@ -204,6 +242,10 @@ async def _dashboard(db: Database, config: LedgerConfig, port: int | None,
         yield server
     finally:
         await server.stop()
+        # stop() forces the exit (browsers' event streams would hold it open), which
+        # skips the app's lifespan shutdown: run it, or the task waiting for it is
+        # cancelled at exit and logged as a traceback (issue 30).
+        await server._server.lifespan.shutdown()
 
 
 class _Serving:
@@ -228,7 +270,15 @@ async def run_demo(settings: Settings, console: Console, *, sensor_every_s: floa
     """Run the closed loop; returns the exit code. With ``ui_port`` (0: any free
     port) the dashboard is served too, and kept serving until Ctrl-C."""
     narrator = Narrator(console)
-    db = prepare_database(settings)
+    db, drop = prepare_database(settings)
+    try:
+        return await _run_demo(db, narrator, console, sensor_every_s, ui_port)
+    finally:
+        drop()
+
+
+async def _run_demo(db: Database, narrator: Narrator, console: Console, sensor_every_s: float,
+                    ui_port: int | None) -> int:
     narrator.line("database", f"migrated to {migrations.current(db.url)}")
     with tempfile.TemporaryDirectory(prefix="ledger-demo-") as tmp:
         root = Path(tmp)

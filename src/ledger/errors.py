@@ -130,6 +130,14 @@ class DatabaseMissing(Unavailable):
     exit_code = 13
 
 
+class LoginRefused(Unavailable):
+    """The server answers, but refuses the login the URL gives: no such user, a
+    wrong password, a role without LOGIN or CONNECT, or a ``pg_hba.conf`` rule."""
+
+    slug = "login-refused"
+    exit_code = 15
+
+
 class NotMigrated(Unavailable):
     """The database has no Ledger schema or roles yet, or an older schema than
     this code: run ``ledger migrate``."""
@@ -166,6 +174,15 @@ class ObjectiveConflict(LedgerError):
     slug = "objective-conflict"
     http_status = 409
     exit_code = 11
+
+
+class CannotListen(LedgerError):
+    """A server could not listen where it was told: the port is already in use,
+    or the address is not one of this machine's (or needs privileges)."""
+
+    slug = "cannot-listen"
+    http_status = 500
+    exit_code = 16
 
 
 class ConfigError(LedgerError):

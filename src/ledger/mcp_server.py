@@ -23,7 +23,9 @@ load balancer, like ``ledger serve``.
 
 from __future__ import annotations
 
+import asyncio
 import json
+import secrets
 from collections.abc import Awaitable, Callable
 from typing import Annotated, Any, Literal
 
@@ -43,6 +45,7 @@ from .kernel import Kernel
 from .models import CampaignDetail, ClassSummary, Event, State
 from .reads import Reads
 from .report import autonomy_report
+from .settings import get_settings
 
 #: The roles whose tokens the MCP server accepts.
 ROLES = ("reader", "operator")
@@ -120,6 +123,7 @@ class LedgerMCP:
         # stdio: one identity for the process, checked before anything starts
         self.stdio_principal = authenticate(tokens, stdio_token) if stdio_token is not None else None
         self.pools = RolePools(database, max_size=pool_size)
+        self._key: bytes | None = None
         self.server: MCPServer[Any] = MCPServer("ledger", instructions=INSTRUCTIONS, version=_version())
         self._register()
 
@@ -135,6 +139,18 @@ class LedgerMCP:
             return authenticate(self.tokens, token.strip() if scheme.lower() == "bearer" else None)
         except LedgerError as exc:
             raise _failure(exc) from None
+
+    async def _bulk_key(self) -> bytes:
+        """The key of selection tokens, as the HTTP API keys them: the
+        configured session secret, else the database's own secret."""
+        if self._key is None:
+            secret = get_settings().session_secret
+            if secret:
+                self._key = secret.encode()
+            else:
+                operator = Kernel(await self.pools.session("operator"))
+                self._key = (await operator.server_secret("bulk_selection")).encode()
+        return self._key
 
     async def reads(self) -> Reads:
         """Reads as the reader role, whoever asks."""
@@ -243,7 +259,7 @@ class LedgerMCP:
                 reason: Annotated[str, Field(min_length=1, max_length=1000, pattern=NO_NUL)] =
                 "abandoned by operator",
                 campaign_ids: list[CampaignId] | None = None,
-                selection: Annotated[str, Field(max_length=100, pattern=r"^sel1-[0-9a-f]{32}$")] | None = None,
+                selection: Annotated[str, Field(max_length=100, pattern=bulk.TOKEN_PATTERN)] | None = None,
                 max_campaigns: Annotated[int, Field(ge=1, le=bulk.MAX_CAP)] = bulk.DEFAULT_CAP) -> BulkResult:
             """Abandon the open campaigns a filter matches (an operator's token). Without
             `selection` this only previews: it answers the matching `campaign_ids` and a
@@ -259,7 +275,7 @@ class LedgerMCP:
                 ctx: Context, filter: CampaignFilter,
                 extra_attempts: Annotated[int, Field(ge=1, le=1000)] | None = None,
                 campaign_ids: list[CampaignId] | None = None,
-                selection: Annotated[str, Field(max_length=100, pattern=r"^sel1-[0-9a-f]{32}$")] | None = None,
+                selection: Annotated[str, Field(max_length=100, pattern=bulk.TOKEN_PATTERN)] | None = None,
                 max_campaigns: Annotated[int, Field(ge=1, le=bulk.MAX_CAP)] = bulk.DEFAULT_CAP) -> BulkResult:
             """Reopen the exhausted campaigns a filter matches with more attempts (an
             operator's token): preview first, then confirm, as for abandon_campaigns."""
@@ -276,16 +292,33 @@ class LedgerMCP:
         try:
             reads = await self.reads()
             selector = filter.selector()
+            key = await self._bulk_key()
+            caller = _identity(principal)
             if selection is None:
-                preview = await bulk.select(reads, action, selector, cap)
+                preview = await bulk.select(reads, action, selector, cap, key=key, caller=caller)
                 return BulkResult(dry_run=True, matched=len(preview.ids), truncated=preview.truncated,
                                   outcomes={}, campaign_ids=list(preview.ids), selection=preview.token)
             if not campaign_ids:
                 raise InvalidInput("a bulk action acts only on what was previewed: call it without "
                                    "selection first, then send back its campaign_ids and selection")
             kernel = Kernel(await self.pools.session(principal.role))
-            done = await bulk.apply(reads, action, selector, campaign_ids, selection,
-                                    lambda cid: act(kernel, cid), cap)
+            planned = await bulk.plan(reads, action, selector, campaign_ids, selection, key=key,
+                                      caller=caller, cap=cap)
+            # single use, as in the HTTP API: the job row takes the token's digest
+            job_id = "mcp-" + secrets.token_hex(16)
+            await kernel.start_bulk_job(job_id, bulk.token_digest(selection), caller, action,
+                                        planned.acting, {"not_previewed": planned.not_previewed,
+                                                         "no_longer_matching": planned.no_longer_matching,
+                                                         "truncated": planned.truncated})
+
+            async def record(cid: int, outcome: str) -> None:
+                await kernel.record_bulk_item(job_id, cid, outcome)
+            try:
+                done = await bulk.act_on(planned, lambda cid: act(kernel, cid), record)
+            except BaseException:
+                await asyncio.shield(kernel.finish_bulk_job(job_id, "failed"))
+                raise
+            await kernel.finish_bulk_job(job_id, "done")
         except LedgerError as exc:
             raise _failure(exc) from None
         return BulkResult(dry_run=False, matched=len(done.acted_on) + len(done.not_previewed),

@@ -27,11 +27,49 @@ from functools import lru_cache
 from pathlib import Path
 
 import platformdirs
-from pydantic import Field
+from pydantic import Field, ValidationError, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from .errors import ConfigError
 
 #: The actors that connect to the database, each as its own role.
 ACTORS = ("reader", "sensor", "worker", "reaper", "verifier", "dispatcher", "operator")
+#: Settings that are also global options of the ``ledger`` command.
+OPTIONS = {"database_url": "--database-url", "data_dir": "--data-dir", "role_prefix": "--role-prefix"}
+
+
+def check_database_url(value: str) -> str:
+    """``value`` if libpq can use it as a PostgreSQL URL or conninfo string;
+    else ``ValueError`` saying what is wrong -- without repeating the value,
+    which may hold a password."""
+    from psycopg import ProgrammingError
+    from psycopg.conninfo import conninfo_to_dict
+
+    scheme, sep, _ = value.partition("://")
+    if sep and scheme not in ("postgresql", "postgres"):
+        driver = scheme.partition("+")
+        hint = (f" (a SQLAlchemy URL? drop the +{driver[2]})"
+                if driver[1] and driver[0] in ("postgresql", "postgres") else "")
+        raise ValueError(f"not a PostgreSQL URL: it starts {scheme}://, not postgresql:// "
+                         f"or postgres://{hint}")
+    try:
+        params = conninfo_to_dict(value)
+    except ProgrammingError:
+        raise ValueError("neither a postgresql:// URL nor a key=value conninfo string") from None
+    for port in str(params.get("port") or "").split(","):
+        if port and not (port.isdigit() and 1 <= int(port) <= 65535):
+            raise ValueError(f"port {port!r} is not a number from 1 to 65535")
+    return value
+
+
+def settings_error(exc: ValidationError) -> ConfigError:
+    """A settings validation error as one line naming the variable (and option)."""
+    first = exc.errors()[0]
+    field = str(first["loc"][0]) if first["loc"] else ""
+    where = f"LEDGER_{field.upper()}" + (f" / {OPTIONS[field]}" if field in OPTIONS else "")
+    message = str(first["msg"]).removeprefix("Value error, ")
+    more = f" (and {exc.error_count() - 1} more)" if exc.error_count() > 1 else ""
+    return ConfigError(f"{where}: {message}{more}")
 
 
 class Settings(BaseSettings):
@@ -42,13 +80,18 @@ class Settings(BaseSettings):
     database_url: str | None = Field(
         default=None, description="Administrator connection (URL or conninfo); unset: embedded"
     )
-    reader_database_url: str | None = None
-    sensor_database_url: str | None = None
-    worker_database_url: str | None = None
-    verifier_database_url: str | None = None
-    dispatcher_database_url: str | None = None
-    operator_database_url: str | None = None
-    reaper_database_url: str | None = None
+    # Per-role logins (``ledger logins create``); unset: the administrator's connection.
+    reader_database_url: str | None = Field(default=None, description="The reader role's login")
+    sensor_database_url: str | None = Field(default=None, description="The sensor role's login")
+    worker_database_url: str | None = Field(default=None, description="The worker role's login")
+    verifier_database_url: str | None = Field(default=None,
+                                              description="The verifier role's login")
+    dispatcher_database_url: str | None = Field(default=None,
+                                                description="The dispatcher role's login")
+    operator_database_url: str | None = Field(default=None,
+                                              description="The operator role's login")
+    reaper_database_url: str | None = Field(default=None,
+                                            description="The reaper's login; unset: the worker's")
     listen_database_url: str | None = Field(
         default=None, description="Direct (unpooled) connection for LISTEN; unset: the main URL")
     pooled: bool | None = Field(
@@ -59,7 +102,9 @@ class Settings(BaseSettings):
         default_factory=lambda: Path(platformdirs.user_data_dir("ledger")),
         description="Where the embedded server, evidence bundles and worktrees live",
     )
-    role_prefix: str = Field(default="ledger_", pattern=r"^[a-z][a-z0-9_]{0,30}$")
+    role_prefix: str = Field(default="ledger_", pattern=r"^[a-z][a-z0-9_]{0,30}$",
+                             description="Prefix of Ledger's database roles (several Ledgers on "
+                                         "one server)")
     config: Path = Field(default=Path("ledger.toml"), description="Campaign classes and sensors")
     hub_ping_s: float = Field(
         default=10.0, gt=0, le=3600,
@@ -84,6 +129,13 @@ class Settings(BaseSettings):
     api_max_connections: int = Field(
         default=500, ge=1, le=100_000,
         description="Connections and requests one server process takes at once (then 503)")
+
+    @field_validator("database_url", "reader_database_url", "sensor_database_url",
+                     "worker_database_url", "verifier_database_url", "dispatcher_database_url",
+                     "operator_database_url", "reaper_database_url", "listen_database_url")
+    @classmethod
+    def _url(cls, value: str | None) -> str | None:
+        return None if value is None else check_database_url(value)
 
     def role_urls(self) -> dict[str, str]:
         """Per-role logins that were configured, by actor."""

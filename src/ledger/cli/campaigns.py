@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 
 import typer
 
-from ..errors import LedgerError, OutcomeUnknown, Unavailable
+from ..errors import InvalidInput, LedgerError, NotFound, OutcomeUnknown, Unavailable
 from .context import console, console_err, emit_json, iso_z, run, state
 from .output import table
 
@@ -56,13 +56,17 @@ def open_(
     objective_key: str = typer.Argument(..., help="Objective key: one open campaign per key."),
     target: str = typer.Argument(..., help="The watched target."),
     priority: int = typer.Option(0, envvar="LEDGER_OPEN_PRIORITY", show_envvar=True,
-                                 help="Higher is claimed first."),
+                                 help="Higher is claimed first (-1000000 to 1000000)."),
     label: list[str] = typer.Option([], "--label", envvar="LEDGER_OPEN_LABEL", show_envvar=True,
                                     help="Labels (repeatable; space-separated in the variable)."),
     as_json: bool = JSON_OPTION,
 ) -> None:
     """Open a campaign by hand (as the sensor role); idempotent per objective key."""
     from ..kernel import Kernel
+
+    if not -1_000_000 <= priority <= 1_000_000:
+        # the kernel's own range, said before an integer too large for the call is sent
+        raise InvalidInput(f"--priority must be from -1000000 to 1000000, not {priority}")
 
     async def go() -> Opened:
         async with state(ctx).database().session("sensor") as s:
@@ -111,12 +115,21 @@ def list_(
     if updated_since is not None and updated_since.tzinfo is None:
         updated_since = updated_since.replace(tzinfo=timezone.utc)
     position = decode_cursor(cursor) if cursor else None
+    _check_filters(state_, class_, {"--target": target, "--objective": objective,
+                                    "--label": label}, search)
 
     async def go() -> tuple[list[Campaign], str | None]:
         rows: list[Campaign] = []
         after = position
         async with state(ctx).database().session("reader") as s:
             reads = Reads(s)
+            if class_:
+                # A misspelt class would list nothing, as if it had no campaigns.
+                known = {c.name for c in await reads.classes()}
+                unknown = sorted(set(class_) - known)
+                if unknown:
+                    raise NotFound(f"--class: no campaign class {', '.join(unknown)} is registered "
+                                   f"(registered: {', '.join(sorted(known)) or 'none'})")
             while True:
                 # One more than asked: whether it exists says if there is a next page.
                 page = await reads.campaigns(
@@ -142,6 +155,23 @@ def list_(
     if next_cursor:
         console_err.print(f"more: --cursor {next_cursor}", markup=False, highlight=False,
                           soft_wrap=True)
+
+
+def _check_filters(states: list[str], classes: list[str], texts: dict[str, str | None],
+                   search: str | None) -> None:
+    """Refuse the filters ``GET /campaigns`` refuses (422 there, ``InvalidInput`` here)."""
+    from ..models import STATES
+
+    unknown = [s for s in dict.fromkeys(states) if s not in STATES]
+    if unknown:
+        raise InvalidInput(f"--state: unknown state {', '.join(unknown)} "
+                           f"(one of {', '.join(STATES)})")
+    limits = [(option, value, 0, 500) for option, value in texts.items()]
+    limits += [("--search", search, 0, 200)] + [("--class", c, 1, 200) for c in classes]
+    for option, value, shortest, longest in limits:
+        if value is not None and not (shortest <= len(value) <= longest and "\x00" not in value):
+            size = f"{shortest} to {longest}" if shortest else f"at most {longest}"
+            raise InvalidInput(f"{option}: {size} characters, no NUL")
 
 
 def show(

@@ -58,12 +58,17 @@ class State:
 
     @cached_property
     def settings(self) -> Settings:
-        from ..settings import Settings
+        from pydantic import ValidationError
+
+        from ..settings import Settings, settings_error
 
         overrides = dict(self.options)
         if "data_dir" in overrides:
             overrides["data_dir"] = Path(overrides["data_dir"])
-        return Settings(**overrides)
+        try:
+            return Settings(**overrides)
+        except ValidationError as exc:  # one line naming the variable, never the value
+            raise settings_error(exc) from None
 
     def database(self, *, wait_s: float | None = None, ready: bool = False) -> Database:
         """The database to use (starting the embedded server if none is
@@ -88,9 +93,11 @@ class State:
 
     def failure_target(self) -> tuple[str | None, str]:
         """The URL and role prefix a failure is diagnosed against."""
+        from ..errors import ConfigError
+
         try:
             settings = self.settings
-        except ValueError:  # invalid settings (pydantic): nothing to diagnose against
+        except (ConfigError, ValueError):  # invalid settings: nothing to diagnose against
             return None, "ledger_"
         return self.url or settings.database_url, settings.role_prefix
 

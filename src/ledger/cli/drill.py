@@ -59,6 +59,13 @@ def drill(
         raise ConfigError(f"unknown drill(s): {', '.join(unknown)} (see: ledger drill list)")
     settings = state(ctx).settings
     admin_url = database_url or settings.database_url
+    if database_url:
+        from ..settings import check_database_url
+
+        try:
+            check_database_url(database_url)
+        except ValueError as exc:
+            raise ConfigError(f"--database-url / LEDGER_DATABASE_URL: {exc}") from None
     if admin_url:
         # Each drill makes its own database there: a server that cannot be used
         # is the user's to fix, not a drill's verdict.

@@ -43,11 +43,13 @@ EXIT_CODES: tuple[tuple[int, str], ...] = (
     (12, "gc finished with errors"),
     (13, "the database does not exist (create it, or `ledger migrate --create-database`)"),
     (14, "the database is not migrated, or older than this Ledger (`ledger migrate`)"),
+    (15, "the database server refused the login (user, password, or pg_hba.conf)"),
+    (16, "cannot listen: the port is already in use, or the address is not this machine's"),
     (69, "the database server cannot be reached, or is read-only"),
     (70, "internal error (a bug: rerun with LEDGER_DEBUG=1 and report it), or a service left a task or child process running at exit"),
     (74, "a file could not be read or written"),
     (75, "outcome unknown: the reply was lost; read back before retrying"),
-    (78, "invalid configuration"),
+    (78, "invalid configuration (a setting, ledger.toml, or a malformed database URL)"),
     (130, "interrupted (Ctrl-C)"),
 )
 

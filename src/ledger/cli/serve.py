@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import errno
 import json
+import logging
+import socket
 
 import typer
 
+from ..errors import CannotListen, LedgerError
 from .context import console_err, state
 
 token_app = typer.Typer(help="Bearer tokens of the HTTP API.", no_args_is_help=True)
@@ -51,6 +55,12 @@ def serve(
     problem = diagnose(st.database().url, settings.role_prefix)
     if problem is not None:
         raise problem
+    # Bound here, not by uvicorn: uvicorn exits 3 when it cannot bind, which is
+    # our "stale lease"; a busy port is its own error (CannotListen, exit 16).
+    sock = listen(host, port)
+    shown = f"[{host}]" if ":" in host else host
+    logging.getLogger("uvicorn.error").info(  # the line uvicorn logs when it binds itself
+        "Uvicorn running on http://%s:%d (Press CTRL+C to quit)", shown, sock.getsockname()[1])
     # The command's options on top of the settings, never instead of them
     # (LEDGER_SESSION_SECRET, LEDGER_SECURE_COOKIES ... stay in force).
     options = ApiOptions.from_settings(settings, keepalive_s=keepalive, max_body_bytes=max_body,
@@ -58,8 +68,39 @@ def serve(
     app = app_from_settings(settings, options)
     limits = ServerLimits(request_timeout_s=settings.api_request_timeout_s,
                           max_connections=settings.api_max_connections)
-    uvicorn.Server(uvicorn_config(app, host=host, port=port, limits=limits,
-                                  log_level=log_level.lower())).run()
+    server = uvicorn.Server(uvicorn_config(app, host=host, port=port, limits=limits,
+                                           log_level=log_level.lower()))
+    try:
+        server.run(sockets=[sock])
+    except KeyboardInterrupt:
+        pass
+    finally:
+        sock.close()
+    if not server.started:
+        raise LedgerError("the HTTP API did not start (the lines logged above say why)")
+
+
+def listen(host: str, port: int) -> socket.socket:
+    """A socket bound to ``host:port`` (0: any free port), as uvicorn would
+    bind it; ``CannotListen`` saying why it cannot be."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    where = f"[{host}]:{port}" if family == socket.AF_INET6 else f"{host}:{port}"
+    sock = socket.socket(family)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        if exc.errno == errno.EADDRINUSE:
+            raise CannotListen(f"port {port} on {host} is already in use",
+                               hint="stop what listens there, or choose another --port") from None
+        hint = {errno.EADDRNOTAVAIL: "--host must be an address of this machine (0.0.0.0: all)",
+                errno.EACCES: "a port below 1024 needs privileges: choose another --port"}
+        raise CannotListen(f"cannot listen on {where}: {exc.strerror or exc}",
+                           hint=hint.get(exc.errno or 0, "check --host and --port")) from None
+    sock.listen(2048)  # uvicorn's backlog: a client that connects now waits for the app
+    return sock
+
 
 
 @token_app.command("create")

@@ -29,6 +29,21 @@ BEGIN
 END
 $$;
 
+-- A text argument of p_min to p_max characters, refused in words: the
+-- table's CHECK says the same, but names only its constraint.
+CREATE OR REPLACE FUNCTION ledger.check_length(p_name text, p_value text,
+                                    p_min integer, p_max integer)
+    RETURNS void
+    LANGUAGE plpgsql IMMUTABLE
+AS $$
+BEGIN
+    IF coalesce(length(p_value), 0) NOT BETWEEN p_min AND p_max THEN
+        RAISE EXCEPTION '% must be % to % characters long, not %', p_name, p_min, p_max,
+            coalesce(length(p_value), 0) USING ERRCODE = 'LG007';
+    END IF;
+END
+$$;
+
 -- The identity of a lease: both parts given.
 CREATE OR REPLACE FUNCTION ledger.check_lease_args(p_campaign_id bigint, p_generation bigint)
     RETURNS void

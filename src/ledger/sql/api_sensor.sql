@@ -31,6 +31,8 @@ BEGIN
             USING ERRCODE = 'LG004';
     END IF;
     PERFORM ledger.check_range('priority', coalesce(p_priority, 0), -1000000, 1000000);
+    PERFORM ledger.check_length('objective key', p_objective_key, 1, 500);
+    PERFORM ledger.check_length('target', p_target, 1, 2000);
     v_seat := coalesce(p_seat, CASE v_class.seat_policy WHEN 'target' THEN p_target END);
     v_acceptance := coalesce(p_acceptance, v_class.acceptance);
     v_labels := coalesce(p_labels, '{}');

@@ -38,7 +38,8 @@ class BoardFilter:
             raise InvalidInput(f"unknown state(s): {', '.join(unknown)}")
         values = {}
         for name in ("class", "target", "label", "q"):
-            value = (get(name) or "").strip()
+            # ``search`` is the API's name for ``q`` (GET /campaigns?search=): honoured too
+            value = (get(name) or (get("search") if name == "q" else None) or "").strip()
             if value and not _FILTER_TEXT.match(value):
                 raise InvalidInput(f"{name}: at most 200 characters, no NUL")
             values[name] = value or None

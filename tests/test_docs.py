@@ -1,0 +1,132 @@
+"""The documentation site (``mkdocs.yml``, ``docs/``): its reference pages are
+generated from the code (``docs/gen.py``) and cover all of it, and the strict
+build that ``.ci/run`` runs fails on a broken link, a broken anchor or a page
+left out of the navigation."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+from ledger import config, protocol
+from ledger.cli.failures import EXIT_CODES
+from ledger.settings import Settings
+from test_cli_failures import leaf_commands
+
+ROOT = Path(__file__).parents[1]
+
+
+def generator() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("ledger_docs_gen", ROOT / "docs" / "gen.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def pages() -> dict[str, str]:
+    return generator().pages()
+
+
+def test_the_configuration_reference_has_every_key_and_variable(pages: dict[str, str]) -> None:
+    page = pages["reference/configuration.md"]
+    for model in (config.CampaignClassConfig, config.Backoff, config.Acceptance,
+                  config.RoleAuthority, config.SensorConfig):
+        for name, field in model.model_fields.items():
+            if name != "name":  # the table's own key
+                assert f"| `{field.alias or name}` |" in page, (model.__name__, name)
+    for name in Settings.model_fields:
+        assert f"`LEDGER_{name.upper()}`" in page, name
+    for _path, command in leaf_commands():
+        for param in command.params:
+            if getattr(param, "envvar", None):
+                assert f"`{param.envvar}`" in page, param.envvar
+    assert "`LEDGER_DEBUG`" in page and "`LEDGER_TABLES`" in page  # read straight from os.environ
+
+
+def test_the_cli_reference_has_every_command_and_option(pages: dict[str, str]) -> None:
+    page = pages["reference/cli.md"]
+    for path, command in leaf_commands():
+        heading = f"## `ledger {' '.join(path)}`\n"
+        assert heading in page, path
+        section = page.split(heading, 1)[1].split("\n## ", 1)[0]
+        for param in command.params:
+            for flag in (o for o in param.opts if o.startswith("-")):
+                assert re.search(rf"`[^`|]*(?<![\w-]){re.escape(flag)}(?![\w-])", section), (path, flag)
+
+
+def test_the_error_reference_has_every_exit_code_and_class(pages: dict[str, str]) -> None:
+    page = pages["reference/errors.md"]
+    for code, _meaning in EXIT_CODES:
+        assert f"\n| {code} | " in page, code
+    for slug in ("stale-lease", "login-refused", "cannot-listen", "database-missing",
+                 "unauthenticated", "check-failed", "git-error"):
+        assert f"`{slug}`" in page, slug
+
+
+def test_the_protocol_reference_has_every_field_variable_and_placeholder(
+        pages: dict[str, str]) -> None:
+    page = pages["reference/attempt-protocol.md"]
+    for model in (protocol.AttemptContext, protocol.PreviousAttempt):
+        for name, field in model.model_fields.items():
+            assert f"| `{field.alias or name}` |" in page, name
+    for variable in protocol.ENVIRONMENT:
+        assert f"`{variable}`" in page
+    for placeholder in protocol.PLACEHOLDERS:
+        assert f"`{{{placeholder}}}`" in page
+    assert '"additionalProperties": false' in page  # the JSON Schema
+
+
+def test_the_quickstart_gives_the_readmes_two_commands() -> None:
+    readme = (ROOT / "README.md").read_text()
+    quickstart = (ROOT / "docs" / "quickstart.md").read_text()
+    for command in ("make demo", "make test"):
+        assert f"\n{command}    #" in readme and f"\n{command}    #" in quickstart
+
+
+def build(site: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "-f",
+                           str(site / "mkdocs.yml"), "-d", str(site / "out")],
+                          env={**os.environ, "NO_MKDOCS_2_WARNING": "1"}, capture_output=True,
+                          text=True, timeout=300)
+
+
+@pytest.mark.skipif(importlib.util.find_spec("mkdocs") is None,
+                    reason="mkdocs is not installed (the docs extra: make docs installs it)")
+def test_the_strict_build_passes_and_fails_on_a_broken_link_anchor_or_page(tmp_path: Path) -> None:
+    site = tmp_path / "site"
+    site.mkdir()
+    shutil.copy(ROOT / "mkdocs.yml", site)
+    shutil.copytree(ROOT / "docs", site / "docs", ignore=shutil.ignore_patterns("__pycache__"))
+    built = build(site)
+    assert built.returncode == 0, built.stderr
+    for page in ("reference/configuration", "reference/cli", "reference/errors",
+                 "reference/attempt-protocol", "quickstart", "deployment", "operations"):
+        assert (site / "out" / page / "index.html").is_file(), page
+    index = site / "docs" / "index.md"
+    original = index.read_text()
+    breakages = {
+        "no-such-page.md": ("index.md", original + "\n[gone](no-such-page.md)\n"),
+        "no-such-part": ("index.md", original + "\n[gone](reference/cli.md#no-such-part)\n"),
+        "orphan.md": ("orphan.md", "# Orphan\n"),  # a page left out of the navigation
+    }
+    for what, (name, text) in breakages.items():
+        target = site / "docs" / name
+        target.write_text(text)
+        broken = build(site)
+        said = broken.stdout + broken.stderr
+        assert broken.returncode != 0, f"{what} passed the strict build"
+        assert "strict mode" in said and what in said, said
+        if name == "index.md":
+            index.write_text(original)
+        else:
+            target.unlink()
