@@ -26,7 +26,6 @@ import socket
 import subprocess
 import sys
 import sysconfig
-import tempfile
 import uuid
 from pathlib import Path
 
