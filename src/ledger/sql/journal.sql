@@ -7,7 +7,9 @@
 CREATE TABLE IF NOT EXISTS ledger.campaign_event (
     campaign_id bigint NOT NULL REFERENCES ledger.campaign (id),
     seq         bigint NOT NULL CHECK (seq > 0),
-    type        text NOT NULL CHECK (type ~ '^[a-z][a-z0-9_.]{0,63}$'),
+    -- (^[a-z][a-z0-9_.]{0,63}$, without the counted repetition: see
+    -- ledger.is_event_type in api_helpers.sql)
+    type        text NOT NULL CHECK (length(type) <= 64 AND type ~ '^[a-z][a-z0-9_.]*$'),
     actor       text NOT NULL,
     generation  bigint NOT NULL,
     -- deltas (output lines, progress) may be trimmed once the campaign is closed
