@@ -6,11 +6,13 @@ Speed itself is measured in bench/ (``python -m bench.cost``), never here."""
 
 from __future__ import annotations
 
+import psycopg
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from conftest import Admin
+from conftest import Actors, Admin
+from drive import Driver
 
 pytestmark = pytest.mark.anyio
 
@@ -51,3 +53,64 @@ def test_the_event_type_check_refuses_what_the_counted_pattern_refused(admin: Ad
         f"SELECT type, type ~ '^[a-z][a-z0-9_.]{{0,63}}$' AS counted, {expression} AS now "  # noqa: S608 (catalog text)
         "FROM unnest(%s::text[]) type", (samples,)).fetchall()
     assert [r for r in rows if r["counted"] is not r["now"]] == []
+
+
+# Each rule of campaign and attempt that was a CHECK constraint and is now kept
+# by the table's guard trigger: a write that breaks it, straight into the
+# table (as the owner could, past every API function), and the constraint
+# the refusal names -- the same SQLSTATE (23514) and name as the CHECK gave.
+CAMPAIGN_RULES = [
+    ("objective_key = ''", "campaign_objective_key_check"),
+    ("objective_key = repeat('k', 501)", "campaign_objective_key_check"),
+    ("target = ''", "campaign_target_check"),
+    ("target = repeat('t', 2001)", "campaign_target_check"),
+    ("attempt_count = -1", "campaign_attempt_count_check"),
+    ("max_attempts = 0", "campaign_max_attempts_check"),
+    ("seat = ''", "campaign_seat_check"),
+    ("lease_owner = 'nobody', lease_expires_at = now()", "campaign_lease_iff_leased"),  # ready, with a lease
+]
+ATTEMPT_RULES = [
+    ("attempt_no = 0", "attempt_attempt_no_check"),
+    ("outcome = 'won'", "attempt_ended"),  # (also attempt_outcome_check: the first by name is named)
+    ("outcome = 'won', ended_at = now()", "attempt_outcome_check"),
+    ("verdict = 'maybe'", "attempt_verdict_after_record"),  # (also attempt_verdict_check)
+    ("outcome = 'attempted', ended_at = now(), verdict = 'maybe'", "attempt_verdict_check"),
+    ("ended_at = now()", "attempt_ended"),  # still running
+    ("verdict = 'accepted'", "attempt_verdict_after_record"),  # not attempted
+]
+
+
+@pytest.mark.rollback  # only SQL: a transaction rolled back after the test
+async def test_every_rule_that_was_a_check_constraint_still_refuses_a_direct_write(
+        actors: Actors, admin: Admin, test_class: str) -> None:
+    driver = Driver(actors, test_class)
+    leased, _ = await driver.leased()
+    ready = await driver.open()
+    refused = {}
+    for change, _ in CAMPAIGN_RULES:
+        try:
+            admin.execute(f"UPDATE ledger.campaign SET {change} WHERE id = %s", (ready,))  # noqa: S608 (fixed text)
+        except psycopg.errors.CheckViolation as exc:
+            refused[change] = exc.diag.constraint_name
+    for change, _ in ATTEMPT_RULES:
+        try:
+            admin.execute(f"UPDATE ledger.attempt SET {change} WHERE campaign_id = %s", (leased,))  # noqa: S608 (fixed text)
+        except psycopg.errors.CheckViolation as exc:
+            refused[change] = exc.diag.constraint_name
+    assert refused == dict(CAMPAIGN_RULES + ATTEMPT_RULES)
+    # and on INSERT: an attempt numbered 0, and a ready campaign with a lease
+    with pytest.raises(psycopg.errors.CheckViolation) as attempt_zero:
+        admin.execute("INSERT INTO ledger.attempt (campaign_id, attempt_no, generation, worker, claimed_at, "
+                      "lease_expires_at) VALUES (%s, 0, 99, 'w', now(), now())", (ready,))
+    assert attempt_zero.value.diag.constraint_name == "attempt_attempt_no_check"
+    with pytest.raises(psycopg.errors.CheckViolation) as with_lease:
+        admin.execute("SELECT ledger.begin_transition('open', 'sensor', 'test')")
+        admin.execute("INSERT INTO ledger.campaign (class, objective_key, target, state, max_attempts, "
+                      "lease_owner, lease_expires_at, next_attempt_at, created_at, updated_at) "
+                      "VALUES (%s, 'k-with-lease', 't', 'ready', 3, 'w', now(), now(), now(), now())",
+                      (test_class,))
+    assert with_lease.value.diag.constraint_name == "campaign_lease_iff_leased"
+    # the rules still let every legal row through: the campaigns above were opened and leased
+    states = admin.execute("SELECT state FROM ledger.campaign WHERE id = ANY(%s) ORDER BY id",
+                           ([leased, ready],)).fetchall()
+    assert [r["state"] for r in states] == ["leased", "ready"]
