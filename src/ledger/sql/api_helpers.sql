@@ -81,7 +81,9 @@ AS $$
 DECLARE
     v_c ledger.campaign;
 BEGIN
-    PERFORM ledger.check_lease_args(p_campaign_id, p_generation);
+    IF p_campaign_id IS NULL OR p_generation IS NULL THEN
+        PERFORM ledger.check_lease_args(p_campaign_id, p_generation);  -- raises, saying what is missing
+    END IF;
     SELECT * INTO v_c FROM ledger.campaign c WHERE c.id = p_campaign_id FOR NO KEY UPDATE;
     IF NOT FOUND THEN
         RAISE EXCEPTION 'campaign % does not exist', p_campaign_id USING ERRCODE = 'LG004';
