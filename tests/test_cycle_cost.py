@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 
 from conftest import Actors, Admin
 from drive import Driver
+from ledger.database import _TextArray, _argument
 
 pytestmark = pytest.mark.anyio
 
@@ -114,3 +115,24 @@ async def test_every_rule_that_was_a_check_constraint_still_refuses_a_direct_wri
     states = admin.execute("SELECT state FROM ledger.campaign WHERE id = ANY(%s) ORDER BY id",
                            ([leased, ready],)).fetchall()
     assert [r["state"] for r in states] == ["leased", "ready"]
+
+
+@pytest.mark.rollback  # only SQL: a transaction rolled back after the test
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(values=st.lists(st.one_of(st.none(), st.text(alphabet=st.characters(blacklist_characters="\x00"))),
+                       max_size=8))
+def test_a_list_of_strings_reaches_the_server_as_itself(admin: Admin, values: list[str | None]) -> None:
+    """Kernel arguments that are lists of strings go as one untyped array
+    literal (``_TextArray``): quotes, backslashes, braces, commas, the word
+    NULL and empty strings arrive as they were sent, None as NULL."""
+    sent = _argument(list(values))
+    assert isinstance(sent, _TextArray)
+    got = admin.execute("SELECT %s::text[] AS a, %s::text[] AS b", (sent, _argument(["NULL", None, "", "{a,b}"]))).fetchone()
+    assert got is not None and got["a"] == list(values)
+    assert got["b"] == ["NULL", None, "", "{a,b}"]  # the word NULL is a word
+
+
+def test_a_list_the_literal_cannot_carry_is_left_to_psycopg() -> None:
+    # a NUL (psycopg refuses it with its own error), or anything but strings
+    for values in (["a\x00b"], [1, 2], [["nested"]], ["x", 3.5]):
+        assert not isinstance(_argument(values), _TextArray)
