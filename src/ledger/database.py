@@ -33,6 +33,7 @@ from functools import lru_cache
 from typing import Any, Protocol, TypeVar
 
 import psycopg
+import psycopg.waiting
 import psycopg_pool
 import psycopg_pool.base
 import psycopg_pool.pool_async
@@ -309,17 +310,55 @@ def abort(conn: psycopg.AsyncConnection[Any]) -> None:
             dup.close()
 
 
+class _Connection(psycopg.AsyncConnection[Row]):
+    """Ledger's connections: a wait that is cancelled aborts the connection
+    (``abort``) instead of sending a cancel request over the same, perhaps
+    silent, path and waiting up to 10 s for it (psycopg's own way). Then
+    ``bounded`` can run the work in its caller's task: no task, no extra
+    turns of the event loop (bench/cost: 114 K client instructions per call
+    with a task of its own, 28 K without)."""
+
+    async def wait(self, gen: Any, interval: float = 0.1, timeout: float | None = None) -> Any:
+        try:
+            if timeout is None:
+                return await psycopg.waiting.wait_async(gen, self.pgconn.socket, interval=interval)
+            return await psycopg.waiting.wait_async(gen, self.pgconn.socket, interval=interval,
+                                                    timeout=timeout)
+        except asyncio.CancelledError:
+            abort(self)
+            raise
+
+
 async def bounded(conn: psycopg.AsyncConnection[Any], work: Awaitable[T], timeout_s: float) -> T:
     """Await ``work`` (which uses ``conn``) for at most ``timeout_s``. Past it,
     or if the caller is cancelled meanwhile, the connection is aborted (see
     ``abort``) and ``OutcomeUnknown`` raised: the statement may have run.
 
-    The work runs as a task of its own, so that cancelling the caller never
-    reaches psycopg (which would send a cancel request over the same, perhaps
-    silent, path); the deadline is a timer that aborts the connection, which
-    ends the work's read at once. A call that answers in time costs the timer
-    and the shield, not a wait set (``asyncio.wait``: bench/cost)."""
+    The deadline is a timer that aborts the connection, which ends the work's
+    read at once. On Ledger's own connections (``_Connection``) the work runs
+    in the caller's task; on any other it runs as a task of its own, so that
+    cancelling the caller never reaches psycopg's cancel request."""
     loop = asyncio.get_running_loop()
+    if isinstance(conn, _Connection):
+        expired = False
+
+        def expire_now() -> None:
+            nonlocal expired
+            expired = True
+            abort(conn)
+
+        deadline = loop.call_later(max(timeout_s, 0.0), expire_now)
+        try:
+            return await work
+        except asyncio.CancelledError:
+            abort(conn)  # (also when the cancel found the work outside psycopg's wait)
+            raise
+        except Exception as exc:
+            if expired:
+                raise errors.OutcomeUnknown(_no_reply(timeout_s)) from exc
+            raise
+        finally:
+            deadline.cancel()
     task = asyncio.ensure_future(work)
     expired = False
 
@@ -446,6 +485,7 @@ async def _in_transaction(conn: psycopg.AsyncConnection[Row], prelude: bytes | N
             # of an aborted pipeline as prepared although the server skipped
             # its Parse (a COMMIT behind a failed call did, and the next call
             # failed: "prepared statement ... does not exist").
+            assert prelude is not None
             try:
                 async with conn.pipeline():
                     await conn.execute(prelude, prepare=False)
@@ -456,6 +496,7 @@ async def _in_transaction(conn: psycopg.AsyncConnection[Row], prelude: bytes | N
                 await conn.close()
                 raise errors.Unavailable(f"a prepared statement was lost: {_first_line(exc)}") from exc
         # (not cur.description: it builds a Column object per column)
+        assert cur is not None
         result = cur.pgresult
         return await cur.fetchall() if result is not None and result.nfields else []
     except psycopg.Error as exc:
@@ -527,6 +568,7 @@ class Session:
             configure=self._configure,
             check=self._check,
             open=False,
+            connection_class=_Connection,
             name=f"ledger-{actor or 'admin'}",
         )
         self._used: weakref.WeakKeyDictionary[psycopg.AsyncConnection[Row], float] = \
@@ -861,7 +903,7 @@ class Database:
         ``setup`` nothing is set for the session (LISTEN needs no role, and a
         LISTEN URL that wrongly points at a pooler must not leak one)."""
         try:
-            conn = await psycopg.AsyncConnection.connect(
+            conn = await _Connection.connect(
                 with_connect_defaults(url or self.url_for(actor)),
                 autocommit=autocommit,
                 row_factory=dict_row,
@@ -918,7 +960,7 @@ class Database:
         (pooler-safe: nothing outlives the transaction); raise the translated
         error if that fails, ``ReadOnly`` if the server is a standby."""
         try:
-            conn = await psycopg.AsyncConnection.connect(
+            conn = await _Connection.connect(
                 with_connect_defaults(self.url_for(actor)), autocommit=True, prepare_threshold=None,
                 application_name=f"ledger:{actor or 'admin'}")
         except psycopg.Error as exc:
