@@ -578,6 +578,8 @@ class Session:
         self._hints: dict[tuple[str, str], None] = {}  # ordered, without repeats
         self._hinter: asyncio.Task[None] | None = None
         self._hint_timer: asyncio.TimerHandle | None = None
+        self._hints_due = False  # gathered for their window: the next call carries them
+        self._in_flight = 0  # calls under way (each try)
         self.log = get_logger("database", actor=actor or "admin")
 
     async def _configure(self, conn: psycopg.AsyncConnection[Row]) -> None:
@@ -652,10 +654,11 @@ class Session:
                                    idempotent=True, timeout_s=None)
 
     def _take_hints(self) -> list[tuple[str, str]]:
-        """The hints gathered so far, for the call about to be sent to carry."""
-        if not self._hints or not _CAN_SYNC_IN_PIPELINE:
+        """The hints gathered, once their window is over, for the call about
+        to be sent to carry."""
+        if not self._hints_due or not _CAN_SYNC_IN_PIPELINE:
             return []
-        hints, self._hints = list(self._hints), {}
+        hints, self._hints, self._hints_due = list(self._hints), {}, False
         return hints
 
     async def _retried(self, work: Callable[[psycopg.AsyncConnection[Row]], Awaitable[list[Row]]], *,
@@ -688,6 +691,15 @@ class Session:
                    timeout_s: float) -> list[Row]:
         loop = asyncio.get_running_loop()
         started = loop.time()
+        self._in_flight += 1
+        try:
+            return await self._try_on_a_connection(work, timeout_s, started)
+        finally:
+            self._in_flight -= 1
+
+    async def _try_on_a_connection(self, work: Callable[[psycopg.AsyncConnection[Row]], Awaitable[list[Row]]],
+                                   timeout_s: float, started: float) -> list[Row]:
+        loop = asyncio.get_running_loop()
         try:
             conn = await self._pool.getconn(timeout=max(timeout_s, 0.001))
         except psycopg_pool.PoolTimeout as exc:
@@ -719,11 +731,11 @@ class Session:
         notifying transactions, WAL flush included, so a NOTIFY inside the
         write capped a fleet at one write per flush (bench/cycle). Hints are
         sent in a transaction of their own that writes nothing worth a flush:
-        the serialised part is microseconds. The session's next call carries
-        them in its own round trip (``_in_transaction``); without one within
-        ``HINT_WINDOW_S`` they are sent together on their own. A hint lost to
-        a crash in between costs a waiter one poll tick (DESIGN 5: signals
-        are hints; rows are truth)."""
+        the serialised part is microseconds. They are gathered for
+        ``HINT_WINDOW_S``; then the session's next call carries them all in
+        its own round trip (``_in_transaction``), or, if no call is under way,
+        they are sent on their own. A hint lost to a crash in between costs a
+        waiter one poll tick (DESIGN 5: signals are hints; rows are truth)."""
         if not hints:
             return
         self._hints.update(dict.fromkeys(hints))
@@ -731,18 +743,25 @@ class Session:
             self._hint_timer = asyncio.get_running_loop().call_later(HINT_WINDOW_S, self._window_over)
 
     def _window_over(self) -> None:
-        # The coalescing window, not a synchronisation: whatever no call
-        # carried meanwhile is sent now (hints arriving during that send
-        # start the next window).
+        # The coalescing window, not a synchronisation: a busy session's next
+        # call carries what was gathered (a pipeline per window, not per
+        # call: bench/cost); an idle one sends it now. A call under way means
+        # another is likely to follow: look again a window later, in case not.
         self._hint_timer = None
-        if self._hints and (self._hinter is None or self._hinter.done()):
-            self._hinter = asyncio.create_task(self.flush_hints())
+        if not self._hints:
+            return
+        self._hints_due = True
+        if self._in_flight == 0:
+            if self._hinter is None or self._hinter.done():
+                self._hinter = asyncio.create_task(self.flush_hints())
+        else:
+            self._hint_timer = asyncio.get_running_loop().call_later(HINT_WINDOW_S, self._window_over)
 
     async def flush_hints(self) -> None:
         """Send the hints gathered so far now."""
         if not self._hints:
             return
-        hints, self._hints = list(self._hints), {}
+        hints, self._hints, self._hints_due = list(self._hints), {}, False
         params = _hint_params(hints)
 
         async def send(conn: psycopg.AsyncConnection[Row]) -> list[Row]:
