@@ -252,3 +252,33 @@ async def test_a_busy_sessions_next_call_carries_its_hints_and_a_bad_hint_costs_
             assert await settle(admin, verifiers, "ledger_attempted") == []  # that batch is lost whole
             assert sent_alone == []
             monkeypatch.undo()
+
+
+async def test_tails_wake_on_every_journal_event_but_a_claims_and_a_records_transition(
+        db: Database, actors: Actors, test_class: str, admin: Admin) -> None:
+    """Which journal events hint ledger_event inside their transaction, one
+    campaign and one batch at a time: every event but the transitions into
+    leased and attempted (claims never NOTIFY; records hint after commit)."""
+    d = Driver(actors, test_class)
+    worker, reaper = await actors("worker"), await actors("reaper")
+    async with Hub(db) as hub:
+        with hub.subscribe("ledger_event") as tails:
+            await settle(admin, tails, "ledger_event")
+            cid = await d.open()
+            assert await settle(admin, tails, "ledger_event") == [str(cid)]  # open: into ready
+            claim = await worker.claim_campaign("worker-1", [test_class])
+            assert claim is not None and await settle(admin, tails, "ledger_event") == []
+            await worker.append_events(cid, claim.generation, [{"type": "note", "payload": {}}])
+            assert await settle(admin, tails, "ledger_event") == [str(cid)]
+            await worker.fail_attempt(cid, claim.generation, "red")
+            assert await settle(admin, tails, "ledger_event") == [str(cid)]  # back into ready
+            # the batch writers: claims notify nothing, a lease expired back into ready does
+            more = [await d.open() for _ in range(2)]
+            await settle(admin, tails, "ledger_event")
+            batch = await worker.claim_campaigns("worker-2", [test_class], limit=3)
+            assert {c.campaign_id for c in batch} == {cid, *more}
+            assert await settle(admin, tails, "ledger_event") == []
+            admin.execute("UPDATE ledger.campaign SET lease_expires_at = now() - interval '1 hour' "
+                          "WHERE id = ANY(%s)", (more,))
+            assert {r.campaign_id for r in await reaper.expire_leases()} == set(more)
+            assert sorted(await settle(admin, tails, "ledger_event")) == sorted(map(str, more))

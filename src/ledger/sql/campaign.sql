@@ -278,7 +278,12 @@ BEGIN
                 'from', v_from, 'to', NEW.state,
                 'attempt_count', NEW.attempt_count),
             ledger.now());
-    -- Hints only (mechanism 5); payloads are ids.
+    -- Hints only (mechanism 5); payloads are ids. Tails wake on every
+    -- transition but into leased (claims never NOTIFY: journal.sql) and into
+    -- attempted (hinted after the record's commit).
+    IF NEW.state NOT IN ('leased', 'attempted') THEN
+        PERFORM pg_notify('ledger_event', NEW.id::text);
+    END IF;
     IF NEW.state = 'ready' THEN
         PERFORM pg_notify('ledger_ready', NEW.id::text);
     END IF;
@@ -357,7 +362,11 @@ BEGIN
              ON v_name = 'record_attempt' AND a.campaign_id = ch.id AND a.generation = ch.old_generation;
     -- Hints only, as in campaign_journal.
     PERFORM pg_notify(h.channel, h.id::text)
-       FROM (SELECT 'ledger_ready' AS channel, n.id
+       FROM (SELECT 'ledger_event' AS channel, n.id
+               FROM batch_old o JOIN batch_new n ON n.id = o.id
+              WHERE n.state NOT IN ('leased', 'attempted') AND o.state IS DISTINCT FROM n.state
+             UNION ALL
+             SELECT 'ledger_ready', n.id
                FROM batch_old o JOIN batch_new n ON n.id = o.id
               WHERE n.state = 'ready' AND o.state IS DISTINCT FROM n.state
              UNION ALL
