@@ -122,7 +122,7 @@ async def test_every_rule_that_was_a_check_constraint_still_refuses_a_direct_wri
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 # (no lone surrogates: they cannot be encoded, and the literal raises the same
 # UnicodeEncodeError as psycopg's own list dumping)
-@given(values=st.lists(st.one_of(st.none(), st.text(alphabet=st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00"))),
+@given(values=st.lists(st.one_of(st.none(), st.text(alphabet=st.characters(blacklist_categories=["Cs"], blacklist_characters="\x00"))),
                        max_size=8))
 def test_a_list_of_strings_reaches_the_server_as_itself(admin: Admin, pg_admin_url: str,
                                                        values: list[str | None]) -> None:
