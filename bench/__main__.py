@@ -4,6 +4,8 @@ write ``bench/results/<stamp>.json`` and ``<stamp>.md``.
 usage: python -m bench [--quick] [--only cycle,wake,...] [--database-url URL]
 
 Sections (each also runs alone: ``python -m bench.<name>``):
+  cost       one N=1 cycle and a batch of 100, Ledger beside the raw loop: round trips,
+             client CPU (and its top functions), server CPU, waiting
   cycle      Ledger's claim+record cycle against the raw-SQL limit (N = 1, 2, 4, 8),
              and batch claims of 10 and 100
   peers      Procrastinate and PGQueuer draining no-op jobs on the same server
@@ -22,6 +24,7 @@ import argparse
 import asyncio
 import importlib
 import json
+import os
 import time
 from datetime import datetime, timezone
 from pathlib import Path
@@ -31,7 +34,7 @@ from bench.harness import (Context, Section, Target, add_server_arguments, descr
                            describe_server, server)
 from ledger import logs
 
-SECTIONS = ("cycle", "peers", "wake", "scale", "heartbeat", "journal", "fair", "rowcost", "cell")
+SECTIONS = ("cost", "cycle", "peers", "wake", "scale", "heartbeat", "journal", "fair", "rowcost", "cell")
 RESULTS = Path(__file__).parent / "results"
 
 
@@ -100,6 +103,9 @@ def markdown(report: dict[str, Any], sections: list[Section], cross: list[Target
         lines.append("")
     for s in sections:
         lines += [f"## {s.title}", ""]
+        load = s.extra.get("load_1min")
+        if load:
+            lines += [f"Load (1-minute average): {load['before']} at the start, {load['after']} at the end.", ""]
         if s.rows:
             keys = list(dict.fromkeys(k for r in s.rows for k in r))
             lines += ["| " + " | ".join(keys) + " |", "|" + "---|" * len(keys)]
@@ -139,12 +145,17 @@ async def main(args: argparse.Namespace, names: list[str], ctx: Context) -> int:
     for name in names:
         print(f"[{time.perf_counter() - started:6.1f} s] {name} ...", flush=True)
         module = importlib.import_module(f"bench.{name}")
+        load_before = os.getloadavg()[0]
         try:
             done[name] = await module.run(ctx)
         except Exception as exc:  # one broken section must not lose the others' figures
             failed.append(name)
             done[name] = Section(name, name, notes=[f"failed: {type(exc).__name__}: {exc}"])
             print(f"    {name} failed: {type(exc).__name__}: {exc}", flush=True)
+        # The machine is shared: every section says how busy it was.
+        load = {"before": round(load_before, 1), "after": round(os.getloadavg()[0], 1)}
+        done[name].extra["load_1min"] = load
+        print(f"    load (1-minute average) {load['before']} -> {load['after']}", flush=True)
         for t in done[name].targets:
             print(f"    {t.line()}", flush=True)
     cross = cross_targets(done)

@@ -211,3 +211,74 @@ async def test_closing_a_session_sends_the_hints_it_gathered(db: Database, test_
             await session.hint([("ledger_attempted", str(cid))])
             await session.close()  # well inside the gathering window: close must send it
             assert await settle(admin, verifiers, "ledger_attempted") == [str(cid)]
+
+
+async def test_a_busy_sessions_next_call_carries_its_hints_and_a_bad_hint_costs_the_call_nothing(
+        db: Database, actors: Actors, test_class: str, admin: Admin, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Hints gathered after a commit, once their window is over, ride with
+    the session's next call, in a transaction of their own after the call's
+    (issue 28: no round trip of their own); the call's result, or its
+    error, is its own. (A zero window ends while the next call is under
+    way; sending hints on their own would fail this test: it is replaced.)"""
+    monkeypatch.setattr("ledger.database.HINT_WINDOW_S", 0.0)
+    sent_alone: list[object] = []
+
+    async def no_flush(self: object) -> None:
+        sent_alone.append(self)
+    d = Driver(actors, test_class)
+    (cid, gen), (other, other_gen) = await d.leased("worker-1"), await d.leased("worker-2")
+    async with Hub(db) as hub, db.session("worker") as session:
+        worker = Kernel(session)
+        with hub.subscribe("ledger_attempted") as verifiers:
+            await settle(admin, verifiers, "ledger_attempted")
+            monkeypatch.setattr("ledger.database.Session.flush_hints", no_flush)
+            await worker.record_attempt(cid, gen, base_sha=sha(1), candidate_sha=sha(2),
+                                        fingerprint=fingerprint(1))
+            await worker.heartbeat(other, other_gen)  # the window ends while this one is under way
+            assert await worker.claim_campaign("worker-3", ["no-such-class"]) is None  # carries them
+            assert await receive(verifiers, 1) == [str(cid)]
+            # a call that fails still carries them, and fails with its own error
+            await session.hint([("ledger_attempted", "carried-by-a-failure")])
+            await worker.heartbeat(other, other_gen)
+            with pytest.raises(StaleLease):
+                await worker.heartbeat(cid, gen)
+            assert await receive(verifiers, 1) == ["carried-by-a-failure"]
+            # a hint the server refuses (a payload over 8000 bytes) costs the call nothing
+            await session.hint([("ledger_attempted", "x" * 9000), ("ledger_attempted", "after")])
+            await worker.heartbeat(other, other_gen)
+            lease = await worker.heartbeat(other, other_gen)
+            assert lease.lease_remaining_s > 0
+            assert await worker.heartbeat(other, other_gen)  # and the connection serves the next
+            assert await settle(admin, verifiers, "ledger_attempted") == []  # that batch is lost whole
+            assert sent_alone == []
+            monkeypatch.undo()
+
+
+async def test_tails_wake_on_every_journal_event_but_a_claims_and_a_records_transition(
+        db: Database, actors: Actors, test_class: str, admin: Admin) -> None:
+    """Which journal events hint ledger_event inside their transaction, one
+    campaign and one batch at a time: every event but the transitions into
+    leased and attempted (claims never NOTIFY; records hint after commit)."""
+    d = Driver(actors, test_class)
+    worker, reaper = await actors("worker"), await actors("reaper")
+    async with Hub(db) as hub:
+        with hub.subscribe("ledger_event") as tails:
+            await settle(admin, tails, "ledger_event")
+            cid = await d.open()
+            assert await settle(admin, tails, "ledger_event") == [str(cid)]  # open: into ready
+            claim = await worker.claim_campaign("worker-1", [test_class])
+            assert claim is not None and await settle(admin, tails, "ledger_event") == []
+            await worker.append_events(cid, claim.generation, [{"type": "note", "payload": {}}])
+            assert await settle(admin, tails, "ledger_event") == [str(cid)]
+            await worker.fail_attempt(cid, claim.generation, "red")
+            assert await settle(admin, tails, "ledger_event") == [str(cid)]  # back into ready
+            # the batch writers: claims notify nothing, a lease expired back into ready does
+            more = [await d.open() for _ in range(2)]
+            await settle(admin, tails, "ledger_event")
+            batch = await worker.claim_campaigns("worker-2", [test_class], limit=3)
+            assert {c.campaign_id for c in batch} == {cid, *more}
+            assert await settle(admin, tails, "ledger_event") == []
+            admin.execute("UPDATE ledger.campaign SET lease_expires_at = now() - interval '1 hour' "
+                          "WHERE id = ANY(%s)", (more,))
+            assert {r.campaign_id for r in await reaper.expire_leases()} == set(more)
+            assert sorted(await settle(admin, tails, "ledger_event")) == sorted(map(str, more))

@@ -6,6 +6,7 @@ a call on a silent path gives up within its deadline, not minutes later."""
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -116,6 +117,29 @@ async def test_a_heartbeat_through_a_silent_path_gives_up_within_its_deadline(
     assert took < 5.0, f"the heartbeat gave up after {took:.1f}s, not within its 2s deadline"
     proxy.heal()
     lease = await worker.heartbeat(cid, gen)  # a fresh connection works again
+    assert lease.lease_remaining_s == 30
+
+
+async def test_a_call_cancelled_on_a_silent_path_ends_at_once_without_a_cancel_request(
+        actors: Actors, test_class: str, proxy: FaultProxy, proxied: dict[str, Kernel]) -> None:
+    """Cancelling a caller mid-call (a service stopping) aborts its
+    connection: psycopg's own way sends a cancel request over the same
+    silent path and waits up to 10 s for it. The call runs in its caller's
+    task (issue 28: no task of its own), so this is the connection's doing."""
+    cid, gen = await Driver(actors, test_class).leased()
+    worker = proxied["worker"]
+    await worker.heartbeat(cid, gen)
+    proxy.silence()
+    call = asyncio.ensure_future(worker.heartbeat(cid, gen, timeout_s=30.0))
+    assert await asyncio.to_thread(proxy.swallowed.wait, 10.0), "the call never left"
+    started = time.monotonic()
+    call.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await call
+    took = time.monotonic() - started
+    assert took < 1.0, f"the cancelled call took {took:.1f}s to end"
+    proxy.heal()
+    lease = await worker.heartbeat(cid, gen)  # the aborted connection was not handed out again
     assert lease.lease_remaining_s == 30
 
 

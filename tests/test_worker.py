@@ -256,6 +256,24 @@ async def test_a_saturated_worker_never_claims(shop: Workshop, actors: Actors, a
     assert _rows(admin, "SELECT count(*) AS n FROM ledger.attempt WHERE outcome = 'drained'")[0]["n"] == 2
 
 
+async def test_free_slots_are_filled_by_one_batch_claim(shop: Workshop, actors: Actors, admin: Admin) -> None:
+    """A worker with several free slots claims for all of them in one
+    statement (claim_campaigns, issue 28), each campaign with its own lease
+    and attempt; one claim per slot would stamp each with its own time."""
+    shop.plan({"default": [["block"], ["exit", 1]]})
+    cids = await _open(actors, 3)
+    worker = shop.worker(concurrency=3, drain=0.5)
+    await eventually(lambda: len(list(shop.root.glob("started-*"))) == 3, what="three attempts running")
+    rows = _rows(admin, "SELECT campaign_id, generation, claimed_at FROM ledger.attempt "
+                        "WHERE campaign_id = ANY(%s) ORDER BY campaign_id", cids)
+    assert [r["campaign_id"] for r in rows] == sorted(cids)
+    assert len({r["claimed_at"] for r in rows}) == 1  # one statement
+    assert {r["generation"] for r in rows} == {1}
+    worker.send_signal(signal.SIGTERM)
+    assert worker.wait(timeout=20) == 0
+    assert {_state(admin, cid) for cid in cids} == {"ready"}  # drained and handed back
+
+
 async def test_sigterm_lets_a_short_attempt_finish_and_claims_nothing_new(shop: Workshop, actors: Actors, admin: Admin) -> None:
     shop.plan({"default": [["write", "fix.txt", "done"], ["block"], ["exit", 0]]})
     first, second = await _open(actors, 2)

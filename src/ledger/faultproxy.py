@@ -57,6 +57,8 @@ class FaultProxy:
         self.dropped = threading.Event()
         #: connections accepted so far
         self.accepted = 0
+        #: set when bytes were swallowed by silence (a statement sent into it)
+        self.swallowed = threading.Event()
 
     @classmethod
     def before(cls, url: str) -> FaultProxy:
@@ -98,6 +100,7 @@ class FaultProxy:
 
     def silence(self) -> None:
         """Drop every byte both ways, new connections included; keep sockets open."""
+        self.swallowed.clear()
         self._call(self._set_silent, True)
 
     def heal(self) -> None:
@@ -182,6 +185,7 @@ class FaultProxy:
                     link.drop, self._marker = self._marker[1], None
                 if link.silent:
                     link.lost_bytes = True
+                    self.swallowed.set()
                     continue
                 if not up and link.drop is not None:
                     self.dropped.set()

@@ -151,35 +151,58 @@ class Worker:
             if unsure:
                 unsure = not await self._adopt(kernel)
                 continue
+            # Every slot free now goes into one claim: several free slots
+            # (a worker starting, a burst of endings) are filled by one batch
+            # (claim_campaigns), each campaign with its own lease and attempt.
+            held = 1 + await self._take_free_slots()
             # Subscribe before reading: a campaign opened between the claim
             # and the wait still wakes us.
             with self.hub.subscribe("ledger_ready") as ready:
                 wait_s = self.options.poll_s
                 sent = LeaseClock.now()
                 try:
-                    claim = await kernel.claim_campaign(self.identity, self.classes)
+                    claims = await self._claim(kernel, held)
                 except OutcomeUnknown as exc:
                     self.log.warning("a claim's reply was lost; reading back what this worker holds",
                                      error=exc.message)
                     unsure = True
-                    self.slots.release()
+                    self._release(held)
                     continue
                 except LedgerError as exc:
-                    claim = None
+                    claims = []
                     self.log.warning("claim failed", error=exc.message,
                                      error_type=type(exc).__name__)
                     if isinstance(exc, Unavailable):
                         # back soon: a hub reconnect or a hint cuts this short
                         wait_s = min(wait_s, backoff(1, base_s=1.0, cap_s=1.0))
-                if claim is None:
-                    self.slots.release()
+                self._release(held - len(claims))  # the slots no campaign took
+                if not claims:
                     self.log.debug("idle: nothing to claim", wait_s=wait_s)
                     await self._idle(ready.wait(wait_s))
                     continue
-            self.claimed += 1
-            lease = LeaseClock()
-            lease.confirm(sent, claim.lease_remaining_s)
-            self._start(kernel, claim, lease)
+            for claim in claims:
+                self.claimed += 1
+                lease = LeaseClock()
+                lease.confirm(sent, claim.lease_remaining_s)
+                self._start(kernel, claim, lease)
+
+    async def _claim(self, kernel: Kernel, slots: int) -> list[Claim]:
+        """Up to ``slots`` campaigns: one claim, or a batch when several slots are free."""
+        if slots == 1:
+            claim = await kernel.claim_campaign(self.identity, self.classes)
+            return [claim] if claim is not None else []
+        return await kernel.claim_campaigns(self.identity, self.classes, limit=slots)
+
+    async def _take_free_slots(self) -> int:
+        """Hold every slot that is free now (none is waited for); how many."""
+        taken = 0
+        while await self._try_slot():
+            taken += 1
+        return taken
+
+    def _release(self, slots: int) -> None:
+        for _ in range(slots):
+            self.slots.release()
 
     async def _adopt(self, kernel: Kernel) -> bool:
         """Adopt the leases this worker holds but runs no attempt for (a claim

@@ -44,6 +44,34 @@ BEGIN
 END
 $$;
 
+-- The syntax of an approach's fingerprint and of a commit id, written once.
+-- A length test and an unbounded class accept exactly what the counted
+-- forms ('^[A-Za-z0-9:_.-]{8,200}$', '^[0-9a-f]{7,64}$') accept; PostgreSQL's
+-- regex engine expands a counted repetition into one state per count, and
+-- matching those cost 9-49 us each against 1.4-2.9 us for these (bench cost,
+-- /work/shared/PERF.md). SQL expressions without SET or STRICT: the planner
+-- inlines them into the caller's cached plan.
+CREATE OR REPLACE FUNCTION ledger.is_fingerprint(p_value text) RETURNS boolean
+    LANGUAGE sql IMMUTABLE
+AS $$
+    SELECT pg_catalog.length(p_value) BETWEEN 8 AND 200 AND p_value OPERATOR(pg_catalog.~) '^[A-Za-z0-9:_.-]+$'
+$$;
+
+CREATE OR REPLACE FUNCTION ledger.is_commit_sha(p_value text) RETURNS boolean
+    LANGUAGE sql IMMUTABLE
+AS $$
+    SELECT pg_catalog.length(p_value) BETWEEN 7 AND 64 AND p_value OPERATOR(pg_catalog.~) '^[0-9a-f]+$'
+$$;
+
+-- A journal event's type, as campaign_event's CHECK states it (journal.sql;
+-- a CHECK writes the expression out: it is re-read at every INSERT, and an
+-- SQL function there would be parsed again each time).
+CREATE OR REPLACE FUNCTION ledger.is_event_type(p_value text) RETURNS boolean
+    LANGUAGE sql IMMUTABLE
+AS $$
+    SELECT pg_catalog.length(p_value) <= 64 AND p_value OPERATOR(pg_catalog.~) '^[a-z][a-z0-9_.]*$'
+$$;
+
 -- The identity of a lease: both parts given.
 CREATE OR REPLACE FUNCTION ledger.check_lease_args(p_campaign_id bigint, p_generation bigint)
     RETURNS void
@@ -68,7 +96,9 @@ AS $$
 DECLARE
     v_c ledger.campaign;
 BEGIN
-    PERFORM ledger.check_lease_args(p_campaign_id, p_generation);
+    IF p_campaign_id IS NULL OR p_generation IS NULL THEN
+        PERFORM ledger.check_lease_args(p_campaign_id, p_generation);  -- raises, saying what is missing
+    END IF;
     SELECT * INTO v_c FROM ledger.campaign c WHERE c.id = p_campaign_id FOR NO KEY UPDATE;
     IF NOT FOUND THEN
         RAISE EXCEPTION 'campaign % does not exist', p_campaign_id USING ERRCODE = 'LG004';

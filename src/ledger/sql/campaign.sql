@@ -52,10 +52,13 @@ CREATE TABLE IF NOT EXISTS ledger.campaign_class (
 CREATE TABLE IF NOT EXISTS ledger.campaign (
     id                  bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
     class               text NOT NULL REFERENCES ledger.campaign_class (name),
-    objective_key       text NOT NULL CHECK (length(objective_key) BETWEEN 1 AND 500),
-    target              text NOT NULL CHECK (length(target) BETWEEN 1 AND 2000),
+    -- The row's own rules (lengths, counts, the lease iff leased) are kept
+    -- by the guard trigger below, not by CHECK constraints: see there.
+    objective_key       text NOT NULL,  -- 1 to 500 characters
+    target              text NOT NULL,  -- 1 to 2000 characters
     -- bounded (ledger.json_within): the opening observation holds the
-    -- observation's details (32 levels, 256 KiB) one level down
+    -- observation's details (32 levels, 256 KiB) one level down; written at
+    -- the open only, so these CHECKs cost the hot path nothing
     desired_state       jsonb NOT NULL DEFAULT '{}' CONSTRAINT campaign_desired_state_bounded
                         CHECK (jsonb_typeof(desired_state) = 'object'
                                AND ledger.json_within(desired_state, 32, 262144)),
@@ -67,14 +70,14 @@ CREATE TABLE IF NOT EXISTS ledger.campaign (
     lease_owner         text,
     leased_at           timestamptz,
     lease_expires_at    timestamptz,
-    generation          bigint NOT NULL DEFAULT 0 CHECK (generation >= 0),
-    attempt_count       integer NOT NULL DEFAULT 0 CHECK (attempt_count >= 0),
-    max_attempts        integer NOT NULL CHECK (max_attempts > 0),
+    generation          bigint NOT NULL DEFAULT 0,  -- from 0, never decreasing
+    attempt_count       integer NOT NULL DEFAULT 0,  -- 0 or more
+    max_attempts        integer NOT NULL,  -- 1 or more
     next_attempt_at     timestamptz NOT NULL,
     last_failure_reason text,
     acceptance_criteria jsonb NOT NULL DEFAULT '{}',
     evidence_location   text,
-    seat                text CHECK (seat <> ''),
+    seat                text,  -- NULL or not empty
     priority            integer NOT NULL DEFAULT 0,
     labels              text[] NOT NULL DEFAULT '{}',
     -- last journal seq; bumped under this row's lock, so seqs are gap-free
@@ -92,16 +95,14 @@ CREATE TABLE IF NOT EXISTS ledger.campaign (
     -- candidate, a configuration error, Ledger's own crash) or a condition
     -- of the target (a dirty checkout). Set by the release paths, cleared by
     -- the next real step; fault_count drives the pause between retries.
-    waiting_on          text CHECK (waiting_on IN ('system_fault', 'target')),
-    waiting_reason      text CHECK (length(waiting_reason) <= 4000),
+    waiting_on          text,  -- NULL, system_fault or target; with a reason (campaign_waiting_says_why)
+    waiting_reason      text,  -- at most 4000 characters
     waiting_since       timestamptz,
-    fault_count         integer NOT NULL DEFAULT 0 CHECK (fault_count >= 0),
+    fault_count         integer NOT NULL DEFAULT 0,  -- 0 or more
     created_at          timestamptz NOT NULL,
     updated_at          timestamptz NOT NULL,
-    closed_at           timestamptz,
-    CONSTRAINT campaign_lease_iff_leased CHECK (
-        (state = 'leased') = (lease_owner IS NOT NULL AND lease_expires_at IS NOT NULL)),
-    CONSTRAINT campaign_waiting_says_why CHECK ((waiting_on IS NULL) = (waiting_reason IS NULL))
+    closed_at           timestamptz
+    -- leased, and only then, with an owner and an expiry (campaign_lease_iff_leased)
 );
 
 -- Mechanism 7: invariants as indexes.
@@ -138,6 +139,17 @@ CREATE INDEX IF NOT EXISTS campaign_by_class_state ON ledger.campaign (class, st
 -- them nor write the tables directly), and they name everything
 -- schema-qualified. A pinned search_path costs a setting push and pop per call.
 
+-- A broken row rule, raised as the CHECK constraint it stands for would be
+-- (the guards below keep campaign's and attempt's rules).
+CREATE OR REPLACE FUNCTION ledger.refuse_row(p_table text, p_constraint text) RETURNS void
+    LANGUAGE plpgsql
+AS $$
+BEGIN
+    RAISE EXCEPTION 'new row for relation "%" violates check constraint "%"', p_table, p_constraint
+        USING ERRCODE = 'check_violation', CONSTRAINT = p_constraint, TABLE = p_table, SCHEMA = 'ledger';
+END
+$$;
+
 -- The guard refuses any state change that is not a declared transition for
 -- the acting role (see begin_transition in state_machine.sql), keeps
 -- generation monotonic and terminal states sticky, and stamps the times and
@@ -155,6 +167,16 @@ CREATE INDEX IF NOT EXISTS campaign_by_class_state ON ledger.campaign (class, st
 --
 -- It answers its three lookups (is the old state terminal, which transition
 -- is this, is the new state terminal) in one query.
+--
+-- It also keeps the row's own rules, which were CHECK constraints: PostgreSQL
+-- reads a table's CHECK expressions back from their stored text, plans and
+-- compiles them for every INSERT and UPDATE statement (a plpgsql function's
+-- cached plan included), ~25 K instructions each, where this trigger's one
+-- test is compiled once per session: the seven of campaign were 0.35 M of the
+-- 4.7 M instructions of an N=1 claim + record (bench/cost, callgrind). A
+-- broken rule raises what the CHECK raised: SQLSTATE 23514 and the
+-- constraint's old name (ledger.refuse_row). The generation needs no test of
+-- its own: an INSERT sets it to 0, and no UPDATE may decrease it (below).
 CREATE OR REPLACE FUNCTION ledger.campaign_guard() RETURNS trigger
     LANGUAGE plpgsql
 AS $$
@@ -179,64 +201,85 @@ BEGIN
         NEW.generation := 0;
         NEW.event_seq := 1;
         NEW.created_at := v_now;
-        NEW.updated_at := v_now;
-        RETURN NEW;
-    END IF;
-
-    IF NEW.state IS DISTINCT FROM OLD.state THEN
-        SELECT so.is_terminal, sn.is_terminal, t.owner_role, t.name IS NOT NULL, t.attempt_charge
-          INTO v_old_terminal, v_new_terminal, v_owner, v_known, v_charge
-          FROM ledger.state so
-          LEFT JOIN ledger.state sn ON sn.name = NEW.state
-          LEFT JOIN ledger.transition t
-                 ON t.name = v_name AND t.from_state = OLD.state AND t.to_state = NEW.state
-         WHERE so.name = OLD.state;
     ELSE
-        SELECT so.is_terminal INTO v_old_terminal FROM ledger.state so WHERE so.name = OLD.state;
-    END IF;
-    IF v_old_terminal THEN
-        RAISE EXCEPTION 'campaign % is %, a terminal state: it cannot change', OLD.id, OLD.state
-            USING ERRCODE = 'LG002';
-    END IF;
-    IF NEW.generation < OLD.generation THEN
-        RAISE EXCEPTION 'campaign %: generation never decreases (% -> %)',
-            OLD.id, OLD.generation, NEW.generation
-            USING ERRCODE = 'LG002';
-    END IF;
-    IF NEW.state IS DISTINCT FROM OLD.state THEN
-        IF NOT coalesce(v_known, false) THEN
-            RAISE EXCEPTION 'illegal transition % of campaign %: % -> %',
-                coalesce(v_name, '(none declared)'), OLD.id, OLD.state, NEW.state
+        IF NEW.state IS DISTINCT FROM OLD.state THEN
+            SELECT so.is_terminal, sn.is_terminal, t.owner_role, t.name IS NOT NULL, t.attempt_charge
+              INTO v_old_terminal, v_new_terminal, v_owner, v_known, v_charge
+              FROM ledger.state so
+              LEFT JOIN ledger.state sn ON sn.name = NEW.state
+              LEFT JOIN ledger.transition t
+                     ON t.name = v_name AND t.from_state = OLD.state AND t.to_state = NEW.state
+             WHERE so.name = OLD.state;
+        ELSE
+            SELECT so.is_terminal INTO v_old_terminal FROM ledger.state so WHERE so.name = OLD.state;
+        END IF;
+        IF v_old_terminal THEN
+            RAISE EXCEPTION 'campaign % is %, a terminal state: it cannot change', OLD.id, OLD.state
                 USING ERRCODE = 'LG002';
         END IF;
-        IF v_owner IS DISTINCT FROM v_role THEN
-            RAISE EXCEPTION 'transition % belongs to %, not %', v_name, v_owner, coalesce(v_role, 'nobody')
-                USING ERRCODE = 'LG003';
-        END IF;
-        -- One accounting of attempts: the transition says what it charges.
-        IF NEW.attempt_count - OLD.attempt_count IS DISTINCT FROM v_charge THEN
-            RAISE EXCEPTION 'transition % of campaign % changes attempt_count by %, not by %',
-                v_name, OLD.id, NEW.attempt_count - OLD.attempt_count, v_charge
+        IF NEW.generation < OLD.generation THEN
+            RAISE EXCEPTION 'campaign %: generation never decreases (% -> %)',
+                OLD.id, OLD.generation, NEW.generation
                 USING ERRCODE = 'LG002';
         END IF;
-        NEW.event_seq := OLD.event_seq + 1;
-        IF v_new_terminal THEN
-            NEW.closed_at := v_now;
-        END IF;
-        IF v_name IS DISTINCT FROM 'release' THEN
-            -- a real step: whatever held the campaign back is over
-            NEW.waiting_on := NULL;
-            NEW.waiting_reason := NULL;
-            NEW.waiting_since := NULL;
-            IF v_name IN ('record_attempt', 'fail_attempt', 'expire_lease', 'reject', 'accept') THEN
-                NEW.fault_count := 0;
+        IF NEW.state IS DISTINCT FROM OLD.state THEN
+            IF NOT coalesce(v_known, false) THEN
+                RAISE EXCEPTION 'illegal transition % of campaign %: % -> %',
+                    coalesce(v_name, '(none declared)'), OLD.id, OLD.state, NEW.state
+                    USING ERRCODE = 'LG002';
             END IF;
+            IF v_owner IS DISTINCT FROM v_role THEN
+                RAISE EXCEPTION 'transition % belongs to %, not %', v_name, v_owner, coalesce(v_role, 'nobody')
+                    USING ERRCODE = 'LG003';
+            END IF;
+            -- One accounting of attempts: the transition says what it charges.
+            IF NEW.attempt_count - OLD.attempt_count IS DISTINCT FROM v_charge THEN
+                RAISE EXCEPTION 'transition % of campaign % changes attempt_count by %, not by %',
+                    v_name, OLD.id, NEW.attempt_count - OLD.attempt_count, v_charge
+                    USING ERRCODE = 'LG002';
+            END IF;
+            NEW.event_seq := OLD.event_seq + 1;
+            IF v_new_terminal THEN
+                NEW.closed_at := v_now;
+            END IF;
+            IF v_name IS DISTINCT FROM 'release' THEN
+                -- a real step: whatever held the campaign back is over
+                NEW.waiting_on := NULL;
+                NEW.waiting_reason := NULL;
+                NEW.waiting_since := NULL;
+                IF v_name IN ('record_attempt', 'fail_attempt', 'expire_lease', 'reject', 'accept') THEN
+                    NEW.fault_count := 0;
+                END IF;
+            END IF;
+        ELSIF NEW.attempt_count IS DISTINCT FROM OLD.attempt_count AND NEW.attempt_count >= 0 THEN
+            -- (a negative count is the row rule's below, by its name)
+            RAISE EXCEPTION 'campaign %: attempt_count changes only with a transition', OLD.id
+                USING ERRCODE = 'LG002';
         END IF;
-    ELSIF NEW.attempt_count IS DISTINCT FROM OLD.attempt_count THEN
-        RAISE EXCEPTION 'campaign %: attempt_count changes only with a transition', OLD.id
-            USING ERRCODE = 'LG002';
     END IF;
     NEW.updated_at := v_now;
+    -- The row's own rules, on the row as it will be written (a CHECK is tested
+    -- after the BEFORE triggers). NULL passes, as it passes a CHECK: seat may
+    -- be NULL.
+    IF length(NEW.objective_key) NOT BETWEEN 1 AND 500 OR length(NEW.target) NOT BETWEEN 1 AND 2000
+       OR NEW.attempt_count < 0 OR NEW.max_attempts < 1 OR NEW.seat = ''
+       OR (NEW.state = 'leased') <> (NEW.lease_owner IS NOT NULL AND NEW.lease_expires_at IS NOT NULL)
+       OR NEW.waiting_on NOT IN ('system_fault', 'target') OR length(NEW.waiting_reason) > 4000
+       OR (NEW.waiting_on IS NULL) <> (NEW.waiting_reason IS NULL) OR NEW.fault_count < 0 THEN
+        -- the first broken one by name, as PostgreSQL tests CHECKs
+        PERFORM ledger.refuse_row('campaign', CASE
+            WHEN NEW.attempt_count < 0 THEN 'campaign_attempt_count_check'
+            WHEN (NEW.state = 'leased') <> (NEW.lease_owner IS NOT NULL AND NEW.lease_expires_at IS NOT NULL)
+                THEN 'campaign_lease_iff_leased'
+            WHEN NEW.max_attempts < 1 THEN 'campaign_max_attempts_check'
+            WHEN length(NEW.objective_key) NOT BETWEEN 1 AND 500 THEN 'campaign_objective_key_check'
+            WHEN NEW.seat = '' THEN 'campaign_seat_check'
+            WHEN NEW.waiting_on NOT IN ('system_fault', 'target') THEN 'campaign_waiting_on_check'
+            WHEN length(NEW.waiting_reason) > 4000 THEN 'campaign_waiting_reason_check'
+            WHEN (NEW.waiting_on IS NULL) <> (NEW.waiting_reason IS NULL) THEN 'campaign_waiting_says_why'
+            WHEN NEW.fault_count < 0 THEN 'campaign_fault_count_check'
+            ELSE 'campaign_target_check' END);
+    END IF;
     RETURN NEW;
 END
 $$;
@@ -320,7 +363,12 @@ BEGIN
                 'from', v_from, 'to', NEW.state,
                 'attempt_count', NEW.attempt_count),
             ledger.now());
-    -- Hints only (mechanism 5); payloads are ids.
+    -- Hints only (mechanism 5); payloads are ids. Tails wake on every
+    -- transition but into leased (claims never NOTIFY: journal.sql) and into
+    -- attempted (hinted after the record's commit).
+    IF NEW.state NOT IN ('leased', 'attempted') THEN
+        PERFORM pg_notify('ledger_event', NEW.id::text);
+    END IF;
     IF NEW.state = 'ready' THEN
         PERFORM pg_notify('ledger_ready', NEW.id::text);
     END IF;
@@ -399,7 +447,11 @@ BEGIN
              ON v_name = 'record_attempt' AND a.campaign_id = ch.id AND a.generation = ch.old_generation;
     -- Hints only, as in campaign_journal.
     PERFORM pg_notify(h.channel, h.id::text)
-       FROM (SELECT 'ledger_ready' AS channel, n.id
+       FROM (SELECT 'ledger_event' AS channel, n.id
+               FROM batch_old o JOIN batch_new n ON n.id = o.id
+              WHERE n.state NOT IN ('leased', 'attempted') AND o.state IS DISTINCT FROM n.state
+             UNION ALL
+             SELECT 'ledger_ready', n.id
                FROM batch_old o JOIN batch_new n ON n.id = o.id
               WHERE n.state = 'ready' AND o.state IS DISTINCT FROM n.state
              UNION ALL
