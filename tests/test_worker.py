@@ -263,7 +263,7 @@ async def test_free_slots_are_filled_by_one_batch_claim(shop: Workshop, actors: 
     shop.plan({"default": [["block"], ["exit", 1]]})
     cids = await _open(actors, 3)
     worker = shop.worker(concurrency=3, drain=0.5)
-    await eventually(lambda: len(list(shop.root.glob("started-*"))) == 3, what="three attempts running")
+    await eventually(lambda: len(list(shop.markers.glob("started-*"))) == 3, what="three attempts running")
     rows = _rows(admin, "SELECT campaign_id, generation, claimed_at FROM ledger.attempt "
                         "WHERE campaign_id = ANY(%s) ORDER BY campaign_id", cids)
     assert [r["campaign_id"] for r in rows] == sorted(cids)
