@@ -311,7 +311,10 @@ class Repository:
                 git(self.path, "push", "--quiet", "--porcelain", *_receive_pack(self.location),
                     f"--force-with-lease={ref}:", "--", self.location, f"{sha}:{ref}")
             except GitError as exc:
-                if self.remote_ref(ref) != sha:
+                current = self.remote_ref(ref)
+                if current is not None and current != sha:
+                    raise RefMoved(ref, None, current) from exc  # as for a local repository
+                if current != sha:
                     raise _transport_fault(exc, f"cannot publish {ref} to {self.location}") from exc
         if self.remote_ref(ref) != sha:
             raise SystemFault(f"{self.location} does not show {ref} at {sha} after the push")
