@@ -231,7 +231,7 @@ def test_a_sensor_must_watch_its_class_repository(tmp_path: Path) -> None:
     for fine in ("alpha#main", "alpha", f"{tmp_path / 'alpha.git'}#main", "alpha#release",
                  "alpha#refs/heads/main"):
         config(fine)
-    with pytest.raises(ConfigError, match="sensors.s: target 'beta#main' is not in the repository of class alpha"):
+    with pytest.raises(ConfigError, match="sensors.s.target: target 'beta#main' is not in the repository of class alpha"):
         config("beta#main")
     with pytest.raises(ConfigError, match="names ref 'develop'"):
         config("alpha#develop")
