@@ -167,3 +167,41 @@ async def test_gc_deletes_ledgers_refs_on_the_remote_with_compare_and_swap(remot
     assert remote.on_server("rev-parse", ref) == moved
     assert repo.delete_ref(ref, moved)
     assert not remote.on_server("for-each-ref", ref)
+
+
+@pytest.mark.rollback
+async def test_a_sensor_that_cannot_reach_the_remote_observes_nothing(remote: Remote, actors: Any) -> None:
+    """A sensor observing ``REPOSITORY#REF`` on a remote that is down records
+    no observation: a red one would send the promoted campaign back to be
+    attempted again, charged (or open a campaign on a fault). Once the remote
+    is back, the same sensor confirms the promotion."""
+    import sys
+
+    from drive import Driver
+    from ledger.config import SensorConfig
+    from ledger.sensors import Sensor
+
+    config = parse_config({"classes": {"fix": {"repository": remote.url, "attempt_command": ["true"],
+                                               "promote_to": "refs/heads/main"}}})
+    operator = await actors("operator")
+    await operator.register_class("fix", **config.classes["fix"].registration())
+    class Watched(Driver):  # the campaign the sensor's objective names
+        async def open(self, key: str | None = None, **kw: Any) -> int:
+            opened = await (await self.k("sensor")).open_campaign("fix", "s:app#main", "app#main")
+            return opened.campaign_id
+
+    cid = await Watched(actors, "fix").promoted()
+    check = [sys.executable, "-c", "import pathlib, sys; "
+             "sys.exit(pathlib.Path('value.txt').read_text() != 'good\\n')"]
+    sensor = Sensor(await actors("sensor"), SensorConfig(name="s", target="app#main", every_s=60, command=check,
+                                                         **{"class": "fix"}),
+                    "sensor-1", observes=(remote.url, "main"), cache_dir=remote.tmp / "sensor" / "repos")
+    remote.server.stop()
+    assert await sensor.observe(None) is None
+    reads = await actors.reads()
+    assert (await reads.campaign(cid)).state == "verified"
+    assert (await reads.recent_observations(cid)) == []
+    remote.server.start()
+    seen = await sensor.observe(None)
+    assert seen is not None and seen.effect == "confirmed"
+    assert (await reads.campaign(cid)).state == "confirmed"
