@@ -312,7 +312,7 @@ class HttpGitServer(GitServer):
 
             def _body(self) -> bytes:
                 if self.headers.get("Transfer-Encoding", "").lower() == "chunked":
-                    chunks = []
+                    chunks: list[bytes] = []
                     while True:
                         size = int(self.rfile.readline().split(b";")[0].strip() or b"0", 16)
                         if size == 0:

@@ -27,7 +27,7 @@ import uuid
 from dataclasses import dataclass
 
 #: Where bridge subnets are drawn from (a /24 each, avoiding any in use).
-_POOL = ipaddress.ip_network("10.200.0.0/14")
+_POOL = ipaddress.IPv4Network("10.200.0.0/14")
 
 
 def _ip(*args: str, netns: str | None = None) -> str:
@@ -91,16 +91,16 @@ class Network:
 
     @staticmethod
     def _free_subnet() -> ipaddress.IPv4Network:
-        used = []
+        used: list[ipaddress.IPv4Network] = []
         for line in _ip("-o", "-4", "addr", "show").splitlines():
             words = line.split()
             if "inet" in words:
-                used.append(ipaddress.ip_network(words[words.index("inet") + 1], strict=False))
+                used.append(ipaddress.IPv4Network(words[words.index("inet") + 1], strict=False))
         candidates = list(_POOL.subnets(new_prefix=24))
         random.shuffle(candidates)
         for subnet in candidates:
             if not any(subnet.overlaps(u) for u in used):
-                return subnet  # type: ignore[return-value]
+                return subnet
         raise OSError(f"no free /24 in {_POOL}")
 
     def machine(self, name: str) -> Machine:
