@@ -19,6 +19,7 @@ from .intake import Intake
 from .kill_worker import KillWorker
 from .load import Load
 from .lost_doorbell import LostDoorbell
+from .machines import Machines
 from .partition import Partition
 from .patroni import Patroni
 from .second_attempt_differs import SecondAttemptDiffers
@@ -29,4 +30,4 @@ from .zombie_worker import ZombieWorker
 #: In the order `ledger drill all` runs them (the issue's numbering).
 ALL = [Intake(), SecondAttemptDiffers(), KillWorker(), ZombieWorker(), FrozenWorker(), HeartbeatRace(), BadPatch(),
        ForbiddenWrite(), LostDoorbell(), DatabaseRestart(), DispatcherCrash(), StopMidAttempt(),
-       Drain(), VerifierCrash(), Partition(), GamingAgent(), Load(), Failover(), Patroni(), Chaos()]
+       Drain(), VerifierCrash(), Partition(), GamingAgent(), Load(), Failover(), Patroni(), Machines(), Chaos()]
