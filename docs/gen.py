@@ -41,6 +41,15 @@ DIRECT_VARIABLES = {
                         "their state.",
     "LEDGER_CACHE_DIR": "Where the compiled query cache lives (`ledger.query_cache`; default: "
                         "the user's cache directory).",
+    "LEDGER_GIT_CREDENTIAL_HELPER": "The git remote's credentials for Ledger's own git only (one "
+                                    "helper as git writes it, e.g. `store --file=/etc/ledger/"
+                                    "git-credentials`); never passed to attempt, acceptance or "
+                                    "sensor commands.",
+    "LEDGER_GIT_CONFIG": "A git configuration file Ledger's own git reads instead of the user's "
+                         "(credentials, transport settings); default: none.",
+    "LEDGER_MCP_TOKEN": "`ledger mcp` on stdio: the token the server acts with.",
+    "LEDGER_PATRONI_PG_BIN": "The PostgreSQL binaries the Patroni drill's members run (default: "
+                             "Debian's newest).",
 }
 
 
