@@ -217,7 +217,7 @@ def test_probe_tells_misconfigured_from_unreachable(tmp_path: Path, served: GitD
     assert probe(served.url("app.git"), ["main"]).problem is None
     assert probe(served.url("app.git"), ["main", "nope"]).missing == ("nope",)
     assert probe(down, ["main"]).problem is not None and probe(down, ["main"]).problem[0] == "unreachable"
-    assert probe(served.url("nope.git"), ["main"]).problem[0] == "misconfigured"  # type: ignore[index]
+    assert probe(served.url("nope.git"), ["main"]).problem[0] == "misconfigured"
     config = parse_config({"classes": {
         "a": {"repository": served.url("app.git"), "attempt_command": ["true"]},
         "b": {"repository": served.url("app.git"), "attempt_command": ["true"], "base_ref": "gone"},
