@@ -205,3 +205,47 @@ async def test_a_sensor_that_cannot_reach_the_remote_observes_nothing(remote: Re
     seen = await sensor.observe(None)
     assert seen is not None and seen.effect == "confirmed"
     assert (await reads.campaign(cid)).state == "confirmed"
+
+
+def test_a_remote_gone_silent_is_a_system_fault_not_a_step_without_end(tmp_path: Path,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A remote that accepts the connection and then says nothing (a hung
+    server, a half-dead network path) made every transfer wait forever -- the
+    verifier heartbeating a check that never ends. Every transfer has a
+    deadline (``REPOSITORY.REMOTE_TIMEOUT_S``); past it, it is a system fault."""
+    import socket
+    import threading
+    import time
+
+    from ledger import repository
+
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(8)
+    held: list[socket.socket] = []
+    stop = threading.Event()
+
+    def hold() -> None:
+        listener.settimeout(0.2)
+        while not stop.is_set():
+            try:
+                held.append(listener.accept()[0])  # accepted, and never answered
+            except OSError:
+                continue
+
+    threading.Thread(target=hold, daemon=True).start()
+    monkeypatch.setattr(repository, "REMOTE_TIMEOUT_S", 2.0)
+    url = f"git://127.0.0.1:{listener.getsockname()[1]}/app.git"
+    repo = Repository(url, cache_dir=tmp_path / "repos")
+    try:
+        for step in (lambda: repo.resolve("main"), lambda: repo.remote_ref("refs/heads/main"),
+                     lambda: repo.update_ref("refs/heads/main", "a" * 40, "b" * 40)):
+            started = time.monotonic()
+            with pytest.raises(SystemFault, match="did not finish within 2s"):
+                step()
+            assert time.monotonic() - started < 30
+    finally:
+        stop.set()
+        listener.close()
+        for conn in held:
+            conn.close()
