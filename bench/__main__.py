@@ -13,6 +13,7 @@ Sections (each also runs alone: ``python -m bench.<name>``):
   journal    an attempt printing 10,000 lines/s: journal rows, bytes, tail lag
   fair       a small class behind a 100,000 backlog of another: claims until it is drained
   rowcost    backend CPU per cycle, and what each index and the CHECKs of campaign cost
+  cell       the attempt cell: a command's start-up in a cell against bare, and an attempt's workspace
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from bench.harness import (Context, Section, Target, add_server_arguments, descr
                            describe_server, server)
 from ledger import logs
 
-SECTIONS = ("cycle", "peers", "wake", "scale", "heartbeat", "journal", "fair", "rowcost")
+SECTIONS = ("cycle", "peers", "wake", "scale", "heartbeat", "journal", "fair", "rowcost", "cell")
 RESULTS = Path(__file__).parent / "results"
 
 

@@ -41,15 +41,16 @@ DIRECT_VARIABLES = {
                         "their state.",
     "LEDGER_CACHE_DIR": "Where the compiled query cache lives (`ledger.query_cache`; default: "
                         "the user's cache directory).",
-    "LEDGER_GIT_CREDENTIAL_HELPER": "The git remote's credentials for Ledger's own git only (one "
-                                    "helper as git writes it, e.g. `store --file=/etc/ledger/"
-                                    "git-credentials`); never passed to attempt, acceptance or "
-                                    "sensor commands.",
-    "LEDGER_GIT_CONFIG": "A git configuration file Ledger's own git reads instead of the user's "
-                         "(credentials, transport settings); default: none.",
-    "LEDGER_MCP_TOKEN": "`ledger mcp` on stdio: the token the server acts with.",
-    "LEDGER_PATRONI_PG_BIN": "The PostgreSQL binaries the Patroni drill's members run (default: "
-                             "Debian's newest).",
+    "LEDGER_GIT_CONFIG": "A git configuration file of the operator's that Ledger's own git reads "
+                         "instead of the user's (credentials, transport settings); its "
+                         "program-valued keys are still overridden (`ledger.hardened_git`).",
+    "LEDGER_GIT_CREDENTIAL_HELPER": "The credential helper Ledger's own git uses for remotes "
+                                    "(as git writes one: `store --file=...`); never given to "
+                                    "attempt commands.",
+    "LEDGER_MCP_TOKEN": "`ledger mcp` over stdio: the bearer token whose role the agent's "
+                        "session acts as.",
+    "LEDGER_PATRONI_PG_BIN": "The Patroni drill and test: where the PostgreSQL binaries its "
+                             "members run are (default: Debian's PostgreSQL 15).",
 }
 
 

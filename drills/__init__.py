@@ -15,6 +15,7 @@ from .forbidden_write import ForbiddenWrite
 from .frozen_worker import FrozenWorker
 from .gaming_agent import GamingAgent
 from .heartbeat_race import HeartbeatRace
+from .hostile import HostileAgent
 from .intake import Intake
 from .kill_worker import KillWorker
 from .load import Load
@@ -30,4 +31,5 @@ from .zombie_worker import ZombieWorker
 #: In the order `ledger drill all` runs them (the issue's numbering).
 ALL = [Intake(), SecondAttemptDiffers(), KillWorker(), ZombieWorker(), FrozenWorker(), HeartbeatRace(), BadPatch(),
        ForbiddenWrite(), LostDoorbell(), DatabaseRestart(), DispatcherCrash(), StopMidAttempt(),
-       Drain(), VerifierCrash(), Partition(), GamingAgent(), Load(), Failover(), Patroni(), Machines(), Chaos()]
+       Drain(), VerifierCrash(), Partition(), GamingAgent(), HostileAgent(), Load(), Failover(), Patroni(),
+       Machines(), Chaos()]

@@ -58,13 +58,15 @@ async def test_an_attempt_command_receives_exactly_the_documented_protocol(
     repo = make_repository(tmp_path)
     script = tmp_path / "attempt.py"
     script.write_text(SCRIPT)
-    report = tmp_path / "seen"
+    markers = tmp_path / "markers"  # the one host directory its cell may write
+    markers.mkdir()
+    report = markers / "seen"
     placeholders = [f"{{{name}}}" for name in protocol.PLACEHOLDERS]
     config = parse_config({"classes": {CLASS: {
         "repository": str(repo), "attempt_command": [sys.executable, str(script), str(report),
                                                      *placeholders],
         "attempt_timeout_s": 60, "lease_s": 30, "heartbeat_s": 5, "max_attempts": 3,
-        "backoff": {"base_s": 0, "jitter": 0}}}})
+        "backoff": {"base_s": 0, "jitter": 0}, "cell": {"writable": [str(markers)]}}}})
     cls = config.classes[CLASS]
     await (await actors("operator")).register_class(CLASS, **cls.registration())
     cid = (await (await actors("sensor")).open_campaign(CLASS, "protocol-check", "repo#main")
@@ -78,7 +80,7 @@ async def test_an_attempt_command_receives_exactly_the_documented_protocol(
                                         data_dir=tmp_path / "data").run())
     assert endings == ["failed", "attempted"]
 
-    first, second = (json.loads((tmp_path / f"seen-{n}.json").read_text()) for n in (1, 2))
+    first, second = (json.loads((markers / f"seen-{n}.json").read_text()) for n in (1, 2))
     for seen, number in ((first, 1), (second, 2)):
         # The same document on standard input and in the campaign file, and it is
         # exactly the model: every field present, nothing undocumented.
@@ -88,7 +90,8 @@ async def test_an_attempt_command_receives_exactly_the_documented_protocol(
         assert set(document) == {f.alias or name for name, f in
                                  protocol.AttemptContext.model_fields.items()}
         assert (context.campaign_id, context.attempt_no, context.class_) == (cid, number, CLASS)
-        assert context.worktree == seen["cwd"] and context.base_ref == "main"
+        assert context.worktree == seen["cwd"] == "/cell/work" and context.base_ref == "main"
+        assert context.sandboxed is True and context.network == "none"
         assert Path(context.commit_message_file).name == MESSAGE_FILE
         # Every LEDGER_ variable it got is documented, and every documented one came.
         environment = seen["environment"]

@@ -305,7 +305,7 @@ class LedgerMCP:
             planned = await bulk.plan(reads, action, selector, campaign_ids, selection, key=key,
                                       caller=caller, cap=cap)
             # single use, as in the HTTP API: the job row takes the token's digest
-            job_id = "mcp-" + secrets.token_hex(16)
+            job_id = "job-" + secrets.token_hex(16)
             await kernel.start_bulk_job(job_id, bulk.token_digest(selection), caller, action,
                                         planned.acting, {"not_previewed": planned.not_previewed,
                                                          "no_longer_matching": planned.no_longer_matching,

@@ -309,4 +309,6 @@ class Sensors:
 
     async def run(self, stop: asyncio.Event) -> None:
         """Observe every tick of every sensor until ``stop`` is set."""
+        if any(s.config.command is not None and s.config.cell.sandbox for s in self.sensors):
+            await asyncio.to_thread(cells.check_available)  # no cell: say so now, naming the package
         await asyncio.gather(*(sensor.run(stop) for sensor in self.sensors))
