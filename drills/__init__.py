@@ -20,6 +20,7 @@ from .intake import Intake
 from .kill_worker import KillWorker
 from .load import Load
 from .lost_doorbell import LostDoorbell
+from .machines import Machines
 from .partition import Partition
 from .patroni import Patroni
 from .second_attempt_differs import SecondAttemptDiffers
@@ -31,4 +32,4 @@ from .zombie_worker import ZombieWorker
 ALL = [Intake(), SecondAttemptDiffers(), KillWorker(), ZombieWorker(), FrozenWorker(), HeartbeatRace(), BadPatch(),
        ForbiddenWrite(), LostDoorbell(), DatabaseRestart(), DispatcherCrash(), StopMidAttempt(),
        Drain(), VerifierCrash(), Partition(), GamingAgent(), HostileAgent(), Load(), Failover(), Patroni(),
-       Chaos()]
+       Machines(), Chaos()]

@@ -15,6 +15,10 @@ leaves markers). Steps:
   ["random", p]           write a random change; exit 0 with probability p, else 1
   ["random-own", p]       the same in a file of the campaign's own (change-<campaign>.txt),
                           so candidates of different campaigns never conflict
+  ["probe-remote", url, secret]
+                          try to reach the git remote itself (ls-remote, push) and to
+                          read a credential file of the worker's; what happened in
+                          remote-<campaign>-<attempt>.json
   ["exit", code]          exit with code
 """
 
@@ -68,5 +72,20 @@ for step in steps:
     elif kind == "print":
         sys.stdout.write(step[1])
         sys.stdout.flush()
+    elif kind == "probe-remote":
+        seen = {}
+        for name, argv in (("fetch", ["git", "ls-remote", step[1]]),
+                           ("push", ["git", "push", step[1], "HEAD:refs/heads/main"])):
+            done = subprocess.run(argv, capture_output=True, text=True, timeout=60,
+                                  env={**os.environ, "GIT_TERMINAL_PROMPT": "0"})
+            seen[name] = {"exit": done.returncode, "said": done.stderr.strip()[-300:]}
+        seen["credential_variables"] = sorted(k for k in os.environ if "CREDENTIAL" in k or "ASKPASS" in k
+                                              or k.startswith("LEDGER_GIT") or k.startswith("SSH_"))
+        try:
+            Path(step[2]).read_text()
+            seen["secret"] = "read"
+        except OSError as exc:
+            seen["secret"] = f"{type(exc).__name__}: {exc}"
+        (markers / f"remote-{tag}.json").write_text(json.dumps(seen))
     elif kind == "exit":
         sys.exit(step[1])

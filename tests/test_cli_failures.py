@@ -28,6 +28,7 @@ from psycopg.conninfo import make_conninfo
 from ledger.cli import app
 from ledger.cli.failures import EXIT_CODES
 from ledger.errors import DatabaseMissing, InvalidInput, NotMigrated, Unavailable
+from ledger.gitserver import bare_repository
 
 #: Sample values for every required argument or option, by parameter name.
 SAMPLES: dict[str, list[str]] = {
@@ -78,7 +79,7 @@ def argv(path: tuple[str, ...], command: Any, config: Path) -> list[str]:
 @pytest.fixture
 def config(tmp_path: Path) -> Path:
     repo = tmp_path / "repo"
-    subprocess.run(["git", "init", "-q", str(repo)], check=True)
+    bare_repository(tmp_path, "repo", {"README": "x\n"})  # a base_ref to check up front
     path = tmp_path / "ledger.toml"
     path.write_text(f'[classes.demo-class]\nrepository = "{repo}"\nattempt_command = ["true"]\n')
     return path
@@ -201,7 +202,7 @@ def test_a_service_stopped_while_it_waits_for_the_database_exits_cleanly(tmp_pat
     signal (-15): a supervisor or a drill may stop a worker it just started,
     with or without global options before the command."""
     repo = tmp_path / "repo"
-    subprocess.run(["git", "init", "-q", str(repo)], check=True)
+    bare_repository(tmp_path, "repo", {"README": "x\n"})  # a base_ref to check up front
     config = tmp_path / "ledger.toml"
     config.write_text(f'[classes.c]\nrepository = "{repo}"\nattempt_command = ["true"]\n')
     env = {**os.environ, "LEDGER_DATABASE_URL": "postgresql://postgres@127.0.0.1:1/x?connect_timeout=1",

@@ -19,6 +19,7 @@ import pytest
 from conftest import TEST_PREFIX
 
 from ledger.embedded import create_database, drop_database
+from ledger.gitserver import bare_repository
 
 
 def records(stderr: str) -> list[dict[str, object]]:
@@ -112,7 +113,7 @@ def test_a_service_on_the_administrators_login_warns_once_on_stderr_a_command_do
     env = {**os.environ, "LEDGER_DATABASE_URL": db_url, "LEDGER_ROLE_PREFIX": TEST_PREFIX,
            "LEDGER_DATA_DIR": str(tmp_path / "data"), "LEDGER_CONFIG": str(tmp_path / "none.toml")}
     repo = tmp_path / "repo"
-    subprocess.run(["git", "init", "-q", str(repo)], check=True)
+    bare_repository(tmp_path, "repo", {"README": "x\n"})  # a base_ref to check up front
     (tmp_path / "none.toml").write_text(
         f'[classes.logs-class]\nrepository = "{repo}"\nattempt_command = ["true"]\n')
     for key in [k for k in env if k.startswith("LEDGER_") and k.endswith("_DATABASE_URL")

@@ -231,7 +231,7 @@ def test_a_sensor_must_watch_its_class_repository(tmp_path: Path) -> None:
     for fine in ("alpha#main", "alpha", f"{tmp_path / 'alpha.git'}#main", "alpha#release",
                  "alpha#refs/heads/main"):
         config(fine)
-    with pytest.raises(ConfigError, match="sensors.s: target 'beta#main' is not in the repository of class alpha"):
+    with pytest.raises(ConfigError, match="sensors.s.target: target 'beta#main' is not in the repository of class alpha"):
         config("beta#main")
     with pytest.raises(ConfigError, match="names ref 'develop'"):
         config("alpha#develop")
@@ -288,8 +288,8 @@ async def test_a_pytest_sensor_names_the_failing_tests(tmp_path: Path) -> None:
         "cell": {"sandbox": False},
         "command": [sys.executable, str(examples_dir() / "run_tests_at.py"), str(bare), "main",
                     "--pytest"]}}}).sensors["s"]
-    for sensor, observes in ((direct, {"repository": str(bare), "ref": "main"}), (wrapped, {})):
-        reading = await check(sensor, **observes)
+    for sensor, observes in ((direct, (str(bare), "main")), (wrapped, (None, None))):
+        reading = await check(sensor, repository=observes[0], ref=observes[1])
         assert reading.status == "red"
         assert reading.details["tests"] == {"collected": 3, "failed": ["tests/test_app.py::test_broken"],
                                             "skipped": 1, "passed": 1}

@@ -375,7 +375,7 @@ def parse_config(data: dict[str, Any], source: str = "config") -> LedgerConfig:
         cls = config.classes.get(sensor.campaign_class)
         problem = cls.target_problem(sensor.target) if cls else None
         if problem:
-            raise ConfigError(f"{source}: sensors.{sensor.name}: {problem}")
+            raise ConfigError(f"{source}: sensors.{sensor.name}.target: {problem}")
     return config
 
 

@@ -38,7 +38,9 @@ action can do, and the read-back decides what is recorded. Outcomes: ``done`` (t
 whose target moved is rebased onto it and sent back for verification when
 its change applies cleanly -- ``ledger.rebase`` -- and otherwise goes back to
 ready, its attempt given back), ``retry`` (transient: network, 5xx, git lock contention;
-jittered backoff by tries) and ``failed`` (permanent, or out of tries).
+jittered backoff by tries) and ``failed`` (permanent, or out of tries; for a live promotion
+the kernel makes it a wait on a system fault and tries it again after a pause: it
+never sends the verified candidate back to be attempted).
 
 The dispatcher is a periodic service (``ledger.runtime.service.Loop``):
 ``run_once`` drains what is due (tests call it directly) and ``run(stop)``

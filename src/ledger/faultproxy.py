@@ -41,11 +41,14 @@ class _Link:
 
 
 class FaultProxy:
-    """A proxy to ``host:port``, listening on ``127.0.0.1`` at a free port."""
+    """A proxy to ``host:port``, listening on ``listen`` (``127.0.0.1``; the
+    address of a bridge for machines in network namespaces of their own:
+    ``ledger.netns``) at a free port."""
 
-    def __init__(self, host: str, port: int):
+    def __init__(self, host: str, port: int, *, listen: str = "127.0.0.1"):
         self.host = host
         self.target_port = port
+        self.listen = listen
         self.port = 0
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="fault-proxy", daemon=True)
@@ -61,17 +64,18 @@ class FaultProxy:
         self.swallowed = threading.Event()
 
     @classmethod
-    def before(cls, url: str) -> FaultProxy:
+    def before(cls, url: str, *, listen: str = "127.0.0.1") -> FaultProxy:
         """A started proxy in front of the server ``url`` names (its TCP
         address, or its Unix socket directory: clients reach the proxy by TCP
         either way)."""
         params = conninfo_to_dict(url)
-        return cls(str(params.get("host") or "127.0.0.1"), int(params.get("port") or 5432)).start()
+        return cls(str(params.get("host") or "127.0.0.1"), int(params.get("port") or 5432),
+                   listen=listen).start()
 
     def url(self, url: str) -> str:
         """``url`` pointed at this proxy instead of its server."""
         params = conninfo_to_dict(url)
-        params.update(host="127.0.0.1", port=str(self.port))
+        params.update(host=self.listen, port=str(self.port))
         return make_conninfo("", **params)
 
     # --- lifecycle ----------------------------------------------------------------
@@ -152,7 +156,7 @@ class FaultProxy:
         self._links.discard(link)
 
     async def _listen(self) -> None:
-        self._server = await asyncio.start_server(self._accept, "127.0.0.1", 0)
+        self._server = await asyncio.start_server(self._accept, self.listen, 0)
         self.port = self._server.sockets[0].getsockname()[1]
 
     async def _shutdown(self) -> None:

@@ -502,6 +502,20 @@ CLASS_STATE_COUNTS = compile_query(
     .order_by(campaigns.c["class"], campaigns.c.state)
 )
 
+# Campaigns held back by what is not their attempt's own, per (class, reason:
+# system_fault or target), with how long the oldest has waited by the
+# database's clock: the ledger_campaigns_waiting gauge and /readyz. Served by
+# campaign_waiting (partial: only waiting rows).
+WAITING_COUNTS = compile_query(
+    select(campaigns.c["class"].label("class"), campaigns.c.waiting_on.label("reason"),
+           func.count().label("count"),
+           func.extract("epoch", func.statement_timestamp() - func.min(campaigns.c.waiting_since))
+           .label("oldest_s"))
+    .where(campaigns.c.waiting_on.is_not(None))
+    .group_by(campaigns.c["class"], campaigns.c.waiting_on)
+    .order_by(campaigns.c["class"], campaigns.c.waiting_on)
+)
+
 # The board's summary cards under a filter: the oldest ready campaign's age and
 # the leases ending within :within_s seconds, among what the filter matches
 # (same filters as CAMPAIGNS_PAGE), by the database's clock.

@@ -280,6 +280,13 @@ class Reads:
         rows = await self.executor.fetch(queries.CLASS_STATE_COUNTS)
         return {(r["class"], r["state"]): r["count"] for r in rows}
 
+    async def waiting_counts(self) -> dict[tuple[str, str], tuple[int, float]]:
+        """Campaigns waiting on what is not their attempt's own, per ``(class,
+        reason)`` (``system_fault`` or ``target``): how many, and how long the
+        oldest of them has waited (seconds)."""
+        rows = await self.executor.fetch(queries.WAITING_COUNTS)
+        return {(r["class"], r["reason"]): (r["count"], float(r["oldest_s"] or 0.0)) for r in rows}
+
     async def matching_summary(self, *, expiring_within_s: float = 60.0,
                                states: Sequence[str] | None = None,
                                classes: Sequence[str] | None = None,

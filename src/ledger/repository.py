@@ -36,6 +36,10 @@ from . import hardened_git
 from .errors import LedgerError
 
 ZERO_SHA = "0" * 40
+#: The longest a transfer with a remote may take (fetch, ls-remote, push): a
+#: remote that accepts and then goes silent is a fault to wait out, not a
+#: step that never ends.
+REMOTE_TIMEOUT_S = 300.0
 #: Where Ledger's attempt branches live: ``ledger/<campaign>/<attempt>``.
 BRANCH_PREFIX = "refs/heads/ledger/"
 _ATTEMPT_BRANCH = re.compile(r"^refs/heads/ledger/(\d+)/(\d+)$")
@@ -136,11 +140,11 @@ def git_environment(repo: str | Path | None = None, extra: Mapping[str, str] | N
 
 
 def git(cwd: str | Path, *args: str, env: Mapping[str, str] | None = None,
-        input: bytes | None = None, ok: Sequence[int] = (0,)) -> str:
+        input: bytes | None = None, ok: Sequence[int] = (0,), timeout: float | None = None) -> str:
     """Run ``git ARGS`` in ``cwd``; its stdout without the final newline.
     ``GitError`` (naming the step and git's last line of complaint) unless the
-    exit code is in ``ok``."""
-    return _run(cwd, args, env, input, ok).stdout.decode("utf-8", errors="replace").rstrip("\n")
+    exit code is in ``ok``, or if it runs longer than ``timeout`` seconds."""
+    return _run(cwd, args, env, input, ok, timeout).stdout.decode("utf-8", errors="replace").rstrip("\n")
 
 
 def git_bytes(cwd: str | Path, *args: str) -> bytes:
@@ -149,11 +153,15 @@ def git_bytes(cwd: str | Path, *args: str) -> bytes:
 
 
 def _run(cwd: str | Path, args: Sequence[str], env: Mapping[str, str] | None,
-         input: bytes | None, ok: Sequence[int]) -> subprocess.CompletedProcess[bytes]:
+         input: bytes | None, ok: Sequence[int], timeout: float | None = None
+         ) -> subprocess.CompletedProcess[bytes]:
     try:
-        done = hardened_git.run(cwd, args, env=env, input=input)
+        done = hardened_git.run(cwd, args, env=env, input=input, timeout=timeout)
     except OSError as exc:
         raise GitError(f"cannot run git in {cwd}: {exc.strerror or exc}") from exc
+    except subprocess.TimeoutExpired:
+        raise GitError(f"git {args[0]} did not finish within {timeout:g}s (the remote went "
+                       "silent)") from None
     if done.returncode not in ok:
         complaint = done.stderr.decode("utf-8", errors="replace").strip().splitlines()
         raise GitError(f"git {args[0]} failed: "
@@ -251,7 +259,7 @@ class Repository:
         with self._cache_lock():
             try:
                 self._git("fetch", "--quiet", "--no-tags", "--no-write-fetch-head", *_upload_pack(self.location),
-                          "--", self.location, *(f"+{r}:{r}" for r in refs))
+                          "--", self.location, *(f"+{r}:{r}" for r in refs), timeout=REMOTE_TIMEOUT_S)
             except GitError as exc:
                 raise _transport_fault(exc, f"cannot fetch {', '.join(refs)} from {self.location}") from exc
 
@@ -263,7 +271,8 @@ class Repository:
             pairs = (line.rsplit(" ", 1) for line in listing.splitlines() if line)
             return {name: sha for name, sha in pairs}
         try:
-            listing = git(self.path, "ls-remote", *_upload_pack(self.location), "--", self.location, pattern)
+            listing = git(self.path, "ls-remote", *_upload_pack(self.location), "--", self.location, pattern,
+                          timeout=REMOTE_TIMEOUT_S)
         except GitError as exc:
             raise _transport_fault(exc, f"cannot list {pattern} on {self.location}") from exc
         refs = {}
@@ -309,9 +318,12 @@ class Repository:
             self._git("update-ref", ref, sha)  # the cache's copy: what gc lists
             try:
                 git(self.path, "push", "--quiet", "--porcelain", *_receive_pack(self.location),
-                    f"--force-with-lease={ref}:", "--", self.location, f"{sha}:{ref}")
+                    f"--force-with-lease={ref}:", "--", self.location, f"{sha}:{ref}", timeout=REMOTE_TIMEOUT_S)
             except GitError as exc:
-                if self.remote_ref(ref) != sha:
+                current = self.remote_ref(ref)
+                if current is not None and current != sha:
+                    raise RefMoved(ref, None, current) from exc  # as for a local repository
+                if current != sha:
                     raise _transport_fault(exc, f"cannot publish {ref} to {self.location}") from exc
         if self.remote_ref(ref) != sha:
             raise SystemFault(f"{self.location} does not show {ref} at {sha} after the push")
@@ -372,7 +384,7 @@ class Repository:
         with self._cache_lock():
             try:
                 git(self.path, "push", "--quiet", "--atomic", "--porcelain", *_receive_pack(self.location), lease,
-                    "--", self.location, f"{new}:{ref}")
+                    "--", self.location, f"{new}:{ref}", timeout=REMOTE_TIMEOUT_S)
             except GitError as exc:
                 try:
                     actual = self.remote_ref(ref)
@@ -536,7 +548,8 @@ class Repository:
             try:
                 with self._cache_lock():
                     git(self.path, "push", "--quiet", "--porcelain", *_receive_pack(self.location),
-                        f"--force-with-lease={ref}:{expected}", "--", self.location, f":{ref}")
+                        f"--force-with-lease={ref}:{expected}", "--", self.location, f":{ref}",
+                        timeout=REMOTE_TIMEOUT_S)
                     self._git("update-ref", "-d", ref, ok=(0, 1))
             except GitError:
                 return False

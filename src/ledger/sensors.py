@@ -210,12 +210,19 @@ class Sensor:
 
     async def observe(self, tick: datetime | None) -> ObservationRecorded | None:
         """Claim ``tick`` (if given), check, and record; ``None`` if another
-        process owns the tick."""
+        process owns the tick, or the check could not look at the target."""
         if tick is not None and not await self.kernel.claim_sensor_tick(self.config.name, tick, self.identity):
             self.log.info("tick owned by another sensor process", tick=tick.isoformat())
             return None
         repository, ref = self.observes or (None, None)
         reading = await check(self.config, repository=repository, ref=ref, cache_dir=self.cache_dir)
+        if reading.details.get("system_fault"):
+            # The target was never looked at (its remote out of reach, no
+            # sandbox here): no observation, so no red that would open a
+            # campaign or send a promoted one back. The next tick looks again.
+            self.log.warning("not observed: a fault that is not the target's",
+                             error=reading.details.get("error"), tick=tick.isoformat() if tick else None)
+            return None
         result = await self.kernel.record_observation(
             self.config.name, self.config.objective_key(), self.config.target, reading.status,
             reading.started_at, finished_at=reading.finished_at, details=reading.details,

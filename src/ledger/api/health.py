@@ -43,9 +43,19 @@ async def degradations(api: object) -> list[str]:
                        "(LISTEN needs a direct connection: LEDGER_LISTEN_DATABASE_URL)")
     threshold = api.options.notify_queue_alarm  # type: ignore[attr-defined]
     try:
-        usage = await Reads(await api.pools.session("reader")).notify_queue_usage()  # type: ignore[attr-defined]
+        reads = Reads(await api.pools.session("reader"))  # type: ignore[attr-defined]
+        usage = await reads.notify_queue_usage()
+        waiting = await reads.waiting_counts()
     except LedgerError:
         return reasons  # readiness itself was just read; a failed extra read is no verdict
+    faults = [(n, age) for (_, reason), (n, age) in waiting.items() if reason == "system_fault"]
+    if faults:
+        # The probe is unauthenticated: counts only (the reasons name hosts:
+        # `ledger show`, the dashboard and the logs have them).
+        reasons.append(f"{sum(n for n, _ in faults)} campaign(s) wait on a system fault, the oldest "
+                       f"for {max(age for _, age in faults):.0f}s: a fault that is not their attempts' "
+                       "own (a git remote, the sandbox, a verifier's environment) holds them back; "
+                       "nothing is charged, and they go on when it is fixed")
     alarmed = queue_alarm(usage, threshold)
     if alarmed:
         reasons.append(f"the notification queue is {usage:.0%} full (alarm above {threshold:.0%}): "

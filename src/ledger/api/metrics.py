@@ -39,6 +39,8 @@ Buckets = list[tuple[float, int, float]]
 #: The methods counted by name; any other is ``other``.
 STANDARD_METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS",
                               "TRACE", "CONNECT"})
+#: Why a campaign waits (``campaign.waiting_on``), each a label of the waiting gauge.
+WAITING_REASONS = ("system_fault", "target")
 REQUEST_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 
 
@@ -56,9 +58,9 @@ class Snapshot:
     attempt_durations: Buckets
     verification_durations: Buckets
     notify_queue_usage: float = 0.0
-    #: class -> campaigns held back by a fault that is not the attempt's own
-    #: (0 for now: the lead wires the real count)
-    system_fault_waiting: dict[str, int] = field(default_factory=dict)
+    #: (class, reason) -> campaigns held back by what is not their attempt's
+    #: own: a system fault, or their target (a dirty checkout)
+    waiting: dict[tuple[str, str], int] = field(default_factory=dict)
     read_s: float = 0.0
 
 
@@ -108,6 +110,7 @@ async def read_snapshot(reads: Reads) -> Snapshot:
         verification_durations=await reads.duration_histogram("verification",
                                                                DURATION_BUCKETS),
         notify_queue_usage=await reads.notify_queue_usage(),
+        waiting={key: count for key, (count, _) in (await reads.waiting_counts()).items()},
     )
     snapshot.read_s = time.perf_counter() - started
     return snapshot
@@ -138,10 +141,13 @@ class LedgerCollector(Collector):
                 campaigns.add_metric([cls, state], s.class_states.get((cls, state), 0))
         yield campaigns
         waiting = GaugeMetricFamily("ledger_campaigns_waiting",
-                                    "Campaigns held back by a fault that is not the attempt's own, "
-                                    "per class and reason", labels=["class", "reason"])
-        for cls in classes:
-            waiting.add_metric([cls, "system_fault"], s.system_fault_waiting.get(cls, 0))
+                                    "Campaigns held back by what is not the attempt's own, per "
+                                    "class and reason (system_fault: the remote, the sandbox, a "
+                                    "verifier's environment; target: a dirty checkout of the "
+                                    "promotion target)", labels=["class", "reason"])
+        for cls in sorted(set(classes) | {c for c, _ in s.waiting}):
+            for reason in WAITING_REASONS:
+                waiting.add_metric([cls, reason], s.waiting.get((cls, reason), 0))
         yield waiting
         yield GaugeMetricFamily("ledger_oldest_ready_age_seconds",
                                 "Age of the oldest ready campaign (0: none is ready)",

@@ -10,6 +10,7 @@ from datetime import datetime, timezone
 from typing import TYPE_CHECKING
 
 import typer
+from rich.markup import escape
 
 from ..errors import InvalidInput, LedgerError, NotFound, OutcomeUnknown, Unavailable
 from .context import console, console_err, emit_json, iso_z, run, state
@@ -195,6 +196,11 @@ def show(
                   f"attempts {c.attempt_count}/{c.max_attempts}  updated {_ago(c.updated_at)}")
     if c.lease_owner:
         console.print(f"leased by {c.lease_owner} until {c.lease_expires_at:%H:%M:%S}")
+    if c.waiting_on:
+        why = "a system fault" if c.waiting_on == "system_fault" else "its target"
+        since = f" for {_ago(c.waiting_since).removesuffix(' ago')}" if c.waiting_since else ""
+        console.print(f"[bold]waiting on {why}[/]{since} ({c.fault_count} in a row, nothing charged): "
+                      f"{escape(c.waiting_reason or '')}", highlight=False)
     if c.last_failure_reason:
         console.print(f"last failure: {c.last_failure_reason}")
     if detail.attempts:

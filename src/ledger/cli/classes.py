@@ -24,11 +24,17 @@ def register(app: typer.Typer) -> None:
 
 @classes_app.command("sync")
 def sync(ctx: typer.Context, config: Path = CONFIG_OPTION) -> None:
-    """Register (or update) every class of the config file, as the operator role."""
+    """Register (or update) every class of the config file, as the operator role,
+    after checking every class's repository and base_ref and every sensor's
+    observed ref: a misconfiguration registers nothing (exit 78); a remote
+    out of reach now is a warning."""
     from ..config import load_config
     from ..kernel import Kernel
+    from .runtime import preflight
 
     cfg = load_config(config_path(ctx, config))
+    # Every repository and ref checked before anything is registered.
+    preflight(cfg, config_path(ctx, config), refused="no class was registered")
 
     async def go() -> None:
         async with state(ctx).database().session("operator") as s:

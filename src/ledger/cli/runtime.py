@@ -6,10 +6,14 @@ from __future__ import annotations
 
 from contextlib import AsyncExitStack
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
 
 from .context import run, state
+
+if TYPE_CHECKING:
+    from ..config import LedgerConfig
 
 CONFIG_OPTION = typer.Option(None, "--config", envvar="LEDGER_CONFIG", show_envvar=True,
                              help="Campaign classes and sensors (default ./ledger.toml).")
@@ -37,6 +41,20 @@ def register(app: typer.Typer) -> None:
 def config_path(ctx: typer.Context, option: Path | None) -> Path:
     """The config file: the option, else LEDGER_CONFIG, else ./ledger.toml."""
     return option or state(ctx).settings.config
+
+
+def preflight(cfg: LedgerConfig, source: Path, *, classes: list[str] | None = None,
+              sensors: list[str] | None = None, refused: str = "nothing was done") -> None:
+    """Check the repositories of ``cfg`` up front (``ledger.preflight``):
+    refuse a misconfiguration (exit 78, one line naming the key), warn on
+    stderr about a remote out of reach now and go on."""
+    from .. import preflight as checks
+    from .context import console_err
+
+    checks.enforce(checks.check(cfg, classes=classes, sensors=sensors), str(source),
+                   lambda line: console_err.print(f"ledger: {line}", highlight=False, markup=False,
+                                                  soft_wrap=True),
+                   refused=refused)
 
 
 def worker(
@@ -71,6 +89,10 @@ def worker(
                             classes=class_, poll_s=poll, drain_timeout_s=drain_timeout,
                             config_file=config_path(ctx, config))
     reaper = ReaperOptions(grace_s=grace, interval_s=max(min(grace, 5.0), 0.2))
+    for name in class_:
+        cfg.campaign_class(name)  # an unknown class is named before any repository is asked
+    preflight(cfg, config_path(ctx, config), classes=class_ or None, sensors=[],
+              refused="the worker did not start: nothing was claimed")
 
     async def go() -> int:
         db = st.database(wait_s=wait_for_database)
@@ -100,6 +122,10 @@ def sensor_run(
     logs.configure(log_level)
     st = state(ctx)
     cfg = load_config(config_path(ctx, config))
+    unknown = [n for n in names or [] if n not in cfg.sensors]
+    if not unknown:  # (unknown names are refused by Sensors, before it connects)
+        preflight(cfg, config_path(ctx, config), classes=[], sensors=names or None,
+                  refused="the sensors did not start: nothing was observed or opened")
 
     async def go() -> int:
         from ..kernel import Kernel
@@ -155,6 +181,8 @@ def run_all(
                                        config_file=config_path(ctx, config)), ReaperOptions(),
                          model_family=model_family, sensors=not no_sensors,
                          trim_after_s=parse_duration(trim_after) if trim_after else None)
+    preflight(cfg, config_path(ctx, config), sensors=None if not no_sensors else [],
+              refused="nothing was started: nothing was claimed, observed or opened")
 
     async def go() -> int:
         db = st.database(wait_s=wait_for_database)

@@ -111,7 +111,9 @@ $$;
 --   done     the target shows the effect (read back in p_result)
 --   conflict the precondition failed; never retried blindly
 --   retry    a transient failure; try again after p_retry_after_s
---   failed   a permanent failure
+--   failed   a permanent failure (of a live promotion: no verdict on its
+--            candidate -- the promotion is tried again after a pause, and
+--            'pending' is returned)
 -- Needs the live claim (token and unexpired lease); a retried identical
 -- record returns the state it left.
 CREATE OR REPLACE FUNCTION ledger_api.complete_side_effect(
@@ -198,7 +200,28 @@ BEGIN
                    waiting_since = coalesce(c.waiting_since, v_now),
                    fault_count = c.fault_count + CASE WHEN p_result ? 'waiting_on' THEN 1 ELSE 0 END
              WHERE c.id = v_c.id;
-        ELSIF p_outcome IN ('conflict', 'failed') THEN
+        ELSIF p_outcome = 'failed' THEN
+            -- A promotion that failed for a reason outside the candidate (a
+            -- dispatcher that gave up on a ref's lock or crashed on it, a
+            -- commit it could not build) is no verdict on the candidate, and
+            -- no reason to attempt it again: it stays verified, the campaign
+            -- waits on a system fault, and the promotion is tried again
+            -- after a pause (2 s, doubling with the faults in a row, at most
+            -- 5 minutes), with fresh tries. (Sending it back to be attempted,
+            -- its attempt given back, let a failing promotion make attempts
+            -- without end: the budget bounded nothing.)
+            UPDATE ledger.side_effect s
+               SET state = 'pending', tries = 0, finished_at = NULL,
+                   next_try_at = v_now + make_interval(
+                       secs => least(300, 2 * power(2, least(v_c.fault_count, 20))))
+             WHERE s.id = v_s.id;
+            UPDATE ledger.campaign c
+               SET waiting_on = 'system_fault',
+                   waiting_reason = left('promotion failed: ' || coalesce(p_error, 'failed'), 4000),
+                   waiting_since = coalesce(c.waiting_since, v_now), fault_count = c.fault_count + 1
+             WHERE c.id = v_c.id;
+            RETURN 'pending';
+        ELSIF p_outcome = 'conflict' THEN
             -- An accepted candidate that could not land (its target moved
             -- and it does not apply there) is no failed attempt: the campaign
             -- gets the spent attempt back (the transition's charge is -1),

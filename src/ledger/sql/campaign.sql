@@ -131,6 +131,10 @@ CREATE INDEX IF NOT EXISTS campaign_awaiting_verdict ON ledger.campaign (updated
     WHERE state = 'attempted';
 CREATE INDEX IF NOT EXISTS campaign_recent ON ledger.campaign (updated_at DESC, id DESC);
 CREATE INDEX IF NOT EXISTS campaign_by_class_state ON ledger.campaign (class, state);
+-- The few campaigns waiting on a system fault or their target (the waiting
+-- gauge, /readyz).
+CREATE INDEX IF NOT EXISTS campaign_waiting ON ledger.campaign (class, waiting_on)
+    WHERE waiting_on IS NOT NULL;
 
 -- The triggers and helpers of the hot path (campaign_guard, campaign_journal,
 -- journal_notify, attempt_guard, append_event, begin/end_transition, now) pin
