@@ -129,7 +129,22 @@ classes = Table(
     Column("backoff_cap_s", Float), Column("backoff_jitter", Float), Column("seat_policy", Text),
     Column("authority", JSONB), Column("acceptance", JSONB), Column("promotion", JSONB),
     Column("verifier", Text), Column("created_at", TS), Column("updated_at", TS),
-    Column("weight", Integer),
+    Column("weight", Integer), Column("heartbeat_seconds", Float), Column("paused_at", TS),
+)
+
+class_events = Table(
+    "class_events", metadata,
+    Column("id", BigInteger, primary_key=True), Column("class", Text), Column("type", Text),
+    Column("actor", Text), Column("actor_role", Text), Column("reason", Text),
+    Column("created_at", TS),
+)
+
+processes = Table(
+    "processes", metadata,
+    Column("role", Text), Column("host", Text), Column("pid", Integer), Column("started_at", TS),
+    Column("identity", Text), Column("service", Text), Column("interval_s", Float),
+    Column("holds", JSONB), Column("last_seen", TS), Column("stopped_at", TS),
+    Column("status", Text),
 )
 
 states = Table(
