@@ -366,7 +366,7 @@ async def test_attempt_page_follows_the_output_live_and_resumes(server: Server, 
         {"type": "commit.made", "payload": {"sha": sha(2)}}])
     await worker.record_attempt(cid, claim.generation, base_sha=sha(1), candidate_sha=sha(2),
                                 fingerprint=fingerprint(1), log_tail="2 passed\n")
-    wait(d, lambda d: d.find_element(By.ID, "outcome").text == "attempted", "the outcome")
+    wait(d, lambda d: d.find_element(By.ID, "outcome").text == "awaiting verdict", "the outcome")
     assert same_page(d), "the attempt page reloaded instead of updating in place"
     assert d.find_element(By.ID, "output").text.splitlines() == [
         "collecting tests", "test_a PASSED", "test_b PASSED"]

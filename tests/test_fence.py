@@ -346,11 +346,13 @@ async def test_every_numeric_argument_refuses_nan_infinity_and_out_of_range(acto
                  "verifier": verifier.report_verifier_process,
                  "dispatcher": dispatcher.report_dispatcher_process,
                  "operator": op.report_operator_process}
+    def reporting(report: Callable[[ProcessReport], Awaitable[Any]],
+                  field: str) -> Callable[[float], Awaitable[Any]]:
+        return lambda x: report(_report(**{field: _int(x) if field == "pid" else x}))
+
     for role, report in reporters.items():
-        calls[(f"report_{role}_process", "p_pid")] = (
-            lambda x, report=report: report(_report(pid=_int(x))))
-        calls[(f"report_{role}_process", "p_interval_s")] = (
-            lambda x, report=report: report(_report(interval_s=x)))
+        calls[(f"report_{role}_process", "p_pid")] = reporting(report, "pid")
+        calls[(f"report_{role}_process", "p_interval_s")] = reporting(report, "interval_s")
     assert set(calls) == _numeric_parameters(admin), "every numeric argument needs a row here"
     before = tables(admin)
     for (function, argument), call in calls.items():

@@ -259,6 +259,18 @@ class ProcessRow(_Row):
     status: Literal["live", "stopped", "gone"]
 
 
+class AttemptDiff(BaseModel):
+    """An attempt's candidate diff as a page shows it: a bounded head, decoded."""
+
+    campaign_id: int
+    attempt_no: int
+    generation: int
+    candidate_ref: str | None
+    bytes: int  # the whole diff's size
+    text: str  # its first bytes, as text (invalid UTF-8 replaced)
+    truncated: bool  # whether the diff is longer than ``text``
+
+
 class ProcessReport(BaseModel):
     """What a process says of itself to the registry (``Kernel.report_*_process``)."""
 
