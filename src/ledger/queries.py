@@ -315,6 +315,11 @@ WITH days AS (
       FROM ledger_api.events e
      WHERE (e.type = 'transition' OR e.actor_role = 'operator')
        AND e.created_at >= (SELECT min(day) FROM days) AT TIME ZONE 'UTC'
+    UNION ALL
+    -- what operators did to a class (pause, resume: class_event.sql): human too
+    SELECT date_trunc('day', ce.created_at AT TIME ZONE 'UTC'), NULL, ce.actor_role = 'operator'
+      FROM ledger_api.class_events ce
+     WHERE ce.created_at >= (SELECT min(day) FROM days) AT TIME ZONE 'UTC'
 )
 SELECT CAST(d.day AS date) AS day,
        count(m.name) FILTER (WHERE m.name = 'open') AS opened,
