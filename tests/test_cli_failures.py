@@ -32,6 +32,7 @@ from ledger.errors import DatabaseMissing, InvalidInput, NotMigrated, Unavailabl
 #: Sample values for every required argument or option, by parameter name.
 SAMPLES: dict[str, list[str]] = {
     "class_": ["demo-class"],
+    "name": ["demo-class"],  # classes pause, resume
     "objective_key": ["objective"],
     "target": ["target"],
     "campaign_id": ["1"],
