@@ -217,7 +217,8 @@ class Reads:
         resumed) -- not on output, progress or lease renewals; compare, don't read."""
         rows = await self.executor.fetch(queries.BOARD_VERSION)
         row = rows[0]
-        return (row["campaigns"], row["moves"], row["observation_id"], row["class_event_id"])
+        return (row["campaigns"], row["generations"], row["attempts"], row["budgets"], row["states"],
+                row["observation_id"], row["class_event_id"])
 
     async def matching_state_counts(self, *, states: Sequence[str] | None = None,
                                     classes: Sequence[str] | None = None,

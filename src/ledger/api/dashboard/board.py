@@ -177,8 +177,7 @@ async def board_changes(reads: Reads, hub: Any, *, poll_s: float, keepalive_s: f
             current = await reads.board_version()
             if current != version:
                 version = current
-                yield ServerSentEvent(event="changed", data=json.dumps(
-                    {"campaigns": current[0], "events": current[1]}))
+                yield ServerSentEvent(event="changed", data=json.dumps({"campaigns": current[0]}))
                 quiet_since = loop.time()
                 await asyncio.sleep(min_gap_s)  # rate limit, not a wait for a condition
             elif loop.time() - quiet_since >= keepalive_s:
