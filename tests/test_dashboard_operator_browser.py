@@ -18,8 +18,6 @@ import httpx
 import pytest
 from test_dashboard_browser import (  # noqa: F401 (fixtures)
     SENSOR_TOML,
-    By,
-    EC,
     Server,
     _luminance,
     browser,
@@ -31,6 +29,9 @@ from test_dashboard_browser import (  # noqa: F401 (fixtures)
     wait,
     wait_live,
 )
+# (after the module above, which skips this one where the browser or selenium is missing)
+from selenium.webdriver.common.by import By
+from selenium.webdriver.support import expected_conditions as EC
 
 from conftest import Actors, Admin
 from drive import Driver, fingerprint, new_key, sha
