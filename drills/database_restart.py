@@ -20,23 +20,23 @@ class DatabaseRestart(Drill):
     own_cluster = True
 
     async def run(self, ctx: DrillContext) -> None:
-        check_main = [drill_python(), "-c", "import subprocess, sys; r = subprocess.run(['git', '-C', sys.argv[1], "
-                      "'show', 'main:fix.txt'], capture_output=True, text=True); "
-                      "sys.exit(0 if r.stdout == 'good' else 1)"]
-        sensor = (f"\n[sensors.main]\ntarget = \"repo\"\nevery_s = 1.0\nclass = \"{CLASS}\"\n"
-                  f"command = {json.dumps(check_main + ['REPO'])}\n")
+        # The sensor's check runs in an export of main (target repo#main): it
+        # passes once the fix is there.
+        check_main = [drill_python(), "-c", "import pathlib, sys; p = pathlib.Path('fix.txt'); "
+                      "sys.exit(0 if p.exists() and p.read_text() == 'good' else 1)"]
+        sensor = (f"\n[sensors.main]\ntarget = \"repo#main\"\nevery_s = 1.0\nclass = \"{CLASS}\"\n"
+                  f"command = {json.dumps(check_main)}\n")
         config, repo = await setup(ctx, {"1": [["write", "fix.txt", "good"], ["block"], ["exit", 0]],
                                          "default": [["write", "fix.txt", "good"], ["exit", 0]]},
                                    lease_s=10.0, heartbeat_s=1.0, promote=True,
-                                   acceptance=[content_check("fix.txt", "good")],
-                                   sensor=sensor.replace("REPO", str(ctx.workspace / "repo")))
+                                   acceptance=[content_check("fix.txt", "good")], sensor=sensor)
         procs = [ctx.spawn("sensor", "sensor", "run"), ctx.spawn("worker", *WORKER_ARGS),
                  ctx.spawn("verifier", "verifier", "--poll", "0.5"),
                  ctx.spawn("dispatcher", "dispatcher", "--poll", "0.5")]
-        started = await ctx.until(lambda: list(ctx.workspace.glob("started-*-1")), "attempt 1 to start", timeout=30)
+        started = await ctx.until(lambda: list(ctx.markers.glob("started-*-1")), "attempt 1 to start", timeout=30)
         if not started:
             raise RuntimeError("no attempt started before the restart")
-        cid = int(next(ctx.workspace.glob("started-*-1")).name.split("-")[1])
+        cid = int(next(ctx.markers.glob("started-*-1")).name.split("-")[1])
         began = time.monotonic()
         ctx.restart_server()
         ctx.step(f"fault: PostgreSQL restarted (fast shutdown) in {time.monotonic() - began:.2f}s, mid-attempt")

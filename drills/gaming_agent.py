@@ -109,8 +109,9 @@ class GamingAgent(Drill):
             f"acceptance = {{ commands = [{_toml(PYTEST)}], timeout_s = 60, environment = {_toml(QUICK)} }}",
             'promote_to = "refs/heads/main"', 'author = "Gaming Agent <agent@localhost>"',
             'committer = "Ledger Drill <drill@localhost>"',
+            # the sensor's check runs in a cell on an export of main
             "[sensors.tests]", 'target = "repo#main"', "every_s = 0.5", f"command = {_toml(PYTEST)}",
-            f"cwd = {_toml(str(repo))}", f'class = "{CLASS}"', 'objective = "tests-pass:{target}"',
+            f'class = "{CLASS}"', 'objective = "tests-pass:{target}"',
             f"environment = {_toml(QUICK)}", ""]))
         await ctx.register(config)
         protected = config.classes[CLASS].acceptance.effective()["protected"]
@@ -190,12 +191,13 @@ class GamingAgent(Drill):
             repository=str(repo), base_ref="main", base_sha=base, candidate_sha=sha,
             fingerprint=bundles.fingerprint_of(diff), acceptance=claim.acceptance_criteria,
             verifier="pytest", created_at=datetime.now(timezone.utc))
-        campaign_dir = bundles.evidence_dir(ctx.data_dir, cid)
-        _, digest = bundles.freeze(frozen, diff, campaign_dir)
+        ref = f"refs/heads/ledger/{cid}/{claim.attempt_no}"
+        _git(repo, "update-ref", ref, sha)  # published, as a worker publishes its candidates
         await kernel.record_attempt(cid, claim.generation, base_sha=base, candidate_sha=sha,
                                     fingerprint=frozen.fingerprint,
                                     bundle=frozen.model_dump(mode="json", by_alias=True),
-                                    bundle_digest=digest, evidence_location=str(campaign_dir))
+                                    bundle_digest=bundles.digest_of(frozen, diff), diff=diff,
+                                    candidate_ref=ref)
         ctx.step(f"rogue worker recorded attempt {claim.attempt_no}: {sha[:12]} skips {FAILING}")
 
     def _check_main(self, ctx: DrillContext, repo: Any, cid: int, candidate: str | None) -> None:

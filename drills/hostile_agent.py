@@ -57,7 +57,7 @@ reached = []
 try:
     with socket.create_connection(("127.0.0.1", int(targets["db_port"])), timeout=2):
         reached.append(f"tcp 127.0.0.1:{targets['db_port']}")
-except OSError as exc:
+except OSError:
     pass
 for directory in ("/var/run/postgresql", "/run/postgresql", "/tmp"):
     try:

@@ -17,8 +17,9 @@ class VerifierCrash(Drill):
     summary = "SIGKILL the verifier mid-check -> its claim lapses, a second verifier gives one verdict"
 
     async def run(self, ctx: DrillContext) -> None:
-        gate = ctx.workspace / "checks-may-finish"
-        marker = ctx.workspace / "check-started"
+        # in the one host directory the acceptance's cell may write
+        gate = ctx.markers / "checks-may-finish"
+        marker = ctx.markers / "check-started"
         check = [drill_python(), "-c",
                  f"import pathlib, time\npathlib.Path({str(marker)!r}).touch()\n"
                  f"while not pathlib.Path({str(gate)!r}).exists(): time.sleep(0.02)"]

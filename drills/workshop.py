@@ -43,7 +43,8 @@ async def setup(ctx: DrillContext, plan: dict[str, list[list[Any]]], *, lease_s:
         f"lease_s = {lease_s}",
         f"heartbeat_s = {heartbeat_s}",
         "backoff = { base_s = 0, jitter = 0 }",
-        f"acceptance = {{ commands = {_toml(acceptance or [])}, timeout_s = 30 }}",
+        f"acceptance = {{ commands = {_toml(acceptance or [])}, timeout_s = 30, "
+        f"cell = {{ writable = {_toml([str(plan_file.parent)])} }} }}",
         'authority.worker = { refs = ["refs/heads/ledger/*"] }',
         # the scripted attempt's plan and markers: the one host directory its cell may write
         f"cell = {{ writable = {_toml([str(plan_file.parent)])} }}",

@@ -26,7 +26,6 @@ import socket
 import subprocess
 import sys
 import sysconfig
-import tempfile
 import uuid
 from pathlib import Path
 
@@ -35,6 +34,7 @@ from psycopg.conninfo import conninfo_to_dict
 
 from conftest import TEST_PREFIX, Actors, Admin
 from drive import eventually
+from ledger import Database
 from ledger import cell as cells
 from ledger.config import load_config
 from ledger.processes import cell_environment, run_command
@@ -402,3 +402,22 @@ def test_a_proxy_policy_needs_its_allow_list() -> None:
         cells.CellPolicy(network="proxy")
     with pytest.raises(ValueError, match="HOST:PORT"):
         cells.CellPolicy(network="proxy", allow=["api.example.com"])
+
+
+async def test_a_worker_without_bubblewrap_fails_at_start_naming_the_package(
+        tmp_path: Path, db: Database, monkeypatch: pytest.MonkeyPatch) -> None:
+    from ledger.config import parse_config
+    from ledger.worker import Worker, WorkerOptions
+
+    monkeypatch.setattr(cells, "bubblewrap", lambda: None)
+    monkeypatch.setattr(cells, "_checked", {})
+    config = parse_config({"classes": {"c": {"repository": str(tmp_path), "attempt_command": ["true"]}}})
+    worker = Worker(db, config, WorkerOptions(data_dir=tmp_path / "data", poll_s=0.1))
+    stop = asyncio.Event()
+    with pytest.raises(cells.SandboxUnavailable) as raised:
+        await asyncio.wait_for(worker.run(stop), 30)
+    assert "bubblewrap" in raised.value.message and raised.value.exit_code == 78
+    # ... while a class that opted out of the cell needs no bubblewrap
+    opted_out = parse_config({"classes": {"c": {"repository": str(tmp_path), "attempt_command": ["true"],
+                                                "cell": {"sandbox": False}}}})
+    assert not opted_out.classes["c"].cell.sandbox

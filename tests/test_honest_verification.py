@@ -19,8 +19,7 @@ from typing import Any
 import pytest
 
 from conftest import TEST_PREFIX
-from drive import eventually, now, record_candidate
-from ledger import bundle as bundles
+from drive import eventually, record_candidate
 from ledger import repository
 from ledger.config import load_config, parse_config
 from ledger.drill import scripted_attempt

@@ -131,6 +131,27 @@ async def test_sigterm_is_handled_once_and_stops_every_service() -> None:
     assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL
 
 
+async def test_the_handler_before_the_host_is_back_after_it() -> None:
+    """The CLI installs a clean-stop SIGTERM handler before the host starts; a
+    SIGTERM while the process exits after the host (its cells still being torn
+    down) must meet that handler again, not the default (death by signal: a
+    worker in the chaos drill exited -15)."""
+    def clean_stop(signum: int, frame: object) -> None:
+        raise SystemExit(0)
+
+    original = signal.signal(signal.SIGTERM, clean_stop)
+    try:
+        waiter = Waiter()
+        host = Host().add(waiter)
+        running = asyncio.create_task(host.run())
+        await waiter.started.wait()
+        host.stop()
+        assert await running == 0
+        assert signal.getsignal(signal.SIGTERM) is clean_stop
+    finally:
+        signal.signal(signal.SIGTERM, original)
+
+
 async def test_what_a_service_leaves_running_is_found_and_ended(tmp_path) -> None:
     children: list[subprocess.Popen[bytes]] = []
 

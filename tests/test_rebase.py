@@ -4,7 +4,6 @@ cleanly returns the campaign to ready, and then without spending an attempt."""
 
 from __future__ import annotations
 
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -12,7 +11,7 @@ import pytest
 from test_dispatcher import MAIN, git, rev
 
 from conftest import Actors, Admin
-from drive import Driver, fingerprint, record_candidate
+from drive import Driver, record_candidate
 from ledger import bundle as bundles
 from ledger.dispatcher import Dispatcher
 

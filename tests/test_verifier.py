@@ -25,7 +25,6 @@ import verifiers
 from conftest import TEST_PREFIX
 from drive import eventually, record_candidate, now
 from ledger import Forbidden, Kernel, Reads, SameIdentity, repository
-from ledger import bundle as bundles
 from ledger.drill import host_pid, process_gone
 from ledger.models import Verification
 from ledger.processes import TAIL_BYTES, run_command

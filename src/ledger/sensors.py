@@ -307,6 +307,8 @@ class Sensors:
 
     async def run(self, stop: asyncio.Event) -> None:
         """Observe every tick of every sensor until ``stop`` is set."""
+        if any(s.config.command is not None and s.config.cell.sandbox for s in self.sensors):
+            await asyncio.to_thread(cells.check_available)  # no cell: say so now, naming the package
         since = utcnow()
         first = self.sensors[0]
         registration = Registration(

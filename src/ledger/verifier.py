@@ -392,6 +392,8 @@ class Verifier(Loop):
     async def run(self, stop: asyncio.Event) -> None:
         """Verify until ``stop`` is set. Waiting candidates are drained, then the
         verifier idles until a ``ledger_attempted`` wake-up or its poll tick."""
+        # Acceptance runs in a cell: a host that cannot build one says so now.
+        await asyncio.to_thread(cells.check_available)
         self.log.info("verifier started", classes=self.classes, lease_s=self.lease_s)
         await super().run(stop)
         self.log.info("verifier stopped", **self.verdicts)

@@ -23,6 +23,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from . import cell as cells
 from .attempt import AttemptRun, sweep_orphans
 from .config import LedgerConfig
 from .database import Database
@@ -135,6 +136,10 @@ class Worker:
         self.stop()
 
     async def _boot(self, kernel: Kernel) -> None:
+        if any(self.config.campaign_class(name).cell.sandbox for name in self.classes):
+            # No cell, no attempt: say so at start-up, naming the package,
+            # rather than release every campaign it claims.
+            await asyncio.to_thread(cells.check_available)
         await self._check_registered(Reads(kernel.executor))
         swept = await asyncio.to_thread(sweep_orphans, self.options.data_dir)
         if swept:

@@ -129,6 +129,7 @@ class Host:
         before_children = set(child_processes())
         previous_factory = loop.get_task_factory()
         spawned = self._track_tasks(loop)
+        previous_handlers = {sig: signal.getsignal(sig) for sig in SIGNALS}
         if self.handle_signals:
             for sig in SIGNALS:
                 loop.add_signal_handler(sig, self._signalled, sig)
@@ -141,6 +142,13 @@ class Host:
             if self.handle_signals:
                 for sig in SIGNALS:
                     loop.remove_signal_handler(sig)
+                    # Back to what was there before (the CLI's clean stop), not
+                    # to the default: a SIGTERM while the process exits (its
+                    # cells still being torn down) is a clean stop, not death
+                    # by the signal.
+                    previous = previous_handlers[sig]
+                    if previous is not None:
+                        signal.signal(sig, previous)
             try:
                 self.leftovers = await self._sweep(spawned, before_children)
             finally:
