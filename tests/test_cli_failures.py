@@ -33,6 +33,7 @@ from ledger.gitserver import bare_repository
 #: Sample values for every required argument or option, by parameter name.
 SAMPLES: dict[str, list[str]] = {
     "class_": ["demo-class"],
+    "name": ["demo-class"],  # classes pause, resume
     "objective_key": ["objective"],
     "target": ["target"],
     "campaign_id": ["1"],

@@ -86,15 +86,20 @@ def _free_port() -> int:
 @pytest.fixture
 def server(db_url: str, tmp_path: Path) -> Iterator[Server]:
     """``ledger serve`` on a free port, with a ``ledger.toml`` naming one sensor."""
+    yield from serve(db_url, tmp_path, SENSOR_TOML)
+
+
+def serve(db_url: str, tmp_path: Path, toml: str, **env_extra: str) -> Iterator[Server]:
+    """``ledger serve`` on a free port with ``toml`` as its ``ledger.toml``, until closed."""
     tokens = {"operator": new_token(), "reader": new_token()}
     config = tmp_path / "ledger.toml"
-    config.write_text(SENSOR_TOML)
+    config.write_text(toml)
     port = _free_port()
     log = tmp_path / "serve.log"
     env = {**os.environ, "LEDGER_DATABASE_URL": db_url, "LEDGER_ROLE_PREFIX": TEST_PREFIX,
            "LEDGER_API_TOKENS": ",".join(f"{r}-tok:{r}:{hash_token(t)}"
                                          for r, t in tokens.items()),
-           "LEDGER_CONFIG": str(config), "LEDGER_LOG_LEVEL": "warning"}
+           "LEDGER_CONFIG": str(config), "LEDGER_LOG_LEVEL": "warning", **env_extra}
     with log.open("wb") as out:
         proc = subprocess.Popen([sys.executable, "-m", "ledger", "serve", "--host", "127.0.0.1",
                                  "--port", str(port)], env=env, stdout=out,
@@ -317,9 +322,9 @@ async def test_bulk_confirm_acts_only_on_what_the_browser_previewed(server: Serv
     d.find_element(By.CSS_SELECTOR, ".confirm input[name=reason]").send_keys("cleanup")
     d.find_element(By.ID, "confirm").click()
     wait(d, EC.presence_of_element_located((By.ID, "difference")), "the difference")
-    left_alone = d.find_element(By.ID, "not-previewed").find_element(By.XPATH, "following-sibling::table[1]")
+    left_alone = d.find_element(By.ID, "not-previewed").find_element(By.XPATH, "following-sibling::*[1]")
     assert left_alone.find_elements(By.CSS_SELECTOR, f'tr[data-campaign="{late}"]')
-    gone = d.find_element(By.ID, "no-longer-matching").find_element(By.XPATH, "following-sibling::table[1]")
+    gone = d.find_element(By.ID, "no-longer-matching").find_element(By.XPATH, "following-sibling::*[1]")
     assert gone.find_elements(By.CSS_SELECTOR, f'tr[data-campaign="{batch[0]}"]')
     assert d.find_element(By.ID, "confirm").text == "Abandon 1"  # what matches now: the new one
     screenshot(d, "dashboard-bulk-difference.png")
@@ -366,7 +371,7 @@ async def test_attempt_page_follows_the_output_live_and_resumes(server: Server, 
         {"type": "commit.made", "payload": {"sha": sha(2)}}])
     await worker.record_attempt(cid, claim.generation, base_sha=sha(1), candidate_sha=sha(2),
                                 fingerprint=fingerprint(1), log_tail="2 passed\n")
-    wait(d, lambda d: d.find_element(By.ID, "outcome").text == "attempted", "the outcome")
+    wait(d, lambda d: d.find_element(By.ID, "outcome").text == "awaiting verdict", "the outcome")
     assert same_page(d), "the attempt page reloaded instead of updating in place"
     assert d.find_element(By.ID, "output").text.splitlines() == [
         "collecting tests", "test_a PASSED", "test_b PASSED"]

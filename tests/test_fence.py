@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 import subprocess
 from collections.abc import Awaitable, Callable
-from datetime import datetime, timedelta
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +23,7 @@ from ledger.reads import Reads
 from ledger import Database, Kernel, ObjectiveConflict, StaleLease
 from ledger.dispatcher import Dispatcher
 from ledger.errors import InvalidInput, LedgerError
+from ledger.models import ProcessReport
 
 pytestmark = pytest.mark.anyio
 
@@ -336,7 +337,22 @@ async def test_every_numeric_argument_refuses_nan_infinity_and_out_of_range(acto
         ("claim_campaigns", "p_limit"): lambda x: worker.claim_campaigns("w", limit=_int(x)),
         ("start_web_session", "p_ttl_s"): lambda x: op.start_web_session(
             "0" * 64, "t", "reader", "0" * 64, "0" * 64, ttl_s=x),
+        ("register_class", "p_heartbeat_seconds"): lambda x: op.register_class(
+            "n", heartbeat_seconds=x),
     }
+    # The registry's report functions, one per role: the same two numbers each.
+    reporters = {"sensor": sensor.report_sensor_process, "worker": worker.report_worker_process,
+                 "reaper": reaper.report_reaper_process,
+                 "verifier": verifier.report_verifier_process,
+                 "dispatcher": dispatcher.report_dispatcher_process,
+                 "operator": op.report_operator_process}
+    def reporting(report: Callable[[ProcessReport], Awaitable[Any]],
+                  field: str) -> Callable[[float], Awaitable[Any]]:
+        return lambda x: report(_report(**{field: _int(x) if field == "pid" else x}))
+
+    for role, report in reporters.items():
+        calls[(f"report_{role}_process", "p_pid")] = reporting(report, "pid")
+        calls[(f"report_{role}_process", "p_interval_s")] = reporting(report, "interval_s")
     assert set(calls) == _numeric_parameters(admin), "every numeric argument needs a row here"
     before = tables(admin)
     for (function, argument), call in calls.items():
@@ -348,6 +364,12 @@ async def test_every_numeric_argument_refuses_nan_infinity_and_out_of_range(acto
             assert caught.value.sqlstate in ("LG007", "22003"), (function, argument, bad, caught.value)
     assert tables(admin) == before
     assert [c.name for c in await Reads(op.executor).classes()] == [test_class], "no class registered with a bad number"
+
+
+def _report(**overrides: Any) -> ProcessReport:
+    fields: dict[str, Any] = {"host": "h", "pid": 1, "started_at": datetime.now(timezone.utc),
+                              "identity": "i", "service": "s", "interval_s": 1.0}
+    return ProcessReport(**{**fields, **overrides})
 
 
 def _int(x: float) -> int:

@@ -150,7 +150,8 @@ VIEW_MODELS: dict[str, type[BaseModel]] = {
     "observations": models.Observation, "verifications": models.Verification,
     "side_effects": models.SideEffect, "security_events": models.SecurityEvent,
     "classes": models.CampaignClass, "states": models.StateRow,
-    "transitions": models.TransitionRow,
+    "transitions": models.TransitionRow, "class_events": models.ClassEvent,
+    "processes": models.ProcessRow,
 }
 
 

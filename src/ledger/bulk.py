@@ -73,11 +73,13 @@ class Selector:
     label: str | None = None
     search: str | None = None
     updated_since: datetime | None = None
+    #: the campaigns picked one by one (rows selected on the board)
+    ids: tuple[int, ...] = ()
 
     def is_empty(self) -> bool:
         """Whether nothing narrows it (a bulk action then refuses)."""
         return not (self.states or self.classes or self.target or self.objective_key
-                    or self.label or self.search or self.updated_since)
+                    or self.label or self.search or self.updated_since or self.ids)
 
     def canonical(self) -> str:
         """The selector as canonical JSON (what the token digests)."""
@@ -85,7 +87,8 @@ class Selector:
                            "target": self.target, "objective_key": self.objective_key,
                            "label": self.label, "search": self.search,
                            "updated_since": self.updated_since.isoformat()
-                           if self.updated_since else None},
+                           if self.updated_since else None,
+                           **({"ids": sorted(set(self.ids))} if self.ids else {})},
                           sort_keys=True, separators=(",", ":"))
 
 
@@ -181,7 +184,8 @@ async def matching(reads: Reads, action: str, selector: Selector,
     allowed = action_states(action)
     if selector.is_empty():
         raise InvalidInput("a bulk action needs a filter (state, class, target, objective "
-                           "key, label, text or updated since): it never acts on everything")
+                           "key, label, text, updated since or picked ids): it never acts on "
+                           "everything")
     if not 1 <= cap <= MAX_CAP:
         raise InvalidInput(f"a bulk action takes 1 to {MAX_CAP} campaigns")
     states = [s for s in allowed if not selector.states or s in selector.states]
@@ -193,7 +197,7 @@ async def matching(reads: Reads, action: str, selector: Selector,
             states=states, classes=list(selector.classes) or None, target=selector.target,
             objective_key=selector.objective_key, label=selector.label,
             search=selector.search, updated_since=selector.updated_since, cursor=cursor,
-            limit=want)
+            limit=want, ids=list(selector.ids) or None)
         ids.extend(c.id for c in page)
         if len(page) < want:
             break

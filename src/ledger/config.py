@@ -263,6 +263,7 @@ class CampaignClassConfig(_Strict):
             "promotion": promotion,
             "verifier": self.verifier,
             "weight": self.weight,
+            "heartbeat_seconds": self.heartbeat_s,
         }
 
 

@@ -65,6 +65,7 @@ from . import repository as repositories
 from .errors import StaleLease, Unavailable
 from .hub import WakeSource
 from .identity import process_identity
+from .registry import Registration, held, utcnow
 from .kernel import Kernel
 from .lease import LeaseClock
 from .logs import get_logger
@@ -185,6 +186,10 @@ class Dispatcher(Loop):
         self.log = get_logger(self.name, dispatcher=self.identity)
         #: outcomes recorded by this dispatcher, for logs and tests
         self.recorded: dict[str, int] = {"done": 0, "conflict": 0, "retry": 0, "failed": 0}
+        #: the intent being dispatched, for the registry of processes
+        self.holding: dict[int, dict[str, Any]] = {}
+        self.registration = Registration(kernel, "dispatcher", self.name, self.identity, poll_s,
+                                         holds=lambda: list(self.holding.values()))
 
     # --- the loop ------------------------------------------------------------
 
@@ -197,7 +202,12 @@ class Dispatcher(Loop):
                                                         kinds=self.kinds)
             if claim is None:
                 break
-            await self.dispatch(claim, sent_at=sent)
+            self.holding[claim.side_effect_id] = held(
+                "side_effect", claim.side_effect_id, utcnow(), campaign=claim.campaign_id)
+            try:
+                await self.dispatch(claim, sent_at=sent)
+            finally:
+                self.holding.pop(claim.side_effect_id, None)
             handled += 1
         return handled
 

@@ -15,6 +15,8 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any, TypeVar
 
+from psycopg.types.json import Jsonb
+
 from .database import Executor
 from .errors import Forbidden, StaleLease
 
@@ -22,10 +24,12 @@ T = TypeVar("T")
 from .models import (
     AttemptRecord,
     AttemptRecorded,
+    ClassPause,
     Claim,
     Lease,
     ObservationRecorded,
     Opened,
+    ProcessReport,
     Reaped,
     SideEffectClaim,
     SideEffectRequested,
@@ -41,6 +45,8 @@ IDEMPOTENT = frozenset({
     "fail_attempt", "append_events", "request_side_effect", "expire_leases",
     "heartbeat_verification", "accept", "reject", "complete_side_effect",
     "register_class", "trim_journal", "confirm_side_effect", "refuse_candidate", "register_sensor",
+    "report_sensor_process", "report_worker_process", "report_reaper_process",
+    "report_verifier_process", "report_dispatcher_process", "report_operator_process",
 })
 # (rebase_promotion is not: a retry after its commit finds the promotion
 # no longer claimed; the dispatcher then reads the campaign back.)
@@ -422,6 +428,49 @@ class Kernel:
         event, not a transition); returns the event's seq. ``IllegalTransition``
         unless the campaign is ready and still waiting."""
         return await self._scalar_as(int, "retry_now", campaign_id=campaign_id, operator=operator)
+
+    async def pause_class(self, name: str, reason: str | None = None,
+                          operator: str | None = None) -> ClassPause:
+        """Pause a class: claims skip it, attempts in flight finish (journaled
+        in the class's own journal with ``operator``); ``NotFound`` if it is
+        not registered."""
+        rows = await self._call("pause_class", name=name, reason=reason, operator=operator)
+        return ClassPause.model_validate(rows[0])
+
+    async def resume_class(self, name: str, operator: str | None = None) -> ClassPause:
+        """Resume a paused class (journaled); claimable again at once."""
+        rows = await self._call("resume_class", name=name, operator=operator)
+        return ClassPause.model_validate(rows[0])
+
+    # --- the registry of processes (each role reports itself) -----------------
+
+    async def _report(self, function: str, report: ProcessReport) -> datetime:
+        args = report.model_dump(exclude={"holds"})
+        return await self._scalar_as(datetime, function, holds=Jsonb(report.holds), **args)
+
+    async def report_sensor_process(self, report: ProcessReport) -> datetime:
+        """A sensor process says it is alive and what it holds (``ledger.registry``)."""
+        return await self._report("report_sensor_process", report)
+
+    async def report_worker_process(self, report: ProcessReport) -> datetime:
+        """A worker process says it is alive and what it holds (``ledger.registry``)."""
+        return await self._report("report_worker_process", report)
+
+    async def report_reaper_process(self, report: ProcessReport) -> datetime:
+        """A reaper says it is alive (``ledger.registry``)."""
+        return await self._report("report_reaper_process", report)
+
+    async def report_verifier_process(self, report: ProcessReport) -> datetime:
+        """A verifier says it is alive and what it holds (``ledger.registry``)."""
+        return await self._report("report_verifier_process", report)
+
+    async def report_dispatcher_process(self, report: ProcessReport) -> datetime:
+        """A dispatcher says it is alive and what it holds (``ledger.registry``)."""
+        return await self._report("report_dispatcher_process", report)
+
+    async def report_operator_process(self, report: ProcessReport) -> datetime:
+        """An operator-role service (the trimmer) says it is alive (``ledger.registry``)."""
+        return await self._report("report_operator_process", report)
 
     # --- the HTTP server's sign-ins and bulk jobs (operator role) -------------
 

@@ -47,6 +47,7 @@ SCHEMA_FILES: tuple[str, ...] = (
     "outbox.sql",           # side_effect
     "security_event.sql",
     "web.sql",              # browser sessions, bulk jobs
+    "class_event.sql",      # what operators did to a class (pause, resume)
     "sensor_tick.sql",
     "api_helpers.sql",      # internal helpers the role APIs share
     "api_sensor.sql",
@@ -55,6 +56,7 @@ SCHEMA_FILES: tuple[str, ...] = (
     "api_verifier.sql",
     "api_dispatcher.sql",
     "api_operator.sql",
+    "process.sql",          # the registry of live processes, one report function per role
     "views.sql",
     "grants.sql",           # the function -> role table, and the self-check
 )

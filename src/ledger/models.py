@@ -210,6 +210,78 @@ class CampaignClass(_Row):
     updated_at: datetime
     #: share of claims when several classes have ready work (claim_campaign)
     weight: int = 1
+    #: how often a worker renews a lease (None: not registered; a third of the lease)
+    heartbeat_seconds: float | None = None
+    #: when an operator paused the class (claims skip it); None: not paused
+    paused_at: datetime | None = None
+
+    @property
+    def heartbeat_s(self) -> float:
+        """The lease renewal interval the class's workers keep."""
+        return self.heartbeat_seconds or self.lease_seconds / 3
+
+
+class ClassEvent(_Row):
+    """What an operator did to a class (``ledger_api.class_events``)."""
+
+    id: int
+    class_: str = Field(alias="class")
+    type: Literal["class.paused", "class.resumed"]
+    actor: str
+    actor_role: str
+    reason: str | None
+    created_at: datetime
+
+
+class ClassPause(_Row):
+    """What ``pause_class`` / ``resume_class`` did: the class is paused since
+    ``paused_at`` (None: not paused); ``changed`` is False when it already was."""
+
+    class_: str = Field(alias="class")
+    paused_at: datetime | None
+    changed: bool
+
+
+class ProcessRow(_Row):
+    """A process of the registry (``ledger_api.processes``): who it is, what it
+    holds, when it was last seen and how it reads now."""
+
+    role: str
+    host: str
+    pid: int
+    started_at: datetime
+    identity: str
+    service: str
+    interval_s: float
+    holds: list[dict[str, Any]]
+    last_seen: datetime
+    stopped_at: datetime | None
+    status: Literal["live", "stopped", "gone"]
+
+
+class AttemptDiff(BaseModel):
+    """An attempt's candidate diff as a page shows it: a bounded head, decoded."""
+
+    campaign_id: int
+    attempt_no: int
+    generation: int
+    candidate_ref: str | None
+    bytes: int  # the whole diff's size
+    text: str  # its first bytes, as text (invalid UTF-8 replaced)
+    truncated: bool  # whether the diff is longer than ``text``
+
+
+class ProcessReport(BaseModel):
+    """What a process says of itself to the registry (``Kernel.report_*_process``)."""
+
+    host: str
+    pid: int
+    started_at: datetime
+    identity: str
+    service: str
+    interval_s: float
+    holds: list[dict[str, Any]] = Field(default_factory=list)
+    stopping: bool = False
 
 
 class StateRow(_Row):

@@ -18,6 +18,7 @@ from sqlalchemy import (
     DateTime,
     Float,
     Integer,
+    LargeBinary,
     MetaData,
     Table,
     Text,
@@ -129,7 +130,28 @@ classes = Table(
     Column("backoff_cap_s", Float), Column("backoff_jitter", Float), Column("seat_policy", Text),
     Column("authority", JSONB), Column("acceptance", JSONB), Column("promotion", JSONB),
     Column("verifier", Text), Column("created_at", TS), Column("updated_at", TS),
-    Column("weight", Integer),
+    Column("weight", Integer), Column("heartbeat_seconds", Float), Column("paused_at", TS),
+)
+
+attempt_diffs = Table(
+    "attempt_diffs", metadata,
+    Column("campaign_id", BigInteger), Column("attempt_no", Integer),
+    Column("generation", BigInteger), Column("candidate_ref", Text), Column("diff", LargeBinary),
+)
+
+class_events = Table(
+    "class_events", metadata,
+    Column("id", BigInteger, primary_key=True), Column("class", Text), Column("type", Text),
+    Column("actor", Text), Column("actor_role", Text), Column("reason", Text),
+    Column("created_at", TS),
+)
+
+processes = Table(
+    "processes", metadata,
+    Column("role", Text), Column("host", Text), Column("pid", Integer), Column("started_at", TS),
+    Column("identity", Text), Column("service", Text), Column("interval_s", Float),
+    Column("holds", JSONB), Column("last_seen", TS), Column("stopped_at", TS),
+    Column("status", Text),
 )
 
 states = Table(
@@ -208,6 +230,7 @@ def _list_campaigns() -> Select[Any]:
         ("states", ARRAY(Text)), ("classes", ARRAY(Text)), ("target", Text),
         ("objective_key", Text), ("label", Text), ("updated_since", TS),
         ("cursor_updated_at", TS), ("cursor_id", BigInteger), ("search", Text),
+        ("ids", ARRAY(BigInteger)),
     )}
     c = campaigns.c
     return (
@@ -220,6 +243,7 @@ def _list_campaigns() -> Select[Any]:
             or_(p["label"].is_(None), p["label"] == any_(c.labels)),
             or_(p["updated_since"].is_(None), c.updated_at >= p["updated_since"]),
             or_(p["search"].is_(None), c.objective_key.icontains(p["search"], autoescape=False)),
+            or_(p["ids"].is_(None), c.id == any_(p["ids"])),
             or_(
                 p["cursor_id"].is_(None),
                 c.updated_at < p["cursor_updated_at"],
@@ -235,6 +259,7 @@ CAMPAIGNS_PAGE = compile_query(_list_campaigns())
 LIST_DEFAULTS: dict[str, Any] = {
     "states": None, "classes": None, "target": None, "objective_key": None, "label": None,
     "updated_since": None, "cursor_updated_at": None, "cursor_id": None, "search": None,
+    "ids": None,
 }
 
 STATE_COUNTS = compile_query(
@@ -290,6 +315,11 @@ WITH days AS (
       FROM ledger_api.events e
      WHERE (e.type = 'transition' OR e.actor_role = 'operator')
        AND e.created_at >= (SELECT min(day) FROM days) AT TIME ZONE 'UTC'
+    UNION ALL
+    -- what operators did to a class (pause, resume: class_event.sql): human too
+    SELECT date_trunc('day', ce.created_at AT TIME ZONE 'UTC'), NULL, ce.actor_role = 'operator'
+      FROM ledger_api.class_events ce
+     WHERE ce.created_at >= (SELECT min(day) FROM days) AT TIME ZONE 'UTC'
 )
 SELECT CAST(d.day AS date) AS day,
        count(m.name) FILTER (WHERE m.name = 'open') AS opened,
@@ -394,18 +424,26 @@ VERIFICATION_DURATIONS = _duration_histogram(verifications.c.claimed_at,
 
 # --- the dashboard (ledger.api.dashboard) ---------------------------------------
 
-# What the board shows changes when this does: a new campaign (count), any
-# journal append -- every state change is one -- (the sum of the journal heads
-# only ever grows: the journal is append-only and campaigns are never deleted),
-# a lease rolled forward (max updated_at), a new observation. One pass over the
-# campaign rows (milliseconds at the scale of DESIGN.md section 4); the board's
+# What the board shows changes when this does: a campaign opened (count) or
+# moved -- a claim or an abandon bumps its generation, an ending or a reopen
+# its attempt count or budget, and every state change its state, summed as a
+# hash weighted by the row (so two moves cannot cancel out) -- or a new
+# observation, or a class paused or resumed. Not a journal append, a lease
+# renewal or any other touch of updated_at: an attempt streaming output or
+# heartbeating changes nothing the board shows, and must not make every open
+# board re-render (issue 30). One pass over the campaign rows (about 1 ms for
+# 10,000, the sums over event_seq it replaced cost the same); the board's
 # event stream runs it on a wake-up or a poll tick, never per event.
+_c = campaigns.c
 BOARD_VERSION = compile_query(
     select(
-        func.count(campaigns.c.id).label("campaigns"),
-        func.coalesce(func.sum(campaigns.c.event_seq), 0).cast(BigInteger).label("events"),
-        func.max(campaigns.c.updated_at).label("updated_at"),
+        func.count(_c.id).label("campaigns"),
+        func.sum(_c.generation).label("generations"),
+        func.sum(_c.attempt_count).label("attempts"),
+        func.sum(_c.max_attempts).label("budgets"),
+        func.sum(func.hashtext(_c.state).cast(BigInteger) * (_c.id % 65521 + 1)).label("states"),
         select(func.max(observations.c.id)).scalar_subquery().label("observation_id"),
+        select(func.max(class_events.c.id)).scalar_subquery().label("class_event_id"),
     )
 )
 
@@ -516,37 +554,63 @@ WAITING_COUNTS = compile_query(
     .order_by(campaigns.c["class"], campaigns.c.waiting_on)
 )
 
+
+def _at_risk(c: Any, cls: Any) -> Any:
+    # A lease at risk: expired, or its last renewal is overdue -- a heartbeat
+    # renews it to the class's full lease, so the time since the last renewal
+    # is the lease's length less what remains, and a healthy holder renews
+    # every heartbeat (the class's heartbeat_seconds; a third of the lease when
+    # unknown). Half a heartbeat late is overdue; a lease that is short by
+    # design is not at risk.
+    remaining = func.extract("epoch", c.c.lease_expires_at - func.statement_timestamp())
+    heartbeat = func.coalesce(cls.c.heartbeat_seconds, cls.c.lease_seconds / 3)
+    return and_(c.c.state == "leased",
+                or_(remaining <= 0, cls.c.lease_seconds - remaining > 1.5 * heartbeat))
+
+
 # The board's summary cards under a filter: the oldest ready campaign's age and
-# the leases ending within :within_s seconds, among what the filter matches
-# (same filters as CAMPAIGNS_PAGE), by the database's clock.
+# the leases at risk (below), among what the filter matches (same filters as
+# CAMPAIGNS_PAGE), by the database's clock.
 MATCHING_SUMMARY = compile_query(
     select(
         func.extract("epoch", func.statement_timestamp()
                      - func.min(_matching.c.created_at).filter(_matching.c.state == "ready"))
         .cast(Float).label("oldest_ready_age_s"),
-        func.count().filter(
-            _matching.c.state == "leased",
-            _matching.c.lease_expires_at <= func.statement_timestamp()
-            + func.make_interval(0, 0, 0, 0, 0, 0, bindparam("within_s", type_=Float)))
-        .label("expiring"),
+        func.count().filter(_at_risk(_matching, classes)).label("at_risk"),
     )
+    .select_from(_matching.outerjoin(classes, classes.c.name == _matching.c["class"]))
 )
 
-# Per hour over the last :hours hours (oldest first, every hour present), for
-# one class or all (:class NULL): campaigns opened and closed and claims (from
+# Leased campaigns whose lease is at risk (as above), soonest expiry first.
+LEASES_AT_RISK = compile_query(
+    select(campaigns)
+    .select_from(campaigns.join(classes, classes.c.name == campaigns.c["class"]))
+    .where(_at_risk(campaigns, classes))
+    .order_by(campaigns.c.lease_expires_at, campaigns.c.id)
+    .limit(bindparam("limit"))
+)
+
+# Per bucket of :bucket_s seconds over the last :buckets buckets (oldest first,
+# every bucket present; buckets start at whole multiples of :bucket_s since
+# 2000-01-01 UTC, so an hour's bucket is the clock's hour), for one class or
+# all (:class NULL): campaigns opened and closed and claims (from
 # the journal's transitions), how long a claimed campaign had waited since it
 # became ready (backoff included: the journal has no separate "due" event),
 # attempts ended and their duration, verdicts. Percentiles are NULL in an hour
 # with nothing to measure. The journal is read by created_at (its
 # campaign_event_recent index), transitions only.
-_HOURLY_ACTIVITY = text("""
+_ACTIVITY = text("""
 WITH hours AS (
-    SELECT generate_series(date_trunc('hour', statement_timestamp())
-                               - (CAST(:hours AS integer) - 1) * interval '1 hour',
-                           date_trunc('hour', statement_timestamp()),
-                           interval '1 hour') AS hour
+    SELECT generate_series(date_bin(make_interval(secs => CAST(:bucket_s AS integer)),
+                                    statement_timestamp(), TIMESTAMPTZ '2000-01-01 00:00:00+00')
+                               - (CAST(:buckets AS integer) - 1)
+                                 * make_interval(secs => CAST(:bucket_s AS integer)),
+                           date_bin(make_interval(secs => CAST(:bucket_s AS integer)),
+                                    statement_timestamp(), TIMESTAMPTZ '2000-01-01 00:00:00+00'),
+                           make_interval(secs => CAST(:bucket_s AS integer))) AS hour
 ), moves AS (
-    SELECT date_trunc('hour', e.created_at) AS hour,
+    SELECT date_bin(make_interval(secs => CAST(:bucket_s AS integer)), e.created_at,
+                    TIMESTAMPTZ '2000-01-01 00:00:00+00') AS hour,
            e.payload ->> 'transition' AS name,
            e.payload ->> 'to' AS to_state,
            extract(epoch FROM e.created_at - ready.created_at) AS wait_s
@@ -572,7 +636,8 @@ WITH hours AS (
       FROM moves m
      GROUP BY m.hour
 ), ended AS (
-    SELECT date_trunc('hour', a.ended_at) AS hour, count(*) AS attempts_ended,
+    SELECT date_bin(make_interval(secs => CAST(:bucket_s AS integer)), a.ended_at,
+                    TIMESTAMPTZ '2000-01-01 00:00:00+00') AS hour, count(*) AS attempts_ended,
            percentile_cont(0.5) WITHIN GROUP (
                ORDER BY extract(epoch FROM a.ended_at - a.claimed_at)) AS duration_p50,
            percentile_cont(0.95) WITHIN GROUP (
@@ -583,7 +648,8 @@ WITH hours AS (
        AND (CAST(:class AS text) IS NULL OR c.class = CAST(:class AS text))
      GROUP BY 1
 ), verdicts AS (
-    SELECT date_trunc('hour', v.finished_at) AS hour,
+    SELECT date_bin(make_interval(secs => CAST(:bucket_s AS integer)), v.finished_at,
+                    TIMESTAMPTZ '2000-01-01 00:00:00+00') AS hour,
            count(*) FILTER (WHERE v.status = 'accepted') AS accepted,
            count(*) FILTER (WHERE v.status = 'rejected') AS rejected
       FROM ledger_api.verifications v
@@ -603,7 +669,7 @@ SELECT h.hour,
   LEFT JOIN verdicts v ON v.hour = h.hour
  ORDER BY h.hour
 """)
-HOURLY_ACTIVITY = Query(str(_HOURLY_ACTIVITY.compile(dialect=_dialect)), {})
+ACTIVITY = Query(str(_ACTIVITY.compile(dialect=_dialect)), {})
 
 # One class at a glance: how long its confirmed campaigns took from open to
 # confirm over the last :days days (p50, p95), and its oldest ready campaign.
@@ -627,3 +693,34 @@ SELECT (SELECT count(*) FROM ledger_api.campaigns c
          WHERE c.class = CAST(:class AS text) AND c.state = 'ready') AS oldest_ready_age_s
 """)
 CLASS_SUMMARY = Query(str(_CLASS_SUMMARY.compile(dialect=_dialect)), {})
+
+
+# --- operator controls: the registry of processes, a class's journal, diffs -----
+
+# Every process of the registry (at most :limit): the live first, by role,
+# then host and pid; the gone and the stopped after them.
+PROCESSES = compile_query(
+    select(processes)
+    .order_by((processes.c.status == "live").desc(), processes.c.role, processes.c.host,
+              processes.c.pid, processes.c.started_at.desc())
+    .limit(bindparam("limit"))
+)
+
+# What operators did to a class, newest first.
+CLASS_EVENTS = compile_query(
+    select(class_events)
+    .where(class_events.c["class"] == bindparam("class"))
+    .order_by(class_events.c.id.desc())
+    .limit(bindparam("limit"))
+)
+
+# One attempt's candidate diff: its size and its first :cap bytes (the page
+# shows a bounded head of a diff of up to 64 MiB).
+ATTEMPT_DIFF = compile_query(
+    select(attempt_diffs.c.campaign_id, attempt_diffs.c.attempt_no, attempt_diffs.c.generation,
+           attempt_diffs.c.candidate_ref,
+           func.octet_length(attempt_diffs.c.diff).label("bytes"),
+           func.substring(attempt_diffs.c.diff, 1, bindparam("cap", type_=Integer)).label("head"))
+    .where(attempt_diffs.c.campaign_id == bindparam("campaign_id"),
+           attempt_diffs.c.attempt_no == bindparam("attempt_no"))
+)

@@ -17,14 +17,17 @@ from .database import Executor
 from .errors import InvalidInput, NotFound
 from .models import (
     Attempt,
+    AttemptDiff,
     Campaign,
     CampaignClass,
     CampaignDetail,
+    ClassEvent,
     ClassSummary,
     Claim,
     Event,
     HourActivity,
     Observation,
+    ProcessRow,
     SecurityEvent,
     SideEffect,
     StateRow,
@@ -93,14 +96,16 @@ class Reads:
                         objective_key: str | None = None, label: str | None = None,
                         updated_since: datetime | None = None, search: str | None = None,
                         cursor: tuple[datetime, int] | None = None,
-                        limit: int = 100) -> list[Campaign]:
+                        limit: int = 100, ids: Sequence[int] | None = None) -> list[Campaign]:
         """A page of campaigns, newest change first; pass the last row's
-        ``(updated_at, id)`` as ``cursor`` for the next page."""
+        ``(updated_at, id)`` as ``cursor`` for the next page. ``ids`` narrows
+        to those campaigns (rows picked on the board)."""
         params: dict[str, Any] = dict(queries.LIST_DEFAULTS)
         params.update(
             states=list(states) if states else None, classes=list(classes) if classes else None,
             target=target, objective_key=objective_key, label=label,
             updated_since=updated_since, search=search, limit=limit,
+            ids=list(ids) if ids else None,
         )
         if cursor is not None:
             params.update(cursor_updated_at=cursor[0], cursor_id=cursor[1])
@@ -208,21 +213,24 @@ class Reads:
 
     async def board_version(self) -> tuple[Any, ...]:
         """A value that changes whenever what the board shows may have changed
-        (campaigns, their journals, leases, observations); compare, don't read."""
+        (a campaign opened or moved, an observation, a class paused or
+        resumed) -- not on output, progress or lease renewals; compare, don't read."""
         rows = await self.executor.fetch(queries.BOARD_VERSION)
         row = rows[0]
-        return (row["campaigns"], row["events"], row["updated_at"], row["observation_id"])
+        return (row["campaigns"], row["generations"], row["attempts"], row["budgets"], row["states"],
+                row["observation_id"], row["class_event_id"])
 
     async def matching_state_counts(self, *, states: Sequence[str] | None = None,
                                     classes: Sequence[str] | None = None,
                                     target: str | None = None, label: str | None = None,
-                                    search: str | None = None) -> dict[str, int]:
+                                    search: str | None = None,
+                                    ids: Sequence[int] | None = None) -> dict[str, int]:
         """Campaigns per state among those the filters match (same filters as
         ``campaigns``); states with none are left out."""
         params: dict[str, Any] = dict(queries.LIST_DEFAULTS)
         params.update(states=list(states) if states else None,
                       classes=list(classes) if classes else None,
-                      target=target, label=label, search=search)
+                      target=target, label=label, search=search, ids=list(ids) if ids else None)
         rows = await self.executor.fetch(queries.MATCHING_STATE_COUNTS, **params)
         return {r["state"]: r["count"] for r in rows}
 
@@ -287,27 +295,73 @@ class Reads:
         rows = await self.executor.fetch(queries.WAITING_COUNTS)
         return {(r["class"], r["reason"]): (r["count"], float(r["oldest_s"] or 0.0)) for r in rows}
 
-    async def matching_summary(self, *, expiring_within_s: float = 60.0,
-                               states: Sequence[str] | None = None,
+    async def matching_summary(self, *, states: Sequence[str] | None = None,
                                classes: Sequence[str] | None = None,
                                target: str | None = None, label: str | None = None,
-                               search: str | None = None) -> tuple[float | None, int]:
+                               search: str | None = None,
+                               ids: Sequence[int] | None = None) -> tuple[float | None, int]:
         """Among the campaigns the filters match (as ``campaigns``): the oldest
-        ready one's age in seconds, and how many leases end within the window."""
+        ready one's age in seconds, and how many leases are at risk (expired,
+        or overdue a heartbeat of their class: ``leases_at_risk``)."""
         params: dict[str, Any] = dict(queries.LIST_DEFAULTS)
         params.update(states=list(states) if states else None,
                       classes=list(classes) if classes else None,
-                      target=target, label=label, search=search, within_s=expiring_within_s)
+                      target=target, label=label, search=search, ids=list(ids) if ids else None)
         row = (await self.executor.fetch(queries.MATCHING_SUMMARY, **params))[0]
-        return row["oldest_ready_age_s"], row["expiring"]
+        return row["oldest_ready_age_s"], row["at_risk"]
+
+    async def leases_at_risk(self, limit: int = 100) -> list[Campaign]:
+        """Leases at risk, soonest expiry first: expired, or whose last renewal
+        is overdue by half a heartbeat of their class (a lease that is short by
+        design, renewed on time, is not)."""
+        rows = await self.executor.fetch(queries.LEASES_AT_RISK, limit=limit)
+        return [Campaign.model_validate(r) for r in rows]
 
     async def hourly_activity(self, hours: int = 24, class_: str | None = None
                               ) -> list[HourActivity]:
         """Throughput and latency per hour over the last ``hours`` (oldest first)."""
         if not 1 <= hours <= 24 * 14:
             raise InvalidInput("between 1 and 336 hours")
-        rows = await self.executor.fetch(queries.HOURLY_ACTIVITY, hours=hours, **{"class": class_})
+        return await self.activity(hours, 3600, class_)
+
+    async def activity(self, buckets: int, bucket_s: int, class_: str | None = None
+                       ) -> list[HourActivity]:
+        """Throughput and latency per bucket of ``bucket_s`` seconds over the
+        last ``buckets`` of them (oldest first; ``hour`` is each bucket's start)."""
+        if not 1 <= buckets <= 1000 or not 10 <= bucket_s <= 86400:
+            raise InvalidInput("1 to 1000 buckets of 10 s to a day")
+        rows = await self.executor.fetch(queries.ACTIVITY, buckets=buckets, bucket_s=bucket_s,
+                                         **{"class": class_})
         return [HourActivity.model_validate(r) for r in rows]
+
+    # --- operator controls ---------------------------------------------------------
+
+    async def processes(self, limit: int = 500) -> list[ProcessRow]:
+        """The registry of processes (``ledger.registry``): the live first."""
+        rows = await self.executor.fetch(queries.PROCESSES, limit=limit)
+        return [ProcessRow.model_validate(r) for r in rows]
+
+    async def class_events(self, name: str, limit: int = 20) -> list[ClassEvent]:
+        """What operators did to a class (pause, resume), newest first."""
+        rows = await self.executor.fetch(queries.CLASS_EVENTS, limit=limit, **{"class": name})
+        return [ClassEvent.model_validate(r) for r in rows]
+
+    async def attempt_diff(self, campaign_id: int, attempt_no: int,
+                           cap: int = 256 * 1024) -> AttemptDiff | None:
+        """The candidate diff an attempt recorded (at most ``cap`` bytes of it,
+        decoded; ``truncated`` says whether there is more), or ``None``."""
+        if not 1 <= cap <= 64 * 1024 * 1024:
+            raise InvalidInput("a diff is read 1 byte to 64 MiB at a time")
+        rows = await self.executor.fetch(queries.ATTEMPT_DIFF, campaign_id=campaign_id,
+                                         attempt_no=attempt_no, cap=cap)
+        if not rows:
+            return None
+        row = rows[0]
+        head = bytes(row["head"] or b"")
+        return AttemptDiff(campaign_id=row["campaign_id"], attempt_no=row["attempt_no"],
+                           generation=row["generation"], candidate_ref=row["candidate_ref"],
+                           bytes=row["bytes"], text=head.decode("utf-8", errors="replace"),
+                           truncated=row["bytes"] > len(head))
 
     async def class_summary(self, name: str, days: int = 7) -> ClassSummary:
         """One class: campaigns per state, open-to-confirm percentiles over the

@@ -8,7 +8,9 @@ process a moment ago, is left alone.
 
 from __future__ import annotations
 
+from .identity import process_identity
 from .kernel import Kernel
+from .registry import Registration
 from .runtime.service import Loop
 
 
@@ -26,6 +28,8 @@ class Reaper(Loop):
         self.grace_s = grace_s
         self.batch = batch
         self.reaped = 0
+        self.registration = Registration(kernel, "reaper", self.name, process_identity("reaper"),
+                                         interval_s)
 
     async def run_once(self) -> int:
         total = 0

@@ -2,7 +2,9 @@
 human had to do, and the streak of days closed with no human help.
 
 A human action is anything done by the ``operator`` role -- from the HTTP API,
-the dashboard or the CLI -- decided by the role each journal event records
+the dashboard or the CLI; to a campaign (its journal) or to a class (pausing
+and resuming it: the class's journal, ``ledger.class_event``) -- decided by
+the role each journal event records
 (``campaign_event.actor_role``), never by the actor's name: a sensor posting
 observations through the API with its token is automation, however its
 actor is named. (Events journaled before roles were recorded have none and
@@ -33,7 +35,7 @@ class Day(BaseModel):
     rejections: int
     verified: int
     confirmed: int
-    human_actions: int  # the operator role's actions: transitions and retries
+    human_actions: int  # the operator role's actions: transitions, retries, pauses
     exercised: bool
 
     @property

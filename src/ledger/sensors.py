@@ -45,6 +45,7 @@ from .kernel import Kernel
 from .logs import get_logger
 from .models import ObservationRecorded
 from .processes import cell_environment, child_environment, run_command
+from .registry import Registration, held, utcnow
 from .repository import GitError, Repository
 
 EPOCH = datetime(2000, 1, 1, tzinfo=timezone.utc)
@@ -270,6 +271,10 @@ class Sensor:
             self.log.warning("observation failed", tick=tick.isoformat(), error=exc.message)
 
 
+#: How often a sensors process tells the registry it is alive.
+REPORT_INTERVAL_S = 5.0
+
+
 class Sensors:
     """The chosen sensors of a config (all when ``names`` is empty) as one
     service: ``run(stop)`` observes every tick of each until stopped;
@@ -311,4 +316,10 @@ class Sensors:
         """Observe every tick of every sensor until ``stop`` is set."""
         if any(s.config.command is not None and s.config.cell.sandbox for s in self.sensors):
             await asyncio.to_thread(cells.check_available)  # no cell: say so now, naming the package
-        await asyncio.gather(*(sensor.run(stop) for sensor in self.sensors))
+        since = utcnow()
+        first = self.sensors[0]
+        registration = Registration(
+            first.kernel, "sensor", self.name, first.identity, REPORT_INTERVAL_S,
+            holds=lambda: [held("sensor", s.config.name, since) for s in self.sensors])
+        async with registration.kept(stop):
+            await asyncio.gather(*(sensor.run(stop) for sensor in self.sensors))

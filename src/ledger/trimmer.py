@@ -10,7 +10,9 @@ interval.
 
 from __future__ import annotations
 
+from .identity import process_identity
 from .kernel import Kernel
+from .registry import Registration
 from .runtime.service import Loop
 
 #: A pass an hour: trimming is housekeeping, and each pass deletes in bulk.
@@ -30,6 +32,8 @@ class Trimmer(Loop):
         self.kernel = kernel
         self.older_than_s = older_than_s
         self.removed = 0
+        self.registration = Registration(kernel, "operator", self.name,
+                                         process_identity("trimmer"), interval_s)
 
     async def run_once(self) -> int:
         removed = await self.kernel.trim_journal(self.older_than_s)

@@ -50,6 +50,7 @@ from . import faults, protection
 from .errors import LedgerError, StaleLease, Unavailable
 from .hub import WakeSource
 from .identity import process_identity
+from .registry import Registration, held, utcnow
 from .kernel import Kernel
 from .lease import LeaseClock
 from .logs import get_logger
@@ -135,6 +136,10 @@ class Verifier(Loop):
         self.work_dir = work_dir
         self.log = get_logger(self.name, verifier=self.identity, model_family=model_family)
         self.verdicts: dict[Outcome, int] = {"accepted": 0, "rejected": 0, "stale": 0, "released": 0}
+        #: the verification being checked, for the registry of processes
+        self.holding: dict[int, dict[str, Any]] = {}
+        self.registration = Registration(kernel, "verifier", self.name, self.identity, poll_s,
+                                         holds=lambda: list(self.holding.values()))
 
     # --- one verification ----------------------------------------------------
 
@@ -150,7 +155,13 @@ class Verifier(Loop):
         claim = await self.claim()
         if claim is None:
             return 0
-        await self.verify(claim, sent_at=sent)
+        self.holding[claim.verification_id] = held(
+            "verification", claim.verification_id, utcnow(), campaign=claim.campaign_id,
+            attempt=claim.attempt_no)
+        try:
+            await self.verify(claim, sent_at=sent)
+        finally:
+            self.holding.pop(claim.verification_id, None)
         return 1
 
     async def drain(self) -> int:

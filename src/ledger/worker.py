@@ -19,7 +19,9 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
+from typing import Any
 
 from . import cell as cells
 from .attempt import AttemptRun, sweep_orphans
@@ -33,6 +35,7 @@ from .lease import LeaseClock
 from .logs import get_logger
 from .models import Claim
 from .reads import Reads
+from .registry import Registration, held, utcnow
 from .backoff import backoff
 
 
@@ -77,6 +80,7 @@ class Worker:
         self.stopping = asyncio.Event()
         self.attempts: dict[int, tuple[AttemptRun, asyncio.Task[str]]] = {}
         self.claimed = 0
+        self.since: dict[int, datetime] = {}  # when each attempt in flight was claimed
         self.log = get_logger("worker", worker=self.identity)
 
     def stop(self) -> None:
@@ -95,13 +99,16 @@ class Worker:
                 await self._boot(kernel)
                 self.log.info("worker started", classes=self.classes,
                               concurrency=self.options.concurrency)
-                try:
-                    await self._claim_loop(kernel)
-                finally:
-                    # Also when the claim loop died: the attempts in flight
-                    # are drained, never left running behind the host's back.
-                    self.stop()
-                    await self._drain()
+                registration = Registration(kernel, "worker", self.name, self.identity,
+                                            self.options.poll_s, holds=self._holds)
+                async with registration.kept(stop):
+                    try:
+                        await self._claim_loop(kernel)
+                    finally:
+                        # Also when the claim loop died: the attempts in flight
+                        # are drained, never left running behind the host's back.
+                        self.stop()
+                        await self._drain()
             return 0
         finally:
             follow.cancel()
@@ -279,17 +286,25 @@ class Worker:
                          config_file=self.options.config_file)
         task = asyncio.create_task(run.run(), name=f"attempt-{claim.campaign_id}-{claim.attempt_no}")
         self.attempts[claim.campaign_id] = (run, task)
+        self.since[claim.campaign_id] = utcnow()
         self.log.info("claimed", campaign=claim.campaign_id, attempt=claim.attempt_no,
                       generation=claim.generation)
 
         def finished(t: asyncio.Task[str]) -> None:
             self.attempts.pop(claim.campaign_id, None)
+            self.since.pop(claim.campaign_id, None)
             self.slots.release()
             if not t.cancelled() and t.exception() is not None:
                 self.log.error("attempt crashed", campaign=claim.campaign_id,
                                error=repr(t.exception()))
 
         task.add_done_callback(finished)
+
+    def _holds(self) -> list[dict[str, Any]]:
+        """The leases this worker holds now, for the registry of processes."""
+        return [held("campaign", cid, self.since.get(cid) or utcnow(),
+                     attempt=run.claim.attempt_no, generation=run.claim.generation)
+                for cid, (run, _) in list(self.attempts.items())]
 
     async def _drain(self) -> None:
         """Phase two of shutdown: wait for in-flight attempts up to the budget,

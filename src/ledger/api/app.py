@@ -41,6 +41,7 @@ from ..settings import Settings, get_settings
 from . import (
     bulk_jobs,
     campaigns,
+    classes,
     contract,
     cookies,
     dashboard,
@@ -178,7 +179,7 @@ def create_app(database: Database, tokens: TokenTable,
     )
     app.state.ledger = state
     problems.install(app)
-    for module in (campaigns, bulk_jobs, events, observations, metrics, health, problems):
+    for module in (campaigns, bulk_jobs, classes, events, observations, metrics, health, problems):
         app.include_router(module.router)
     # Mounted, not included: pages are not part of the API's OpenAPI contract.
     app.mount("/ui", dashboard.create_dashboard(state, config))

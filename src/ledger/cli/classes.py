@@ -1,4 +1,5 @@
-"""``ledger classes``: register the classes of ledger.toml in the database."""
+"""``ledger classes``: register the classes of ledger.toml in the database, list
+them, pause and resume one."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from .output import table
 from .runtime import CONFIG_OPTION, config_path
 
 if TYPE_CHECKING:
-    from ..models import CampaignClass
+    from ..models import CampaignClass, ClassPause
 
 classes_app = typer.Typer(help="Campaign classes: what the kernel knows of them.", no_args_is_help=True)
 
@@ -59,8 +60,58 @@ def list_(ctx: typer.Context, as_json: bool = typer.Option(False, "--json", help
     if as_json:
         emit_json(rows)
         return
-    t = table("class", "max attempts", "lease s", "seat", "verifier", "promotes to")
+    t = table("class", "max attempts", "lease s", "seat", "verifier", "promotes to", "paused since")
     for c in rows:
         t.add_row(c.name, str(c.max_attempts), f"{c.lease_seconds:g}", c.seat_policy, c.verifier,
-                  c.promotion.get("ref", "-"))
+                  c.promotion.get("ref", "-"),
+                  c.paused_at.isoformat(timespec="seconds") if c.paused_at else "-")
     t.print()
+
+
+NAME_ARGUMENT = typer.Argument(..., help="The class's name.")
+
+
+@classes_app.command("pause")
+def pause(ctx: typer.Context, name: str = NAME_ARGUMENT,
+          reason: str | None = typer.Option(None, "--reason", help="Why (kept in the class's journal)."),
+          as_json: bool = typer.Option(False, "--json", help="Print JSON.")) -> None:
+    """Pause a class: workers claim none of its campaigns; attempts in flight
+    finish (journaled with your identity). Exit 6 if it is not registered."""
+    from ..kernel import Kernel
+    from .campaigns import operator_identity
+
+    if reason is not None and len(reason) > 1000:
+        raise typer.BadParameter("at most 1000 characters", param_hint="--reason")
+
+    async def go() -> ClassPause:
+        async with state(ctx).database().session("operator") as s:
+            return await Kernel(s).pause_class(name, reason, operator_identity())
+
+    done = run(go())
+    if as_json:
+        emit_json(done)
+    elif done.changed:
+        console_err.print(f"paused class {name}: no new claims; attempts in flight finish")
+    else:
+        console_err.print(f"class {name} was paused already (since "
+                          f"{done.paused_at.isoformat(timespec='seconds') if done.paused_at else '?'})")
+
+
+@classes_app.command("resume")
+def resume(ctx: typer.Context, name: str = NAME_ARGUMENT,
+           as_json: bool = typer.Option(False, "--json", help="Print JSON.")) -> None:
+    """Resume a paused class: its campaigns are claimed again."""
+    from ..kernel import Kernel
+    from .campaigns import operator_identity
+
+    async def go() -> ClassPause:
+        async with state(ctx).database().session("operator") as s:
+            return await Kernel(s).resume_class(name, operator_identity())
+
+    done = run(go())
+    if as_json:
+        emit_json(done)
+    elif done.changed:
+        console_err.print(f"resumed class {name}: its campaigns are claimed again")
+    else:
+        console_err.print(f"class {name} was not paused")

@@ -13,12 +13,15 @@ from __future__ import annotations
 import asyncio
 import random
 from abc import ABC, abstractmethod
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from ..errors import LedgerError, Unavailable
 from ..hub import NullHub, Subscription, WakeSource
 from ..logs import get_logger
 from ..backoff import backoff
+
+if TYPE_CHECKING:
+    from ..registry import Registration
 
 #: The pause after passes that could not reach the database starts here and
 #: stops here: the server may be back any moment, and a wake-up (a hint, or
@@ -78,6 +81,9 @@ class Loop(ABC):
         self.log = get_logger(self.name)
         self.runs = 0
         self.failures = 0
+        #: this service's row in the registry of processes (set by a service
+        #: that acts as a role; kept fresh while ``run`` runs)
+        self.registration: Registration | None = None
 
     @abstractmethod
     async def run_once(self) -> int:
@@ -93,6 +99,13 @@ class Loop(ABC):
 
     async def run(self, stop: asyncio.Event) -> None:
         """Repeat the pass until ``stop`` is set (see the class)."""
+        if self.registration is None:
+            await self._run(stop)
+            return
+        async with self.registration.kept(stop):
+            await self._run(stop)
+
+    async def _run(self, stop: asyncio.Event) -> None:
         if self.wake_channel is None:
             await self._repeat(stop, None)
             return

@@ -86,7 +86,8 @@ CREATE OR REPLACE FUNCTION ledger_api.register_class(
         p_backoff_cap_s double precision DEFAULT 600, p_backoff_jitter double precision DEFAULT 0.1,
         p_seat_policy text DEFAULT 'none', p_authority jsonb DEFAULT '{}',
         p_acceptance jsonb DEFAULT '{}', p_promotion jsonb DEFAULT '{}',
-        p_verifier text DEFAULT 'command', p_weight integer DEFAULT 1)
+        p_verifier text DEFAULT 'command', p_weight integer DEFAULT 1,
+        p_heartbeat_seconds double precision DEFAULT NULL)
     RETURNS void
     LANGUAGE plpgsql
     SECURITY DEFINER
@@ -103,20 +104,27 @@ BEGIN
     PERFORM ledger.check_range('backoff_cap_s', p_backoff_cap_s, 0, 604800);
     PERFORM ledger.check_range('backoff_jitter', p_backoff_jitter, 0, 1);
     PERFORM ledger.check_range('weight', p_weight, 1, 1000);
+    PERFORM ledger.check_range('heartbeat_seconds', p_heartbeat_seconds, 0.001, 604800, true);
+    IF p_heartbeat_seconds >= p_lease_seconds THEN
+        RAISE EXCEPTION 'heartbeat_seconds (%) must be shorter than lease_seconds (%)',
+            p_heartbeat_seconds, p_lease_seconds USING ERRCODE = 'LG007';
+    END IF;
     INSERT INTO ledger.campaign_class AS cc
            (name, max_attempts, lease_seconds, backoff_base_s, backoff_factor, backoff_cap_s,
             backoff_jitter, seat_policy, authority, acceptance, promotion, verifier, weight,
-            created_at, updated_at)
+            heartbeat_seconds, created_at, updated_at)
     VALUES (p_name, p_max_attempts, p_lease_seconds, p_backoff_base_s, p_backoff_factor,
             p_backoff_cap_s, p_backoff_jitter, p_seat_policy, coalesce(p_authority, '{}'),
-            coalesce(p_acceptance, '{}'), coalesce(p_promotion, '{}'), p_verifier, p_weight, v_now, v_now)
+            coalesce(p_acceptance, '{}'), coalesce(p_promotion, '{}'), p_verifier, p_weight,
+            p_heartbeat_seconds, v_now, v_now)
     ON CONFLICT (name) DO UPDATE
        SET max_attempts = excluded.max_attempts, lease_seconds = excluded.lease_seconds,
            backoff_base_s = excluded.backoff_base_s, backoff_factor = excluded.backoff_factor,
            backoff_cap_s = excluded.backoff_cap_s, backoff_jitter = excluded.backoff_jitter,
            seat_policy = excluded.seat_policy, authority = excluded.authority,
            acceptance = excluded.acceptance, promotion = excluded.promotion,
-           verifier = excluded.verifier, weight = excluded.weight, updated_at = v_now;
+           verifier = excluded.verifier, weight = excluded.weight,
+           heartbeat_seconds = excluded.heartbeat_seconds, updated_at = v_now;
 END
 $$;
 
@@ -188,6 +196,85 @@ END
 $$;
 COMMENT ON FUNCTION ledger_api.retry_now IS
     'Skip the rest of a ready campaign''s backoff (journaled); refused unless it is waiting.';
+
+-- Pause a class: claims skip it from the moment this commits (the claim
+-- functions test campaign_class.paused_at), attempts in flight finish and
+-- everything after them (verification, promotion) goes on. A class has no
+-- campaign journal: the pause is journaled in ledger.class_event with the
+-- operator's identity and reason. Pausing a paused class changes nothing
+-- (changed = false). Registering the class again keeps it paused.
+CREATE OR REPLACE FUNCTION ledger_api.pause_class(p_name text, p_reason text DEFAULT NULL,
+                                                  p_operator text DEFAULT NULL)
+    RETURNS TABLE (class text, paused_at timestamptz, changed boolean)
+    LANGUAGE plpgsql
+    SECURITY DEFINER
+    SET search_path = pg_catalog, pg_temp
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_now timestamptz := ledger.now();
+    v_cc ledger.campaign_class;
+    v_reason text := nullif(btrim(p_reason), '');
+BEGIN
+    IF length(v_reason) > 1000 THEN
+        RAISE EXCEPTION 'a reason is at most 1000 characters' USING ERRCODE = 'LG007';
+    END IF;
+    SELECT * INTO v_cc FROM ledger.campaign_class cc WHERE cc.name = p_name FOR UPDATE;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'campaign class % is not registered', p_name USING ERRCODE = 'LG004';
+    END IF;
+    IF v_cc.paused_at IS NOT NULL THEN
+        RETURN QUERY SELECT v_cc.name, v_cc.paused_at, false;
+        RETURN;
+    END IF;
+    UPDATE ledger.campaign_class cc SET paused_at = v_now WHERE cc.name = p_name;
+    INSERT INTO ledger.class_event (class, type, actor, actor_role, reason, created_at)
+    VALUES (p_name, 'class.paused', left(coalesce(nullif(p_operator, ''), 'operator'), 200),
+            'operator', v_reason, v_now);
+    RETURN QUERY SELECT v_cc.name, v_now, true;
+END
+$$;
+COMMENT ON FUNCTION ledger_api.pause_class IS
+    'Pause a class: claims skip it, attempts in flight finish (journaled in ledger.class_event).';
+
+-- Resume a paused class: claimable again at once (workers are woken with a
+-- hint for its first ready campaign). Resuming a class that is not paused
+-- changes nothing (changed = false).
+CREATE OR REPLACE FUNCTION ledger_api.resume_class(p_name text, p_operator text DEFAULT NULL)
+    RETURNS TABLE (class text, paused_at timestamptz, changed boolean)
+    LANGUAGE plpgsql
+    SECURITY DEFINER
+    SET search_path = pg_catalog, pg_temp
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_now timestamptz := ledger.now();
+    v_cc ledger.campaign_class;
+    v_head bigint;
+BEGIN
+    SELECT * INTO v_cc FROM ledger.campaign_class cc WHERE cc.name = p_name FOR UPDATE;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'campaign class % is not registered', p_name USING ERRCODE = 'LG004';
+    END IF;
+    IF v_cc.paused_at IS NULL THEN
+        RETURN QUERY SELECT v_cc.name, NULL::timestamptz, false;
+        RETURN;
+    END IF;
+    UPDATE ledger.campaign_class cc SET paused_at = NULL WHERE cc.name = p_name;
+    INSERT INTO ledger.class_event (class, type, actor, actor_role, reason, created_at)
+    VALUES (p_name, 'class.resumed', left(coalesce(nullif(p_operator, ''), 'operator'), 200),
+            'operator', NULL, v_now);
+    SELECT c.id INTO v_head FROM ledger.campaign c
+     WHERE c.class = p_name AND c.state = 'ready'
+     ORDER BY c.priority DESC, c.created_at, c.id LIMIT 1;
+    IF v_head IS NOT NULL THEN
+        PERFORM pg_notify('ledger_ready', v_head::text);  -- a hint: workers wake
+    END IF;
+    RETURN QUERY SELECT v_cc.name, NULL::timestamptz, true;
+END
+$$;
+COMMENT ON FUNCTION ledger_api.resume_class IS
+    'Resume a paused class: claimable again (journaled in ledger.class_event).';
 
 -- --- the HTTP server's sign-ins and bulk jobs (web.sql) ------------------------
 

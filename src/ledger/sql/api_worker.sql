@@ -30,6 +30,7 @@ BEGIN
       INTO v_names, v_weights
       FROM ledger.campaign_class cc
      WHERE (p_classes IS NULL OR cc.name = ANY (p_classes))
+       AND cc.paused_at IS NULL  -- a paused class takes no turn (pause_class)
        AND EXISTS (SELECT 1 FROM ledger.campaign r
                     WHERE r.class = cc.name AND r.state = 'ready' AND r.next_attempt_at <= p_now);
     IF coalesce(cardinality(v_names), 0) <= 1 THEN
@@ -93,6 +94,8 @@ BEGIN
                  WHERE c.id = (
                        SELECT r.id FROM ledger.campaign r
                         WHERE r.class = v_class
+                          AND NOT EXISTS (SELECT 1 FROM ledger.campaign_class p  -- paused: skipped
+                                           WHERE p.name = v_class AND p.paused_at IS NOT NULL)
                           AND r.state = 'ready'
                           AND r.next_attempt_at <= v_now
                           AND (r.seat IS NULL OR NOT EXISTS (
@@ -171,6 +174,7 @@ BEGIN
                 SELECT t.name, t.pos, cc.weight
                   FROM unnest(v_turns) WITH ORDINALITY AS t(name, pos)
                   JOIN ledger.campaign_class cc ON cc.name = t.name
+                 WHERE cc.paused_at IS NULL  -- a paused class is skipped (pause_class)
             ), picked AS (
                 -- twice the batch per class, so campaigns that share a seat
                 -- with a better one can be left out and the batch still fills

@@ -46,7 +46,14 @@ CREATE TABLE IF NOT EXISTS ledger.campaign_class (
     -- (claim_campaign): a class of weight 2 gets two turns for another's one
     weight          integer NOT NULL DEFAULT 1 CHECK (weight BETWEEN 1 AND 1000),
     created_at      timestamptz NOT NULL,
-    updated_at      timestamptz NOT NULL
+    updated_at      timestamptz NOT NULL,
+    -- how often a worker renews a lease of this class (ledger.toml's
+    -- heartbeat_s; NULL: not said, a third of the lease is assumed): a lease
+    -- whose last renewal is overdue is at risk, one that is merely short is not
+    heartbeat_seconds double precision CHECK (heartbeat_seconds > 0 AND heartbeat_seconds < lease_seconds),
+    -- an operator paused the class (pause_class): claims skip it, attempts in
+    -- flight finish; who and why are in ledger.class_event
+    paused_at       timestamptz
 );
 
 CREATE TABLE IF NOT EXISTS ledger.campaign (

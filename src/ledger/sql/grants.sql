@@ -44,6 +44,12 @@ BEGIN
                 -- operator (api_operator.sql)
                 ('abandon', 'operator'), ('reopen', 'operator'), ('retry_now', 'operator'),
                 ('register_class', 'operator'), ('trim_journal', 'operator'),
+                ('pause_class', 'operator'), ('resume_class', 'operator'),
+                -- the registry of processes (process.sql): each role reports itself
+                ('report_sensor_process', 'sensor'), ('report_worker_process', 'worker'),
+                ('report_reaper_process', 'reaper'), ('report_verifier_process', 'verifier'),
+                ('report_dispatcher_process', 'dispatcher'),
+                ('report_operator_process', 'operator'),
                 -- the HTTP server's sign-ins and bulk jobs, through the operator role
                 ('start_web_session', 'operator'), ('web_session', 'operator'),
                 ('end_web_sessions', 'operator'), ('start_bulk_job', 'operator'),

@@ -54,8 +54,22 @@ SELECT id, at, actor_role, actor, campaign_id, action, target, reason, details
 CREATE OR REPLACE VIEW ledger_api.classes AS
 SELECT name, max_attempts, lease_seconds, backoff_base_s, backoff_factor, backoff_cap_s,
        backoff_jitter, seat_policy, authority, acceptance, promotion, verifier,
-       created_at, updated_at, weight
+       created_at, updated_at, weight, heartbeat_seconds, paused_at
   FROM ledger.campaign_class;
+
+CREATE OR REPLACE VIEW ledger_api.class_events AS
+SELECT id, class, type, actor, actor_role, reason, created_at FROM ledger.class_event;
+
+-- The registry of processes, with how each reads now: live, stopped (it said
+-- so on its way out) or gone (three of its report intervals have passed, and
+-- five seconds, without a word: killed, hung, or cut off from the database).
+CREATE OR REPLACE VIEW ledger_api.processes AS
+SELECT role, host, pid, started_at, identity, service, interval_s, holds, last_seen, stopped_at,
+       CASE WHEN stopped_at IS NOT NULL THEN 'stopped'
+            WHEN last_seen < statement_timestamp() - make_interval(secs => 3 * interval_s + 5)
+            THEN 'gone'
+            ELSE 'live' END AS status
+  FROM ledger.process;
 
 CREATE OR REPLACE VIEW ledger_api.states AS
 SELECT name, is_terminal, position, description FROM ledger.state;

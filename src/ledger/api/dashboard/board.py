@@ -41,11 +41,41 @@ LANES: tuple[tuple[str, str, tuple[str, ...]], ...] = (
 )
 LANE_SIZE = 6
 PAGE_SIZE = 50
-EXPIRING_WITHIN_S = 60.0
-CHART_HOURS = 24
-#: How long the board's per-hour charts are reused (they cost a pass over a
-#: day of the journal: ~0.25 s with 10,000 campaigns opened in the day).
-CHART_TTL_S = 30.0
+
+
+@dataclass(frozen=True)
+class Window:
+    """A chart window: ``buckets`` of ``bucket_s`` seconds, ending now."""
+
+    key: str
+    title: str
+    buckets: int
+    bucket_s: int
+    #: how long its figures are reused: a pass over the window's journal costs
+    #: ~0.25 s for a day with 10,000 campaigns opened in it
+    ttl_s: float
+
+    @property
+    def per(self) -> str:
+        """What one bar covers, in words."""
+        return f"{self.bucket_s // 60} minute{'' if self.bucket_s == 60 else 's'}"
+
+
+#: The charts' windows: the last hour by the minute, the last day by the
+#: quarter hour (finer than hourly, so a stall shows the minute it began).
+WINDOWS: dict[str, Window] = {
+    "1h": Window("1h", "Last hour", 60, 60, 10.0),
+    "24h": Window("24h", "Last 24 hours", 96, 900, 30.0),
+}
+DEFAULT_WINDOW = "24h"
+
+
+def window_of(request: Request) -> Window:
+    """The chart window the URL asks for (``?window=1h`` or ``24h``)."""
+    key = request.query_params.get("window") or DEFAULT_WINDOW
+    if key not in WINDOWS:
+        raise InvalidInput(f"window: one of {', '.join(WINDOWS)}")
+    return WINDOWS[key]
 #: A busy ledger changes many times a second; a board needs at most this many
 #: "changed" events a second per browser (each one re-renders the board).
 MIN_CHANGE_GAP_S = 0.5
@@ -93,11 +123,17 @@ def sensor_rows(summaries: Sequence[dict[str, Any]], config: LedgerConfig | None
 # --- charts -------------------------------------------------------------------------
 
 
-def activity_charts(rows: Sequence[HourActivity]) -> list[HourChart]:
-    """The board's throughput and latency charts over ``rows`` (one per hour)."""
-    hours = [r.hour.astimezone(timezone.utc).strftime("%H:00") for r in rows]
+def bucket_labels(rows: Sequence[HourActivity]) -> list[str]:
+    """Each bucket's start as the charts label it (UTC)."""
+    return [r.hour.astimezone(timezone.utc).strftime("%H:%M") for r in rows]
+
+
+def activity_charts(rows: Sequence[HourActivity], window: Window = WINDOWS["24h"]
+                    ) -> list[HourChart]:
+    """The board's throughput and latency charts over ``rows`` (one per bucket)."""
+    hours = bucket_labels(rows)
     return [
-        hour_chart("Opened and closed per hour", hours, [
+        hour_chart(f"Opened and closed per {window.per}", hours, [
             ("opened", "opened", [r.opened for r in rows]),
             ("closed", "closed", [r.closed for r in rows])]),
         hour_chart("Claim wait (ready → claimed)", hours, [
@@ -141,8 +177,7 @@ async def board_changes(reads: Reads, hub: Any, *, poll_s: float, keepalive_s: f
             current = await reads.board_version()
             if current != version:
                 version = current
-                yield ServerSentEvent(event="changed", data=json.dumps(
-                    {"campaigns": current[0], "events": current[1]}))
+                yield ServerSentEvent(event="changed", data=json.dumps({"campaigns": current[0]}))
                 quiet_since = loop.time()
                 await asyncio.sleep(min_gap_s)  # rate limit, not a wait for a condition
             elif loop.time() - quiet_since >= keepalive_s:
@@ -161,6 +196,7 @@ async def board(request: Request) -> Response:
     flt = BoardFilter.from_query(request)
     cursor_text = request.query_params.get("cursor")
     cursor = decode_cursor(cursor_text) if cursor_text else None
+    window = window_of(request)
     k = viewer.reads
     now = datetime.now(timezone.utc)
     lanes = [lane for lane in LANES if not flt.states or set(lane[2]) & set(flt.states)]
@@ -172,12 +208,12 @@ async def board(request: Request) -> Response:
     # Independent reads, concurrently: each takes its own pooled connection.
     run = asyncio.create_task
     matching_t = run(k.matching_state_counts(**flt.reads()))
-    summary_t = run(k.matching_summary(**flt.reads(), expiring_within_s=EXPIRING_WITHIN_S))
+    summary_t = run(k.matching_summary(**flt.reads()))
     page_t = run(k.campaigns(**flt.reads(), cursor=cursor, limit=PAGE_SIZE + 1))
-    expiring_t = run(k.leases_expiring(EXPIRING_WITHIN_S, limit=50))
+    expiring_t = run(k.leases_at_risk(limit=50))
     sensors_t = run(k.sensor_summaries(50))
     classes_t = run(k.classes())
-    hourly_t = run(_hourly(pages, k, flt.class_))
+    hourly_t = run(activity(pages, k, flt.class_, window))
     lanes_t: asyncio.Future[list[list[Campaign]]] = asyncio.gather(*(lane(s) for _, _, s in lanes))
     tasks = (matching_t, summary_t, page_t, expiring_t, sensors_t, classes_t, hourly_t, lanes_t)
     try:
@@ -208,18 +244,22 @@ async def board(request: Request) -> Response:
         first_page=cursor is None, expiring=expiring[:10], expiring_n=expiring_n,
         oldest_age=oldest_age, sensors=sensor_rows(summaries, pages.config, now),
         has_config=pages.config is not None, classes=[c.name for c in classes],
-        page_size=PAGE_SIZE, charts=activity_charts(hourly), chart_hours=CHART_HOURS)
+        page_size=PAGE_SIZE, charts=activity_charts(hourly, window), window=window,
+        windows=WINDOWS, class_of={c.name: c for c in classes},
+        paused=[c for c in classes if c.paused_at is not None])
 
 
-async def _hourly(pages: Pages, reads: Reads, class_: str | None) -> list[HourActivity]:
+async def activity(pages: Pages, reads: Reads, class_: str | None,
+                   window: Window) -> list[HourActivity]:
+    """The window's activity for one class (or all), reused for the window's TTL."""
     loop = asyncio.get_running_loop()
-    cached = pages.charts.get(class_)
-    if cached is not None and loop.time() - cached[0] < CHART_TTL_S:
+    cached = pages.charts.get((class_, window.key))
+    if cached is not None and loop.time() - cached[0] < window.ttl_s:
         return cached[1]  # type: ignore[no-any-return]
-    rows = await reads.hourly_activity(CHART_HOURS, class_)
+    rows = await reads.activity(window.buckets, window.bucket_s, class_)
     if len(pages.charts) > 100:  # one entry per class filter in use; never unbounded
         pages.charts.clear()
-    pages.charts[class_] = (loop.time(), rows)
+    pages.charts[(class_, window.key)] = (loop.time(), rows)
     return rows
 
 

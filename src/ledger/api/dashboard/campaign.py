@@ -20,6 +20,8 @@ from .viewer import local_path, read_form, viewer_of
 router = APIRouter()
 
 JOURNAL_TAIL = 100
+#: The most of a candidate's diff a page shows (the database keeps up to 64 MiB).
+DIFF_CAP = 256 * 1024
 #: Journal event types the page's script listens for by name (an EventSource
 #: cannot listen to "any" named event); types found in the journal are added.
 KNOWN_EVENT_TYPES = ("transition", "output", "progress", "attempt.started", "command.started",
@@ -86,6 +88,7 @@ async def attempt_page(request: Request, campaign_id: int, attempt_no: int) -> R
     if attempt is None:
         raise NotFound(f"campaign {campaign_id} has no attempt {attempt_no}")
     events = await k.generation_events(campaign_id, attempt.generation)
+    diff = await k.attempt_diff(campaign_id, attempt_no, DIFF_CAP) if attempt.diff_bytes else None
     output = "".join(str(e.payload.get("text", "")) for e in events if e.type == "output")
     live = attempt.outcome == "running" and not campaign.is_terminal
     types = sorted(set(KNOWN_EVENT_TYPES) | {e.type for e in events})
@@ -93,7 +96,28 @@ async def attempt_page(request: Request, campaign_id: int, attempt_no: int) -> R
         request, "attempt.html", viewer, c=campaign, a=attempt,
         events=[e for e in events if e.type != "output"], output=output, live=live,
         journal_head=campaign.event_seq, shown_head=max([e.seq for e in events], default=0),
-        event_types=",".join(types))
+        event_types=",".join(types), diff=diff, diff_lines=diff_lines(diff.text) if diff else [])
+
+
+def diff_lines(text: str) -> list[tuple[str, str]]:
+    """A unified diff's lines, each with what it is (for its colour): a file
+    header, a hunk header, an addition, a removal, or context. The template
+    escapes the text; nothing of the diff is ever markup."""
+    lines = []
+    for line in text.splitlines():
+        if line.startswith(("diff --git", "index ", "--- ", "+++ ", "new file", "deleted file",
+                            "similarity", "rename ", "old mode", "new mode", "Binary files")):
+            kind = "file"
+        elif line.startswith("@@"):
+            kind = "hunk"
+        elif line.startswith("+"):
+            kind = "add"
+        elif line.startswith("-"):
+            kind = "del"
+        else:
+            kind = "ctx"
+        lines.append((kind, line))
+    return lines
 
 
 @router.post("/campaigns/{campaign_id}/abandon")

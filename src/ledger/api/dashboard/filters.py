@@ -12,6 +12,8 @@ from urllib.parse import urlencode
 from fastapi import Request
 
 from ... import bulk
+from ...bounds import is_ascii_int
+from ...cursors import BIGINT_MAX
 from ...errors import InvalidInput
 from .render import STATES
 
@@ -27,6 +29,8 @@ class BoardFilter:
     target: str | None = None
     label: str | None = None
     q: str | None = None
+    #: campaigns picked one by one (the board's row checkboxes)
+    ids: tuple[int, ...] = ()
 
     @classmethod
     def parse(cls, get: Callable[[str], str | None], get_all: Callable[[str], list[str]]
@@ -43,7 +47,12 @@ class BoardFilter:
             if value and not _FILTER_TEXT.match(value):
                 raise InvalidInput(f"{name}: at most 200 characters, no NUL")
             values[name] = value or None
-        return cls(states, values["class"], values["target"], values["label"], values["q"])
+        picked = [i.strip() for i in get_all("id") if i.strip()]
+        if len(picked) > bulk.DEFAULT_CAP or not all(is_ascii_int(i) and 1 <= int(i) <= BIGINT_MAX
+                                                     for i in picked):
+            raise InvalidInput(f"id: up to {bulk.DEFAULT_CAP} campaign ids")
+        ids = tuple(dict.fromkeys(int(i) for i in picked))
+        return cls(states, values["class"], values["target"], values["label"], values["q"], ids)
 
     @classmethod
     def from_query(cls, request: Request) -> BoardFilter:
@@ -52,13 +61,14 @@ class BoardFilter:
 
     def is_empty(self) -> bool:
         """Whether nothing narrows the board."""
-        return not (self.states or self.class_ or self.target or self.label or self.q)
+        return not (self.states or self.class_ or self.target or self.label or self.q or self.ids)
 
     def pairs(self) -> list[tuple[str, str]]:
         """The filter as query pairs."""
         pairs = [("state", s) for s in self.states]
         pairs += [(k, v) for k, v in (("class", self.class_), ("target", self.target),
                                       ("label", self.label), ("q", self.q)) if v]
+        pairs += [("id", str(i)) for i in self.ids]
         return pairs
 
     def query(self, **extra: str) -> str:
@@ -72,15 +82,19 @@ class BoardFilter:
 
     def describe(self) -> str:
         """The filter in words."""
-        return ", ".join(f"{k}={v}" for k, v in self.pairs()) or "everything"
+        words = [f"{k}={v}" for k, v in self.pairs() if k != "id"]
+        if self.ids:
+            shown = ", ".join(f"#{i}" for i in self.ids[:5]) + (", …" if len(self.ids) > 5 else "")
+            words.append(f"{len(self.ids)} picked campaign{'' if len(self.ids) == 1 else 's'} ({shown})")
+        return ", ".join(words) or "everything"
 
     def reads(self, states: Sequence[str] | None = None) -> dict[str, Any]:
         """Keyword arguments of ``Reads.campaigns`` (``states`` overrides)."""
         return {"states": list(states) if states is not None else (list(self.states) or None),
                 "classes": [self.class_] if self.class_ else None, "target": self.target,
-                "label": self.label, "search": self.q}
+                "label": self.label, "search": self.q, "ids": list(self.ids) or None}
 
     def selector(self) -> bulk.Selector:
         """The filter as a bulk action's selector."""
         return bulk.Selector(states=self.states, classes=(self.class_,) if self.class_ else (),
-                             target=self.target, label=self.label, search=self.q)
+                             target=self.target, label=self.label, search=self.q, ids=self.ids)

@@ -4,6 +4,7 @@ the security headers, flash messages and redirects."""
 from __future__ import annotations
 
 import json
+import shlex
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -14,7 +15,7 @@ from fastapi import Request
 from fastapi.responses import HTMLResponse, RedirectResponse
 
 from ...config import LedgerConfig
-from ...models import TERMINAL_STATES, Event, State
+from ...models import TERMINAL_STATES, Attempt, Campaign, Event, State
 
 if TYPE_CHECKING:
     from ..app import ApiState
@@ -35,6 +36,10 @@ SECURITY_HEADERS = {
     "Cache-Control": "no-store",
 }
 _FLASH = "flash"
+#: The theme a browser chose (dashboard.js and POST /ui/theme keep it here);
+#: without one, the browser's own preference decides.
+THEME_COOKIE = "ledger_theme"
+THEMES = ("light", "dark")
 
 
 def duration(seconds: float | None) -> str:
@@ -63,6 +68,16 @@ def _short(text: object, n: int = 12) -> str:
     return "–" if text in (None, "") else str(text)[:n]
 
 
+def _argv(argv: Any) -> str:
+    """A command's argv as a shell would read it back."""
+    return shlex.join(str(a) for a in argv) if isinstance(argv, (list, tuple)) else str(argv)
+
+
+def _css(text: str) -> str:
+    """A word as a CSS class suffix (``awaiting verdict`` -> ``awaiting-verdict``)."""
+    return "".join(ch if ch.isalnum() else "-" for ch in text)
+
+
 def _pretty(value: Any) -> str:
     return json.dumps(value, indent=2, sort_keys=True, default=str)
 
@@ -84,13 +99,28 @@ def describe(event: Event) -> str:
     return line if len(line) <= _TEXT_LIMIT else line[:_TEXT_LIMIT] + "…"
 
 
+def attempt_status(attempt: Attempt, campaign: Campaign) -> str:
+    """What became of an attempt, in one word for its badge: how it ended,
+    then what the verifier and the dispatcher made of it -- an accepted,
+    promoted attempt reads "promoted", never "attempted"."""
+    if attempt.outcome != "attempted":
+        return attempt.outcome  # running, failed, lost, drained, released, abandoned
+    if attempt.verdict == "rejected":
+        return "rejected"
+    if attempt.verdict == "accepted":
+        promoted = campaign.promoted_sha is not None and campaign.promoted_sha == attempt.candidate_sha
+        return "promoted" if promoted else "accepted"
+    return "awaiting verdict"
+
+
 def environment() -> jinja2.Environment:
     """The pages' template environment."""
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(HERE / "templates"),
                              autoescape=True, trim_blocks=True, lstrip_blocks=True,
                              undefined=jinja2.StrictUndefined)
     env.filters.update(duration=duration, clock=_clock, short_clock=_short_clock,
-                       short=_short, pretty=_pretty, describe=describe)
+                       short=_short, pretty=_pretty, describe=describe,
+                       attempt_status=attempt_status, css=_css, argv=_argv)
     env.globals.update(states=STATES, terminal=TERMINAL_STATES)
     return env
 
@@ -102,18 +132,20 @@ class Pages:
     state: ApiState
     config: LedgerConfig | None
     env: jinja2.Environment = field(default_factory=environment)
-    #: Per-hour charts by class (None: all), with when they were read: a board
-    #: re-renders on every change (up to twice a second per browser), and an
-    #: hour's aggregates need not be fresher than CHART_TTL_S.
-    charts: dict[str | None, tuple[float, Any]] = field(default_factory=dict)
+    #: Chart figures by (class (None: all), window), with when they were read:
+    #: a board re-renders on every change (up to twice a second per browser),
+    #: and a window's aggregates need not be fresher than its ``ttl_s``.
+    charts: dict[tuple[str | None, str], tuple[float, Any]] = field(default_factory=dict)
 
     def page(self, request: Request, template: str, viewer: Viewer | None = None, *,
              status: int = 200, **context: Any) -> HTMLResponse:
         """Render a page (and hand over a pending flash message)."""
         session = request.scope.get("session")
         flash = session.pop(_FLASH, None) if session is not None else None
+        theme = request.cookies.get(THEME_COOKIE)
         html = self.env.get_template(template).render(
             request=request, viewer=viewer, flash=flash, path=request.url.path,
+            theme=theme if theme in THEMES else "auto",
             full_path=request.url.path + (f"?{request.url.query}" if request.url.query else ""),
             **context)
         return HTMLResponse(html, status_code=status, headers=SECURITY_HEADERS)

@@ -1,4 +1,5 @@
-"""Signing in with a token (a session the database keeps) and signing out."""
+"""Signing in with a token (a session the database keeps), signing out, and the
+theme a browser keeps (a cookie: no sign-in needed to choose a colour)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from fastapi.responses import HTMLResponse, Response
 from ...logs import get_logger
 from .. import cookies
 from ..auth import client_of
-from .render import pages_of, redirect
+from .render import THEME_COOKIE, THEMES, pages_of, redirect
 from .viewer import local_path, read_form, viewer_of
 
 router = APIRouter()
@@ -55,3 +56,19 @@ async def logout(request: Request) -> Response:
                                    everywhere=bool(form.get("everywhere")))
     log.info("signed out", caller=viewer.principal.identity, sessions=ended)
     return redirect(request, "/ui/login")
+
+
+@router.post("/theme")
+async def theme(request: Request) -> Response:
+    """Keep a theme (light, dark, or auto: the browser's preference) in a
+    cookie, and go back. ``dashboard.js`` does the same without a reload;
+    this is the form's way for a browser without it."""
+    form = await read_form(request, None)  # a preference: same origin is all it needs
+    chosen = form.get("theme") or "auto"
+    response = redirect(request, local_path(form.get("next")))
+    if chosen in THEMES:
+        response.set_cookie(THEME_COOKIE, chosen, max_age=365 * 86400, path="/ui",
+                            samesite="lax", secure=request.url.scheme == "https")
+    else:
+        response.delete_cookie(THEME_COOKIE, path="/ui")
+    return response

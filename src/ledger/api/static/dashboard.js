@@ -8,8 +8,15 @@
 //   newest seq the server rendered (so a reload resumes where the page stands);
 // - an attempt's page, while the attempt runs, follows the same stream and
 //   appends that attempt's output and events as they are journaled;
+// - live output and journal panels follow new lines while they are scrolled to
+//   the bottom (where they start), and stay put once the operator scrolled up;
 // - the board can be driven from the keyboard: j/k (or arrows) move between
 //   campaigns, Enter opens one, / goes to the search field;
+// - rows picked on the board (its checkboxes) stay picked across live refreshes,
+//   and "pick all" picks the page;
+// - the theme toggle switches light / dark / auto at once and keeps the choice
+//   in the ledger_theme cookie (the server renders it on the next page);
+// - a page with data-refresh-every (the workers view) refreshes on that tick;
 // - streams close while the tab is hidden (Page Visibility API) and reopen,
 //   with one refresh, when it is shown again;
 // - forms with data-confirm ask before they post.
@@ -48,6 +55,14 @@
         document.querySelectorAll("[data-live-region]").forEach(function (region) {
           var next = fresh.getElementById(region.id);
           if (!next || next.innerHTML === region.innerHTML) return;
+          // Keep picked what the operator picked (a checkbox's state is not markup).
+          region.querySelectorAll("input[form=picked]:checked").forEach(function (box) {
+            var twin = next.querySelector('input[form=picked][value="' + CSS.escape(box.value) + '"]');
+            if (twin) twin.checked = true;
+          });
+          var all = region.querySelector("#pick-all");
+          var allTwin = next.querySelector("#pick-all");
+          if (all && allTwin) allTwin.checked = all.checked;
           // Keep open what the operator opened.
           region.querySelectorAll("details[open][id]").forEach(function (d) {
             var twin = next.querySelector("#" + CSS.escape(d.id));
@@ -59,6 +74,7 @@
           var again = document.querySelector('#lanes .card[data-campaign="' + focused + '"]');
           if (again) again.focus({ preventScroll: true });
         }
+        countPicked();
         body.dataset.refreshes = String(Number(body.dataset.refreshes || "0") + 1);
       })
       .catch(function () { /* the next event or tick tries again */ })
@@ -140,6 +156,32 @@
     return text.length > 200 ? text.slice(0, 200) + "…" : text;
   }
 
+  // --- panels that follow new lines -----------------------------------------------
+  // A panel follows (keeps its newest line in view) while it is scrolled to the
+  // bottom, which is where it starts; scrolling up stops that, and a "newer
+  // lines" button appears when lines arrive meanwhile; scrolling back down (or
+  // the button) follows again.
+  function follower(panel) {
+    var following = true;
+    var jump = document.createElement("button");
+    jump.type = "button";
+    jump.className = "jump small";
+    jump.hidden = true;
+    jump.textContent = "newer lines below ↓";
+    panel.insertAdjacentElement("afterend", jump);
+    function atBottom() { return panel.scrollHeight - panel.scrollTop - panel.clientHeight < 24; }
+    function mark() { panel.dataset.following = following ? "true" : "false"; if (following) jump.hidden = true; }
+    function toBottom() { panel.scrollTop = panel.scrollHeight; following = true; mark(); }
+    panel.addEventListener("scroll", function () { following = atBottom(); mark(); });
+    jump.addEventListener("click", toBottom);
+    toBottom();
+    return function (node) {
+      panel.appendChild(node);
+      if (following) panel.scrollTop = panel.scrollHeight;
+      else jump.hidden = false;
+    };
+  }
+
   function appendEvent(list, e) {
     var li = document.createElement("li");
     li.dataset.seq = String(e.seq);
@@ -150,9 +192,7 @@
     li.appendChild(cell("type", e.type));
     li.appendChild(cell("actor", e.actor));
     li.appendChild(e.type === "output" ? cell("out", describe(e), "pre") : cell("what", describe(e)));
-    var atBottom = list.scrollHeight - list.scrollTop - list.clientHeight < 40;
-    list.appendChild(li);
-    if (atBottom) list.scrollTop = list.scrollHeight;
+    return li;
   }
 
   // Follow the journal from the head the server rendered; each event once,
@@ -176,8 +216,9 @@
 
   var journal = document.getElementById("journal");
   if (journalStream && journal && body.dataset.page === "campaign") {
+    var addToJournal = follower(journal);
     followJournal(Number(body.dataset.journalHead || "0"), function (e) {
-      if (!e.synthetic) { journal.dataset.head = String(e.seq); appendEvent(journal, e); }
+      if (!e.synthetic) { journal.dataset.head = String(e.seq); addToJournal(appendEvent(journal, e)); }
       // Output is shown as it comes; anything else may change the rest of the page.
       if (e.type !== "output") schedule(250);
     });
@@ -188,16 +229,16 @@
   if (journalStream && output && body.dataset.page === "attempt") {
     var generation = Number(body.dataset.generation);
     var shown = Number(body.dataset.shownHead || "0");
+    var addOutput = follower(output);
+    var addToAttemptJournal = attemptJournal ? follower(attemptJournal) : null;
     followJournal(Number(body.dataset.journalHead || "0"), function (e) {
       if (e.synthetic || e.seq <= shown) { schedule(250); return; }
       if (e.generation === generation) {
         if (e.type === "output") {
           output.classList.remove("empty-log");
-          var atBottom = output.scrollHeight - output.scrollTop - output.clientHeight < 40;
-          output.appendChild(document.createTextNode(String((e.payload || {}).text || "")));
-          if (atBottom) output.scrollTop = output.scrollHeight;
-        } else if (attemptJournal) {
-          appendEvent(attemptJournal, e);
+          addOutput(document.createTextNode(String((e.payload || {}).text || "")));
+        } else if (addToAttemptJournal) {
+          addToAttemptJournal(appendEvent(attemptJournal, e));
         }
       }
       // A transition (recorded, failed, reaped, abandoned) ends or moves the
@@ -226,6 +267,57 @@
         if (search) { event.preventDefault(); search.focus(); }
       }
     });
+  }
+
+  // --- rows picked for a bulk action -----------------------------------------------
+  function countPicked() {
+    var counter = document.getElementById("picked-count");
+    if (!counter) return;
+    var n = document.querySelectorAll("input[form=picked][name=id]:checked").length;
+    counter.dataset.count = String(n);
+    counter.textContent = n ? n + " picked" : "pick rows to act on them";
+    document.querySelectorAll("#abandon-picked, #reopen-picked").forEach(function (b) { b.disabled = n === 0; });
+  }
+  document.addEventListener("change", function (event) {
+    var box = event.target;
+    if (!box || box.type !== "checkbox") return;
+    if (box.id === "pick-all") {
+      document.querySelectorAll("input[form=picked][name=id]").forEach(function (b) { b.checked = box.checked; });
+    }
+    if (box.id === "pick-all" || box.getAttribute("form") === "picked") countPicked();
+  });
+  countPicked();
+
+  // --- the theme toggle: auto -> dark -> light -> auto --------------------------------
+  var themeForm = document.getElementById("theme-form");
+  if (themeForm) {
+    themeForm.addEventListener("submit", function (event) {
+      event.preventDefault();
+      var chosen = themeForm.elements.theme.value;
+      var root = document.documentElement;
+      if (chosen === "auto") {
+        delete root.dataset.theme;
+        document.cookie = "ledger_theme=; Path=/ui; Max-Age=0; SameSite=Lax";
+      } else {
+        root.dataset.theme = chosen;
+        document.cookie = "ledger_theme=" + chosen + "; Path=/ui; Max-Age=31536000; SameSite=Lax" +
+          (window.location.protocol === "https:" ? "; Secure" : "");
+      }
+      var after = { auto: "dark", dark: "light", light: "auto" }[chosen];
+      var button = document.getElementById("theme-toggle");
+      themeForm.elements.theme.value = after;
+      button.dataset.theme = chosen;
+      button.textContent = "theme: " + chosen;
+      button.title = "Theme: " + chosen + " (click for " + after + ")";
+      button.setAttribute("aria-label", "Theme: " + chosen + "; switch to " + after);
+    });
+  }
+
+  // --- pages that refresh on a tick (the registry changes without events) ------------
+  var every = Number(body.dataset.refreshEvery || "0");
+  if (every > 0) {
+    setLive("live", "Refreshed every " + every + " s");
+    window.setInterval(function () { if (!document.hidden) schedule(0); }, every * 1000);
   }
 
   // --- confirmations ------------------------------------------------------------------
