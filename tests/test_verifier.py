@@ -161,7 +161,9 @@ async def test_bad_candidate_rejected_with_evidence_then_good_one_accepted(
     assert ev["verifier"] == verifier.identity and ev["model_family"] == "family-v"
     (cmd,) = ev["commands"]
     assert cmd["exit_code"] == 1 and cmd["timed_out"] is False and cmd["duration_s"] > 0
-    assert cmd["argv"][:3] == [PY, "-m", "pytest"] and any(a.startswith("--junitxml=") for a in cmd["argv"])
+    # run by the fixed judge: isolated mode, Ledger's launcher, a configuration outside the checkout
+    assert cmd["argv"][:2] == [PY, "-I"] and cmd["argv"][4].endswith("/lib/ledger_judge_run.py")
+    assert "-c" in cmd["argv"] and not any(a.startswith("--junitxml") for a in cmd["argv"])
     assert "test_add" in cmd["output"] and "1 failed, 1 passed" in cmd["output"]
     campaign = await (await actors.reads("reader")).campaign(cid)
     assert campaign.state == "ready"
