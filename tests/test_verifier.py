@@ -217,8 +217,9 @@ async def test_verifier_never_judges_its_own_attempt_nor_acts_as_worker(
     attempt_id = admin.execute("SELECT id FROM ledger.attempt WHERE campaign_id = %s",
                                (cid,)).fetchone()["id"]
     forced = admin.execute(
-        "INSERT INTO ledger.verification (campaign_id, attempt_id, generation, verifier, "
-        "claimed_at, lease_expires_at) SELECT id, %s, generation, %s, now(), now() + interval '1 hour' "
+        "INSERT INTO ledger.verification (campaign_id, attempt_id, generation, verifier, kind, "
+        "claimed_at, lease_expires_at) SELECT id, %s, generation, %s, 'command', now(), "
+        "now() + interval '1 hour' "
         "FROM ledger.campaign WHERE id = %s RETURNING id", (attempt_id, identity, cid)).fetchone()["id"]
     with pytest.raises(SameIdentity):
         await verifier_kernel.accept(forced, {"forced": True})

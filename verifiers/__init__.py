@@ -138,13 +138,17 @@ class Acceptance:
         return INSIDE_OUT if self.sandboxed else str(self.outputs)
 
     @classmethod
-    def from_spec(cls, spec: Mapping[str, Any], baseline: Baseline | None = None) -> Acceptance:
+    def from_spec(cls, spec: Mapping[str, Any], baseline: Baseline | None = None, *,
+                  require_commands: bool = True) -> Acceptance:
         """Validate an ``acceptance`` mapping (``{"commands": [[...]], "timeout_s": n,
-        "environment": ["NAME", "NAME=VALUE"]}``)."""
+        "environment": ["NAME", "NAME=VALUE"]}``); a reviewer needs no commands
+        (``require_commands=False``)."""
         if not isinstance(spec, Mapping):
             raise InvalidAcceptance("the acceptance spec must be a mapping")
         commands = spec.get("commands")
-        if not isinstance(commands, Sequence) or isinstance(commands, str) or not commands:
+        if not require_commands and not commands:
+            commands = []
+        elif not isinstance(commands, Sequence) or isinstance(commands, str) or not commands:
             raise InvalidAcceptance("the acceptance spec has no commands: nothing would be checked")
         argvs = []
         for argv in commands:
