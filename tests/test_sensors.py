@@ -291,6 +291,11 @@ async def test_a_pytest_sensor_names_the_failing_tests(tmp_path: Path) -> None:
     for sensor, observes in ((direct, {"repository": str(bare), "ref": "main"}), (wrapped, {})):
         reading = await check(sensor, **observes)
         assert reading.status == "red"
-        assert reading.details["tests"] == {"collected": 3, "failed": ["tests/test_app.py::test_broken"],
-                                            "skipped": 1, "passed": 1}
+        tests = reading.details["tests"]
+        assert {k: tests[k] for k in ("collected", "failed", "skipped", "passed")} == {
+            "collected": 3, "failed": ["tests/test_app.py::test_broken"], "skipped": 1, "passed": 1}
+        if sensor is direct:  # by the judge: the passed node ids a confirmation is checked against
+            assert tests["judged"] is True and tests["passed_ids"] == ["tests/test_app.py::test_ok"]
+        else:  # a wrapper's JUnit report: a baseline, never a confirmation
+            assert "judged" not in tests and "passed_ids" not in tests
         assert reading.details["command"] == sensor.command
