@@ -301,8 +301,9 @@ async def test_the_honest_fix_passes_the_fixed_judge_with_the_base_configuration
     assert evidence["judge"]["config"] == "pyproject.toml of the base"
     (run, held) = evidence["commands"]
     assert run["argv"][:2] == [PY, "-I"] and "-c" in run["argv"]
-    # the held-out tests are collected with the others (under tests/), and run on their own
-    assert "4 passed" in run["output"] and "1 passed" in held["output"]
+    # the held-out tests run on their own, not with (nor counted as) the others
+    assert "3 passed" in run["output"] and "1 passed" in held["output"]
+    assert "--ignore=tests/held_out" in run["argv"]
     assert evidence["held_out"] == {"into": "tests/held_out", "passed": 1}
     assert evidence["screen"] == [] and "the 1 test(s) that failed at opening pass" in evidence["summary"]
 
@@ -367,8 +368,7 @@ async def test_special_cased_inputs_fail_the_held_out_tests(bench: Bench, tmp_pa
     await bench.record(cid, candidate(bench.repo, bench.base, {"calc/ops.py": SPECIAL_CASED}))
     status, reason, evidence = await bench.verdict(cid)
     assert status == "rejected", evidence.get("summary")
-    # (collected with the others, under tests/, they fail there first)
-    assert reason == "1 test(s) failed: tests/held_out/test_more.py::test_add_other_inputs"
+    assert reason == "1 held-out test(s) do not pass: tests/held_out/test_more.py::test_add_other_inputs"
 
 
 @pytest.mark.rollback  # only SQL: a transaction rolled back after the test
@@ -391,7 +391,7 @@ async def test_held_out_tests_from_a_second_repository_replace_what_the_candidat
     # protected (tests/), and judged with the verifier's copy in its place
     assert status == "rejected" and reason == (
         "the candidate changes protected paths: tests/held_out/test_more.py (with them restored from "
-        "the base, the acceptance failed: 1 test(s) failed: "
+        "the base, the acceptance failed: 1 held-out test(s) do not pass: "
         "tests/held_out/test_more.py::test_add_other_inputs)")
 
 

@@ -239,7 +239,13 @@ class PytestVerifier:
                 command = pytest_command(argv)
                 if command is None:
                     return list(argv)
-                run = judge.prepare(judge.interpreter(command), command[3:], seen_checkout)
+                arguments = command[3:]
+                if acceptance.held_out is not None and (acceptance.held_out_from is None
+                                                        or i < acceptance.held_out_from):
+                    # the held-out tests run on their own, after: never counted
+                    # with (nor compared like) the candidate's own
+                    arguments = [*arguments, f"--ignore={acceptance.held_out}"]
+                run = judge.prepare(judge.interpreter(command), arguments, seen_checkout)
                 prepared[i] = run
                 return run.argv
 
@@ -268,6 +274,7 @@ class PytestVerifier:
                     problems.append(extra["refused"])
                 if acceptance.held_out_from is not None and i >= acceptance.held_out_from:
                     held_out.append(judged)
+                    extra["held_out"] = True
                 return dataclasses.replace(result, extra=extra)
 
             results, skipped = await run_acceptance(
@@ -287,25 +294,21 @@ class PytestVerifier:
             evidence["judge"]["problems"] = problems
             return Verdict(accepted=False, reason=problems[0], evidence=evidence)
         failed = next((r for r in results if not passed(r)), None)
+        if failed is not None and failed.extra.get("held_out") and failed.extra.get("failed_tests"):
+            short = failed.extra["failed_tests"]
+            return Verdict(accepted=False, evidence=evidence,
+                           reason=f"{len(short)} held-out test(s) do not pass: " + ", ".join(short[:REASON_LIMIT]))
         if failed is not None:
             return Verdict(accepted=False, reason=_reason(failed), evidence=evidence)
-        if acceptance.held_out is not None:
-            if not held_out or not any(j.collected for j in held_out):
-                raise JudgeUnavailable(f"the held-out acceptance at {acceptance.held_out} collected no "
-                                       "tests: a held-out directory of pytest tests, run by a pytest "
-                                       "command, is needed")
-            evidence["held_out"] = {"into": acceptance.held_out,
-                                    "passed": sum(len(j.passed) for j in held_out)}
-            short = [t for j in held_out for t, o in j.outcomes.items() if o != "passed"]
-            if short:
-                return Verdict(accepted=False, evidence=evidence,
-                               reason=f"{len(short)} held-out test(s) do not pass: " + ", ".join(short[:REASON_LIMIT]))
         baseline = acceptance.baseline
         passed_count = sum(1 for r in reports for o in r.outcomes.values() if o == "passed")
         summary = (f"{len(results)} command(s) passed; {passed_count} test(s) passed, "
                    f"{sum(r.skipped for r in reports)} skipped (judged)")
         if acceptance.held_out is not None:
-            summary += f"; {evidence['held_out']['passed']} held-out"
+            summary += f"; {sum(len(j.passed) for j in held_out)} held-out passed"
+        if baseline is None or not ran_pytest:
+            if (refused := self._held_out(acceptance, held_out, evidence)) is not None:
+                return refused
         if baseline is None:
             evidence.update(baseline="none: the opening observation reported no tests",
                             summary=summary)
@@ -319,6 +322,24 @@ class PytestVerifier:
         shortfall = held_to(baseline, main_reports)
         if shortfall:
             return Verdict(accepted=False, reason="; ".join(shortfall), evidence=evidence)
+        if (refused := self._held_out(acceptance, held_out, evidence)) is not None:
+            return refused
         evidence["summary"] = (summary + f"; the {len(baseline.failed)} test(s) that failed at "
                                "opening pass")
         return Verdict(accepted=True, evidence=evidence)
+
+    @staticmethod
+    def _held_out(acceptance: Acceptance, held_out: list[Judged], evidence: dict[str, Any]) -> Verdict | None:
+        """A rejection if a held-out test does not pass (``None``: all pass, or none declared)."""
+        if acceptance.held_out is None:
+            return None
+        if not held_out or not any(j.collected for j in held_out):
+            raise JudgeUnavailable(f"the held-out acceptance at {acceptance.held_out} collected no "
+                                   "tests: a held-out directory of pytest tests, run by a pytest "
+                                   "command, is needed")
+        evidence["held_out"] = {"into": acceptance.held_out, "passed": sum(len(j.passed) for j in held_out)}
+        short = [t for j in held_out for t, o in j.outcomes.items() if o != "passed"]
+        if short:
+            return Verdict(accepted=False, evidence=evidence,
+                           reason=f"{len(short)} held-out test(s) do not pass: " + ", ".join(short[:REASON_LIMIT]))
+        return None
