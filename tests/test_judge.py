@@ -242,7 +242,7 @@ class Bench:
     async def verdicts(self, campaign_id: int, *, identity: str = "verifier-B",
                        kinds: list[str] | None = None) -> list[Any]:
         verifier = Verifier(await self.actors("verifier"), identity=identity, data_dir=self.data_dir,
-                            **({"kinds": kinds} if kinds else {}))
+                            **({"kinds": kinds} if kinds else {}))  # type: ignore[arg-type]
         await verifier.drain()
         return (await (await self.actors.reads("reader")).campaign_detail(campaign_id)).verifications
 

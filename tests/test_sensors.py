@@ -10,6 +10,7 @@ import subprocess
 import sys
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -288,7 +289,9 @@ async def test_a_pytest_sensor_names_the_failing_tests(tmp_path: Path) -> None:
         "cell": {"sandbox": False},
         "command": [sys.executable, str(examples_dir() / "run_tests_at.py"), str(bare), "main",
                     "--pytest"]}}}).sensors["s"]
-    for sensor, observes in ((direct, {"repository": str(bare), "ref": "main"}), (wrapped, {})):
+    observed: tuple[tuple[Any, dict[str, Any]], ...] = (
+        (direct, {"repository": str(bare), "ref": "main"}), (wrapped, {}))
+    for sensor, observes in observed:
         reading = await check(sensor, **observes)
         assert reading.status == "red"
         tests = reading.details["tests"]
