@@ -670,3 +670,19 @@ def test_the_screen_reads_added_lines_only_and_skips_tests(tmp_path: Path) -> No
         ("json.py", None, "shadowing")]
     assert Screen({"rules": []}).findings(repository.diff(repo, base, sha)) == []
     assert Screen({"exempt": ["calc/"]}).findings(repository.diff(repo, base, sha))[0].path == "json.py"
+
+
+@pytest.mark.rollback  # only SQL: a transaction rolled back after the test
+async def test_the_judge_without_a_cell_still_reads_its_own_stream(bench: Bench) -> None:
+    """A class that opted out of the cell (``cell.sandbox = false``) keeps the
+    judge: the honest fix passes, a forged report and os._exit(0) does not
+    (without the cell, nothing stops that code from reaching the host)."""
+    await bench.register(**JUDGE_ONLY, cell={"sandbox": False})
+    cid = await bench.open()
+    await bench.record(cid, candidate(bench.repo, bench.base, {"calc/__init__.py": FORGES_THE_REPORT}))
+    status, reason, evidence = await bench.verdict(cid)
+    assert status == "rejected" and reason is not None and "stops before the end of the run" in reason
+    assert evidence["commands"][0]["sandboxed"] is False
+    await bench.record(cid, candidate(bench.repo, bench.base, {"calc/ops.py": FIXED}))
+    verdicts = await bench.verdicts(cid)
+    assert verdicts[-1].status == "accepted", verdicts[-1].reason
