@@ -8,9 +8,11 @@ write to the database (the runtime records the verdict) and should run
 commands through ``ledger.processes.run_command`` so timeouts kill whole
 process groups.
 
-Built-ins: ``command`` (every acceptance command exits 0) and ``pytest`` (the
-same, naming the failed tests, and held to the opening observation: every test
-that failed then must pass now, no fewer collected, no more skipped). Others
+Built-ins: ``command`` (every acceptance command exits 0), ``pytest`` (the
+same, pytest run by the fixed judge of ``verifiers.judge``, naming the failed
+tests, and held to the opening observation: every test that failed then must
+pass now, no fewer collected, no more skipped) and ``review`` (a reviewer
+command's JSON verdict on the diff, for a class's quorum). Others
 are found through the entry-point group
 ``ledger.verifiers``; an entry point names a class (or zero-argument factory)
 that returns an implementation::

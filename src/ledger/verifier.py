@@ -29,6 +29,15 @@ opened the campaign (the tests that failed then, for the pytest verifier). In
 the exported tree the protected paths are as the base commit has them; a
 candidate that had changed them is rejected -- the verdict names the paths --
 even if its worker failed to refuse it.
+
+Before anything runs, the candidate's diff (as the repository has it) is
+screened for reaching into the test machinery (``ledger.screen``); pytest
+runs by the fixed judge on the base commit's configuration
+(``verifiers.judge``); the class's held-out tests are copied into the
+checkout and must pass too. A class may require a quorum of verifier kinds
+(``verifiers``): each claim is for the next kind the quorum needs
+(``kinds`` says which this verifier gives), each verdict its own row, and the
+campaign is verified when all have accepted.
 """
 
 from __future__ import annotations
