@@ -528,6 +528,13 @@ async def test_a_green_observation_without_judged_tests_cannot_confirm_a_baselin
         recorded = await sensor.record_observation("probe", f"tests-{bench.keys}", "repo#main", "green",
                                                    now(), details=details, class_=CLASS)
         assert recorded.effect == "recorded" and recorded.reason and "not confirmed" in recorded.reason
+    # a suite too large to list its passed ids gives their digests (ledger.judge.Judged.summary)
+    import hashlib
+    digest = hashlib.sha256(FAILING.encode()).hexdigest()[:12]
+    recorded = await sensor.record_observation("probe", f"tests-{bench.keys}", "repo#main", "green", now(),
+                                               details={"tests": {"judged": True, "passed_sha256": [digest]}},
+                                               class_=CLASS)
+    assert (recorded.effect, recorded.reason) == ("confirmed", None)
     # without a baseline there is nothing to show: a plain green confirms as before
     other = await sensor.open_campaign(test_class, "no-baseline", "t")
     verifier = await bench.actors("verifier")
@@ -656,6 +663,24 @@ def test_a_stream_that_stops_early_or_disagrees_is_not_trusted() -> None:
     assert not read_stream(lines(hello, ids, count, test, session, gap), connected=True, exit_code=0).trusted
     assert not read_stream(lines(hello, ids, count, test, session, finish), connected=True,
                            exit_code=1).trusted  # the process says otherwise
+
+
+def test_an_observation_keeps_its_test_ids_within_bounds() -> None:
+    """The details of an observation are bounded (256 KiB): a large suite's
+    passed ids become digests that record_observation checks the same way."""
+    import hashlib
+
+    from verifiers.judge import PASSED_CHARS, Judged
+
+    many = {f"tests/test_big.py::test_{i:06d}_{'x' * 40}": "passed" for i in range(5000)}
+    judged = Judged(connected=True, complete=True, problems=[], collected=list(many), outcomes=many)
+    summary = judged.summary()
+    assert "passed_ids" not in summary and summary["passed_ids_complete"] is True
+    assert hashlib.sha256(next(iter(many)).encode()).hexdigest()[:12] in summary["passed_sha256"]
+    assert summary["passed_modules"] == ["tests/test_big.py"]
+    assert len(json.dumps(summary)) < PASSED_CHARS * 1.1
+    few = Judged(connected=True, complete=True, problems=[], collected=["a.py::t"], outcomes={"a.py::t": "passed"})
+    assert few.summary()["passed_ids"] == ["a.py::t"]
 
 
 def test_the_screen_reads_added_lines_only_and_skips_tests(tmp_path: Path) -> None:

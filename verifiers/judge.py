@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import configparser
 import contextlib
+import hashlib
 import json
 import math
 import os
@@ -75,8 +76,14 @@ _OWNED_OPTIONS = {"-p": 1, "-c": 1, "--config-file": 1, "--rootdir": 1, "--confc
                   "--noconftest": 0, "--pyargs": 0, "--disable-plugin-autoload": 0}
 _STREAM_LIMIT = 64 * 1024 * 1024
 _LINE_LIMIT = 4 * 1024 * 1024
-#: Passed node ids kept in an observation (a confirmation is checked against them).
-PASSED_IDS_LIMIT = 5000
+#: Characters of node ids an observation keeps (its details are bounded at
+#: 256 KiB): the passed ones a confirmation is checked against -- as ids when
+#: they fit, else as short digests (``passed_sha256``: the first 12 hex digits
+#: of each id's SHA-256, with the modules whose every test passed) -- and the
+#: failed ones that make a baseline.
+PASSED_CHARS = 120_000
+FAILED_CHARS = 60_000
+DIGEST_HEX = 12
 
 
 class JudgeError(ValueError):
@@ -371,10 +378,39 @@ class Judged:
         how many ran, and the passed node ids (bounded) a confirmation is
         checked against."""
         passed = self.passed
-        return {"collected": len(self.collected) + len(self.collect_errors), "failed": self.failed,
-                "skipped": self.skipped, "passed": len(passed),
-                "passed_ids": passed[:PASSED_IDS_LIMIT], "passed_ids_complete": len(passed) <= PASSED_IDS_LIMIT,
-                "judged": self.trusted, **({"problems": self.problems[:20]} if self.problems else {})}
+        failed = _within(self.failed, FAILED_CHARS)
+        summary: dict[str, Any] = {
+            "collected": len(self.collected) + len(self.collect_errors), "failed": failed,
+            "skipped": self.skipped, "passed": len(passed), "judged": self.trusted}
+        if len(failed) < len(self.failed):
+            summary["failed_complete"] = False
+        ids = _within(passed, PASSED_CHARS)
+        if len(ids) == len(passed):
+            summary["passed_ids"] = ids
+        else:
+            digests = [hashlib.sha256(t.encode("utf-8", "surrogatepass")).hexdigest()[:DIGEST_HEX]
+                       for t in passed]
+            kept = digests[:PASSED_CHARS // (DIGEST_HEX + 3)]
+            summary["passed_sha256"] = kept
+            failing = {t.split("::", 1)[0] for t, o in self.outcomes.items() if o != "passed"}
+            summary["passed_modules"] = _within(sorted({t.split("::", 1)[0] for t in passed} - failing),
+                                                FAILED_CHARS)
+            summary["passed_ids_complete"] = len(kept) == len(passed)
+        if self.problems:
+            summary["problems"] = self.problems[:20]
+        return summary
+
+
+def _within(ids: Sequence[str], chars: int) -> list[str]:
+    """The first of ``ids`` that fit in ``chars`` characters (as JSON, roughly)."""
+    kept: list[str] = []
+    used = 0
+    for test in ids:
+        used += len(test) + 4
+        if used > chars:
+            break
+        kept.append(test)
+    return kept
 
 
 def read_stream(raw: bytes, *, connected: bool, overflow: bool = False, exit_code: int | None,

@@ -114,10 +114,12 @@ COMMENT ON FUNCTION ledger_api.open_campaign IS
 -- Why a green observation cannot confirm a campaign opened with a baseline
 -- (the tests that failed at opening, details.tests.failed of its opening
 -- observation), or NULL if it can: every one of them must be among the tests
--- the observation saw set up, called and passing (details.tests.passed_ids)
--- in a judged run (details.tests.judged: the fixed judge's stream, complete
--- and consistent). A module that failed to collect at opening is met by
--- passing tests inside it. Without a baseline there is nothing to show.
+-- the observation saw set up, called and passing in a judged run
+-- (details.tests.judged: the fixed judge's stream, complete and consistent):
+-- in details.tests.passed_ids, or -- for a suite too large to list -- by the
+-- first 12 hex digits of its SHA-256 in details.tests.passed_sha256. A module
+-- that failed to collect at opening is met by passing tests inside it
+-- (passed_modules). Without a baseline there is nothing to show.
 CREATE OR REPLACE FUNCTION ledger.baseline_unmet(p_opening jsonb, p_details jsonb)
     RETURNS text
     LANGUAGE plpgsql
@@ -133,17 +135,21 @@ BEGIN
         RETURN NULL;
     END IF;
     IF jsonb_typeof(v_tests) IS DISTINCT FROM 'object' OR v_tests -> 'judged' IS DISTINCT FROM 'true'
-       OR jsonb_typeof(v_tests -> 'passed_ids') IS DISTINCT FROM 'array' THEN
+       OR (jsonb_typeof(v_tests -> 'passed_ids') IS DISTINCT FROM 'array'
+           AND jsonb_typeof(v_tests -> 'passed_sha256') IS DISTINCT FROM 'array') THEN
         RETURN format('not confirmed: the campaign opened with %s failing test(s), and this observation '
                       'shows no judged test run that could show them passing', jsonb_array_length(v_failed));
     END IF;
-    v_passed := v_tests -> 'passed_ids';
+    v_passed := coalesce(v_tests -> 'passed_ids', '[]');
     SELECT array_agg(f.id ORDER BY f.n) INTO v_missing
       FROM jsonb_array_elements_text(v_failed) WITH ORDINALITY AS f(id, n)
      WHERE NOT v_passed ? f.id
-       AND NOT (position('::' IN f.id) = 0 AND EXISTS (
-                    SELECT 1 FROM jsonb_array_elements_text(v_passed) p(id)
-                     WHERE starts_with(p.id, f.id || '::')));
+       AND NOT coalesce(v_tests -> 'passed_sha256', '[]')
+               ? left(encode(sha256(convert_to(f.id, 'UTF8')), 'hex'), 12)
+       AND NOT (position('::' IN f.id) = 0 AND (
+                    coalesce(v_tests -> 'passed_modules', '[]') ? f.id
+                    OR EXISTS (SELECT 1 FROM jsonb_array_elements_text(v_passed) p(id)
+                                WHERE starts_with(p.id, f.id || '::'))));
     IF v_missing IS NULL THEN
         RETURN NULL;
     END IF;
