@@ -711,3 +711,38 @@ async def test_the_judge_without_a_cell_still_reads_its_own_stream(bench: Bench)
     await bench.record(cid, candidate(bench.repo, bench.base, {"calc/ops.py": FIXED}))
     verdicts = await bench.verdicts(cid)
     assert verdicts[-1].status == "accepted", verdicts[-1].reason
+
+
+@pytest.mark.rollback  # only SQL: a transaction rolled back after the test
+@pytest.mark.parametrize(("layer", "settings", "says"), [
+    ("screen", {"protected": []}, "adds compiled code"),
+    ("judge", JUDGE_ONLY, f"1 test(s) failed: {FAILING}")], ids=["screen", "judge"])
+async def test_committed_bytecode_is_never_loaded(bench: Bench, tmp_path: Path, layer: str,
+                                                  settings: dict[str, Any], says: str) -> None:
+    """An unchecked-hash .pyc is loaded without looking at its source: the
+    candidate leaves calc/__init__.py as it was and commits the report-patching
+    code compiled. The screen names it (compiled-code); without the screen the
+    judge removes it before running, and the bug shows."""
+    import py_compile
+
+    source = tmp_path / "forged.py"
+    source.write_text(PATCHES_REPORTS)
+    compiled = tmp_path / "forged.pyc"
+    py_compile.compile(str(source), cfile=str(compiled), doraise=True,
+                       invalidation_mode=py_compile.PycInvalidationMode.UNCHECKED_HASH)
+    pyc = f"calc/__pycache__/__init__.{sys.implementation.cache_tag}.pyc"
+    tree = bench.repo.parent / "bytecode"
+    git(bench.repo, "worktree", "add", "-q", "--detach", str(tree), bench.base)
+    (tree / pyc).parent.mkdir(parents=True)
+    (tree / pyc).write_bytes(compiled.read_bytes())
+    git(tree, "add", "-f", "-A")
+    git(tree, "commit", "-q", "-m", "bytecode")
+    sha = git(tree, "rev-parse", "HEAD")
+    git(bench.repo, "worktree", "remove", "--force", str(tree))
+    await bench.register(**settings)
+    cid = await bench.open()
+    await bench.record(cid, sha)
+    status, reason, _ = await bench.verdict(cid)
+    assert status == "rejected" and says in (reason or ""), (layer, reason)
+    if layer == "screen":
+        assert pyc in (reason or "")

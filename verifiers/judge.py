@@ -7,10 +7,10 @@ run as written. Its arguments are kept; everything else is Ledger's:
 * **The interpreter** is the one the class names (``acceptance.pytest.python``),
   else the command's own (the class wrote it, not the candidate), started in
   isolated mode (``-I``: no user site-packages, no ``PYTHON*`` variables,
-  neither the current directory nor the script's on ``sys.path``) with
-  bytecode caches kept out of the tree (``-X pycache_prefix``: a ``.pyc``
-  the candidate committed is never loaded). In a cell, its installation is
-  read-only.
+  neither the current directory nor the script's on ``sys.path``); compiled
+  files the candidate committed (``__pycache__``, ``*.pyc``) are removed from
+  the checkout first (``remove_bytecode``), so only its sources are loaded. In
+  a cell, its installation is read-only.
 * **The plugins**: auto-loading off (``PYTEST_DISABLE_PLUGIN_AUTOLOAD=1``,
   ``PYTEST_PLUGINS`` and ``PYTEST_ADDOPTS`` dropped), so no entry point -- an
   installed one, or a ``*.dist-info`` the candidate added -- is honoured; only
@@ -546,6 +546,26 @@ def _outcome(phases: Mapping[str, Any]) -> tuple[str, str | None]:
 
 # --- the command ------------------------------------------------------------------------------
 
+def remove_bytecode(checkout: Path) -> int:
+    """Remove compiled Python from a checkout before it is judged (a committed
+    ``.pyc`` whose header matches its source would be loaded instead of it);
+    returns how many files went. Not followed through links."""
+    removed = 0
+    for directory, dirs, files in os.walk(checkout):
+        for name in list(dirs):
+            if name == "__pycache__":
+                dirs.remove(name)
+                path = Path(directory) / name
+                removed += sum(1 for p in path.rglob("*") if p.is_file())
+                shutil.rmtree(path, ignore_errors=True)
+        for name in files:
+            if name.endswith((".pyc", ".pyo")):
+                with contextlib.suppress(OSError):
+                    (Path(directory) / name).unlink()
+                    removed += 1
+    return removed
+
+
 @dataclass
 class Prepared:
     """One judged pytest command, ready to run: its argv and environment
@@ -603,8 +623,7 @@ class Judge:
         run.chmod(0o755)
         channel = Channel(run)
         seen = self.seen_root
-        cache = "/tmp/ledger-pycache" if self.sandboxed else str(run / "pycache")
-        argv = [python, "-I", "-X", f"pycache_prefix={cache}", f"{seen}/lib/ledger_judge_run.py",
+        argv = [python, "-I", f"{seen}/lib/ledger_judge_run.py",
                 "--channel", f"{seen}/run-{self._runs}/channel.sock", "--checkout", checkout]
         for entry in self.pythonpath:
             argv += ["--pythonpath", entry]

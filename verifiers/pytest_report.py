@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from . import Acceptance, Baseline, Verdict, passed, run_acceptance
-from .judge import INSIDE_JUDGE, Judge, Judged, Prepared, read_stream
+from .judge import INSIDE_JUDGE, Judge, Judged, Prepared, read_stream, remove_bytecode
 from ledger.cell import INSIDE_WORK, Binding
 from ledger.processes import CommandResult
 
@@ -223,6 +223,7 @@ class PytestVerifier:
         from the judge's stream, never from what the run wrote."""
         reports: list[Report] = []
         ran_pytest = False
+        remove_bytecode(checkout)
         judge = Judge(acceptance.pytest, acceptance.config_files, sandboxed=acceptance.sandboxed)
         seen_checkout = INSIDE_WORK if acceptance.sandboxed else str(checkout)
         prepared: dict[int, Prepared] = {}

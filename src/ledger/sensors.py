@@ -40,7 +40,7 @@ from apscheduler.triggers.base import BaseTrigger
 from apscheduler.triggers.cron import CronTrigger
 from apscheduler.triggers.interval import IntervalTrigger
 
-from verifiers.judge import INSIDE_JUDGE, Judge, JudgeSettings, files_of, read_stream
+from verifiers.judge import INSIDE_JUDGE, Judge, JudgeSettings, files_of, read_stream, remove_bytecode
 from verifiers.pytest_report import pytest_command, read_report
 
 from . import cell as cells
@@ -150,6 +150,8 @@ async def _run_command(sensor: SensorConfig, repository: str | None, ref: str | 
         if pytest is not None:
             # the same fixed judge as the verifier's, on the observed tree's own
             # configuration (what landed there passed the judge)
+            if cwd == work:
+                remove_bytecode(work)  # only an export of ours, never a directory of the user's
             judge = Judge(settings, files_of(cwd), sandboxed=sandboxed)
             prepared = judge.prepare(judge.interpreter(pytest), pytest[3:],
                                      cells.INSIDE_WORK if sandboxed else str(cwd))
