@@ -217,9 +217,10 @@ class Bench:
         spec = {"commands": [PYTEST], "timeout_s": 120, "environment": QUICK, **acceptance}
         quorum = verifiers or ["pytest"]
         promotion = {"ref": "refs/heads/main", "repository": str(self.repo)} if promote else {}
+        authority = {"dispatcher": {"refs": ["refs/heads/main"], "hosts": []}} if promote else {}
         await (await self.actors("operator")).register_class(
             CLASS, max_attempts=5, lease_seconds=30, backoff_base_s=0, backoff_jitter=0,
-            verifier=quorum[0], acceptance=spec, promotion=promotion,
+            verifier=quorum[0], acceptance=spec, promotion=promotion, authority=authority,
             **({"verifiers": quorum} if verifiers else {}))
 
     async def open(self) -> int:
@@ -602,6 +603,14 @@ async def test_a_quorum_accepts_only_when_every_verifier_does(bench: Bench, tmp_
     assert [(v["kind"], v["verifier"]) for v in landing["verdicts"]] == [
         ("pytest", "verifier-B"), ("review", "verifier-B")]
     assert landing["verdicts"][1]["summary"] == "adds, as the objective asks"
+    # the landed commit's trailers name every verifier of the quorum
+    from ledger.dispatcher import Dispatcher
+
+    assert await Dispatcher(await bench.actors("dispatcher")).run_once() == 1
+    verdict_lines = [line for line in git(bench.repo, "log", "-1", "--format=%B", "main").splitlines()
+                     if line.startswith("Ledger-Verdict:")]
+    assert [line.split(":", 2)[1].strip() for line in verdict_lines] == [
+        "accepted by verifier-B [pytest]", "accepted by verifier-B [review]"], verdict_lines
 
 
 @pytest.mark.rollback  # only SQL: a transaction rolled back after the test
