@@ -5,7 +5,10 @@ The tree at REF is exported to a temporary directory (the repository itself is
 never touched) and ``python -m unittest`` runs there -- or, with ``--pytest``,
 ``python -m pytest``, writing its JUnit report where the sensor asks
 (``$LEDGER_JUNIT_XML``): the observation then names the tests that failed, and
-a campaign it opens holds its candidates to them.
+a campaign it opens holds its candidates to them. Such a report is the tests'
+own to write, so it can open a campaign but never confirm one: a sensor whose
+command is pytest itself (run by Ledger's judge in an export of its target's
+ref) can.
 """
 
 import io

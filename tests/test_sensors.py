@@ -10,6 +10,7 @@ import subprocess
 import sys
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -288,9 +289,16 @@ async def test_a_pytest_sensor_names_the_failing_tests(tmp_path: Path) -> None:
         "cell": {"sandbox": False},
         "command": [sys.executable, str(examples_dir() / "run_tests_at.py"), str(bare), "main",
                     "--pytest"]}}}).sensors["s"]
-    for sensor, observes in ((direct, (str(bare), "main")), (wrapped, (None, None))):
-        reading = await check(sensor, repository=observes[0], ref=observes[1])
+    observed: tuple[tuple[Any, dict[str, Any]], ...] = (
+        (direct, {"repository": str(bare), "ref": "main"}), (wrapped, {}))
+    for sensor, observes in observed:
+        reading = await check(sensor, **observes)
         assert reading.status == "red"
-        assert reading.details["tests"] == {"collected": 3, "failed": ["tests/test_app.py::test_broken"],
-                                            "skipped": 1, "passed": 1}
+        tests = reading.details["tests"]
+        assert {k: tests[k] for k in ("collected", "failed", "skipped", "passed")} == {
+            "collected": 3, "failed": ["tests/test_app.py::test_broken"], "skipped": 1, "passed": 1}
+        if sensor is direct:  # by the judge: the passed node ids a confirmation is checked against
+            assert tests["judged"] is True and tests["passed_ids"] == ["tests/test_app.py::test_ok"]
+        else:  # a wrapper's JUnit report: a baseline, never a confirmation
+            assert "judged" not in tests and "passed_ids" not in tests
         assert reading.details["command"] == sensor.command

@@ -160,7 +160,9 @@ async def test_bad_candidate_rejected_with_evidence_then_good_one_accepted(
     assert ev["verifier"] == verifier.identity and ev["model_family"] == "family-v"
     (cmd,) = ev["commands"]
     assert cmd["exit_code"] == 1 and cmd["timed_out"] is False and cmd["duration_s"] > 0
-    assert cmd["argv"][:3] == [PY, "-m", "pytest"] and any(a.startswith("--junitxml=") for a in cmd["argv"])
+    # run by the fixed judge: isolated mode, Ledger's launcher, a configuration outside the checkout
+    assert cmd["argv"][:2] == [PY, "-I"] and cmd["argv"][2].endswith("/lib/ledger_judge_run.py")
+    assert "-c" in cmd["argv"] and not any(a.startswith("--junitxml") for a in cmd["argv"])
     assert "test_add" in cmd["output"] and "1 failed, 1 passed" in cmd["output"]
     campaign = await (await actors.reads("reader")).campaign(cid)
     assert campaign.state == "ready"
@@ -214,8 +216,9 @@ async def test_verifier_never_judges_its_own_attempt_nor_acts_as_worker(
     attempt_id = admin.execute("SELECT id FROM ledger.attempt WHERE campaign_id = %s",
                                (cid,)).fetchone()["id"]
     forced = admin.execute(
-        "INSERT INTO ledger.verification (campaign_id, attempt_id, generation, verifier, "
-        "claimed_at, lease_expires_at) SELECT id, %s, generation, %s, now(), now() + interval '1 hour' "
+        "INSERT INTO ledger.verification (campaign_id, attempt_id, generation, verifier, kind, "
+        "claimed_at, lease_expires_at) SELECT id, %s, generation, %s, 'command', now(), "
+        "now() + interval '1 hour' "
         "FROM ledger.campaign WHERE id = %s RETURNING id", (attempt_id, identity, cid)).fetchone()["id"]
     with pytest.raises(SameIdentity):
         await verifier_kernel.accept(forced, {"forced": True})

@@ -8,9 +8,11 @@ write to the database (the runtime records the verdict) and should run
 commands through ``ledger.processes.run_command`` so timeouts kill whole
 process groups.
 
-Built-ins: ``command`` (every acceptance command exits 0) and ``pytest`` (the
-same, naming the failed tests, and held to the opening observation: every test
-that failed then must pass now, no fewer collected, no more skipped). Others
+Built-ins: ``command`` (every acceptance command exits 0), ``pytest`` (the
+same, pytest run by the fixed judge of ``verifiers.judge``, naming the failed
+tests, and held to the opening observation: every test that failed then must
+pass now, no fewer collected, no more skipped) and ``review`` (a reviewer
+command's JSON verdict on the diff, for a class's quorum). Others
 are found through the entry-point group
 ``ledger.verifiers``; an entry point names a class (or zero-argument factory)
 that returns an implementation::
@@ -43,6 +45,8 @@ from typing import Any, Protocol, runtime_checkable
 from ledger.cell import INSIDE_OUT, INSIDE_WORK, Binding, CellPolicy, CellSpec
 from ledger.processes import CommandResult, cell_environment, check_extra, child_environment, run_command
 
+from .judge import JudgeError, JudgeSettings
+
 ENTRY_POINT_GROUP = "ledger.verifiers"
 
 #: The implementations shipped with Ledger, by name (also declared as entry points;
@@ -50,6 +54,7 @@ ENTRY_POINT_GROUP = "ledger.verifiers"
 BUILTINS: dict[str, str] = {
     "command": "verifiers.command:CommandVerifier",
     "pytest": "verifiers.pytest_report:PytestVerifier",
+    "review": "verifiers.review:ReviewVerifier",
 }
 
 
@@ -91,7 +96,14 @@ class Acceptance:
     get; the opening observation's tests, when known; the cell the commands
     run in (``cell``; its ``sandbox = false`` runs them as the verifier's own
     user), and a directory they may write reports to (``outputs``: seen at
-    ``/cell/out`` in the cell; ``seen_outputs`` says where)."""
+    ``/cell/out`` in the cell; ``seen_outputs`` says where).
+
+    Set by the runtime for the judge: how pytest runs (``pytest``, from
+    ``acceptance.pytest``) and the base commit's configuration files
+    (``config_files``); the held-out acceptance copied into the checkout
+    (``held_out``: the directory, relative to the checkout; its commands are
+    ``commands[held_out_from:]``); the spec's ``review`` settings and what a
+    reviewer is shown (``context``: objective, diff, the verdicts so far)."""
 
     commands: tuple[tuple[str, ...], ...]
     timeout_s: float
@@ -99,6 +111,12 @@ class Acceptance:
     baseline: Baseline | None = None
     cell: CellPolicy = field(default_factory=CellPolicy)
     outputs: Path | None = None
+    pytest: JudgeSettings = field(default_factory=JudgeSettings)
+    config_files: Mapping[str, bytes] = field(default_factory=dict)
+    held_out: str | None = None
+    held_out_from: int | None = None
+    review: Mapping[str, Any] = field(default_factory=dict)
+    context: Mapping[str, Any] = field(default_factory=dict)
 
     @property
     def sandboxed(self) -> bool:
@@ -109,6 +127,12 @@ class Acceptance:
         """The same acceptance, with a directory for the commands' reports."""
         return dataclasses.replace(self, outputs=outputs)
 
+    def with_held_out(self, into: str, commands: Sequence[Sequence[str]]) -> Acceptance:
+        """The same acceptance, with held-out tests copied to ``into`` in the
+        checkout and ``commands`` run after the others."""
+        return dataclasses.replace(self, commands=(*self.commands, *(tuple(c) for c in commands)),
+                                   held_out=into, held_out_from=len(self.commands))
+
     def seen_outputs(self) -> str:
         """Where a command finds the outputs directory (inside its cell, or on the host)."""
         if self.outputs is None:
@@ -116,13 +140,17 @@ class Acceptance:
         return INSIDE_OUT if self.sandboxed else str(self.outputs)
 
     @classmethod
-    def from_spec(cls, spec: Mapping[str, Any], baseline: Baseline | None = None) -> Acceptance:
+    def from_spec(cls, spec: Mapping[str, Any], baseline: Baseline | None = None, *,
+                  require_commands: bool = True) -> Acceptance:
         """Validate an ``acceptance`` mapping (``{"commands": [[...]], "timeout_s": n,
-        "environment": ["NAME", "NAME=VALUE"]}``)."""
+        "environment": ["NAME", "NAME=VALUE"]}``); a reviewer needs no commands
+        (``require_commands=False``)."""
         if not isinstance(spec, Mapping):
             raise InvalidAcceptance("the acceptance spec must be a mapping")
         commands = spec.get("commands")
-        if not isinstance(commands, Sequence) or isinstance(commands, str) or not commands:
+        if not require_commands and not commands:
+            commands = []
+        elif not isinstance(commands, Sequence) or isinstance(commands, str) or not commands:
             raise InvalidAcceptance("the acceptance spec has no commands: nothing would be checked")
         argvs = []
         for argv in commands:
@@ -145,8 +173,15 @@ class Acceptance:
             policy = CellPolicy.model_validate(spec.get("cell") or {})
         except ValueError as exc:
             raise InvalidAcceptance(f"acceptance cell: {exc}") from None
+        try:
+            judge = JudgeSettings.from_spec(spec.get("pytest"))
+        except JudgeError as exc:
+            raise InvalidAcceptance(str(exc)) from None
+        review = spec.get("review") or {}
+        if not isinstance(review, Mapping):
+            raise InvalidAcceptance("acceptance review must be a table")
         return cls(commands=tuple(argvs), timeout_s=float(timeout), environment=extras,
-                   baseline=baseline, cell=policy)
+                   baseline=baseline, cell=policy, pytest=judge, review=dict(review))
 
 
 @dataclass(frozen=True)
@@ -179,19 +214,21 @@ async def run_acceptance(
     acceptance: Acceptance,
     prepare: Callable[[int, tuple[str, ...]], Sequence[str]] | None = None,
     annotate: Callable[[int, CommandResult], CommandResult] | None = None,
+    bindings: Sequence[Binding] = (),
 ) -> tuple[list[CommandResult], list[list[str]]]:
     """Run the commands in order within the one time budget, stopping at the
     first that fails. ``prepare(i, argv)`` may rewrite a command before it runs,
-    ``annotate(i, result)`` may add to its result. Returns the results and the
-    commands that were not run."""
+    ``annotate(i, result)`` may add to its result (an ``extra["refused"]``
+    reason fails a command that exited 0); ``bindings`` are more host paths
+    the cell sees. Returns the results and the commands that were not run."""
     deadline = time.monotonic() + acceptance.timeout_s
     results: list[CommandResult] = []
     cell: CellSpec | None = None
     if acceptance.sandboxed:
-        bindings = [Binding(checkout, INSIDE_WORK, writable=True)]
+        seen = [Binding(checkout, INSIDE_WORK, writable=True)]
         if acceptance.outputs is not None:
-            bindings.append(Binding(acceptance.outputs, INSIDE_OUT, writable=True))
-        cell = CellSpec(acceptance.cell, tuple(bindings), cwd=INSIDE_WORK,
+            seen.append(Binding(acceptance.outputs, INSIDE_OUT, writable=True))
+        cell = CellSpec(acceptance.cell, (*seen, *bindings), cwd=INSIDE_WORK,
                         env=cell_environment(acceptance.environment))
     for i, argv in enumerate(acceptance.commands):
         command = list(prepare(i, argv)) if prepare else list(argv)
@@ -200,10 +237,15 @@ async def run_acceptance(
         if annotate:
             result = annotate(i, result)
         results.append(result)
-        if not result.passed:
+        if not passed(result):
             skipped = [list(a) for a in acceptance.commands[i + 1:]]
             return results, skipped
     return results, []
+
+
+def passed(result: CommandResult) -> bool:
+    """Whether a command passed: exit 0 in time, and nothing refused it."""
+    return result.passed and not result.extra.get("refused")
 
 
 def names() -> list[str]:
@@ -238,5 +280,5 @@ def _resolve(reference: str) -> Any:
 
 __all__ = [
     "Acceptance", "Baseline", "CommandResult", "ENTRY_POINT_GROUP", "Implementation", "InvalidAcceptance",
-    "UnknownVerifier", "Verdict", "load", "names", "run_acceptance", "run_command",
+    "UnknownVerifier", "Verdict", "load", "names", "passed", "run_acceptance", "run_command",
 ]

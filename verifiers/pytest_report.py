@@ -7,13 +7,18 @@ failed then must *pass* now -- a test that is skipped, xfailed, deselected or
 gone does not count -- the number of tests collected must not drop and the
 number skipped must not rise. A rejection names the tests.
 
-A pytest command gets ``--junitxml`` pointing outside the checkout (and the
-xunit1 flavour, whose ``file`` attribute makes node ids exact). A bare
-``pytest`` becomes ``<its python> -m pytest`` so the checkout is on
-``sys.path``: the tests import the candidate's code, not an installed copy.
-Commands that are not pytest run as they are. Sensors use the same functions
-(``junit_arguments``, ``read_report``), so the node ids of an observation and
-of a verdict are spelt alike.
+A pytest command runs by the fixed judge (``verifiers.judge``): Ledger's
+interpreter settings, plugins and configuration, and a verdict read from the
+judge plugin's stream, never from a report the run wrote: an exit 0 whose
+stream is missing, partial or inconsistent is a failure. A bare ``pytest``
+runs under the Python of its script. Commands that are not pytest run as they
+are. With held-out acceptance (copied into the checkout by the runtime), every
+held-out test must pass too.
+
+Sensors run pytest by the same judge, so the node ids of an observation and of
+a verdict are spelt alike; ``junit_arguments`` and ``read_report`` remain for a
+sensor's wrapper that writes a JUnit report to ``$LEDGER_JUNIT_XML`` (such a
+report can open a campaign, never confirm one).
 """
 
 from __future__ import annotations
@@ -31,7 +36,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from . import Acceptance, Baseline, Verdict, run_acceptance
+from . import Acceptance, Baseline, Verdict, passed, run_acceptance
+from .judge import INSIDE_JUDGE, Judge, Judged, Prepared, read_stream, remove_bytecode
+from ledger.cell import INSIDE_WORK, Binding
 from ledger.processes import CommandResult
 
 #: Failed node ids listed in a reject reason (all of them go to the evidence).
@@ -192,56 +199,117 @@ def held_to(baseline: Baseline, reports: Sequence[Report]) -> list[str]:
     return problems
 
 
+def report_of(judged: Judged) -> Report:
+    """A judged run as a ``Report`` (what ``held_to`` compares)."""
+    outcomes = dict(judged.outcomes)
+    outcomes.update({e: "failed" for e in judged.collect_errors})
+    return Report(tests=len(judged.collected) + len(judged.collect_errors), failed=judged.failed,
+                  skipped=judged.skipped, outcomes=outcomes)
+
+
+class JudgeUnavailable(RuntimeError):
+    """The judge could not start (no candidate code had run): not a verdict."""
+
+
 class PytestVerifier:
-    """Run the acceptance commands; report failed pytest node ids; hold a
-    passing run to the opening observation."""
+    """Run the acceptance commands, pytest ones by the fixed judge
+    (``verifiers.judge``); report failed node ids; hold a passing run to the
+    opening observation and require every held-out test to pass."""
 
     name = "pytest"
 
     async def verify(self, checkout: Path, acceptance: Acceptance) -> Verdict:
-        """Run the commands in ``checkout`` (pytest ones with a JUnit report)."""
+        """Run the commands in ``checkout``; a pytest command's verdict is read
+        from the judge's stream, never from what the run wrote."""
         reports: list[Report] = []
         ran_pytest = False
-        with tempfile.TemporaryDirectory(prefix="ledger-junit-") as scratch:
-            if acceptance.outputs is None:
-                acceptance = acceptance.with_outputs(Path(scratch))
-            directory = acceptance.outputs
-            assert directory is not None
-            seen = Path(acceptance.seen_outputs())
-            is_pytest: dict[int, bool] = {}
+        remove_bytecode(checkout)
+        judge = Judge(acceptance.pytest, acceptance.config_files, sandboxed=acceptance.sandboxed)
+        seen_checkout = INSIDE_WORK if acceptance.sandboxed else str(checkout)
+        prepared: dict[int, Prepared] = {}
+        problems: list[str] = []
+        held_out: list[Judged] = []
+        try:
+            cell = acceptance.cell
+            if acceptance.sandboxed and judge.read_only():
+                cell = cell.model_copy(update={"read_only": [*cell.read_only, *judge.read_only()]})
+            acceptance = dataclasses.replace(
+                acceptance, environment=tuple(Judge.environment(acceptance.environment)), cell=cell)
 
             def prepare(i: int, argv: tuple[str, ...]) -> list[str]:
                 command = pytest_command(argv)
-                is_pytest[i] = command is not None
                 if command is None:
                     return list(argv)
-                return [*command, *junit_arguments(seen / f"junit-{i}.xml")]
+                arguments = command[3:]
+                if acceptance.held_out is not None and (acceptance.held_out_from is None
+                                                        or i < acceptance.held_out_from):
+                    # the held-out tests run on their own, after: never counted
+                    # with (nor compared like) the candidate's own
+                    arguments = [*arguments, f"--ignore={acceptance.held_out}"]
+                run = judge.prepare(judge.interpreter(command), arguments, seen_checkout)
+                prepared[i] = run
+                return run.argv
 
             def annotate(i: int, result: CommandResult) -> CommandResult:
                 nonlocal ran_pytest
-                if not is_pytest[i]:
+                run = prepared.get(i)
+                if run is None:
                     return result
                 ran_pytest = True
-                report = read_report(directory / f"junit-{i}.xml")
-                extra: dict[str, Any] = {"pytest": True, "report": report is not None,
-                                         "failed_tests": report.failed if report else []}
-                if report:
-                    reports.append(report)
-                    extra.update(tests=report.tests, skipped=report.skipped)
+                raw = run.channel.close()
+                judged = read_stream(raw, connected=run.channel.connected, overflow=run.channel.overflow,
+                                     exit_code=result.exit_code, wall_s=result.duration_s)
+                if not judged.connected and not result.timed_out and result.exit_code not in (None, 0):
+                    raise JudgeUnavailable(f"the judge did not start: {result.describe()}: "
+                                           f"{result.output[-500:]}")
+                report = report_of(judged)
+                reports.append(report)
+                extra: dict[str, Any] = {"pytest": True, "judged": judged.trusted,
+                                         "failed_tests": report.failed, "tests": report.tests,
+                                         "skipped": report.skipped, "config": judge.config.source}
+                if judged.problems:
+                    extra["judge_problems"] = judged.problems[:20]
+                if result.passed and not judged.trusted:
+                    shown = "; ".join(judged.problems[:3])
+                    extra["refused"] = f"pytest exited 0, but the judge's report cannot be trusted: {shown}"
+                    problems.append(extra["refused"])
+                if acceptance.held_out_from is not None and i >= acceptance.held_out_from:
+                    held_out.append(judged)
+                    extra["held_out"] = True
                 return dataclasses.replace(result, extra=extra)
 
-            results, skipped = await run_acceptance(checkout, acceptance, prepare, annotate)
+            results, skipped = await run_acceptance(
+                checkout, acceptance, prepare, annotate,
+                bindings=[Binding(judge.root, INSIDE_JUDGE, writable=False)])
+        finally:
+            for run in prepared.values():
+                run.channel.close(0.1)
+            judge.close()
         evidence: dict[str, Any] = {
             "commands": [r.evidence() for r in results], "not_run": skipped,
             "failed_tests": [t for r in results for t in r.extra.get("failed_tests", [])],
+            "judge": {"config": judge.config.source, "plugins": list(acceptance.pytest.plugins),
+                      "pythonpath": judge.pythonpath},
         }
-        failed = next((r for r in results if not r.passed), None)
+        if problems:
+            evidence["judge"]["problems"] = problems
+            return Verdict(accepted=False, reason=problems[0], evidence=evidence)
+        failed = next((r for r in results if not passed(r)), None)
+        if failed is not None and failed.extra.get("held_out") and failed.extra.get("failed_tests"):
+            short = failed.extra["failed_tests"]
+            return Verdict(accepted=False, evidence=evidence,
+                           reason=f"{len(short)} held-out test(s) do not pass: " + ", ".join(short[:REASON_LIMIT]))
         if failed is not None:
             return Verdict(accepted=False, reason=_reason(failed), evidence=evidence)
         baseline = acceptance.baseline
-        passed = sum(1 for r in reports for o in r.outcomes.values() if o == "passed")
-        summary = (f"{len(results)} command(s) passed; {passed} test(s) passed, "
-                   f"{sum(r.skipped for r in reports)} skipped")
+        passed_count = sum(1 for r in reports for o in r.outcomes.values() if o == "passed")
+        summary = (f"{len(results)} command(s) passed; {passed_count} test(s) passed, "
+                   f"{sum(r.skipped for r in reports)} skipped (judged)")
+        if acceptance.held_out is not None:
+            summary += f"; {sum(len(j.passed) for j in held_out)} held-out passed"
+        if baseline is None or not ran_pytest:
+            if (refused := self._held_out(acceptance, held_out, evidence)) is not None:
+                return refused
         if baseline is None:
             evidence.update(baseline="none: the opening observation reported no tests",
                             summary=summary)
@@ -251,13 +319,28 @@ class PytestVerifier:
         if not ran_pytest:
             evidence["summary"] = summary + "; not compared with the opening observation (no pytest command)"
             return Verdict(accepted=True, evidence=evidence)
-        if len(reports) < sum(1 for r in results if r.extra.get("pytest")):
-            return Verdict(accepted=False, evidence=evidence,
-                           reason="a pytest run left no report: it cannot be compared with the "
-                                  "opening observation")
-        problems = held_to(baseline, reports)
-        if problems:
-            return Verdict(accepted=False, reason="; ".join(problems), evidence=evidence)
+        main_reports = reports[:len(reports) - len(held_out)] if held_out else reports
+        shortfall = held_to(baseline, main_reports)
+        if shortfall:
+            return Verdict(accepted=False, reason="; ".join(shortfall), evidence=evidence)
+        if (refused := self._held_out(acceptance, held_out, evidence)) is not None:
+            return refused
         evidence["summary"] = (summary + f"; the {len(baseline.failed)} test(s) that failed at "
                                "opening pass")
         return Verdict(accepted=True, evidence=evidence)
+
+    @staticmethod
+    def _held_out(acceptance: Acceptance, held_out: list[Judged], evidence: dict[str, Any]) -> Verdict | None:
+        """A rejection if a held-out test does not pass (``None``: all pass, or none declared)."""
+        if acceptance.held_out is None:
+            return None
+        if not held_out or not any(j.collected for j in held_out):
+            raise JudgeUnavailable(f"the held-out acceptance at {acceptance.held_out} collected no "
+                                   "tests: a held-out directory of pytest tests, run by a pytest "
+                                   "command, is needed")
+        evidence["held_out"] = {"into": acceptance.held_out, "passed": sum(len(j.passed) for j in held_out)}
+        short = [t for j in held_out for t, o in j.outcomes.items() if o != "passed"]
+        if short:
+            return Verdict(accepted=False, evidence=evidence,
+                           reason=f"{len(short)} held-out test(s) do not pass: " + ", ".join(short[:REASON_LIMIT]))
+        return None

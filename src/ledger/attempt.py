@@ -573,7 +573,9 @@ class AttemptRun:
             campaign_id=c.campaign_id, attempt_no=c.attempt_no, generation=c.generation,
             class_=c.class_, objective_key=c.objective_key, target=c.target,
             desired_state=c.desired_state, opening_observation=c.opening_observation,
-            acceptance=self.acceptance, protected=protection.patterns_of(self.acceptance),
+            # held-out tests are the verifier's alone: not even where they are
+            acceptance={k: v for k, v in self.acceptance.items() if k != "held_out"},
+            protected=protection.patterns_of(self.acceptance),
             allow_protected_changes=bool(self.acceptance.get("allow_protected_changes")),
             commit_message_file=f"{seen['out']}/{MESSAGE_FILE}",
             base_ref=self.cls.base_ref,

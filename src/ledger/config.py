@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import re
 import tomllib
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -75,6 +75,95 @@ class Backoff(_Strict):
     jitter: float = Field(0.1, ge=0, le=1, description="+/- this fraction, at random")
 
 
+class PytestJudge(_Strict):
+    """How a pytest acceptance command runs (``verifiers.judge``): the
+    interpreter, the only plugins loaded, and where its configuration comes from."""
+
+    python: str | None = Field(None, description="the interpreter (absolute path; default: the "
+                                                 "command's own), started with -I")
+    plugins: list[str] = Field(default_factory=list,
+                               description="the only plugins loaded (by -p; auto-loading is off)")
+    config: Literal["base", "class"] = Field(
+        "base", description="base: the base commit's pytest configuration; class: ini below")
+    ini: dict[str, Any] = Field(default_factory=dict,
+                                description="with config = class: the pytest settings (INI style)")
+    pythonpath: list[str] | None = Field(None, description="directories of the checkout put on "
+                                                           "sys.path (default: the configuration's, and .)")
+
+    @model_validator(mode="after")
+    def _valid(self) -> PytestJudge:
+        from verifiers.judge import JudgeError, JudgeSettings
+        try:
+            JudgeSettings.from_spec(self.model_dump())
+        except JudgeError as exc:
+            raise ValueError(str(exc)) from None
+        return self
+
+
+class ScreenRule(_Strict):
+    """A screen rule of the class's own: added lines matching ``pattern``."""
+
+    name: str = Field(min_length=1, max_length=64)
+    pattern: str = Field(min_length=1, description="a regular expression")
+    paths: list[str] = Field(default_factory=list, description="only in these path globs")
+    why: str = Field("matches a rule of the class", description="what the finding says")
+
+
+class ScreenSettings(_Strict):
+    """What the verifier flags in the diff before running anything (``ledger.screen``)."""
+
+    rules: list[str] | None = Field(None, description="the rules used (default: all; [] = off)")
+    exempt: list[str] = Field(default_factory=list, description="paths not screened (gitignore-style)")
+    extra: list[ScreenRule] = Field(default_factory=list, description="rules of the class's own")
+
+    @model_validator(mode="after")
+    def _valid(self) -> ScreenSettings:
+        from .screen import check_settings
+        check_settings(self.model_dump())
+        return self
+
+
+class HeldOut(_Strict):
+    """Tests the candidate never saw: a directory on the verifier's host, or a
+    repository's ref fetched with the verifier's credentials; copied into the
+    judge's checkout at ``into`` at verification time, never shown to attempts."""
+
+    path: str | None = Field(None, description="a directory on the verifier's host")
+    repository: str | None = Field(None, description="or a repository (path or URL) ...")
+    ref: str = Field("main", description="... and its ref")
+    subdir: str = Field("", description="the part of it to copy (default: all of it)")
+    into: str = Field("tests/held_out", description="where in the checkout (relative)")
+    commands: list[list[str]] = Field(default_factory=list, description=(
+        "what runs them (default for the pytest verifier: pytest on `into`, by the judge)"))
+
+    @model_validator(mode="after")
+    def _one_source(self) -> HeldOut:
+        if (self.path is None) == (self.repository is None):
+            raise ValueError("held_out: give exactly one of path or repository")
+        if self.path is not None and not self.path.startswith("/"):
+            raise ValueError("held_out.path must be absolute")
+        for relative in (self.into, self.subdir):
+            pure = PurePosixPath(relative)
+            if pure.is_absolute() or ".." in pure.parts:
+                raise ValueError(f"held_out: {relative!r} must be relative, inside the tree")
+        if not self.into.strip("/."):
+            raise ValueError("held_out.into must name a directory of the checkout")
+        return self
+
+
+class Review(_Strict):
+    """The ``review`` verifier: a command that gets the diff, the objective and
+    the evidence as JSON on stdin and prints a verdict as JSON."""
+
+    command: list[str] = Field(min_length=1, description="argv of the reviewer")
+    timeout_s: float = Field(600.0, gt=0, description="seconds it may take")
+    environment: list[str] = Field(default_factory=list,
+                                   description="extra variables for it: NAME or NAME=VALUE")
+    cell: CellPolicy = Field(default_factory=CellPolicy, description="the sandbox it runs in")
+
+    _environment = field_validator("environment")(_extras)
+
+
 class Acceptance(_Strict):
     """What the verifier runs on a clean checkout of the candidate, and what a
     candidate may not change to pass it."""
@@ -91,6 +180,12 @@ class Acceptance(_Strict):
                                    description="extra variables for the commands: NAME or NAME=VALUE")
     cell: CellPolicy = Field(default_factory=CellPolicy,
                              description="the sandbox the acceptance commands run in (on the verifier)")
+    pytest: PytestJudge = Field(default_factory=PytestJudge,
+                                description="how pytest commands run (the fixed judge)")
+    screen: ScreenSettings = Field(default_factory=ScreenSettings,
+                                   description="what the diff is screened for before anything runs")
+    held_out: HeldOut | None = Field(None, description="tests the candidate never sees")
+    review: Review | None = Field(None, description="the reviewer command (verifier review)")
 
     @field_validator("commands")
     @classmethod
@@ -167,7 +262,10 @@ class CampaignClassConfig(_Strict):
     acceptance: Acceptance = Field(default_factory=Acceptance,
                                    description="what the verifier runs on the candidate")
     verifier: str = Field("command", pattern=r"^[a-z][a-z0-9_]*$",
-                          description="verifier kind: command, pytest (entry points)")
+                          description="verifier kind: command, pytest, review (entry points)")
+    verifiers: list[str] | None = Field(
+        None, min_length=1, max_length=8,
+        description="a quorum: every one of these kinds must accept, in this order (default: [verifier])")
     promote_to: str | None = Field(None, description="ref a verified candidate is promoted onto")
     authority: dict[Literal["worker", "dispatcher"], RoleAuthority] = Field(
         default_factory=dict, description="what each role may touch")
@@ -205,7 +303,23 @@ class CampaignClassConfig(_Strict):
                              f"({self.lease_s}), or every lease lapses between heartbeats")
         if self.promote_to and not self.promote_to.startswith("refs/"):
             raise ValueError("promote_to must be a full ref name such as refs/heads/main")
+        if self.verifiers is not None:
+            if len(set(self.verifiers)) != len(self.verifiers) or not all(
+                    re.fullmatch(r"[a-z][a-z0-9_]*", v) for v in self.verifiers):
+                raise ValueError("verifiers must be distinct verifier kinds")
+            if "verifier" in self.model_fields_set and self.verifier != self.verifiers[0]:
+                raise ValueError("verifier and verifiers disagree: give verifiers alone (its first "
+                                 "is the class's verifier)")
+        if "review" in self.quorum() and self.acceptance.review is None:
+            raise ValueError("the review verifier needs acceptance.review (its command)")
+        held = self.acceptance.held_out
+        if held is not None and not held.commands and "pytest" not in self.quorum():
+            raise ValueError("acceptance.held_out needs commands unless the pytest verifier runs them")
         return self
+
+    def quorum(self) -> list[str]:
+        """The verifier kinds that must all accept, in order."""
+        return list(self.verifiers) if self.verifiers else [self.verifier]
 
     def repository_names(self) -> set[str]:
         """How a sensor's target may name this class's repository: its location
@@ -261,7 +375,8 @@ class CampaignClassConfig(_Strict):
             "authority": authority,
             "acceptance": self.acceptance.effective(),
             "promotion": promotion,
-            "verifier": self.verifier,
+            "verifier": self.quorum()[0],
+            "verifiers": self.quorum(),
             "weight": self.weight,
             "heartbeat_seconds": self.heartbeat_s,
         }

@@ -548,16 +548,23 @@ class Dispatcher(Loop):
 def _land(repo: Repository, candidate: str, old: str | None, landing: dict[str, Any]) -> str:
     """The commit a promotion lands: ``candidate``'s tree on ``old`` with
     Ledger's trailers, committed as the class's committer at the verdict."""
-    verdict = f"accepted by {landing['verifier']}"
-    if landing.get("model_family") not in (None, "", "none"):
-        verdict += f" (model family {landing['model_family']})"
-    if landing.get("summary"):
-        verdict += f": {landing['summary']}"
+    # One Ledger-Verdict per verifier of the class's quorum, in its order.
+    verdicts = landing.get("verdicts") or [landing]
+    trailers = [("Ledger-Campaign", str(int(landing["campaign_id"]))),
+                ("Ledger-Attempt", str(int(landing["attempt_no"])))]
+    for each in verdicts:
+        verdict = f"accepted by {each['verifier']}"
+        if len(verdicts) > 1 and each.get("kind"):
+            verdict += f" [{each['kind']}]"
+        if each.get("model_family") not in (None, "", "none"):
+            verdict += f" (model family {each['model_family']})"
+        if each.get("summary"):
+            verdict += f": {each['summary']}"
+        trailers.append(("Ledger-Verdict", verdict))
     committer = landing.get("committer") or {}
     return repo.land(
         candidate, old,
-        trailers=[("Ledger-Campaign", str(int(landing["campaign_id"]))),
-                  ("Ledger-Attempt", str(int(landing["attempt_no"]))), ("Ledger-Verdict", verdict)],
+        trailers=trailers,
         committer=Identity(committer["name"], committer["email"]) if committer else LEDGER,
         committed_at=int(landing["verified_at"]))
 

@@ -309,11 +309,14 @@ class Kernel:
 
     async def claim_verification(self, verifier: str, *, model_family: str | None = None,
                                  lease_s: float = 120.0,
-                                 classes: Sequence[str] | None = None) -> VerificationClaim | None:
-        """Claim an attempted campaign to verify, or ``None``."""
+                                 classes: Sequence[str] | None = None,
+                                 kinds: Sequence[str] | None = None) -> VerificationClaim | None:
+        """Claim an attempted campaign to verify, or ``None``: the next verdict
+        its class's quorum needs, of one of ``kinds`` (default: any)."""
         rows = await self._call("claim_verification", verifier=verifier,
                                 model_family=model_family, lease_s=lease_s,
-                                classes=list(classes) if classes is not None else None)
+                                classes=list(classes) if classes is not None else None,
+                                kinds=list(kinds) if kinds is not None else None)
         return VerificationClaim.model_validate(rows[0]) if rows else None
 
     async def heartbeat_verification(self, verification_id: int, lease_s: float = 120.0, *,
@@ -325,8 +328,10 @@ class Kernel:
 
     async def accept(self, verification_id: int, evidence: dict[str, Any] | None = None, *,
                      timeout_s: float | None = None) -> int | None:
-        """Accept the candidate (attempted -> verified); returns the promotion
-        intent id (the same one when an accept is retried)."""
+        """Accept the candidate (attempted -> verified, once every verifier of
+        the class's quorum has); returns the promotion intent id (the same one
+        when an accept is retried), ``None`` while the quorum is incomplete or
+        when the class does not promote."""
         intent: int | None = await self._scalar("accept", _timeout_s=timeout_s,
                                                 verification_id=verification_id,
                                                 evidence=evidence or {})

@@ -132,6 +132,8 @@ class Observation(_Row):
     effect: Literal["opened", "regressed", "confirmed", "dismissed", "recorded"]
     idempotency_key: str | None
     recorded_at: datetime
+    #: why a green observation did not confirm (the opening baseline not shown passing)
+    reason: str | None = None
 
 
 class Verification(_Row):
@@ -149,6 +151,8 @@ class Verification(_Row):
     finished_at: datetime | None
     reason: str | None
     evidence: Document
+    #: which verifier of the class's quorum this verdict is
+    kind: str = "command"
 
 
 class SideEffect(_Row):
@@ -214,6 +218,8 @@ class CampaignClass(_Row):
     heartbeat_seconds: float | None = None
     #: when an operator paused the class (claims skip it); None: not paused
     paused_at: datetime | None = None
+    #: the quorum: every one of these verifier kinds must accept, in order
+    verifiers: list[str] = Field(default_factory=list)
 
     @property
     def heartbeat_s(self) -> float:
@@ -323,6 +329,8 @@ class ObservationRecorded(_Row):
     campaign_id: int | None
     effect: Literal["opened", "regressed", "confirmed", "dismissed", "recorded"]
     duplicate: bool
+    #: why a green observation did not confirm the promoted campaign
+    reason: str | None = None
 
 
 class Claim(_Row):
@@ -412,6 +420,9 @@ class VerificationClaim(_Row):
     #: the candidate's evidence, from the database: its diff and published ref
     diff: bytes | None = None
     candidate_ref: str | None = None
+    #: the verifier kind this verification is for, and the class's whole quorum
+    kind: str = "command"
+    quorum: list[str] = Field(default_factory=lambda: ["command"])
 
 
 class SideEffectRequested(_Row):

@@ -36,8 +36,12 @@ SECTION = "#"
 
 #: Tests and the files that configure them, whatever the acceptance command.
 TEST_PATTERNS = ("tests/", "test/", "testing/", "conftest.py", "test_*.py", "*_test.py",
-                 "pytest.ini", ".pytest.ini", "pyproject.toml#tool.pytest", "setup.cfg#tool:pytest",
-                 "tox.ini#pytest", "noxfile.py")
+                 "pytest.toml", ".pytest.toml", "pytest.ini", ".pytest.ini", "pyproject.toml#tool.pytest",
+                 "setup.cfg#tool:pytest", "tox.ini#pytest", "noxfile.py")
+#: What the interpreter and the test runner load without being asked: plugin
+#: manifests (a ``*.dist-info`` on the import path declares entry points),
+#: start-up hooks, and git attributes (filters and diff drivers).
+LOADED_PATTERNS = ("*.dist-info/", "*.egg-info/", "sitecustomize.py", "usercustomize.py", ".gitattributes")
 #: Continuous-integration definitions.
 CI_PATTERNS = (".github/", ".gitlab-ci.yml", ".gitlab/", ".circleci/", "/.ci/", "Jenkinsfile",
                ".travis.yml", "azure-pipelines.yml", ".buildkite/")
@@ -59,11 +63,11 @@ _NOT_A_PATH_AFTER = frozenset({"-m", "-k", "-W", "-X"})
 
 def default_patterns(commands: Sequence[Sequence[str]]) -> list[str]:
     """The protected patterns of an acceptance that runs ``commands``: tests and
-    their configuration, CI files, the inputs of the runner each command starts
+    their configuration, plugin manifests and start-up hooks, CI files, the inputs of the runner each command starts
     (``tox.ini`` for tox, the Makefile for make ...), a relative program
     (``./run_tests.sh``) and every relative file an argument names (a test
     module, ``-c ci/pytest.ini``)."""
-    patterns = [*TEST_PATTERNS, *CI_PATTERNS]
+    patterns = [*TEST_PATTERNS, *LOADED_PATTERNS, *CI_PATTERNS]
     for argv in commands:
         if not argv:
             continue

@@ -92,7 +92,7 @@ observations = Table(
     Column("objective_key", Text), Column("class", Text), Column("status", Text),
     Column("started_at", TS), Column("finished_at", TS), Column("tick", TS),
     Column("details", JSONB), Column("campaign_id", BigInteger), Column("effect", Text),
-    Column("idempotency_key", Text), Column("recorded_at", TS),
+    Column("idempotency_key", Text), Column("recorded_at", TS), Column("reason", Text),
 )
 
 verifications = Table(
@@ -101,7 +101,7 @@ verifications = Table(
     Column("attempt_id", BigInteger), Column("generation", BigInteger), Column("verifier", Text),
     Column("model_family", Text), Column("status", Text), Column("claimed_at", TS),
     Column("lease_expires_at", TS), Column("finished_at", TS), Column("reason", Text),
-    Column("evidence", JSONB),
+    Column("evidence", JSONB), Column("kind", Text),
 )
 
 side_effects = Table(
@@ -131,6 +131,7 @@ classes = Table(
     Column("authority", JSONB), Column("acceptance", JSONB), Column("promotion", JSONB),
     Column("verifier", Text), Column("created_at", TS), Column("updated_at", TS),
     Column("weight", Integer), Column("heartbeat_seconds", Float), Column("paused_at", TS),
+    Column("verifiers", ARRAY(Text)),
 )
 
 attempt_diffs = Table(

@@ -14,10 +14,14 @@ tick is the next one. Each observation is one kernel call
 A command check runs like every command Ledger does not trust
 (``ledger.processes``): its own process group, killed at the timeout, and an
 allow-listed environment (plus the sensor's ``environment`` extras), since
-after a promotion it runs code an agent wrote. A pytest command (or a wrapper
-that writes a JUnit report to ``$LEDGER_JUNIT_XML``) also reports which tests
-failed (``details["tests"]``): when the observation opens a campaign, that is
-the baseline its candidates are held to (see ``verifiers.pytest_report``).
+after a promotion it runs code an agent wrote. A pytest command runs by the
+fixed judge, as the verifier's (``verifiers.judge``), and reports which tests
+failed and which passed (``details["tests"]``): when the observation opens a
+campaign, that is the baseline its candidates are held to (see
+``verifiers.pytest_report``); after a promotion, a green observation confirms
+only if the tests that failed at opening are among the passed ones
+(``record_observation``). A wrapper that writes a JUnit report to
+``$LEDGER_JUNIT_XML`` still reports failures (a baseline) but cannot confirm.
 """
 
 from __future__ import annotations
@@ -36,7 +40,8 @@ from apscheduler.triggers.base import BaseTrigger
 from apscheduler.triggers.cron import CronTrigger
 from apscheduler.triggers.interval import IntervalTrigger
 
-from verifiers.pytest_report import junit_arguments, pytest_command, read_report
+from verifiers.judge import INSIDE_JUDGE, Judge, JudgeSettings, files_of, read_stream, remove_bytecode
+from verifiers.pytest_report import pytest_command, read_report
 
 from . import cell as cells
 from .config import CampaignClassConfig, LedgerConfig, SensorConfig
@@ -93,16 +98,21 @@ class Reading:
 
 
 async def check(sensor: SensorConfig, *, repository: str | None = None, ref: str | None = None,
-                cache_dir: Path | None = None) -> Reading:
+                cache_dir: Path | None = None, judge: JudgeSettings | None = None) -> Reading:
     """Run the sensor's check once: a command (exit 0 is green) or an HTTP
     probe. A command whose sensor observes a repository (``repository`` and
     ``ref``: its target names its class's repository) runs in a fresh export
-    of that ref's tree, fetched from the remote for a URL."""
+    of that ref's tree, fetched from the remote for a URL. A pytest command
+    runs by the fixed judge (``judge``: its class's ``acceptance.pytest``),
+    as the verifier's do: green needs exit 0 *and* a complete, consistent
+    report from the judge, and ``details["tests"]`` is what the judge saw."""
     started = datetime.now(timezone.utc)
     t0 = time.monotonic()
     if sensor.command is not None:
-        details = await _run_command(sensor, repository, ref, cache_dir)
-        green = details.get("exit_code") == 0
+        details = await _run_command(sensor, repository, ref, cache_dir, judge or JudgeSettings())
+        tests = details.get("tests")
+        judged = not isinstance(tests, dict) or "judged" not in tests or tests["judged"] is True
+        green = details.get("exit_code") == 0 and judged
     else:
         details = await _probe(sensor)
         green = details.get("status_code") == sensor.expect_status
@@ -111,7 +121,7 @@ async def check(sensor: SensorConfig, *, repository: str | None = None, ref: str
 
 
 async def _run_command(sensor: SensorConfig, repository: str | None, ref: str | None,
-                       cache_dir: Path | None) -> dict[str, Any]:
+                       cache_dir: Path | None, settings: JudgeSettings) -> dict[str, Any]:
     assert sensor.command is not None
     details: dict[str, Any] = {"command": sensor.command}
     sandboxed = sensor.cell.sandbox
@@ -133,26 +143,59 @@ async def _run_command(sensor: SensorConfig, repository: str | None, ref: str | 
         seen_out = cells.INSIDE_OUT if sandboxed else str(out)
         report = Path(seen_out) / "junit.xml"
         pytest = pytest_command(sensor.command)
-        argv = [*pytest, *junit_arguments(report)] if pytest else list(sensor.command)
-        if sandboxed:
-            try:
-                await asyncio.to_thread(cells.check_available)
-            except cells.SandboxUnavailable as exc:
-                details["error"] = f"{exc.message} ({exc.hint})"
-                details["system_fault"] = True
-                return details
-            env = {**cell_environment(sensor.environment), JUNIT_VARIABLE: str(report)}
-            spec = cells.CellSpec(sensor.cell, (cells.Binding(work, cells.INSIDE_WORK, writable=True),
-                                                cells.Binding(out, cells.INSIDE_OUT, writable=True)),
-                                  cwd=cells.INSIDE_WORK, env=env)
-            result = await run_command(argv, "/", timeout_s=sensor.timeout_s, tail_bytes=_OUTPUT_LIMIT,
-                                       cell=spec)
-        else:
-            env = {**child_environment(sensor.environment), JUNIT_VARIABLE: str(report)}
-            cwd = Path(sensor.cwd) if sensor.cwd else work
-            result = await run_command(argv, cwd, timeout_s=sensor.timeout_s, env=env,
-                                       tail_bytes=_OUTPUT_LIMIT)
-        tests = read_report(out / "junit.xml")
+        cwd = Path(sensor.cwd) if sensor.cwd and not sandboxed else work
+        judge: Judge | None = None
+        prepared = None
+        extras = list(sensor.environment)
+        argv = list(sensor.command)
+        if pytest is not None:
+            # the same fixed judge as the verifier's, on the observed tree's own
+            # configuration (what landed there passed the judge)
+            if cwd == work:
+                remove_bytecode(work)  # only an export of ours, never a directory of the user's
+            judge = Judge(settings, files_of(cwd), sandboxed=sandboxed)
+            prepared = judge.prepare(judge.interpreter(pytest), pytest[3:],
+                                     cells.INSIDE_WORK if sandboxed else str(cwd))
+            argv = prepared.argv
+            extras = Judge.environment(extras)
+        try:
+            if sandboxed:
+                try:
+                    await asyncio.to_thread(cells.check_available)
+                except cells.SandboxUnavailable as exc:
+                    details["error"] = f"{exc.message} ({exc.hint})"
+                    details["system_fault"] = True
+                    return details
+                env = {**cell_environment(extras), JUNIT_VARIABLE: str(report)}
+                bindings = [cells.Binding(work, cells.INSIDE_WORK, writable=True),
+                            cells.Binding(out, cells.INSIDE_OUT, writable=True)]
+                policy = sensor.cell
+                if judge is not None:
+                    bindings.append(cells.Binding(judge.root, INSIDE_JUDGE, writable=False))
+                    if judge.read_only():
+                        policy = policy.model_copy(update={"read_only": [*policy.read_only,
+                                                                          *judge.read_only()]})
+                spec = cells.CellSpec(policy, tuple(bindings), cwd=cells.INSIDE_WORK, env=env)
+                result = await run_command(argv, "/", timeout_s=sensor.timeout_s, tail_bytes=_OUTPUT_LIMIT,
+                                           cell=spec)
+            else:
+                env = {**child_environment(extras), JUNIT_VARIABLE: str(report)}
+                result = await run_command(argv, cwd, timeout_s=sensor.timeout_s, env=env,
+                                           tail_bytes=_OUTPUT_LIMIT)
+            judged = None
+            if prepared is not None:
+                raw = prepared.channel.close()
+                judged = read_stream(raw, connected=prepared.channel.connected,
+                                     overflow=prepared.channel.overflow, exit_code=result.exit_code,
+                                     wall_s=result.duration_s)
+        finally:
+            if prepared is not None:
+                prepared.channel.close(0.1)
+            if judge is not None:
+                judge.close()
+        # Only a wrapper's report is read from the outputs (it can open a
+        # campaign, never confirm one: it has no judged passed ids).
+        tests = read_report(out / "junit.xml") if pytest is None else None
     if result.error:
         details["error"] = f"cannot start: {result.error}"
     elif result.timed_out:
@@ -162,7 +205,13 @@ async def _run_command(sensor: SensorConfig, repository: str | None, ref: str | 
     if result.leftovers:
         details["leftovers"] = list(result.leftovers)
     details["sandboxed"] = result.sandboxed
-    if tests is not None:
+    if judged is not None:
+        if judged.connected or result.exit_code == 0:
+            details["tests"] = judged.summary()
+        if not judged.connected and not result.timed_out and result.exit_code not in (None, 0):
+            details["error"] = "the judge did not start: " + result.output[-300:]
+            details["system_fault"] = True
+    elif tests is not None:
         details["tests"] = tests.summary()
     return details
 
@@ -197,9 +246,11 @@ class Sensor:
     """One sensor's schedule, tick claims and observations."""
 
     def __init__(self, kernel: Kernel, config: SensorConfig, identity: str, *,
-                 observes: tuple[str, str] | None = None, cache_dir: Path | None = None):
+                 observes: tuple[str, str] | None = None, cache_dir: Path | None = None,
+                 judge: JudgeSettings | None = None):
         self.kernel = kernel
         self.config = config
+        self.judge = judge
         self.identity = identity
         self.observes = observes
         self.cache_dir = cache_dir
@@ -216,7 +267,8 @@ class Sensor:
             self.log.info("tick owned by another sensor process", tick=tick.isoformat())
             return None
         repository, ref = self.observes or (None, None)
-        reading = await check(self.config, repository=repository, ref=ref, cache_dir=self.cache_dir)
+        reading = await check(self.config, repository=repository, ref=ref, cache_dir=self.cache_dir,
+                              judge=self.judge)
         if reading.details.get("system_fault"):
             # The target was never looked at (its remote out of reach, no
             # sandbox here): no observation, so no red that would open a
@@ -299,7 +351,10 @@ class Sensors:
             if observes is not None and cache is None and ("://" in observes[0] or observes[0].startswith("git@")):
                 raise ConfigError(f"sensor {n} observes the remote {observes[0]}: a data dir is needed "
                                   "for its cache")
-            self.sensors.append(Sensor(kernel, sensor, identity, observes=observes, cache_dir=cache))
+            cls = config.classes.get(sensor.campaign_class)
+            judge = JudgeSettings.from_spec(cls.acceptance.pytest.model_dump()) if cls else None
+            self.sensors.append(Sensor(kernel, sensor, identity, observes=observes, cache_dir=cache,
+                                       judge=judge))
 
     @property
     def observed(self) -> int:

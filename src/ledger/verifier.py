@@ -29,12 +29,22 @@ opened the campaign (the tests that failed then, for the pytest verifier). In
 the exported tree the protected paths are as the base commit has them; a
 candidate that had changed them is rejected -- the verdict names the paths --
 even if its worker failed to refuse it.
+
+Before anything runs, the candidate's diff (as the repository has it) is
+screened for reaching into the test machinery (``ledger.screen``); pytest
+runs by the fixed judge on the base commit's configuration
+(``verifiers.judge``); the class's held-out tests are copied into the
+checkout and must pass too. A class may require a quorum of verifier kinds
+(``verifiers``): each claim is for the next kind the quorum needs
+(``kinds`` says which this verifier gives), each verdict its own row, and the
+campaign is verified when all have accepted.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import shutil
 import tempfile
 from collections.abc import Callable, Sequence
@@ -43,6 +53,8 @@ from pathlib import Path
 from typing import Any, Literal, TypeVar
 
 import verifiers
+from verifiers.judge import CONFIG_FILES
+from verifiers.pytest_report import pytest_command
 
 from . import bundle as bundles
 from . import cell as cells
@@ -57,11 +69,26 @@ from .logs import get_logger
 from .models import VerificationClaim
 from .reads import Reads
 from .runtime.service import Loop, Stopped
-from .repository import GitError, Repository
+from .repository import GitError, Repository, file_at
+from .repository import diff as repository_diff
+from .screen import Screen
+from .screen import describe as describe_findings
 
 T = TypeVar("T")
 
 Outcome = Literal["accepted", "rejected", "stale", "released"]
+#: How much of the diff a reviewer is shown.
+REVIEW_DIFF_LIMIT = 512 * 1024
+
+
+def _config_files(repo: Path, base: str) -> dict[str, bytes]:
+    """The base commit's root pytest configuration files (what the judge reads)."""
+    found = {}
+    for name in CONFIG_FILES:
+        content = file_at(repo, base, name)
+        if content is not None:
+            found[name] = content[:1 << 20]
+    return found
 
 
 class CheckFailed(LedgerError):
@@ -118,6 +145,7 @@ class Verifier(Loop):
         hub: WakeSource | None = None,
         data_dir: Path | None = None,
         work_dir: Path | None = None,
+        kinds: Sequence[str] | None = None,
     ):
         super().__init__(poll_s, hub=hub)
         if lease_s <= 0:
@@ -131,6 +159,8 @@ class Verifier(Loop):
         self.identity = identity or process_identity("verifier")
         self.model_family = model_family
         self.classes = list(classes) if classes else None
+        #: the verdicts of a quorum this verifier gives (verifier kinds; None: any)
+        self.kinds = list(kinds) if kinds else None
         self.lease_s = lease_s
         self.cache_dir = data_dir / "repos" if data_dir is not None else None
         self.work_dir = work_dir
@@ -147,7 +177,7 @@ class Verifier(Loop):
         """Claim the next candidate waiting for a verdict, or ``None``."""
         return await self.kernel.claim_verification(
             self.identity, model_family=self.model_family, lease_s=self.lease_s,
-            classes=self.classes)
+            classes=self.classes, kinds=self.kinds)
 
     async def run_once(self) -> int:
         """Claim and verify one candidate; 1 if there was one, else 0."""
@@ -293,11 +323,13 @@ class Verifier(Loop):
         if mismatch:
             return reject("bundle does not describe this attempt: " + "; ".join(mismatch))
         spec, verifier_name, baseline = await self._judged_by(claim, frozen)
-        evidence.update(implementation=verifier_name, repository=frozen.repository,
+        evidence.update(implementation=verifier_name, kind=claim.kind, repository=frozen.repository,
                         base_sha=frozen.base_sha, candidate_ref=claim.candidate_ref)
+        runs_commands = verifier_name != "review"
         try:
-            acceptance = verifiers.Acceptance.from_spec(spec, baseline)
-        except verifiers.InvalidAcceptance as exc:
+            acceptance = verifiers.Acceptance.from_spec(spec, baseline, require_commands=runs_commands)
+            screen = Screen(spec.get("screen") or {})
+        except (verifiers.InvalidAcceptance, ValueError) as exc:
             return reject(f"invalid acceptance spec: {exc}")
         try:
             implementation = verifiers.load(verifier_name)
@@ -327,11 +359,21 @@ class Verifier(Loop):
                 # fault of the repository (or of gc), never the candidate's.
                 raise CheckFailed(f"candidate commit {frozen.candidate_sha} is not in "
                                   f"{frozen.repository} ({claim.candidate_ref or 'no published ref'})")
+            # Before anything runs: the diff as the repository has it (not as
+            # the worker recorded it), screened for reaching into the judge.
+            diff = await _blocking(repository_diff, repo.path, frozen.base_sha, frozen.candidate_sha)
+            findings = screen.findings(diff) if screen.enabled else []
             changed: list[protection.Change] = []
             if not spec.get("allow_protected_changes"):
-                changed = await _blocking(protection.Protection.of(spec).changes, repo.path,
-                                          frozen.base_sha, frozen.candidate_sha)
+                protected = protection.Protection.of(spec)
+                changed = await _blocking(protected.changes, repo.path, frozen.base_sha,
+                                          frozen.candidate_sha)
                 evidence["protected_restored"] = [str(c) for c in changed]
+                # a protected path is restored and refused as such, below
+                findings = [f for f in findings if not protected.covers(f.path)]
+            evidence["screen"] = [f.evidence() for f in findings]
+            if findings:
+                return reject(describe_findings(findings))
             try:
                 # The judge's tree: the candidate's, with the protected paths
                 # as the base has them; no .git (nothing in it to run).
@@ -342,8 +384,18 @@ class Verifier(Loop):
                 raise CheckFailed(f"cannot check out the candidate: {exc.message}") from exc
             outputs.mkdir()
             evidence["checked_out_sha"] = frozen.candidate_sha
+            # pytest's configuration is the base's, never the candidate's
+            config_files = await _blocking(_config_files, repo.path, frozen.base_sha)
+            acceptance = dataclasses.replace(acceptance.with_outputs(outputs), config_files=config_files)
+            held_out = spec.get("held_out")
+            if held_out and runs_commands:
+                acceptance = await _blocking(self._held_out, held_out, checkout, acceptance, scratch)
+                evidence["held_out"] = {"into": acceptance.held_out}
+            if not runs_commands:
+                acceptance = dataclasses.replace(acceptance, context=await self._context(
+                    claim, diff, evidence))
             try:
-                verdict = await implementation.verify(checkout, acceptance.with_outputs(outputs))
+                verdict = await implementation.verify(checkout, acceptance)
             except Exception as exc:
                 raise CheckFailed(f"verifier {verifier_name!r} failed: {exc!r}") from exc
         finally:
@@ -360,6 +412,64 @@ class Verifier(Loop):
             evidence.setdefault("summary", "acceptance passed")
         return _Judgement(verdict.accepted, verdict.reason, evidence)
 
+    def _held_out(self, spec: Any, checkout: Path, acceptance: verifiers.Acceptance,
+                  scratch: Path) -> verifiers.Acceptance:
+        """Copy the class's held-out tests into the checkout (replacing whatever
+        the candidate has there) and add the commands that run them. Where they
+        come from is the verifier's to read: a directory of this host, or a
+        repository fetched with this verifier's credentials. Not finding them
+        is this host's fault, never the candidate's."""
+        into = str(spec.get("into") or "tests/held_out").strip("/")
+        subdir = str(spec.get("subdir") or "").strip("/")
+        target = checkout / into
+        if target.is_symlink() or target.is_file():
+            target.unlink()
+        elif target.exists():
+            shutil.rmtree(target)
+        if spec.get("repository"):
+            source_repo = Repository(str(spec["repository"]), cache_dir=self.cache_dir)
+            fetched = scratch / "held-out"
+            try:
+                sha = source_repo.resolve(str(spec.get("ref") or "main"))
+                source_repo.export_tree(sha, fetched)
+            except GitError as exc:
+                raise CheckFailed(f"cannot fetch the held-out acceptance: {exc.message}") from exc
+            source = fetched / subdir if subdir else fetched
+        else:
+            source = Path(str(spec.get("path"))) / subdir if subdir else Path(str(spec.get("path")))
+        if not source.is_dir():
+            raise CheckFailed(f"the held-out acceptance {source} is not a directory on this verifier")
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copytree(source, target, symlinks=False)
+        commands = [list(c) for c in spec.get("commands") or []]
+        if not commands:
+            first = next((c for c in acceptance.commands if pytest_command(c) is not None), None)
+            if first is None:
+                raise CheckFailed("held-out acceptance without commands needs a pytest acceptance command")
+            command = pytest_command(first)
+            assert command is not None
+            commands = [[*command[:3], "-q", "-p", "no:cacheprovider", into]]
+        return acceptance.with_held_out(into, commands)
+
+    async def _context(self, claim: VerificationClaim, diff: bytes,
+                       evidence: dict[str, Any]) -> dict[str, Any]:
+        """What a reviewer is shown: the objective, the diff, the verdicts so far."""
+        detail = await self.reads.campaign_detail(claim.campaign_id)
+        earlier = [{"kind": v.kind, "verifier": v.verifier, "model_family": v.model_family,
+                    "status": v.status, "reason": v.reason, "summary": v.evidence.get("summary"),
+                    "evidence": v.evidence}
+                   for v in detail.verifications
+                   if v.attempt_id == claim.attempt_id and v.status == "accepted"]
+        campaign = detail.campaign
+        return {"campaign_id": claim.campaign_id, "attempt_no": claim.attempt_no,
+                "objective_key": claim.objective_key, "target": claim.target,
+                "desired_state": campaign.desired_state,
+                "opening_observation": campaign.opening_observation,
+                "diff": diff[:REVIEW_DIFF_LIMIT].decode("utf-8", errors="replace"),
+                "diff_truncated": len(diff) > REVIEW_DIFF_LIMIT,
+                "candidate_sha": claim.candidate_sha, "base_sha": claim.base_sha,
+                "verdicts": earlier, "screen": evidence.get("screen", [])}
+
     async def _judged_by(self, claim: VerificationClaim, frozen: bundles.Bundle
                          ) -> tuple[dict[str, Any], str, verifiers.Baseline | None]:
         """The acceptance spec, the verifier implementation and the baseline a
@@ -372,9 +482,9 @@ class Verifier(Loop):
         tests = details.get("tests") if isinstance(details, dict) else None
         baseline = verifiers.Baseline.from_tests(tests)
         criteria = campaign.acceptance_criteria
-        if criteria.get("commands"):
-            cls = await self.reads.campaign_class(claim.class_)
-            return dict(criteria), cls.verifier, baseline
+        if criteria.get("commands") or claim.kind == "review":
+            # the kind of the class's quorum this verification is for
+            return dict(criteria), claim.kind, baseline
         return dict(frozen.acceptance), frozen.verifier, baseline
 
     # --- the loop ------------------------------------------------------------

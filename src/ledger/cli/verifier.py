@@ -20,6 +20,8 @@ def verifier(
         "none", "--model-family", envvar="LEDGER_MODEL_FAMILY", show_envvar=True,
         help="The model family this verifier runs on (recorded with every verdict)."),
     class_: list[str] = typer.Option([], "--class", help="Verify only these classes (repeatable)."),
+    kind: list[str] = typer.Option([], "--kind", help="Give only these verdicts of a class's quorum "
+                                   "(verifier kinds such as pytest or review; repeatable; default: any)."),
     poll: float = typer.Option(5.0, "--poll", min=0.01, envvar="LEDGER_POLL_S", show_envvar=True,
                                help="Seconds between polls when nothing wakes the verifier."),
     lease: float = typer.Option(30.0, "--lease", min=0.1, envvar="LEDGER_VERIFICATION_LEASE_S",
@@ -45,6 +47,7 @@ def verifier(
         db = state(ctx).database(wait_s=wait_for_database)
         async with db.session("verifier") as session, listening(db, listen and not once) as hub:
             v = Verifier(Kernel(session), model_family=model_family, classes=class_ or None,
+                         kinds=kind or None,
                          lease_s=lease, poll_s=poll, data_dir=settings.data_dir, hub=hub)
             if once:
                 return await v.drain()

@@ -87,7 +87,7 @@ CREATE OR REPLACE FUNCTION ledger_api.register_class(
         p_seat_policy text DEFAULT 'none', p_authority jsonb DEFAULT '{}',
         p_acceptance jsonb DEFAULT '{}', p_promotion jsonb DEFAULT '{}',
         p_verifier text DEFAULT 'command', p_weight integer DEFAULT 1,
-        p_heartbeat_seconds double precision DEFAULT NULL)
+        p_heartbeat_seconds double precision DEFAULT NULL, p_verifiers text[] DEFAULT NULL)
     RETURNS void
     LANGUAGE plpgsql
     SECURITY DEFINER
@@ -109,21 +109,29 @@ BEGIN
         RAISE EXCEPTION 'heartbeat_seconds (%) must be shorter than lease_seconds (%)',
             p_heartbeat_seconds, p_lease_seconds USING ERRCODE = 'LG007';
     END IF;
+    IF p_verifiers IS NOT NULL AND (cardinality(p_verifiers) NOT BETWEEN 1 AND 8
+                                    OR p_verifiers[1] IS DISTINCT FROM p_verifier
+                                    OR array_position(p_verifiers, NULL) IS NOT NULL
+                                    OR cardinality(p_verifiers) <> (SELECT count(DISTINCT k)
+                                                                      FROM unnest(p_verifiers) k)) THEN
+        RAISE EXCEPTION 'verifiers (the quorum) must list 1 to 8 distinct kinds, the first being verifier (%)',
+            p_verifier USING ERRCODE = 'LG007';
+    END IF;
     INSERT INTO ledger.campaign_class AS cc
            (name, max_attempts, lease_seconds, backoff_base_s, backoff_factor, backoff_cap_s,
-            backoff_jitter, seat_policy, authority, acceptance, promotion, verifier, weight,
+            backoff_jitter, seat_policy, authority, acceptance, promotion, verifier, verifiers, weight,
             heartbeat_seconds, created_at, updated_at)
     VALUES (p_name, p_max_attempts, p_lease_seconds, p_backoff_base_s, p_backoff_factor,
             p_backoff_cap_s, p_backoff_jitter, p_seat_policy, coalesce(p_authority, '{}'),
-            coalesce(p_acceptance, '{}'), coalesce(p_promotion, '{}'), p_verifier, p_weight,
-            p_heartbeat_seconds, v_now, v_now)
+            coalesce(p_acceptance, '{}'), coalesce(p_promotion, '{}'), p_verifier,
+            coalesce(p_verifiers, ARRAY[p_verifier]), p_weight, p_heartbeat_seconds, v_now, v_now)
     ON CONFLICT (name) DO UPDATE
        SET max_attempts = excluded.max_attempts, lease_seconds = excluded.lease_seconds,
            backoff_base_s = excluded.backoff_base_s, backoff_factor = excluded.backoff_factor,
            backoff_cap_s = excluded.backoff_cap_s, backoff_jitter = excluded.backoff_jitter,
            seat_policy = excluded.seat_policy, authority = excluded.authority,
            acceptance = excluded.acceptance, promotion = excluded.promotion,
-           verifier = excluded.verifier, weight = excluded.weight,
+           verifier = excluded.verifier, verifiers = excluded.verifiers, weight = excluded.weight,
            heartbeat_seconds = excluded.heartbeat_seconds, updated_at = v_now;
 END
 $$;

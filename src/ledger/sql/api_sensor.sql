@@ -111,14 +111,66 @@ $$;
 COMMENT ON FUNCTION ledger_api.open_campaign IS
     'Open a campaign for an objective; the identical request returns the open one, a different one is refused (LG011).';
 
--- (unchanged but for the open: a campaign opened meanwhile by another sensor is no conflict)
+-- Why a green observation cannot confirm a campaign opened with a baseline
+-- (the tests that failed at opening, details.tests.failed of its opening
+-- observation), or NULL if it can: every one of them must be among the tests
+-- the observation saw set up, called and passing in a judged run
+-- (details.tests.judged: the fixed judge's stream, complete and consistent):
+-- in details.tests.passed_ids, or -- for a suite too large to list -- by the
+-- first 12 hex digits of its SHA-256 in details.tests.passed_sha256. A module
+-- that failed to collect at opening is met by passing tests inside it
+-- (passed_modules). Without a baseline there is nothing to show.
+CREATE OR REPLACE FUNCTION ledger.baseline_unmet(p_opening jsonb, p_details jsonb)
+    RETURNS text
+    LANGUAGE plpgsql
+    IMMUTABLE
+AS $$
+DECLARE
+    v_failed jsonb := p_opening -> 'details' -> 'tests' -> 'failed';
+    v_tests jsonb := p_details -> 'tests';
+    v_passed jsonb;
+    v_missing text[];
+BEGIN
+    IF jsonb_typeof(v_failed) IS DISTINCT FROM 'array' OR jsonb_array_length(v_failed) = 0 THEN
+        RETURN NULL;
+    END IF;
+    IF jsonb_typeof(v_tests) IS DISTINCT FROM 'object' OR v_tests -> 'judged' IS DISTINCT FROM 'true'
+       OR (jsonb_typeof(v_tests -> 'passed_ids') IS DISTINCT FROM 'array'
+           AND jsonb_typeof(v_tests -> 'passed_sha256') IS DISTINCT FROM 'array') THEN
+        RETURN format('not confirmed: the campaign opened with %s failing test(s), and this observation '
+                      'shows no judged test run that could show them passing', jsonb_array_length(v_failed));
+    END IF;
+    v_passed := coalesce(v_tests -> 'passed_ids', '[]');
+    SELECT array_agg(f.id ORDER BY f.n) INTO v_missing
+      FROM jsonb_array_elements_text(v_failed) WITH ORDINALITY AS f(id, n)
+     WHERE NOT v_passed ? f.id
+       AND NOT coalesce(v_tests -> 'passed_sha256', '[]')
+               ? left(encode(sha256(convert_to(f.id, 'UTF8')), 'hex'), 12)
+       AND NOT (position('::' IN f.id) = 0 AND (
+                    coalesce(v_tests -> 'passed_modules', '[]') ? f.id
+                    OR EXISTS (SELECT 1 FROM jsonb_array_elements_text(v_passed) p(id)
+                                WHERE starts_with(p.id, f.id || '::'))));
+    IF v_missing IS NULL THEN
+        RETURN NULL;
+    END IF;
+    RETURN left(format('not confirmed: %s test(s) that failed at opening were not seen passing: %s%s',
+                       cardinality(v_missing), array_to_string(v_missing[1:10], ', '),
+                       CASE WHEN cardinality(v_missing) > 10
+                            THEN format(' and %s more', cardinality(v_missing) - 10) ELSE '' END), 4000);
+END
+$$;
+
+-- (unchanged but for the open: a campaign opened meanwhile by another sensor
+-- is no conflict; and a green observation confirms only what it shows: the
+-- opening baseline's tests passing, ledger.baseline_unmet)
 CREATE OR REPLACE FUNCTION ledger_api.record_observation(
         p_sensor text, p_objective_key text, p_target text, p_status text,
         p_started_at timestamptz, p_finished_at timestamptz DEFAULT NULL,
         p_details jsonb DEFAULT '{}', p_class text DEFAULT NULL, p_tick timestamptz DEFAULT NULL,
         p_idempotency_key text DEFAULT NULL, p_request_digest text DEFAULT NULL,
         p_desired_state jsonb DEFAULT '{}', p_labels text[] DEFAULT '{}')
-    RETURNS TABLE (observation_id bigint, campaign_id bigint, effect text, duplicate boolean)
+    RETURNS TABLE (observation_id bigint, campaign_id bigint, effect text, duplicate boolean,
+                   reason text)
     LANGUAGE plpgsql
     SECURITY DEFINER
     SET search_path = pg_catalog, pg_temp
@@ -129,6 +181,7 @@ DECLARE
     v_obs ledger.observation;
     v_c ledger.campaign;
     v_effect text := 'recorded';
+    v_reason text;
     v_campaign bigint;
     v_transition text;
     v_to text;
@@ -161,7 +214,7 @@ BEGIN
             RAISE EXCEPTION 'idempotency key % was used for a different observation', p_idempotency_key
                 USING ERRCODE = 'LG010';
         END IF;
-        RETURN QUERY SELECT v_obs.id, v_obs.campaign_id, v_obs.effect, true;
+        RETURN QUERY SELECT v_obs.id, v_obs.campaign_id, v_obs.effect, true, v_obs.reason;
         RETURN;
     END IF;
 
@@ -191,8 +244,12 @@ BEGIN
     ELSE
         IF v_c.state = 'verified' AND v_c.promoted_at IS NOT NULL
            AND p_started_at > v_c.promoted_at THEN
-            -- only an observation that started after the promotion can confirm it
-            v_transition := 'confirm'; v_to := 'confirmed'; v_effect := 'confirmed';
+            -- only an observation that started after the promotion can
+            -- confirm it, and only one that shows the opening's failures pass
+            v_reason := ledger.baseline_unmet(v_c.opening_observation, p_details);
+            IF v_reason IS NULL THEN
+                v_transition := 'confirm'; v_to := 'confirmed'; v_effect := 'confirmed';
+            END IF;
         ELSIF v_c.state IN ('ready', 'exhausted') AND NOT EXISTS (
                   SELECT 1 FROM ledger.side_effect s
                    WHERE s.campaign_id = v_c.id AND s.state IN ('pending', 'claimed')) THEN
@@ -222,8 +279,13 @@ BEGIN
         END IF;
     END IF;
     v_campaign := coalesce(v_campaign, v_c.id);
-    UPDATE ledger.observation o SET effect = v_effect, campaign_id = v_campaign WHERE o.id = v_obs.id;
-    RETURN QUERY SELECT v_obs.id, v_campaign, v_effect, false;
+    UPDATE ledger.observation o SET effect = v_effect, campaign_id = v_campaign, reason = v_reason
+     WHERE o.id = v_obs.id;
+    IF v_reason IS NOT NULL THEN
+        PERFORM ledger.append_event(v_c.id, 'observation.not_confirming', p_sensor,
+                    jsonb_build_object('observation_id', v_obs.id, 'reason', v_reason));
+    END IF;
+    RETURN QUERY SELECT v_obs.id, v_campaign, v_effect, false, v_reason;
 END
 $$;
 

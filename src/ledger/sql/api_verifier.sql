@@ -8,19 +8,41 @@
 -- carries the candidate's evidence from the database (its bundle, diff and
 -- published ref): a verifier on another machine needs nothing of the
 -- worker's disk.
+-- A class may require a quorum (campaign_class.verifiers): its kinds are
+-- verified one after another, in order, each by a verifier that implements
+-- it (p_kinds; NULL: any), one verification row per kind per attempt
+-- (verification_one_per_kind); the claim says which kind it is for.
 -- Two verifiers never collide on verification_one_running: the campaign row
 -- is locked first, and the "no running verification" test is made again,
 -- on a fresh snapshot, after the lock (the SELECT's own snapshot predates a
 -- verification that another claimer committed while it held the lock).
+CREATE OR REPLACE FUNCTION ledger.next_verifier(p_campaign_id bigint, p_generation bigint, p_class text)
+    RETURNS text
+    LANGUAGE sql
+    STABLE
+AS $$
+    -- the first kind of the class's quorum without an accepted verdict at this generation
+    SELECT q.kind
+      FROM ledger.campaign_class cc, unnest(cc.verifiers) WITH ORDINALITY AS q(kind, n)
+     WHERE cc.name = p_class
+       AND NOT EXISTS (SELECT 1 FROM ledger.verification v
+                        WHERE v.campaign_id = p_campaign_id AND v.generation = p_generation
+                          AND v.kind = q.kind AND v.status = 'accepted')
+     ORDER BY q.n
+     LIMIT 1
+$$;
+
 CREATE OR REPLACE FUNCTION ledger_api.claim_verification(
         p_verifier text, p_model_family text DEFAULT NULL,
-        p_lease_s double precision DEFAULT 120, p_classes text[] DEFAULT NULL)
+        p_lease_s double precision DEFAULT 120, p_classes text[] DEFAULT NULL,
+        p_kinds text[] DEFAULT NULL)
     RETURNS TABLE (verification_id bigint, campaign_id bigint, generation bigint,
                    attempt_id bigint, attempt_no integer, class text, objective_key text,
                    target text, base_sha text, candidate_sha text, fingerprint text,
                    bundle jsonb, bundle_digest text, acceptance_criteria jsonb,
                    evidence_location text, worker text, lease_expires_at timestamptz,
-                   lease_remaining_s double precision, diff bytea, candidate_ref text)
+                   lease_remaining_s double precision, diff bytea, candidate_ref text,
+                   kind text, quorum text[])
     LANGUAGE plpgsql
     SECURITY DEFINER
     SET search_path = pg_catalog, pg_temp
@@ -33,6 +55,8 @@ DECLARE
     v_id bigint;
     v_expires timestamptz;
     v_passed bigint[] := '{}';
+    v_kind text;
+    v_quorum text[];
 BEGIN
     IF p_verifier IS NULL OR length(p_verifier) NOT BETWEEN 1 AND 200 THEN
         RAISE EXCEPTION 'verifier identity must be 1 to 200 characters' USING ERRCODE = 'LG007';
@@ -55,6 +79,7 @@ BEGIN
            AND NOT EXISTS (SELECT 1 FROM ledger.attempt a
                             WHERE a.campaign_id = c.id AND a.generation = c.generation
                               AND a.worker = p_verifier)
+           AND (p_kinds IS NULL OR ledger.next_verifier(c.id, c.generation, c.class) = ANY (p_kinds))
          ORDER BY c.priority DESC, c.updated_at, c.id
          LIMIT 1
            FOR UPDATE OF c SKIP LOCKED;
@@ -68,19 +93,25 @@ BEGIN
     END IF;
     SELECT * INTO v_a FROM ledger.attempt a
      WHERE a.campaign_id = v_c.id AND a.generation = v_c.generation;
+    v_kind := ledger.next_verifier(v_c.id, v_c.generation, v_c.class);
+    SELECT cc.verifiers INTO v_quorum FROM ledger.campaign_class cc WHERE cc.name = v_c.class;
+    IF v_kind IS NULL THEN
+        RAISE EXCEPTION 'campaign % has every verdict of its quorum and is still attempted', v_c.id
+            USING ERRCODE = 'LG002';
+    END IF;
     v_expires := v_now + make_interval(secs => p_lease_s);
-    INSERT INTO ledger.verification (campaign_id, attempt_id, generation, verifier, model_family,
+    INSERT INTO ledger.verification (campaign_id, attempt_id, generation, verifier, kind, model_family,
                                      claimed_at, lease_expires_at)
-    VALUES (v_c.id, v_a.id, v_c.generation, p_verifier, p_model_family, v_now, v_expires)
+    VALUES (v_c.id, v_a.id, v_c.generation, p_verifier, v_kind, p_model_family, v_now, v_expires)
     RETURNING id INTO v_id;
     PERFORM ledger.append_event(v_c.id, 'verification.started', p_verifier,
                 jsonb_build_object('verification_id', v_id, 'attempt_no', v_a.attempt_no,
-                                   'model_family', p_model_family));
+                                   'model_family', p_model_family, 'kind', v_kind));
     RETURN QUERY SELECT v_id, v_c.id, v_c.generation, v_a.id, v_a.attempt_no, v_c.class,
                         v_c.objective_key, v_c.target, v_a.base_sha, v_a.candidate_sha,
                         v_a.fingerprint, v_a.bundle, v_a.bundle_digest, v_c.acceptance_criteria,
                         v_c.evidence_location, v_a.worker, v_expires, p_lease_s, v_a.diff,
-                        v_a.candidate_ref;
+                        v_a.candidate_ref, v_kind, v_quorum;
 END
 $$;
 
@@ -168,9 +199,13 @@ BEGIN
 END
 $$;
 
--- The candidate passed: attempted -> verified. If the class promotes, the
--- promotion intent is committed with the verdict (intent before action).
--- A retried accept of a verification already accepted returns its intent.
+-- The candidate passed this verification. With a quorum, the verdict is
+-- recorded and the campaign stays attempted until every kind of it has
+-- accepted (NULL returned; the next kind is claimable at once); the last
+-- acceptance moves it attempted -> verified. If the class promotes, the
+-- promotion intent is committed with that verdict (intent before action),
+-- its landing naming every verdict of the quorum. A retried accept of a
+-- verification already accepted returns its intent (or NULL).
 CREATE OR REPLACE FUNCTION ledger_api.accept(p_verification_id bigint, p_evidence jsonb DEFAULT '{}')
     RETURNS bigint
     LANGUAGE plpgsql
@@ -185,6 +220,8 @@ DECLARE
     v_c ledger.campaign;
     v_promotion jsonb;
     v_effect bigint;
+    v_quorum text[];
+    v_verdicts jsonb;
 BEGIN
     IF v_v.status = 'accepted' THEN
         -- this very verdict, retried: it is in
@@ -196,11 +233,28 @@ BEGIN
     PERFORM ledger.check_verification_live(v_v);
     SELECT * INTO v_a FROM ledger.attempt a WHERE a.id = v_v.attempt_id;
     SELECT * INTO v_c FROM ledger.campaign c WHERE c.id = v_v.campaign_id;
-    SELECT cc.promotion INTO v_promotion FROM ledger.campaign_class cc WHERE cc.name = v_c.class;
+    SELECT cc.promotion, cc.verifiers INTO v_promotion, v_quorum
+      FROM ledger.campaign_class cc WHERE cc.name = v_c.class;
 
     UPDATE ledger.verification v
        SET status = 'accepted', finished_at = v_now, evidence = coalesce(p_evidence, '{}')
      WHERE v.id = v_v.id;
+    IF ledger.next_verifier(v_c.id, v_c.generation, v_c.class) IS NOT NULL THEN
+        -- more of the quorum to hear from: the campaign waits for them
+        PERFORM ledger.append_event(v_c.id, 'verification.accepted', v_v.verifier,
+                    jsonb_build_object('verification_id', v_v.id, 'attempt_no', v_a.attempt_no,
+                                       'kind', v_v.kind, 'model_family', v_v.model_family,
+                                       'next', ledger.next_verifier(v_c.id, v_c.generation, v_c.class)));
+        PERFORM pg_notify('ledger_attempted', v_c.id::text);
+        RETURN NULL;
+    END IF;
+    SELECT jsonb_agg(jsonb_build_object('kind', v.kind, 'verifier', v.verifier,
+                                        'model_family', v.model_family,
+                                        'summary', left(coalesce(v.evidence ->> 'summary', ''), 500))
+                     ORDER BY array_position(v_quorum, v.kind))
+      INTO v_verdicts
+      FROM ledger.verification v
+     WHERE v.campaign_id = v_c.id AND v.generation = v_c.generation AND v.status = 'accepted';
     UPDATE ledger.attempt a SET verdict = 'accepted' WHERE a.id = v_a.id;
     PERFORM ledger.begin_transition('accept', 'verifier', v_v.verifier,
                 jsonb_build_object('verification_id', v_v.id, 'attempt_no', v_a.attempt_no,
@@ -231,6 +285,7 @@ BEGIN
                                        'campaign_id', v_c.id, 'attempt_no', v_a.attempt_no,
                                        'verifier', v_v.verifier, 'model_family', v_v.model_family,
                                        'summary', left(coalesce(p_evidence ->> 'summary', ''), 500),
+                                       'verdicts', v_verdicts,
                                        'committer', v_promotion -> 'committer',
                                        'verified_at', floor(extract(epoch FROM v_now))::bigint)),
                 format('promote:%s:%s:%s', v_c.id, v_c.generation, v_a.attempt_no),

@@ -42,6 +42,12 @@ CREATE TABLE IF NOT EXISTS ledger.campaign_class (
     -- where a verified candidate is promoted: {"repository": "...", "ref": "refs/heads/main"}
     promotion       jsonb NOT NULL DEFAULT '{}' CHECK (jsonb_typeof(promotion) = 'object'),
     verifier        text NOT NULL DEFAULT 'command',
+    -- the quorum: every one of these verifier kinds must accept, in this
+    -- order (one verification each per attempt); the first is `verifier`
+    verifiers       text[] NOT NULL DEFAULT '{command}'
+                    CONSTRAINT campaign_class_verifiers_quorum
+                    CHECK (cardinality(verifiers) BETWEEN 1 AND 8 AND verifiers[1] = verifier
+                           AND array_position(verifiers, NULL) IS NULL),
     -- this class's share of claims when several classes have ready work
     -- (claim_campaign): a class of weight 2 gets two turns for another's one
     weight          integer NOT NULL DEFAULT 1 CHECK (weight BETWEEN 1 AND 1000),

@@ -20,6 +20,9 @@ CREATE TABLE IF NOT EXISTS ledger.observation (
     idempotency_key text UNIQUE,
     request_digest  text,
     recorded_at     timestamptz NOT NULL,
+    -- why it had no effect it could have had (a green one that could not
+    -- confirm: the opening baseline's tests not seen passing)
+    reason          text CHECK (length(reason) <= 4000),
     CONSTRAINT observation_one_per_tick UNIQUE (sensor, tick),
     CONSTRAINT observation_ordered CHECK (finished_at >= started_at),
     -- Instants a sensor gives lie in a sane window (ledger.bounds): a BC

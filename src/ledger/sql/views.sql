@@ -33,12 +33,12 @@ SELECT campaign_id, seq, type, actor, generation, delta, payload, created_at, ac
 
 CREATE OR REPLACE VIEW ledger_api.observations AS
 SELECT id, sensor, target, objective_key, class, status, started_at, finished_at, tick, details,
-       campaign_id, effect, idempotency_key, recorded_at
+       campaign_id, effect, idempotency_key, recorded_at, reason
   FROM ledger.observation;
 
 CREATE OR REPLACE VIEW ledger_api.verifications AS
 SELECT id, campaign_id, attempt_id, generation, verifier, model_family, status, claimed_at,
-       lease_expires_at, finished_at, reason, evidence
+       lease_expires_at, finished_at, reason, evidence, kind
   FROM ledger.verification;
 
 CREATE OR REPLACE VIEW ledger_api.side_effects AS
@@ -54,7 +54,7 @@ SELECT id, at, actor_role, actor, campaign_id, action, target, reason, details
 CREATE OR REPLACE VIEW ledger_api.classes AS
 SELECT name, max_attempts, lease_seconds, backoff_base_s, backoff_factor, backoff_cap_s,
        backoff_jitter, seat_policy, authority, acceptance, promotion, verifier,
-       created_at, updated_at, weight, heartbeat_seconds, paused_at
+       created_at, updated_at, weight, heartbeat_seconds, paused_at, verifiers
   FROM ledger.campaign_class;
 
 CREATE OR REPLACE VIEW ledger_api.class_events AS
