@@ -83,7 +83,10 @@ def cross_targets(sections: dict[str, Section]) -> list[Target]:
 def _cell(value: Any) -> str:
     """A table cell: percentiles as 'p50 x / p99 y ms', everything else as is."""
     if isinstance(value, dict) and "p50" in value:
-        return f"p50 {value['p50']} / p99 {value['p99']} ms"
+        # Sections state the upper percentile they measured (p90 for few samples).
+        upper = next((k for k in ("p99", "p95", "p90") if k in value), None)
+        tail = f" / {upper} {value[upper]}" if upper else ""
+        return f"p50 {value['p50']}{tail} ms"
     return str(value)
 
 
