@@ -120,6 +120,7 @@ def test_the_walkthrough_closes_a_regression_as_written(tmp_path: Path, pg_admin
         for mark, name, body in page:
             body = substituted(body)
             if mark == "file":
+                assert name is not None
                 where = Path(shell("pwd", 30).stdout.strip())
                 (where / name).write_text(body + "\n")
             elif mark == "background":
@@ -154,8 +155,8 @@ def test_the_walkthrough_closes_a_regression_as_written(tmp_path: Path, pg_admin
         assert "return a + b" in (repository / "calc.py").read_text()
         assert closed_after < 60 * factor, f"the walkthrough took {closed_after:.1f} s"
     finally:
-        for proc, _, out in processes:
+        for proc, _, output in processes:
             stop_process(proc)
-            out.close()
+            output.close()
     # Each role stopped cleanly on SIGTERM, as Ctrl-C in its terminal would.
     assert [p.returncode for p, _, _ in processes] == [0] * len(processes), logs()
