@@ -219,9 +219,25 @@ def direct_variables() -> dict[str, str]:
 def configuration_page() -> str:
     from ledger import config
 
+    from ledger.cell import CellPolicy
+
     models = {config.CampaignClassConfig: "classes", config.Backoff: "backoff",
               config.Acceptance: "acceptance", config.RoleAuthority: "authority",
-              config.SensorConfig: "sensors"}
+              config.SensorConfig: "sensors", CellPolicy: "cell",
+              config.PytestJudge: "acceptance-pytest", config.ScreenSettings: "acceptance-screen",
+              config.ScreenRule: "acceptance-screen-extra", config.HeldOut: "acceptance-held-out",
+              config.Review: "acceptance-review"}
+    nested = [(CellPolicy, "`cell` (of a class, its `acceptance` or a sensor)", "cell"),
+              (config.PytestJudge, "`acceptance.pytest`", "acceptance-pytest"),
+              (config.ScreenSettings, "`acceptance.screen`", "acceptance-screen"),
+              (config.ScreenRule, "`acceptance.screen.extra[]`", "acceptance-screen-extra"),
+              (config.HeldOut, "`acceptance.held_out`", "acceptance-held-out"),
+              (config.Review, "`acceptance.review`", "acceptance-review")]
+    headers = ("key", "type", "default", "range", "meaning")
+    nested_parts = []
+    for model, title, anchor in nested:
+        nested_parts += [f"### {title} {{#{anchor}}}", doc(model),
+                         table(headers, model_rows(model, models))]
     headers = ("key", "type", "default", "range", "meaning")
     settings = settings_rows()
     from ledger.settings import Settings
@@ -268,6 +284,7 @@ def configuration_page() -> str:
         doc(config.SensorConfig) + " Exactly one schedule (`every_s` or `cron`) and one check "
         "(`command` or `url`).",
         table(headers, model_rows(config.SensorConfig, models, skip=("name",))),
+        *nested_parts,
         "## Environment",
         "### Settings",
         doc(Settings) + " Each also has its option where one is shown; an invalid value stops "

@@ -39,8 +39,11 @@ def pages() -> dict[str, str]:
 
 def test_the_configuration_reference_has_every_key_and_variable(pages: dict[str, str]) -> None:
     page = pages["reference/configuration.md"]
+    from ledger.cell import CellPolicy
+
     for model in (config.CampaignClassConfig, config.Backoff, config.Acceptance,
-                  config.RoleAuthority, config.SensorConfig):
+                  config.RoleAuthority, config.SensorConfig, CellPolicy, config.PytestJudge,
+                  config.ScreenSettings, config.ScreenRule, config.HeldOut, config.Review):
         for name, field in model.model_fields.items():
             if name != "name":  # the table's own key
                 assert f"| `{field.alias or name}` |" in page, (model.__name__, name)
