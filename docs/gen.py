@@ -219,9 +219,25 @@ def direct_variables() -> dict[str, str]:
 def configuration_page() -> str:
     from ledger import config
 
+    from ledger.cell import CellPolicy
+
     models = {config.CampaignClassConfig: "classes", config.Backoff: "backoff",
               config.Acceptance: "acceptance", config.RoleAuthority: "authority",
-              config.SensorConfig: "sensors"}
+              config.SensorConfig: "sensors", CellPolicy: "cell",
+              config.PytestJudge: "acceptance-pytest", config.ScreenSettings: "acceptance-screen",
+              config.ScreenRule: "acceptance-screen-extra", config.HeldOut: "acceptance-held-out",
+              config.Review: "acceptance-review"}
+    nested = [(CellPolicy, "`cell` (of a class, its `acceptance` or a sensor)", "cell"),
+              (config.PytestJudge, "`acceptance.pytest`", "acceptance-pytest"),
+              (config.ScreenSettings, "`acceptance.screen`", "acceptance-screen"),
+              (config.ScreenRule, "`acceptance.screen.extra[]`", "acceptance-screen-extra"),
+              (config.HeldOut, "`acceptance.held_out`", "acceptance-held-out"),
+              (config.Review, "`acceptance.review`", "acceptance-review")]
+    headers = ("key", "type", "default", "range", "meaning")
+    nested_parts = []
+    for model, title, anchor in nested:
+        nested_parts += [f"### {title} {{#{anchor}}}", doc(model),
+                         table(headers, model_rows(model, models))]
     headers = ("key", "type", "default", "range", "meaning")
     settings = settings_rows()
     from ledger.settings import Settings
@@ -268,6 +284,7 @@ def configuration_page() -> str:
         doc(config.SensorConfig) + " Exactly one schedule (`every_s` or `cron`) and one check "
         "(`command` or `url`).",
         table(headers, model_rows(config.SensorConfig, models, skip=("name",))),
+        *nested_parts,
         "## Environment",
         "### Settings",
         doc(Settings) + " Each also has its option where one is shown; an invalid value stops "
@@ -448,12 +465,68 @@ def protocol_page() -> str:
     ]) + "\n"
 
 
+def metric_families() -> list[tuple[str, str, list[str], str]]:
+    """Every family ``GET /metrics`` serves: (name as scraped, type, labels,
+    help), read from the collector itself over a snapshot with one row of
+    everything, so that every family shows its labels."""
+    from types import SimpleNamespace
+
+    from ledger.api import metrics
+
+    one = [(1.0, 0, 0.0), (float("inf"), 0, 0.0)]
+    snapshot = metrics.Snapshot(
+        states={"ready": 0}, class_states={("c", "ready"): 0}, oldest_ready_age_s=None,
+        transitions={"claim": 0}, attempts={"failed": 0}, verifications={},
+        side_effects={("git.update_ref", "pending"): 0}, attempt_durations=one,
+        verification_durations=one, waiting={("c", "target"): 0})
+    hub = SimpleNamespace(reconnects=0, connected=True, deaf=False, misses=0, dropped=0)
+    process = metrics.ProcessCounters()
+    process.count_request("GET", "/status", 200, 0.01)
+    collector = metrics.LedgerCollector(snapshot, hub, process)  # type: ignore[arg-type]
+    found = []
+    for family in collector.collect():
+        labels = sorted({k for s in family.samples for k in s.labels if k not in ("le",)})
+        name = family.name + ("_total" if family.type == "counter" else "")
+        found.append((name, family.type, labels, family.documentation))
+    return found
+
+
+def metrics_page() -> str:
+    from ledger.api import metrics
+
+    rows = [(code(name + ("{" + ",".join(labels) + "}" if labels else "")), kind, md(help_))
+            for name, kind, labels, help_ in metric_families()]
+    return "\n\n".join([
+        "# Metrics reference",
+        GENERATED,
+        "`GET /metrics` (any token) serves Prometheus text. The campaign, attempt, verdict and "
+        "outbox figures are read from the database at scrape time, so every `ledger serve` "
+        "reports the same database-wide numbers (take the max over instances); the hub's and "
+        "the HTTP figures are the answering process's own. No series has a campaign label, so "
+        "the number of series does not grow with the campaigns; HTTP methods outside the "
+        "standard ones count as `other` and unmatched paths as `unmatched`.",
+        table(("series", "type", "meaning"), rows),
+        "Duration buckets (seconds): attempts and verifications "
+        + ", ".join(f"{b:g}" for b in metrics.DURATION_BUCKETS) + "; HTTP requests "
+        + ", ".join(f"{b:g}" for b in metrics.REQUEST_BUCKETS) + " (event streams are not "
+        "timed). `ledger_campaigns_waiting` has one series per class and reason ("
+        + ", ".join(code(r) for r in metrics.WAITING_REASONS) + ").",
+        "## Health",
+        "`GET /livez` answers when the process does. `GET /readyz` answers `200` when the "
+        "database answers and is migrated to this code's head (else `503`), with "
+        "`\"status\": \"degraded\"` and the reasons (counts only) while the hub is deaf, the "
+        "notification queue is over half full, or campaigns wait on a system fault. The "
+        "[alarms](../alarms.md) are built on these series.",
+    ]) + "\n"
+
+
 #: Generated page -> its generator.
 PAGES: dict[str, Callable[[], str]] = {
     "reference/configuration.md": configuration_page,
     "reference/cli.md": cli_page,
     "reference/errors.md": errors_page,
     "reference/attempt-protocol.md": protocol_page,
+    "reference/metrics.md": metrics_page,
 }
 
 

@@ -3,7 +3,7 @@
 Ledger runs it in a fresh worktree with the campaign on stdin. The first time
 it makes a plausible but wrong fix; once it sees a refused earlier approach in
 ``previous_attempts`` it makes a different, right one. Replace it with a call
-to your agent CLI (see the README).
+to your agent CLI (see docs/walkthrough.md).
 """
 
 import json

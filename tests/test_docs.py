@@ -39,8 +39,11 @@ def pages() -> dict[str, str]:
 
 def test_the_configuration_reference_has_every_key_and_variable(pages: dict[str, str]) -> None:
     page = pages["reference/configuration.md"]
+    from ledger.cell import CellPolicy
+
     for model in (config.CampaignClassConfig, config.Backoff, config.Acceptance,
-                  config.RoleAuthority, config.SensorConfig):
+                  config.RoleAuthority, config.SensorConfig, CellPolicy, config.PytestJudge,
+                  config.ScreenSettings, config.ScreenRule, config.HeldOut, config.Review):
         for name, field in model.model_fields.items():
             if name != "name":  # the table's own key
                 assert f"| `{field.alias or name}` |" in page, (model.__name__, name)
@@ -93,6 +96,40 @@ def test_the_quickstart_gives_the_readmes_two_commands() -> None:
         assert f"\n{command}    #" in readme and f"\n{command}    #" in quickstart
 
 
+def test_every_alarm_has_a_runbook() -> None:
+    """Each alert of ops/prometheus/ledger-rules.yml has its runbook section in
+    docs/alarms.md (what it means, what to look at, what to do), and the page
+    has no runbook for an alert that is gone."""
+    import yaml
+
+    rules = yaml.safe_load((ROOT / "ops" / "prometheus" / "ledger-rules.yml").read_text())
+    alerts = {r["alert"] for g in rules["groups"] for r in g["rules"] if "alert" in r}
+    page = (ROOT / "docs" / "alarms.md").read_text()
+    runbooks = dict(re.findall(r"\n### (Ledger\w+)\n(.*?)(?=\n### |\Z)", page, re.S))
+    assert set(runbooks) == alerts
+    for alert, text in runbooks.items():
+        assert "**Means.**" in text and ("**Do.**" in text or "**Look at / do.**" in text), alert
+
+
+def test_the_metrics_reference_has_every_series_a_scrape_serves(pages: dict[str, str]) -> None:
+    page = pages["reference/metrics.md"]
+    for name in ("ledger_campaigns{class,state}", "ledger_transitions_total{transition}",
+                 "ledger_hub_deaf", "ledger_campaigns_waiting{class,reason}",
+                 "ledger_http_request_duration_seconds{method,route}"):
+        assert f"| `{name}` |" in page, name
+    # every name the alarms use is one the reference lists
+    rules = (ROOT / "ops" / "prometheus" / "ledger-rules.yml").read_text()
+    listed = set(re.findall(r"\| `(ledger_\w+)", page))
+    assert set(re.findall(r"\b(ledger_[a-z_]+)\b", rules)) <= listed
+
+
+def test_the_readmes_links_lead_somewhere() -> None:
+    readme = (ROOT / "README.md").read_text()
+    targets = re.findall(r"\]\(([^)#]+)(?:#[^)]*)?\)", readme)
+    assert targets and all((ROOT / t).exists() for t in targets), \
+        [t for t in targets if not (ROOT / t).exists()]
+
+
 def build(site: Path) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "-f",
                            str(site / "mkdocs.yml"), "-d", str(site / "out")],
@@ -110,7 +147,9 @@ def test_the_strict_build_passes_and_fails_on_a_broken_link_anchor_or_page(tmp_p
     built = build(site)
     assert built.returncode == 0, built.stderr
     for page in ("reference/configuration", "reference/cli", "reference/errors",
-                 "reference/attempt-protocol", "quickstart", "deployment", "operations"):
+                 "reference/attempt-protocol", "reference/metrics", "quickstart", "walkthrough",
+                 "how-it-works", "running/cell", "deployment", "operations", "alarms", "api",
+                 "figures"):
         assert (site / "out" / page / "index.html").is_file(), page
     index = site / "docs" / "index.md"
     original = index.read_text()

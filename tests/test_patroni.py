@@ -64,7 +64,7 @@ async def test_ledger_follows_the_leader_through_a_switchover_and_a_failover(tmp
     cluster = PatroniCluster(Path(tempfile.mkdtemp(prefix="ledger-test-patroni-")) / "cluster")
     worker = None
     try:
-        # Ledger's settings are the cluster's (README: "High availability with Patroni")
+        # Ledger's settings are the cluster's (docs/deployment.md: "High availability with Patroni")
         config = httpx.get(f"{cluster.members[0].rest}/config", timeout=5).json()
         assert config["synchronous_mode"] is True
         assert config["maximum_lag_on_failover"] == 0

@@ -365,7 +365,7 @@ def inside_path(host: Path, bindings: Iterable[Binding]) -> str | None:
 
 def timed_probe(runs: int = 5) -> tuple[float, float]:
     """The start-up cost of a cell: median seconds of ``true`` in a cell and
-    outside one (the figure the README states)."""
+    outside one (the figure docs/figures.md states)."""
     import statistics
     import tempfile
     inside, outside = [], []

@@ -17,7 +17,7 @@ the database or the metadata service; an IP literal is allowed only when a
 pattern names it exactly. Everything it refuses is reported (``refused``),
 and the worker records it as a security event.
 
-What it cannot prevent, and the README says: whatever the command sends *to
+What it cannot prevent, and docs/running/cell.md says: whatever the command sends *to
 an allowed host* (an agent's API is the one place it may talk to, so it can
 talk there about anything it read in its cell), and programs that ignore the
 proxy variables simply get no connection.

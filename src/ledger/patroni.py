@@ -10,7 +10,7 @@ against the distribution's own PostgreSQL, and a Patroni older than the server
 misjudges settings it does not know. Run as root, every process runs as the
 ``postgres`` system user (PostgreSQL refuses root).
 
-The settings are those the README asks of a Ledger deployment:
+The settings are those docs/deployment.md asks of a Ledger deployment:
 ``synchronous_mode`` (a commit returns once the synchronous standby has it, and
 Patroni promotes only that standby, so nothing acknowledged is lost),
 ``maximum_lag_on_failover: 0`` (no standby that lags is promoted) and
@@ -192,7 +192,7 @@ class PatroniCluster:
             "bootstrap": {
                 "dcs": {
                     "ttl": TTL, "loop_wait": LOOP_WAIT, "retry_timeout": RETRY_TIMEOUT,
-                    # Ledger's settings (README, "High availability with Patroni"):
+                    # Ledger's settings (docs/deployment.md, "High availability with Patroni"):
                     "synchronous_mode": True,
                     "maximum_lag_on_failover": 0,
                     "primary_start_timeout": 0,

@@ -22,7 +22,7 @@ inconsistent stream as a failure whatever the exit code.
 
 Code running in this process (the candidate's) could still, in principle,
 find the socket and write to it, or rewrite this module's memory: the
-README's "What a candidate is judged by" says what holds and what does not.
+docs/running/judging.md ("What a candidate is judged by") says what holds and what does not.
 Standard library and pytest only: nothing of Ledger's is importable here.
 """
 

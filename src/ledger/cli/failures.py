@@ -26,7 +26,7 @@ from ..errors import (
     Unavailable,
 )
 
-#: Exit codes of ``ledger``, documented in ``--help`` and the README.
+#: Exit codes of ``ledger``, documented in ``--help`` and docs/reference/errors.md (generated).
 EXIT_CODES: tuple[tuple[int, str], ...] = (
     (0, "success"),
     (1, "an error without a more specific code; a drill failed"),
