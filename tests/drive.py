@@ -101,7 +101,7 @@ async def wait_for_lock_waiters(db: Database, application: str, count: int = 1, 
     conn = await db.connect(None)
     try:
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout_s
+        deadline = loop.time() + scaled(timeout_s)
         while loop.time() < deadline:
             cur = await conn.execute(
                 "SELECT count(*) AS n FROM pg_stat_activity WHERE datname = current_database() "
@@ -114,22 +114,41 @@ async def wait_for_lock_waiters(db: Database, application: str, count: int = 1, 
         await conn.close()
 
 
+def load_factor() -> float:
+    """How much slower than a quiet machine this one is now: the 1-minute load
+    average per core, at least 1. Deadlines of tests scale by it, so that a
+    condition that takes 10 s on a quiet machine is not declared lost at a load
+    of 10 on 2 cores (where everything takes five times as long)."""
+    import os
+
+    return max(1.0, os.getloadavg()[0] / (os.cpu_count() or 1))
+
+
+def scaled(seconds: float) -> float:
+    """A deadline of ``seconds`` on a quiet machine, scaled to the load now."""
+    return seconds * load_factor()
+
+
 async def eventually(check, *, timeout: float = 15.0, interval: float = 0.05, what: str = "a condition") -> None:
     """Await until ``check()`` (sync or async) is true: waiting on a condition,
-    polled, instead of sleeping for a guessed time."""
+    polled, instead of sleeping for a guessed time. ``timeout`` is what a quiet
+    machine needs; on a loaded one the deadline grows with the load (and is
+    looked at again while waiting, as the load changes)."""
     import asyncio
     import inspect
 
     loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
+    start = loop.time()
     while True:
         result = check()
         if inspect.isawaitable(result):
             result = await result
         if result:
             return
-        if loop.time() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        waited = loop.time() - start
+        if waited > scaled(timeout):
+            raise AssertionError(f"timed out after {waited:.0f}s ({timeout}s on a quiet machine, "
+                                 f"load factor {load_factor():.1f}) waiting for {what}")
         await asyncio.sleep(interval)
 
 

@@ -25,7 +25,7 @@ import psycopg
 import pytest
 
 from conftest import TEST_PREFIX
-from drive import eventually
+from drive import eventually, scaled
 from ledger import Database, Kernel, migrations
 from ledger.cluster import Cluster
 from ledger.config import load_config
@@ -202,7 +202,7 @@ cell = {{ writable = ["{markers}"] }}
         Hook.release.set()
         (markers / "verify-release").write_text("go")
         (markers / f"release-{attempting}-1").write_text("go")
-        probe.join(timeout=30)
+        probe.join(timeout=scaled(30))
         first = probe.seconds()
         print(f"seconds from the server accepting connections to each service's first call: {first}")
 
@@ -235,6 +235,6 @@ cell = {{ writable = ["{markers}"] }}
                 p.send_signal(signal.SIGTERM)
         for p in procs.values():
             try:
-                p.wait(timeout=40)
+                p.wait(timeout=scaled(40))
             except subprocess.TimeoutExpired:
                 p.kill()

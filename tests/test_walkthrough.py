@@ -30,6 +30,7 @@ import pytest
 from psycopg.conninfo import conninfo_to_dict
 
 from conftest import RUN_TAG, TEST_PREFIX, stop_process
+from drive import load_factor
 from ledger import cell as cells
 from ledger.embedded import drop_database
 
@@ -55,10 +56,6 @@ def blocks() -> list[tuple[str, str | None, str]]:
     assert len(found) == text.count("<!-- walkthrough:"), "a walkthrough marker without its block"
     return found
 
-
-def load_factor() -> float:
-    """How much slower than a quiet machine this one is now (deadlines scale by it)."""
-    return max(1.0, os.getloadavg()[0] / (os.cpu_count() or 1))
 
 
 def database_url(admin_url: str, name: str) -> str:
