@@ -50,7 +50,8 @@ $$;
 CREATE OR REPLACE FUNCTION ledger.is_trace_context(p_value jsonb) RETURNS boolean
     LANGUAGE sql IMMUTABLE
 AS $$
-    SELECT pg_catalog.jsonb_typeof(p_value) = 'object'
+    -- coalesce: a missing part is false, not NULL (which an IF NOT would let by)
+    SELECT coalesce(pg_catalog.jsonb_typeof(p_value) = 'object'
        AND (p_value OPERATOR(pg_catalog.-) 'traceparent' OPERATOR(pg_catalog.-) 'tracestate')
            OPERATOR(pg_catalog.=) '{}'::jsonb
        AND pg_catalog.jsonb_typeof(p_value OPERATOR(pg_catalog.->) 'traceparent') = 'string'
@@ -61,7 +62,7 @@ AS $$
        AND pg_catalog.substr(p_value OPERATOR(pg_catalog.->>) 'traceparent', 37, 16)
            OPERATOR(pg_catalog.<>) '0000000000000000'
        AND coalesce(pg_catalog.jsonb_typeof(p_value OPERATOR(pg_catalog.->) 'tracestate'), 'string') = 'string'
-       AND coalesce(pg_catalog.length(p_value OPERATOR(pg_catalog.->>) 'tracestate'), 0) <= 512
+       AND coalesce(pg_catalog.length(p_value OPERATOR(pg_catalog.->>) 'tracestate'), 0) <= 512, false)
 $$;
 
 -- The syntax of an approach's fingerprint and of a commit id, written once.
