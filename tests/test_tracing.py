@@ -267,7 +267,7 @@ async def test_one_trace_across_a_sensor_a_worker_a_verifier_and_a_dispatcher(
         assert closed, f"campaign {cid} is {ctx.state(cid)}\n" + _logs(ctx)
         # every step's span arrives (each process exports every 100 ms)
         wanted = ("ledger.open", "ledger.claim", "ledger.attempt", "ledger.verification",
-                  "ledger.side_effect")
+                  "ledger.promotion")
         arrived = await ctx.until(
             lambda: all(receiver.named(n) for n in wanted) and any(
                 s["attributes"].get(tracing.VERDICT) == "confirmed"
@@ -291,7 +291,7 @@ async def test_one_trace_across_a_sensor_a_worker_a_verifier_and_a_dispatcher(
     [attempt] = receiver.named("ledger.attempt")
     [claim] = receiver.named("ledger.claim")
     verifications = receiver.named("ledger.verification")
-    [effect] = receiver.named("ledger.side_effect")
+    [effect] = receiver.named("ledger.promotion")
     confirming = [s for s in receiver.named("ledger.observation")
                   if s["attributes"].get(tracing.VERDICT) == "confirmed"]
     in_campaign = [open_span, attempt, claim, *verifications, effect, *confirming]
@@ -313,7 +313,8 @@ async def test_one_trace_across_a_sensor_a_worker_a_verifier_and_a_dispatcher(
     assert all(v["service"] == "ledger-verifier" and v["attributes"][tracing.ATTEMPT_NO] == 1
                for v in verifications)
     assert effect["service"] == "ledger-dispatcher"
-    assert effect["attributes"]["ledger.side_effect.purpose"] == "promote"
+    assert effect["attributes"]["ledger.side_effect.purpose"] == "promotion"
+    assert effect["attributes"]["ledger.side_effect.kind"] == "git.update_ref"
     assert effect["attributes"][tracing.VERDICT] == "done"
     assert open_span["attributes"][tracing.CAMPAIGN_CLASS] == CLASS
     # nothing of tracing reached the attempt's cell

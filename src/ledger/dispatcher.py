@@ -238,7 +238,8 @@ class Dispatcher(Loop):
         self._lease = lease
         campaign = await self.reads.campaign(claim.campaign_id)
         return await tracing.traced(
-            "ledger.side_effect", self.reads.executor, claim.campaign_id,
+            "ledger.promotion" if claim.purpose == "promotion" else "ledger.side_effect",
+            self.reads.executor, claim.campaign_id,
             {tracing.CAMPAIGN_CLASS: campaign.class_, tracing.GENERATION: claim.generation,
              "ledger.side_effect.id": claim.side_effect_id, "ledger.side_effect.kind": claim.kind,
              "ledger.side_effect.purpose": claim.purpose, "ledger.side_effect.tries": claim.tries,

@@ -7,7 +7,7 @@ database keeps it with the campaign (``campaign.trace_context``, in the
 ``campaigns`` view every role reads), and each later step's span names it as
 its parent: the first attempt (``ledger.attempt``, with its ``ledger.claim``),
 each verification (``ledger.verification``), side effect
-(``ledger.side_effect``; a promotion is one) and observation
+(``ledger.promotion``, or ``ledger.side_effect`` for any other intent) and observation
 (``ledger.observation``). A retry is not nested: attempt 2 and later start a
 trace of their own whose span *links* to the open, so a campaign tried for
 days is not one endless trace, and the link still finds it.
@@ -117,9 +117,11 @@ def configure(service: str, environ: Mapping[str, str] = os.environ) -> bool:
             _log.warning("unknown OTEL_TRACES_EXPORTER; ignored", exporter=name)
     if not exporters:
         return False
-    # Resource.create reads OTEL_SERVICE_NAME and OTEL_RESOURCE_ATTRIBUTES,
-    # which win over the default given here.
-    resource = Resource({SERVICE_NAME: f"ledger-{service}"}).merge(Resource.create({}))
+    # Resource.create reads OTEL_SERVICE_NAME and OTEL_RESOURCE_ATTRIBUTES;
+    # without a name there, the SDK's placeholder gives way to Ledger's.
+    resource = Resource.create({})
+    if str(resource.attributes.get(SERVICE_NAME, "unknown_service")).startswith("unknown_service"):
+        resource = resource.merge(Resource({SERVICE_NAME: f"ledger-{service}"}))
     provider = TracerProvider(resource=resource)
     for exporter in exporters:
         provider.add_span_processor(BatchSpanProcessor(exporter))
