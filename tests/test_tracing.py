@@ -12,7 +12,10 @@ from __future__ import annotations
 
 import gzip
 import json
+import os
 import signal
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -115,6 +118,13 @@ async def test_each_step_joins_the_trace_of_the_open_and_a_retry_links_to_it(
     assert verification.parent.span_id == ctx.span_id
     assert verification.attributes[tracing.VERDICT] == "accepted"
 
+    async def nothing() -> None:
+        return None
+
+    await tracing.traced("ledger.side_effect", worker.executor, claim.campaign_id, {}, nothing())
+    [effect] = _named(spans, "ledger.side_effect")
+    assert effect.parent.span_id == ctx.span_id and tracing.VERDICT not in effect.attributes
+
     # a later observation of the open objective is a child of the open too
     await _observe(sensor, "traced-1", "red", test_class)
     [seen] = _named(spans, "ledger.observation")
@@ -162,6 +172,16 @@ def test_configured_only_by_the_otel_variables() -> None:
     assert tracing.wanted({"OTEL_TRACES_EXPORTER": "console"})
     assert not tracing.configure("test", {})
     assert not tracing.enabled()
+
+
+def test_off_no_opentelemetry_module_is_imported() -> None:
+    code = ("import sys; import ledger.sensors, ledger.worker, ledger.verifier, ledger.dispatcher, "
+            "ledger.runtime.host, ledger.tracing; "
+            "print(sorted(m for m in sys.modules if m.startswith('opentelemetry')))")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
+                          timeout=120, check=True)
+    assert done.stdout.strip() == "[]", done.stdout
 
 
 def test_no_trace_variable_reaches_an_untrusted_command(monkeypatch: pytest.MonkeyPatch) -> None:

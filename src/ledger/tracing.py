@@ -296,11 +296,11 @@ async def attempt(executor: Executor, claim: Claim, work: Awaitable[str], *,
 
 
 async def traced(name: str, executor: Executor, campaign_id: int, attributes: Mapping[str, Any],
-                 work: Awaitable[T], *, verdict: Callable[[T], object] = str,
+                 work: Awaitable[T], *, verdict: Callable[[T], object] = lambda r: r,
                  context: Mapping[str, str] | None = None, known: bool = False) -> T:
     """Await ``work`` inside span ``name``, a child of campaign
     ``campaign_id``'s trace (``context`` if ``known``, else read), with
-    ``verdict(result)`` as its ``ledger.verdict``."""
+    ``verdict(result)`` as its ``ledger.verdict`` (none if ``None``)."""
     if _tracer is None:
         return await work
     if not known:
