@@ -123,7 +123,7 @@ async def test_each_step_joins_the_trace_of_the_open_and_a_retry_links_to_it(
 
     await tracing.traced("ledger.side_effect", worker.executor, claim.campaign_id, {}, nothing())
     [effect] = _named(spans, "ledger.side_effect")
-    assert effect.parent.span_id == ctx.span_id and tracing.VERDICT not in effect.attributes
+    assert effect.parent.span_id == ctx.span_id and tracing.VERDICT not in (effect.attributes or {})
 
     # a later observation of the open objective is a child of the open too
     await _observe(sensor, "traced-1", "red", test_class)
