@@ -36,6 +36,7 @@ from collections.abc import Awaitable, Callable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from .errors import LedgerError
 from .logs import get_logger
 
 if TYPE_CHECKING:
@@ -168,7 +169,14 @@ async def campaign_context(executor: Executor, campaign_id: int) -> dict[str, st
         return _contexts[campaign_id]
     from .reads import Reads
 
-    found = await Reads(executor).trace_context(campaign_id)
+    try:
+        found = await Reads(executor).trace_context(campaign_id)
+    except LedgerError as exc:
+        # Tracing never costs a step: without its context the span starts a
+        # trace of its own (the next step asks again).
+        _log.warning("could not read the campaign's trace context", campaign=campaign_id,
+                     error=exc.message)
+        return None
     remember(campaign_id, found)
     return found
 
@@ -242,7 +250,12 @@ async def observation(executor: Executor, objective_key: str, status: str,
         return await record(None)
     from .reads import Reads
 
-    found = await Reads(executor).open_trace_context(objective_key)
+    try:
+        found = await Reads(executor).open_trace_context(objective_key)
+    except LedgerError as exc:
+        _log.warning("could not read the objective's trace context; recording untraced",
+                     objective=objective_key, error=exc.message)
+        return await record(None)
     said = {"ledger.objective_key": objective_key, "ledger.observation.status": status, **attributes}
 
     def recorded(span: Span, result: ObservationRecorded) -> None:
