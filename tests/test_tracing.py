@@ -6,7 +6,8 @@ Unit level, with the SDK's in-memory exporter: the shape of each step's span
 nothing recorded or stored while tracing is off. End to end: a sensor, a
 worker, a verifier and a dispatcher, each a separate ``ledger`` process
 exporting by OTLP/HTTP to a receiver this test runs on loopback (the protobuf
-decoded with opentelemetry-proto), close a regression in one trace."""
+decoded with opentelemetry-proto), close a regression in one trace, the
+first attempt failing and its retry linked to the open."""
 
 from __future__ import annotations
 
@@ -270,7 +271,9 @@ async def test_one_trace_across_a_sensor_a_worker_a_verifier_and_a_dispatcher(
                       "sys.exit(0 if p.exists() and p.read_text() == 'good' else 1)"]
         sensor = (f"\n[sensors.main]\ntarget = \"repo#main\"\nevery_s = 1.0\nclass = \"{CLASS}\"\n"
                   f"command = {json.dumps(check_main)}\n")
-        await setup(ctx, {"default": [["environment", "env"], ["write", "fix.txt", "good"], ["exit", 0]]},
+        # attempt 1 fails, attempt 2 fixes it: the retry's span links to the open
+        await setup(ctx, {"1": [["environment", "env"], ["exit", 1]],
+                          "default": [["write", "fix.txt", "good"], ["exit", 0]]},
                     lease_s=20.0, heartbeat_s=1.0, promote=True,
                     acceptance=[content_check("fix.txt", "good")], sensor=sensor)
         otel = {"OTEL_TRACES_EXPORTER": "otlp", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": receiver.endpoint,
@@ -289,7 +292,8 @@ async def test_one_trace_across_a_sensor_a_worker_a_verifier_and_a_dispatcher(
         wanted = ("ledger.open", "ledger.claim", "ledger.attempt", "ledger.verification",
                   "ledger.promotion")
         arrived = await ctx.until(
-            lambda: all(receiver.named(n) for n in wanted) and any(
+            lambda: all(receiver.named(n) for n in wanted) and len(receiver.named("ledger.attempt")) == 2
+            and len(receiver.named("ledger.claim")) == 2 and any(
                 s["attributes"].get(tracing.VERDICT) == "confirmed"
                 for s in receiver.named("ledger.observation")), "the spans", timeout=60)
         assert arrived, json.dumps(receiver.spans, indent=1)
@@ -308,8 +312,10 @@ async def test_one_trace_across_a_sensor_a_worker_a_verifier_and_a_dispatcher(
     assert set(stored["trace_context"]) == {"traceparent"}
     assert stored["trace_context"]["traceparent"][:-3] == f"00-{trace}-{root}"
     assert open_span["parent"] is None and open_span["service"] == "ledger-sensor"
-    [attempt] = receiver.named("ledger.attempt")
-    [claim] = receiver.named("ledger.claim")
+    attempt, retry = sorted(receiver.named("ledger.attempt"),
+                            key=lambda s: s["attributes"][tracing.ATTEMPT_NO])
+    claims = {c["parent"]: c for c in receiver.named("ledger.claim")}
+    claim, retry_claim = claims[attempt["span"]], claims[retry["span"]]
     verifications = receiver.named("ledger.verification")
     [effect] = receiver.named("ledger.promotion")
     confirming = [s for s in receiver.named("ledger.observation")
@@ -323,14 +329,22 @@ async def test_one_trace_across_a_sensor_a_worker_a_verifier_and_a_dispatcher(
     for span in (attempt, *verifications, effect, *confirming):
         assert span["parent"] == root, span
         assert span["attributes"][tracing.CAMPAIGN_ID] == cid
-    assert claim["parent"] == attempt["span"]
+    assert claim["trace"] == trace
     assert attempt["service"] == "ledger-worker" and not attempt["links"]
     assert attempt["attributes"][tracing.ATTEMPT_NO] == 1
     assert attempt["attributes"][tracing.CAMPAIGN_CLASS] == CLASS
     assert attempt["attributes"][tracing.GENERATION] == 1
-    assert attempt["attributes"]["ledger.outcome"] == "attempted"
+    assert attempt["attributes"]["ledger.outcome"] == "failed"
+    # the retry: not nested, a trace of its own linked to the open
+    assert retry["parent"] is None and retry["trace"] != trace
+    assert retry["links"] == [(trace, root)]
+    assert retry_claim["trace"] == retry["trace"]
+    assert {k: retry["attributes"][k] for k in (tracing.CAMPAIGN_ID, tracing.ATTEMPT_NO,
+                                                tracing.GENERATION, "ledger.outcome")} == {
+        tracing.CAMPAIGN_ID: cid, tracing.ATTEMPT_NO: 2, tracing.GENERATION: 2,
+        "ledger.outcome": "attempted"}
     assert {v["attributes"][tracing.VERDICT] for v in verifications} == {"accepted"}
-    assert all(v["service"] == "ledger-verifier" and v["attributes"][tracing.ATTEMPT_NO] == 1
+    assert all(v["service"] == "ledger-verifier" and v["attributes"][tracing.ATTEMPT_NO] == 2
                for v in verifications)
     assert effect["service"] == "ledger-dispatcher"
     assert effect["attributes"]["ledger.side_effect.purpose"] == "promotion"
