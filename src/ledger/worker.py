@@ -292,7 +292,7 @@ class Worker:
                          data_dir=self.options.data_dir, hub=self.hub, lease=lease,
                          config_file=self.options.config_file)
         task = asyncio.create_task(
-            tracing.attempt(kernel.executor, claim, run.run(), claimed=claimed or None,
+            tracing.attempt(kernel.executor, claim, run.run(), claimed=claimed,
                             worker=self.identity),
             name=f"attempt-{claim.campaign_id}-{claim.attempt_no}")
         self.attempts[claim.campaign_id] = (run, task)
