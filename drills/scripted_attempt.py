@@ -5,6 +5,7 @@ leaves markers). Steps:
   ["delete", path]        delete a file in the worktree
   ["message", text]       leave a commit message in $LEDGER_COMMIT_MESSAGE_FILE
   ["context", name]       save the campaign it was given as <name>-<campaign>-<attempt>.json
+  ["environment", name]   save the names of its environment variables as <name>-<campaign>-<attempt>.json
   ["lines", n]            print n lines
   ["block"]               write started-<campaign>-<attempt> (its pid and PID
                           namespace inside: ledger.drill.host_pid finds it) and
@@ -48,6 +49,8 @@ for step in steps:
         Path(os.environ["LEDGER_COMMIT_MESSAGE_FILE"]).write_text(step[1])
     elif kind == "context":
         (markers / f"{step[1]}-{tag}.json").write_text(json.dumps(context))
+    elif kind == "environment":
+        (markers / f"{step[1]}-{tag}.json").write_text(json.dumps(sorted(os.environ)))
     elif kind == "lines":
         for i in range(step[1]):
             print(f"line {i} of attempt {tag}", flush=False)

@@ -60,7 +60,7 @@ from typing import Any, Literal
 import httpx
 
 from . import bundle as bundles
-from . import faults
+from . import faults, tracing
 from . import repository as repositories
 from .errors import StaleLease, Unavailable
 from .hub import WakeSource
@@ -237,6 +237,17 @@ class Dispatcher(Loop):
         lease.confirm(LeaseClock.now() if sent_at is None else sent_at, claim.lease_remaining_s)
         self._lease = lease
         campaign = await self.reads.campaign(claim.campaign_id)
+        return await tracing.traced(
+            "ledger.promotion" if claim.purpose == "promotion" else "ledger.side_effect",
+            self.reads.executor, claim.campaign_id,
+            {tracing.CAMPAIGN_CLASS: campaign.class_, tracing.GENERATION: claim.generation,
+             "ledger.side_effect.id": claim.side_effect_id, "ledger.side_effect.kind": claim.kind,
+             "ledger.side_effect.purpose": claim.purpose, "ledger.side_effect.tries": claim.tries,
+             "ledger.dispatcher": self.identity},
+            self._dispatch(claim, campaign, lease, log), context=campaign.trace_context, known=True)
+
+    async def _dispatch(self, claim: SideEffectClaim, campaign: Campaign, lease: LeaseClock,
+                        log: Any) -> Dispatched | None:
         try:
             kind: str = claim.kind  # typed as the known kinds; the guard below is for the rest
             if kind == "git.update_ref":

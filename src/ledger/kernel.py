@@ -57,6 +57,11 @@ def _class(class_: str | None) -> dict[str, Any]:
     return {"class": class_}
 
 
+def _traced(trace_context: Mapping[str, str] | None) -> dict[str, Any]:
+    # Named only when given: an untraced call is the statement it always was.
+    return {"trace_context": dict(trace_context)} if trace_context else {}
+
+
 def _attempted_hints(campaign_ids: Sequence[int]) -> list[tuple[str, str]]:
     # Recorded attempts wake verifiers (ledger_attempted) and tails
     # (ledger_event); the kernel function leaves these two to the caller.
@@ -104,12 +109,16 @@ class Kernel:
         labels: Sequence[str] = (),
         acceptance: dict[str, Any] | None = None,
         sensor: str | None = None,
+        trace_context: Mapping[str, str] | None = None,
     ) -> Opened:
-        """Open a campaign for an objective, or return the one already open."""
+        """Open a campaign for an objective, or return the one already open;
+        a campaign this opens keeps ``trace_context`` (the opener's W3C trace
+        context, ``ledger.tracing``)."""
         rows = await self._call(
             "open_campaign", **_class(class_), objective_key=objective_key, target=target,
             desired_state=desired_state or {}, observation=observation or {}, priority=priority,
             seat=seat, labels=list(labels), acceptance=acceptance, sensor=sensor,
+            **_traced(trace_context),
         )
         return Opened.model_validate(rows[0])
 
@@ -129,15 +138,17 @@ class Kernel:
         request_digest: str | None = None,
         desired_state: dict[str, Any] | None = None,
         labels: Sequence[str] = (),
+        trace_context: Mapping[str, str] | None = None,
     ) -> ObservationRecorded:
-        """Record an observation and apply what it implies (open, regress, confirm, dismiss)."""
+        """Record an observation and apply what it implies (open, regress,
+        confirm, dismiss); a campaign it opens keeps ``trace_context``."""
         rows = await self._call(
             "record_observation", _idempotent=tick is not None or idempotency_key is not None,
             sensor=sensor, objective_key=objective_key, target=target,
             status=status, started_at=started_at, finished_at=finished_at,
             details=details or {}, **_class(class_), tick=tick,
             idempotency_key=idempotency_key, request_digest=request_digest,
-            desired_state=desired_state or {}, labels=list(labels),
+            desired_state=desired_state or {}, labels=list(labels), **_traced(trace_context),
         )
         return ObservationRecorded.model_validate(rows[0])
 

@@ -65,6 +65,9 @@ class Campaign(_Row):
     waiting_reason: str | None = None
     waiting_since: datetime | None = None
     fault_count: int = 0
+    #: the W3C trace context of the open (``traceparent``, ``tracestate``;
+    #: ``None``: opened untraced), which every step's span joins (ledger.tracing)
+    trace_context: dict[str, str] | None = None
 
     @property
     def is_terminal(self) -> bool:

@@ -63,7 +63,7 @@ campaigns = Table(
     Column("promoted_at", TS), Column("promoted_sha", Text),
     Column("created_at", TS), Column("updated_at", TS), Column("closed_at", TS),
     Column("waiting_on", Text), Column("waiting_reason", Text), Column("waiting_since", TS),
-    Column("fault_count", Integer),
+    Column("fault_count", Integer), Column("trace_context", JSONB),
 )
 
 attempts = Table(
@@ -170,6 +170,20 @@ transitions = Table(
 # --- single campaign -------------------------------------------------------
 
 CAMPAIGN = compile_query(select(campaigns).where(campaigns.c.id == bindparam("id")))
+
+# The trace context a campaign was opened with (ledger.tracing), and that of
+# the campaign open for an objective (at most one: campaign_one_open_per_objective).
+TRACE_CONTEXT = compile_query(
+    select(campaigns.c.trace_context).where(campaigns.c.id == bindparam("id")))
+
+OPEN_TRACE_CONTEXT = compile_query(
+    select(campaigns.c.id, campaigns.c.trace_context)
+    .where(campaigns.c.objective_key == bindparam("objective_key"),
+           # literals, as the partial unique index says it, so the index answers
+           campaigns.c.state.not_in([literal_column(f"'{state}'")
+                                     for state in ("confirmed", "dismissed", "abandoned")]))
+    .limit(1)
+)
 
 CAMPAIGN_ATTEMPTS = compile_query(
     select(attempts).where(attempts.c.campaign_id == bindparam("campaign_id"))

@@ -56,6 +56,17 @@ class Reads:
             raise NotFound(f"campaign {campaign_id} does not exist")
         return Campaign.model_validate(rows[0])
 
+    async def trace_context(self, campaign_id: int) -> dict[str, str] | None:
+        """The W3C trace context campaign ``campaign_id`` was opened with
+        (``None``: opened untraced, or no such campaign)."""
+        rows = await self.executor.fetch(queries.TRACE_CONTEXT, id=campaign_id)
+        return rows[0]["trace_context"] if rows else None
+
+    async def open_trace_context(self, objective_key: str) -> tuple[int, dict[str, str] | None] | None:
+        """The campaign open for ``objective_key`` and its trace context; ``None`` if none is open."""
+        rows = await self.executor.fetch(queries.OPEN_TRACE_CONTEXT, objective_key=objective_key)
+        return (rows[0]["id"], rows[0]["trace_context"]) if rows else None
+
     async def attempt_of(self, campaign_id: int, generation: int) -> Attempt | None:
         """The attempt a lease (generation) of a campaign made, if any: how a
         holder whose reply was lost learns how its attempt ended."""

@@ -44,6 +44,7 @@ from verifiers.judge import INSIDE_JUDGE, Judge, JudgeSettings, files_of, read_s
 from verifiers.pytest_report import pytest_command, read_report
 
 from . import cell as cells
+from . import tracing
 from .config import CampaignClassConfig, LedgerConfig, SensorConfig
 from .errors import ConfigError, LedgerError
 from .kernel import Kernel
@@ -276,10 +277,14 @@ class Sensor:
             self.log.warning("not observed: a fault that is not the target's",
                              error=reading.details.get("error"), tick=tick.isoformat() if tick else None)
             return None
-        result = await self.kernel.record_observation(
-            self.config.name, self.config.objective_key(), self.config.target, reading.status,
-            reading.started_at, finished_at=reading.finished_at, details=reading.details,
-            class_=self.config.campaign_class, tick=tick)
+        result = await tracing.observation(
+            self.kernel.executor, self.config.objective_key(), reading.status,
+            {tracing.CAMPAIGN_CLASS: self.config.campaign_class, "ledger.sensor": self.config.name},
+            lambda context: self.kernel.record_observation(
+                self.config.name, self.config.objective_key(), self.config.target, reading.status,
+                reading.started_at, finished_at=reading.finished_at, details=reading.details,
+                class_=self.config.campaign_class, tick=tick, trace_context=context),
+            start_ns=int(reading.started_at.timestamp() * 1e9))
         self.observed += 1
         self.log.info("observed", status=reading.status, effect=result.effect,
                       campaign=result.campaign_id, tick=tick.isoformat() if tick else None)

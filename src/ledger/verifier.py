@@ -58,7 +58,7 @@ from verifiers.pytest_report import pytest_command
 
 from . import bundle as bundles
 from . import cell as cells
-from . import faults, protection
+from . import faults, protection, tracing
 from .errors import LedgerError, StaleLease, Unavailable
 from .hub import WakeSource
 from .identity import process_identity
@@ -206,6 +206,14 @@ class Verifier(Loop):
         record the verdict. ``"stale"``: the claim was lost (or could not be
         confirmed before its local deadline: ``ledger.lease``), nothing written.
         ``sent_at`` is the local time the claim was sent (default: now)."""
+        return await tracing.traced(
+            "ledger.verification", self.kernel.executor, claim.campaign_id,
+            {tracing.CAMPAIGN_CLASS: claim.class_, tracing.GENERATION: claim.generation,
+             tracing.ATTEMPT_NO: claim.attempt_no, "ledger.verification.id": claim.verification_id,
+             "ledger.verification.kind": claim.kind, "ledger.verifier": self.identity},
+            self._verify(claim, sent_at=sent_at))
+
+    async def _verify(self, claim: VerificationClaim, *, sent_at: float | None) -> Outcome:
         log = self.log.bind(campaign=claim.campaign_id, attempt=claim.attempt_no,
                             verification=claim.verification_id)
         log.info("verification started", candidate=claim.candidate_sha, worker=claim.worker)

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from . import cell as cells
+from . import tracing
 from .attempt import AttemptRun, sweep_orphans
 from .config import LedgerConfig
 from .database import Database
@@ -120,6 +121,7 @@ class Worker:
             kernel = Kernel(work)
             await self._boot(kernel)
             sent = LeaseClock.now()
+            claim_ns = tracing.now_ns()
             claim = await kernel.claim_campaign(self.identity, self.classes)
             if claim is None:
                 return 0
@@ -127,7 +129,7 @@ class Worker:
             lease = LeaseClock()
             lease.confirm(sent, claim.lease_remaining_s)
             await self.slots.acquire()
-            self._start(kernel, claim, lease)
+            self._start(kernel, claim, lease, (claim_ns, tracing.now_ns()))
             await asyncio.wait([task for _, task in self.attempts.values()])
             return 1
 
@@ -167,6 +169,7 @@ class Worker:
             with self.hub.subscribe("ledger_ready") as ready:
                 wait_s = self.options.poll_s
                 sent = LeaseClock.now()
+                claim_ns = tracing.now_ns()
                 try:
                     claims = await self._claim(kernel, held)
                 except OutcomeUnknown as exc:
@@ -187,11 +190,12 @@ class Worker:
                     self.log.debug("idle: nothing to claim", wait_s=wait_s)
                     await self._idle(ready.wait(wait_s))
                     continue
+            claimed = (claim_ns, tracing.now_ns())
             for claim in claims:
                 self.claimed += 1
                 lease = LeaseClock()
                 lease.confirm(sent, claim.lease_remaining_s)
-                self._start(kernel, claim, lease)
+                self._start(kernel, claim, lease, claimed)
 
     async def _claim(self, kernel: Kernel, slots: int) -> list[Claim]:
         """Up to ``slots`` campaigns: one claim, or a batch when several slots are free."""
@@ -279,12 +283,18 @@ class Worker:
         for task in (waiter, stopping):
             task.cancel()
 
-    def _start(self, kernel: Kernel, claim: Claim, lease: LeaseClock) -> None:
+    def _start(self, kernel: Kernel, claim: Claim, lease: LeaseClock,
+               claimed: tuple[int, int] | None = None) -> None:
+        """Start the attempt of ``claim``; ``claimed``: when its claim was sent
+        and answered (ns since the epoch; a span's times when tracing)."""
         cls = self.config.campaign_class(claim.class_)
         run = AttemptRun(kernel, claim, cls, identity=self.identity,
                          data_dir=self.options.data_dir, hub=self.hub, lease=lease,
                          config_file=self.options.config_file)
-        task = asyncio.create_task(run.run(), name=f"attempt-{claim.campaign_id}-{claim.attempt_no}")
+        task = asyncio.create_task(
+            tracing.attempt(kernel.executor, claim, run.run(), claimed=claimed,
+                            worker=self.identity),
+            name=f"attempt-{claim.campaign_id}-{claim.attempt_no}")
         self.attempts[claim.campaign_id] = (run, task)
         self.since[claim.campaign_id] = utcnow()
         self.log.info("claimed", campaign=claim.campaign_id, attempt=claim.attempt_no,

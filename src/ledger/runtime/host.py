@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from .. import tracing
 from ..logs import get_logger
 from ..backoff import backoff
 from .service import Service
@@ -272,4 +273,11 @@ async def serve(services: Iterable[Service], *, name: str = "ledger", policy: Po
     host = Host(name=name, policy=policy)
     for service in services:
         host.add(service)
-    return await host.run()
+    # Spans, if the OTEL_* variables ask for them (ledger.tracing); flushed
+    # at the end, so what the process did is exported before it exits.
+    traced = tracing.configure(name)
+    try:
+        return await host.run()
+    finally:
+        if traced:
+            await asyncio.to_thread(tracing.shutdown)

@@ -44,6 +44,27 @@ BEGIN
 END
 $$;
 
+-- A W3C trace context as a campaign keeps it (campaign.trace_context): an
+-- object of a version-00 traceparent (lower-case hex, ids not all zero) and
+-- an optional tracestate of at most 512 characters, nothing else.
+CREATE OR REPLACE FUNCTION ledger.is_trace_context(p_value jsonb) RETURNS boolean
+    LANGUAGE sql IMMUTABLE
+AS $$
+    -- coalesce: a missing part is false, not NULL (which an IF NOT would let by)
+    SELECT coalesce(pg_catalog.jsonb_typeof(p_value) = 'object'
+       AND (p_value OPERATOR(pg_catalog.-) 'traceparent' OPERATOR(pg_catalog.-) 'tracestate')
+           OPERATOR(pg_catalog.=) '{}'::jsonb
+       AND pg_catalog.jsonb_typeof(p_value OPERATOR(pg_catalog.->) 'traceparent') = 'string'
+       AND (p_value OPERATOR(pg_catalog.->>) 'traceparent')
+           OPERATOR(pg_catalog.~) '^00-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}$'
+       AND pg_catalog.substr(p_value OPERATOR(pg_catalog.->>) 'traceparent', 4, 32)
+           OPERATOR(pg_catalog.<>) '00000000000000000000000000000000'
+       AND pg_catalog.substr(p_value OPERATOR(pg_catalog.->>) 'traceparent', 37, 16)
+           OPERATOR(pg_catalog.<>) '0000000000000000'
+       AND coalesce(pg_catalog.jsonb_typeof(p_value OPERATOR(pg_catalog.->) 'tracestate'), 'string') = 'string'
+       AND coalesce(pg_catalog.length(p_value OPERATOR(pg_catalog.->>) 'tracestate'), 0) <= 512, false)
+$$;
+
 -- The syntax of an approach's fingerprint and of a commit id, written once.
 -- A length test and an unbounded class accept exactly what the counted
 -- forms ('^[A-Za-z0-9:_.-]{8,200}$', '^[0-9a-f]{7,64}$') accept; PostgreSQL's

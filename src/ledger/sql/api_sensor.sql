@@ -7,11 +7,12 @@
 -- open_campaign and record_observation). With p_strict, an open campaign
 -- whose request differs (desired state, priority, labels, seat, acceptance)
 -- is refused with LG011 naming the fields, instead of being returned as if
--- the request had been taken.
+-- the request had been taken. p_trace_context (the opener's W3C trace
+-- context, ledger.is_trace_context) is kept by a campaign this call creates.
 CREATE OR REPLACE FUNCTION ledger.open_campaign(
         p_class text, p_objective_key text, p_target text, p_desired_state jsonb,
         p_observation jsonb, p_priority integer, p_seat text, p_labels text[],
-        p_acceptance jsonb, p_sensor text, p_strict boolean)
+        p_acceptance jsonb, p_sensor text, p_strict boolean, p_trace_context jsonb)
     RETURNS TABLE (campaign_id bigint, created boolean, state text, generation bigint)
     LANGUAGE plpgsql
 AS $$
@@ -33,6 +34,11 @@ BEGIN
     PERFORM ledger.check_range('priority', coalesce(p_priority, 0), -1000000, 1000000);
     PERFORM ledger.check_length('objective key', p_objective_key, 1, 500);
     PERFORM ledger.check_length('target', p_target, 1, 2000);
+    IF p_trace_context IS NOT NULL AND NOT ledger.is_trace_context(p_trace_context) THEN
+        RAISE EXCEPTION 'a trace context is {"traceparent": "00-<32 hex>-<16 hex>-<2 hex>"} '
+                        'with an optional "tracestate" of at most 512 characters'
+            USING ERRCODE = 'LG007';
+    END IF;
     v_seat := coalesce(p_seat, CASE v_class.seat_policy WHEN 'target' THEN p_target END);
     v_acceptance := coalesce(p_acceptance, v_class.acceptance);
     v_labels := coalesce(p_labels, '{}');
@@ -42,10 +48,11 @@ BEGIN
         INSERT INTO ledger.campaign AS c
                (class, objective_key, target, desired_state, opening_observation, state,
                 max_attempts, next_attempt_at, acceptance_criteria, seat, priority, labels,
-                created_at, updated_at)
+                created_at, updated_at, trace_context)
         VALUES (p_class, p_objective_key, p_target, coalesce(p_desired_state, '{}'),
                 coalesce(p_observation, '{}'), 'ready', v_class.max_attempts, ledger.now(),
-                v_acceptance, v_seat, coalesce(p_priority, 0), v_labels, ledger.now(), ledger.now())
+                v_acceptance, v_seat, coalesce(p_priority, 0), v_labels, ledger.now(), ledger.now(),
+                p_trace_context)
         ON CONFLICT (objective_key) WHERE c.state NOT IN ('confirmed', 'dismissed', 'abandoned')
         DO NOTHING
         RETURNING c.id INTO v_id;
@@ -98,7 +105,8 @@ CREATE OR REPLACE FUNCTION ledger_api.open_campaign(
         p_class text, p_objective_key text, p_target text,
         p_desired_state jsonb DEFAULT '{}', p_observation jsonb DEFAULT '{}',
         p_priority integer DEFAULT 0, p_seat text DEFAULT NULL, p_labels text[] DEFAULT '{}',
-        p_acceptance jsonb DEFAULT NULL, p_sensor text DEFAULT NULL)
+        p_acceptance jsonb DEFAULT NULL, p_sensor text DEFAULT NULL,
+        p_trace_context jsonb DEFAULT NULL)
     RETURNS TABLE (campaign_id bigint, created boolean, state text, generation bigint)
     LANGUAGE sql
     SECURITY DEFINER
@@ -106,7 +114,8 @@ CREATE OR REPLACE FUNCTION ledger_api.open_campaign(
 AS $$
     SELECT * FROM ledger.open_campaign(p_class, p_objective_key, p_target, p_desired_state,
                                        p_observation, p_priority, p_seat, p_labels,
-                                       p_acceptance, coalesce(p_sensor, 'sensor'), true)
+                                       p_acceptance, coalesce(p_sensor, 'sensor'), true,
+                                       p_trace_context)
 $$;
 COMMENT ON FUNCTION ledger_api.open_campaign IS
     'Open a campaign for an objective; the identical request returns the open one, a different one is refused (LG011).';
@@ -168,7 +177,8 @@ CREATE OR REPLACE FUNCTION ledger_api.record_observation(
         p_started_at timestamptz, p_finished_at timestamptz DEFAULT NULL,
         p_details jsonb DEFAULT '{}', p_class text DEFAULT NULL, p_tick timestamptz DEFAULT NULL,
         p_idempotency_key text DEFAULT NULL, p_request_digest text DEFAULT NULL,
-        p_desired_state jsonb DEFAULT '{}', p_labels text[] DEFAULT '{}')
+        p_desired_state jsonb DEFAULT '{}', p_labels text[] DEFAULT '{}',
+        p_trace_context jsonb DEFAULT NULL)
     RETURNS TABLE (observation_id bigint, campaign_id bigint, effect text, duplicate boolean,
                    reason text)
     LANGUAGE plpgsql
@@ -236,7 +246,8 @@ BEGIN
                                                            'status', p_status,
                                                            'started_at', p_started_at,
                                                            'details', coalesce(p_details, '{}')),
-                                        0, NULL, p_labels, NULL, p_sensor, false) o;
+                                        0, NULL, p_labels, NULL, p_sensor, false,
+                                        p_trace_context) o;
         ELSIF v_c.state = 'verified' AND v_c.promoted_at IS NOT NULL
               AND p_started_at > v_c.promoted_at THEN
             v_transition := 'regress'; v_to := 'ready'; v_effect := 'regressed';

@@ -114,7 +114,14 @@ CREATE TABLE IF NOT EXISTS ledger.campaign (
     fault_count         integer NOT NULL DEFAULT 0,  -- 0 or more
     created_at          timestamptz NOT NULL,
     updated_at          timestamptz NOT NULL,
-    closed_at           timestamptz
+    closed_at           timestamptz,
+    -- The W3C trace context of the open ({"traceparent": ..., "tracestate":
+    -- ...}; NULL when the opener was not tracing): every later step's span,
+    -- in whichever process or machine, joins the trace it names
+    -- (ledger.tracing). Written once, by the open (ledger.open_campaign,
+    -- which checks its form there rather than by a CHECK every UPDATE would
+    -- pay for); nothing changes it afterwards. Added by 0002_trace_context.
+    trace_context       jsonb
     -- leased, and only then, with an owner and an expiry (campaign_lease_iff_leased)
 );
 

@@ -9,7 +9,7 @@ SELECT id, class, objective_key, target, desired_state, opening_observation, sta
        lease_owner, leased_at, lease_expires_at, generation, attempt_count, max_attempts,
        next_attempt_at, last_failure_reason, acceptance_criteria, evidence_location, seat,
        priority, labels, event_seq, promoted_at, promoted_sha, created_at, updated_at, closed_at,
-       waiting_on, waiting_reason, waiting_since, fault_count
+       waiting_on, waiting_reason, waiting_since, fault_count, trace_context
   FROM ledger.campaign;
 
 CREATE OR REPLACE VIEW ledger_api.attempts AS
