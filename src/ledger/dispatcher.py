@@ -452,7 +452,10 @@ class Dispatcher(Loop):
             **accepted.bundle, "attempt_no": attempt_no,
             "generation": claim.generation + 1, "worker": self.identity, "base_sha": onto,
             "candidate_sha": rebased, "created_at": datetime.now(timezone.utc)})
-        diff = await asyncio.to_thread(repositories.diff, repo.path, onto, rebased)
+        try:
+            diff = await asyncio.to_thread(repositories.diff, repo.path, onto, rebased)
+        except GitError as exc:
+            return _waiting(f"cannot take the rebased candidate's diff: {exc.message}")
         await self._go_ahead(claim, needed_s=1.0)
         await self.kernel.rebase_promotion(
             claim.side_effect_id, claim.claim_token, base_sha=onto, candidate_sha=rebased,
