@@ -168,7 +168,7 @@ async def test_a_remote_target_that_moved_twice_is_rebased_from_the_dispatchers_
         assert claim_ is not None
         assert await dispatcher.dispatch(claim_) == "rebased"
         rebased = (await (await actors.reads("reader")).attempts_of(cid))[-1]
-        assert rev(repo, rebased.candidate_ref) == rebased.candidate_sha
+        assert rev(repo, str(rebased.candidate_ref)) == rebased.candidate_sha
         assert git(repo, "rev-parse", f"{rebased.candidate_sha}^") == moved
     check = await verifier.claim_verification("verifier-3", classes=["remote-rebasing"])
     assert check is not None

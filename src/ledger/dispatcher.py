@@ -69,6 +69,7 @@ from .registry import Registration, held, utcnow
 from .kernel import Kernel
 from .lease import LeaseClock
 from .logs import get_logger
+from .merge_queue import MergeQueue
 from .runtime.service import Loop
 from .models import Campaign, SideEffectClaim
 from .reads import Reads
@@ -84,7 +85,7 @@ FAULT_AFTER_ACTION = "dispatcher.after_action"
 Outcome = Literal["done", "conflict", "retry", "failed"]
 #: What one dispatch did: an outcome recorded, or a promotion rebased (and
 #: sent back for verification instead of being recorded as a conflict).
-Dispatched = Outcome | Literal["rebased"]
+Dispatched = Outcome | Literal["rebased", "batched"]
 KINDS = ("git.update_ref", "http.request")
 
 _SHA = re.compile(r"^(?:[0-9a-f]{40}|[0-9a-f]{64})$")
@@ -183,6 +184,7 @@ class Dispatcher(Loop):
         self._http_client = http_client
         self._stop: asyncio.Event | None = None
         self._lease = LeaseClock()  # of the claim being dispatched
+        self.queue = MergeQueue(self)
         self.log = get_logger(self.name, dispatcher=self.identity)
         #: outcomes recorded by this dispatcher, for logs and tests
         self.recorded: dict[str, int] = {"done": 0, "conflict": 0, "retry": 0, "failed": 0}
@@ -256,12 +258,21 @@ class Dispatcher(Loop):
             log.info("promotion target moved: candidate rebased and sent back for verification",
                      **verdict.result)
             return "rebased"
+        if verdict.outcome == "batched":
+            # recorded by the merge queue's own functions (a batch stacked, or landed)
+            log.info("merge queue: " + ("batch landed" if "landed" in verdict.result
+                                        else "batch stacked and its probe sent to be verified"),
+                     **verdict.result)
+            return "batched"
         outcome: Outcome = verdict.outcome
         error = verdict.error
         retry_after = 0.0
         if outcome == "retry":
             if claim.tries >= self.max_tries and not verdict.result.get("waiting_on"):
                 outcome, error = "failed", f"gave up after {claim.tries} tries: {error}"
+            elif verdict.result.get("queue_wait_s") is not None:
+                # its turn in the merge queue: a verdict or a landing comes first
+                retry_after = float(verdict.result["queue_wait_s"])
             elif verdict.result.get("waiting_on"):
                 # Waiting on a fault that is not the candidate's: the pause
                 # grows with the campaign's faults in a row (the kernel does
@@ -378,6 +389,11 @@ class Dispatcher(Loop):
         if campaign.state == "abandoned":
             return _failed("campaign abandoned before the intent was carried out", read_back=current)
         if current != old:
+            if claim.purpose == "promotion" and current is not None and landing is not None:
+                # in the merge queue: stacked with the candidates behind it, or landed with them
+                queued = await self.queue.moved(claim, campaign, repo, current)
+                if queued is not None:
+                    return queued
             if claim.purpose == "promotion" and current is not None and old is not None:
                 # the candidate itself, not the commit that would have landed
                 candidate = str(claim.payload.get("new") or "").lower()

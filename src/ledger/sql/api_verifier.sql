@@ -326,6 +326,9 @@ BEGIN
         RETURN coalesce(ledger.ended_as(v_v.campaign_id, v_v.generation, 'reject'), 'ready');
     END IF;
     PERFORM ledger.check_verification_live(v_v);
+    IF ledger.merge_queue_requeue(v_v, p_reason, p_evidence) THEN
+        RETURN 'verified';  -- a merge queue's stack failed: bisected, nothing charged
+    END IF;
     SELECT * INTO v_a FROM ledger.attempt a WHERE a.id = v_v.attempt_id;
     SELECT * INTO v_c FROM ledger.campaign c WHERE c.id = v_v.campaign_id;
     UPDATE ledger.verification v
