@@ -34,6 +34,10 @@ class MergeQueue(Drill):
                "combination -> all good ones land, the bad one is bisected out and rejected, in far "
                "fewer than N^2 verifications")
 
+    def timeout_s(self, scale: float, minutes: float | None) -> float:
+        # the attempts and first verifications of N candidates, then the queue's
+        return max(240.0, 120.0 + 8.0 * max(8, round(60 * scale)))
+
     async def run(self, ctx: DrillContext) -> None:
         n = max(8, round(60 * ctx.scale))
         batch = 8
