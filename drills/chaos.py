@@ -34,6 +34,9 @@ LEASE_S = 3.0
 WORKERS, VERIFIERS = 2, 2
 WORKER = ("worker", "--concurrency", "2", "--poll", "0.5", "--grace", "0.5")
 SETTLE_S = 150.0
+#: Promotion targets, each contended: every other objective is promoted,
+#: onto one of these branches in turn.
+TARGETS, SHIP_EVERY = 3, 2
 
 
 def chaos_minutes(scale: float, minutes: float | None) -> float:
@@ -60,7 +63,7 @@ class Chaos(Drill):
     async def run(self, ctx: DrillContext) -> None:
         # the drill's own pools meet every outage too: their reconnect warnings are noise here
         logging.getLogger("psycopg.pool").setLevel(logging.ERROR)
-        repo = await fleet.fleet_setup(ctx, lease_s=LEASE_S)
+        repo = await fleet.fleet_setup(ctx, lease_s=LEASE_S, targets=TARGETS)
         target = fleet.Target()
         try:
             await Run(ctx, repo, target).run(chaos_minutes(ctx.scale, ctx.minutes))
@@ -103,7 +106,8 @@ class Run:
         stop_opening = asyncio.Event()
         # one objective a second: what the fleet sustains on a busy 2-core machine, so the
         # run measures the faults, not a backlog
-        opener = asyncio.create_task(fleet.open_stream(ctx, opened, self.target, stop_opening, every_s=1.0))
+        opener = asyncio.create_task(fleet.open_stream(ctx, opened, self.target, stop_opening, every_s=1.0,
+                                                       ship_every=SHIP_EVERY, targets=TARGETS))
         ctx.step(f"chaos for {minutes:g} minute(s)")
         self.end = time.monotonic() + minutes * 60
         faults = [self.restarts(), self.worker_kills(), self.worker_stops(), self.hub_cuts(), self.service_kills()]
@@ -129,6 +133,25 @@ class Run:
                           "WHERE state IN ('pending', 'claimed')")[0]["n"]
         ctx.expect(pending == 0, "nothing is pending in the outbox after the settle period",
                    f"{pending} pending or claimed")
+        # Issue 26: contended targets drain through their merge queues; nothing
+        # verified is left waiting for its branch.
+        waiting = ctx.sql("SELECT (SELECT count(*) FROM ledger.campaign WHERE class LIKE 'ship%%' "
+                          "AND state = 'verified' AND promoted_at IS NULL) AS unpromoted, "
+                          "(SELECT count(*) FROM ledger.merge_queue) AS queued, "
+                          "(SELECT count(*) FROM ledger.merge_batch WHERE closed_at IS NULL) AS batches")[0]
+        ctx.expect(waiting["unpromoted"] == waiting["queued"] == waiting["batches"] == 0,
+                   "nothing waits for a promotion target after the settle: no verified campaign unpromoted, "
+                   "the merge queues empty, no batch open", str(waiting))
+        shipped = ctx.sql("SELECT count(*) FILTER (WHERE promoted_at IS NOT NULL) AS landed, "
+                          "(SELECT count(*) FROM ledger.verification v JOIN ledger.campaign k ON k.id = v.campaign_id "
+                          " WHERE k.class LIKE 'ship%%' AND v.status IN ('accepted', 'rejected')) AS verdicts, "
+                          "(SELECT count(*) FROM ledger.merge_batch WHERE state = 'landed' "
+                          " AND cardinality(members) > 1) AS batches "
+                          "FROM ledger.campaign WHERE class LIKE 'ship%%'")[0]
+        if shipped["landed"]:
+            ctx.step(f"promotions onto {TARGETS} contended targets: {shipped['landed']} landed with "
+                     f"{shipped['verdicts']} verdicts ({shipped['verdicts'] / shipped['landed']:.2f} per landed "
+                     f"candidate), {shipped['batches']} batch(es) of several landed")
         lost = figures["attempts"].get("lost", 0)
         bound = 2 * (self.tally["worker-sigkill"] + self.tally["worker-sigstop"])
         ctx.expect(lost <= bound, "no attempt was lost to a restart: lost attempts are within what "

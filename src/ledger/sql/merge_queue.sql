@@ -613,24 +613,27 @@ DECLARE
     v_c ledger.campaign;
     v_a ledger.attempt;
 BEGIN
+    -- a probe verified on a stack that was dissolved meanwhile (a member
+    -- left) was judged on a combination that will never land: no verdict either
     SELECT * INTO v_b FROM ledger.merge_batch b
-     WHERE b.state = 'verifying' AND b.members[cardinality(b.members)] = p_v.campaign_id
+     WHERE b.state IN ('verifying', 'dissolved') AND b.members[cardinality(b.members)] = p_v.campaign_id
        AND b.probe_generation = p_v.generation
+     ORDER BY b.id DESC LIMIT 1
      FOR UPDATE;
-    IF NOT FOUND OR cardinality(v_b.members) < 2 THEN
+    IF NOT FOUND OR (cardinality(v_b.members) < 2 AND v_b.state = 'verifying') THEN
         RETURN false;
     END IF;
     v_change := v_b.changes -> (cardinality(v_b.members) - 1);
     SELECT * INTO v_c FROM ledger.campaign c WHERE c.id = p_v.campaign_id;
     SELECT * INTO v_a FROM ledger.attempt a WHERE a.id = p_v.attempt_id;
     UPDATE ledger.verification v
-       SET status = 'rejected', finished_at = v_now,
-           reason = left(format('the stack of %s candidates failed: %s', cardinality(v_b.members), p_reason), 4000),
-           evidence = coalesce(p_evidence, '{}') || jsonb_build_object('merge_batch', v_b.id)
+       SET status = 'rejected', finished_at = v_now, reason = left(p_reason, 4000),
+           evidence = coalesce(p_evidence, '{}')
+                      || jsonb_build_object('merge_batch', v_b.id, 'batch_size', cardinality(v_b.members))
      WHERE v.id = p_v.id;
     UPDATE ledger.merge_batch b
        SET state = 'failed', closed_at = v_now, reason = left(p_reason, 4000)
-     WHERE b.id = v_b.id;
+     WHERE b.id = v_b.id AND b.state = 'verifying';
     PERFORM ledger.begin_transition('requeue', 'verifier', p_v.verifier,
                 jsonb_build_object('verification_id', p_v.id, 'attempt_no', v_a.attempt_no,
                                    'merge_batch', v_b.id, 'batch_size', cardinality(v_b.members),
