@@ -35,9 +35,11 @@ the moment between that confirmation and the action itself; the
 compare-and-swap (git) and the Idempotency-Key (HTTP) bound what a late
 action can do, and the read-back decides what is recorded. Outcomes: ``done`` (the target shows the effect),
 ``conflict`` (the precondition failed: never retried blindly; a promotion
-whose target moved is rebased onto it and sent back for verification when
-its change applies cleanly -- ``ledger.rebase`` -- and otherwise goes back to
-ready, its attempt given back), ``retry`` (transient: network, 5xx, git lock contention;
+whose target moved goes through its target's merge queue --
+``ledger.merge_queue``: stacked with the candidates behind it and verified
+as a batch, or, alone, rebased onto it and sent back for verification when
+its change applies cleanly -- and otherwise goes back to ready, its attempt
+given back), ``retry`` (transient: network, 5xx, git lock contention;
 jittered backoff by tries) and ``failed`` (permanent, or out of tries; for a live promotion
 the kernel makes it a wait on a system fault and tries it again after a pause: it
 never sends the verified candidate back to be attempted).
