@@ -1,7 +1,9 @@
 """chaos: for N minutes (``ledger drill chaos --minutes N``; default 2 x
 --scale, at least 30 s) a whole fleet -- workers, two verifiers, a dispatcher
 with git and HTTP side effects, a sensor -- works a steady stream of
-objectives while everything fails at once, each fault on its own clock:
+objectives while everything fails at once, each fault on its own clock
+(every other objective is promoted, onto one of three branches in turn, so
+each target is contended and drains through its merge queue):
 
 * PostgreSQL (a throwaway cluster of the drill's own) stopped every 5-40 s,
   fast or immediate (a crash), down for 0-2 s;
@@ -14,7 +16,7 @@ Then the faults stop, the fleet settles and a checker reads the journal,
 attempts, side effects, the git reflog and the HTTP target's counts: 0
 objectives lost, 0 side effects applied twice, every (campaign, generation)
 with at most one ending, journals gap-free, state replayed from the journal
-equal to the table."""
+equal to the table, and nothing waiting for its promotion target."""
 
 from __future__ import annotations
 
