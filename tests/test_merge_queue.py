@@ -178,3 +178,23 @@ async def test_the_queue_knobs_are_range_checked(actors: Actors) -> None:
         with pytest.raises(LedgerError, match="batch_size|max_wait_s|merge_queue"):
             await operator.register_class("knobs", promotion={"ref": MAIN, "repository": "/r",
                                                               "merge_queue": bad})
+
+
+@pytest.mark.rollback  # only SQL: a transaction rolled back after the test
+async def test_a_probe_rejected_on_a_dissolved_stack_is_not_charged(
+        actors: Actors, admin: Admin, repo: Path, tmp_path: Path) -> None:
+    """The probe was being verified on a stack that lost a member (abandoned):
+    its rejection judged a combination that will never land, so it is no
+    verdict on the probe -- requeued, uncharged, and landed on a fresh stack."""
+    cids = await fleet(actors, repo, [{f"f{n}.txt": f"{n}\n"} for n in range(4)], batch_size=8)
+    dispatcher = Dispatcher(await actors("dispatcher"), data_dir=tmp_path / "dispatcher")
+    await dispatcher.run_once()
+    await (await actors("operator")).abandon(cids[2], "changed my mind")
+    made = await settle(actors, repo, dispatcher, judge=lambda files: "f2.txt" not in files)
+    assert made[0] == {"campaign": cids[3], "ok": False, "files": made[0]["files"]}
+    assert "f2.txt" in made[0]["files"], "the first verdict judged the dissolved stack"
+    reader = await actors.reads("reader")
+    probe = await reader.campaign(cids[3])
+    assert probe.promoted_sha == rev(repo) and probe.attempt_count == 1, probe
+    transitions = [e.payload["transition"] for e in await reader.events(cids[3]) if e.type == "transition"]
+    assert "requeue" in transitions and "reject" not in transitions, transitions
