@@ -21,6 +21,7 @@ from .kill_worker import KillWorker
 from .load import Load
 from .lost_doorbell import LostDoorbell
 from .machines import Machines
+from .merge_queue import MergeQueue
 from .partition import Partition
 from .patroni import Patroni
 from .second_attempt_differs import SecondAttemptDiffers
@@ -32,4 +33,4 @@ from .zombie_worker import ZombieWorker
 ALL = [Intake(), SecondAttemptDiffers(), KillWorker(), ZombieWorker(), FrozenWorker(), HeartbeatRace(), BadPatch(),
        ForbiddenWrite(), LostDoorbell(), DatabaseRestart(), DispatcherCrash(), StopMidAttempt(),
        Drain(), VerifierCrash(), Partition(), GamingAgent(), HostileAgent(), Load(), Failover(), Patroni(),
-       Machines(), Chaos()]
+       Machines(), MergeQueue(), Chaos()]

@@ -1,7 +1,9 @@
 """chaos: for N minutes (``ledger drill chaos --minutes N``; default 2 x
 --scale, at least 30 s) a whole fleet -- workers, two verifiers, a dispatcher
 with git and HTTP side effects, a sensor -- works a steady stream of
-objectives while everything fails at once, each fault on its own clock:
+objectives while everything fails at once, each fault on its own clock
+(every other objective is promoted, onto one of three branches in turn, so
+each target is contended and drains through its merge queue):
 
 * PostgreSQL (a throwaway cluster of the drill's own) stopped every 5-40 s,
   fast or immediate (a crash), down for 0-2 s;
@@ -14,7 +16,7 @@ Then the faults stop, the fleet settles and a checker reads the journal,
 attempts, side effects, the git reflog and the HTTP target's counts: 0
 objectives lost, 0 side effects applied twice, every (campaign, generation)
 with at most one ending, journals gap-free, state replayed from the journal
-equal to the table."""
+equal to the table, and nothing waiting for its promotion target."""
 
 from __future__ import annotations
 
@@ -34,6 +36,9 @@ LEASE_S = 3.0
 WORKERS, VERIFIERS = 2, 2
 WORKER = ("worker", "--concurrency", "2", "--poll", "0.5", "--grace", "0.5")
 SETTLE_S = 150.0
+#: Promotion targets, each contended: every other objective is promoted,
+#: onto one of these branches in turn.
+TARGETS, SHIP_EVERY = 3, 2
 
 
 def chaos_minutes(scale: float, minutes: float | None) -> float:
@@ -60,7 +65,7 @@ class Chaos(Drill):
     async def run(self, ctx: DrillContext) -> None:
         # the drill's own pools meet every outage too: their reconnect warnings are noise here
         logging.getLogger("psycopg.pool").setLevel(logging.ERROR)
-        repo = await fleet.fleet_setup(ctx, lease_s=LEASE_S)
+        repo = await fleet.fleet_setup(ctx, lease_s=LEASE_S, targets=TARGETS)
         target = fleet.Target()
         try:
             await Run(ctx, repo, target).run(chaos_minutes(ctx.scale, ctx.minutes))
@@ -103,7 +108,8 @@ class Run:
         stop_opening = asyncio.Event()
         # one objective a second: what the fleet sustains on a busy 2-core machine, so the
         # run measures the faults, not a backlog
-        opener = asyncio.create_task(fleet.open_stream(ctx, opened, self.target, stop_opening, every_s=1.0))
+        opener = asyncio.create_task(fleet.open_stream(ctx, opened, self.target, stop_opening, every_s=1.0,
+                                                       ship_every=SHIP_EVERY, targets=TARGETS))
         ctx.step(f"chaos for {minutes:g} minute(s)")
         self.end = time.monotonic() + minutes * 60
         faults = [self.restarts(), self.worker_kills(), self.worker_stops(), self.hub_cuts(), self.service_kills()]
@@ -129,6 +135,25 @@ class Run:
                           "WHERE state IN ('pending', 'claimed')")[0]["n"]
         ctx.expect(pending == 0, "nothing is pending in the outbox after the settle period",
                    f"{pending} pending or claimed")
+        # Issue 26: contended targets drain through their merge queues; nothing
+        # verified is left waiting for its branch.
+        waiting = ctx.sql("SELECT (SELECT count(*) FROM ledger.campaign WHERE class LIKE 'ship%%' "
+                          "AND state = 'verified' AND promoted_at IS NULL) AS unpromoted, "
+                          "(SELECT count(*) FROM ledger.merge_queue) AS queued, "
+                          "(SELECT count(*) FROM ledger.merge_batch WHERE closed_at IS NULL) AS batches")[0]
+        ctx.expect(waiting["unpromoted"] == waiting["queued"] == waiting["batches"] == 0,
+                   "nothing waits for a promotion target after the settle: no verified campaign unpromoted, "
+                   "the merge queues empty, no batch open", str(waiting))
+        shipped = ctx.sql("SELECT count(*) FILTER (WHERE promoted_at IS NOT NULL) AS landed, "
+                          "(SELECT count(*) FROM ledger.verification v JOIN ledger.campaign k ON k.id = v.campaign_id "
+                          " WHERE k.class LIKE 'ship%%' AND v.status IN ('accepted', 'rejected')) AS verdicts, "
+                          "(SELECT count(*) FROM ledger.merge_batch WHERE state = 'landed' "
+                          " AND cardinality(members) > 1) AS batches "
+                          "FROM ledger.campaign WHERE class LIKE 'ship%%'")[0]
+        if shipped["landed"]:
+            ctx.step(f"promotions onto {TARGETS} contended targets: {shipped['landed']} landed with "
+                     f"{shipped['verdicts']} verdicts ({shipped['verdicts'] / shipped['landed']:.2f} per landed "
+                     f"candidate), {shipped['batches']} batch(es) of several landed")
         lost = figures["attempts"].get("lost", 0)
         bound = 2 * (self.tally["worker-sigkill"] + self.tally["worker-sigstop"])
         ctx.expect(lost <= bound, "no attempt was lost to a restart: lost attempts are within what "

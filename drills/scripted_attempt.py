@@ -12,6 +12,8 @@ leaves markers). Steps:
                           wait until release-<campaign>-<attempt> exists
   ["child"]               start a grandchild that sleeps (holding stdout open);
                           its pid and namespace in child-<c>-<a>
+  ["own", dir]            write <dir>/<objective key>.txt (a change only this
+                          campaign makes, named for its objective)
   ["print", text]         write text to stdout as is
   ["random", p]           write a random change; exit 0 with probability p, else 1
   ["random-own", p]       the same in a file of the campaign's own (change-<campaign>.txt),
@@ -72,6 +74,9 @@ for step in steps:
 
         Path(f"change-{context['campaign_id']}.txt").write_text(f"{random.random()}\n")
         sys.exit(0 if random.random() < step[1] else 1)
+    elif kind == "own":
+        Path(step[1]).mkdir(parents=True, exist_ok=True)
+        Path(step[1], f"{context['objective_key']}.txt").write_text(context["objective_key"] + "\n")
     elif kind == "print":
         sys.stdout.write(step[1])
         sys.stdout.flush()

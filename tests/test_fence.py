@@ -299,7 +299,7 @@ def _numeric_parameters(admin: Admin) -> set[tuple[str, str]]:
          CROSS JOIN LATERAL unnest(p.proargnames, p.proargtypes::regtype[]::text[]) AS a(name, type)
          WHERE n.nspname = 'ledger_api' AND a.type IN ('double precision', 'integer', 'bigint', 'numeric', 'real')
            AND a.name NOT IN ('p_campaign_id', 'p_generation', 'p_verification_id', 'p_side_effect_id',
-                              'p_claim_token')""").fetchall()
+                              'p_claim_token', 'p_batch_id')""").fetchall()
     return {(r["proname"], r["name"]) for r in rows}
 
 
@@ -339,6 +339,10 @@ async def test_every_numeric_argument_refuses_nan_infinity_and_out_of_range(acto
             "0" * 64, "t", "reader", "0" * 64, "0" * 64, ttl_s=x),
         ("register_class", "p_heartbeat_seconds"): lambda x: op.register_class(
             "n", heartbeat_seconds=x),
+        ("merge_queue_view", "p_limit"): lambda x: dispatcher.merge_queue_view(1, 1, limit=_int(x)),
+        ("merge_queue_stack", "p_suspect"): lambda x: dispatcher.merge_queue_stack(
+            1, 1, base_sha="a" * 40, members=[1], generations=[1], stack=["a" * 40], changes=[{}],
+            suspect=_int(x), bundle={}, bundle_digest="d", diff=b"", candidate_ref="r"),
     }
     # The registry's report functions, one per role: the same two numbers each.
     reporters = {"sensor": sensor.report_sensor_process, "worker": worker.report_worker_process,

@@ -133,3 +133,62 @@ async def test_a_candidate_that_does_not_rebase_cleanly_returns_to_ready_without
     last = [e for e in events if e.type == "transition"][-1]
     assert last.payload["transition"] == "promote_failed" and last.payload["attempt_given_back"] is True
     assert "does not apply" in (campaign.last_failure_reason or "")
+
+
+@pytest.mark.rollback  # only SQL: a transaction rolled back after the test
+async def test_a_remote_target_that_moved_twice_is_rebased_from_the_dispatchers_cache(
+        actors: Actors, admin: Admin, repo: Path, tmp_path: Path) -> None:
+    """Through a URL the dispatcher works in its own cache: the rebase is made
+    there from objects it fetched (the target, the candidate and its base) and
+    published; a second dispatcher with an empty cache, and the same one after
+    the target moved again, never find an object missing."""
+    url = f"file://{repo}"
+    base = rev(repo)
+    candidate = commit(repo, base, {"app.py": "def add(a, b):\n    return a + b\n"}, "fix add")
+    await (await actors("operator")).register_class(
+        "remote-rebasing", max_attempts=3, lease_seconds=30, backoff_base_s=0, backoff_jitter=0,
+        promotion={"ref": MAIN, "repository": url})
+    d = Driver(actors, "remote-rebasing")
+    cid = await d.open()
+    worker = await actors("worker")
+    claim = await worker.claim_campaign("worker-1", ["remote-rebasing"])
+    assert claim is not None
+    await record_candidate(worker, claim, repo=repo, base=base, sha_=candidate,
+                           acceptance={"commands": [["true"]]}, repository=url)
+    verifier = await actors("verifier")
+    for n in (1, 2):
+        check = await verifier.claim_verification(f"verifier-{n}", classes=["remote-rebasing"])
+        assert check is not None
+        await verifier.accept(check.verification_id, {"ok": True})
+        moved = commit(repo, rev(repo), {f"other-{n}.txt": f"{n}\n"}, f"unrelated change {n}")
+        git(repo, "update-ref", MAIN, moved)
+        # a fresh cache each time: nothing of the earlier rebase is there
+        dispatcher = Dispatcher(await actors("dispatcher"), data_dir=tmp_path / f"dispatcher-{n}")
+        claim_ = await dispatcher.kernel.claim_side_effect(dispatcher.identity)
+        assert claim_ is not None
+        assert await dispatcher.dispatch(claim_) == "rebased"
+        rebased = (await (await actors.reads("reader")).attempts_of(cid))[-1]
+        assert rev(repo, str(rebased.candidate_ref)) == rebased.candidate_sha
+        assert git(repo, "rev-parse", f"{rebased.candidate_sha}^") == moved
+    check = await verifier.claim_verification("verifier-3", classes=["remote-rebasing"])
+    assert check is not None
+    await verifier.accept(check.verification_id, {"ok": True})
+    assert await Dispatcher(await actors("dispatcher"), data_dir=tmp_path / "dispatcher-1").run_once() == 1
+    assert (await (await actors.reads("reader")).campaign(cid)).promoted_sha == rev(repo)
+
+
+def test_replay_names_a_missing_object_and_refuses_a_rewritten_target(repo: Path) -> None:
+    """The combination is made in the object database from what is there: an
+    object that is not there is a system fault naming it (never a crash, never
+    a verdict); a target rewritten so that the candidate's base is not behind
+    it is "does not apply" (a new attempt), not an error."""
+    from ledger.repository import Repository, SystemFault
+    base = rev(repo)
+    candidate = commit(repo, base, {"app.py": "def add(a, b):\n    return a + b\n"}, "fix add")
+    rewritten = git(repo, "commit-tree", f"{base}^{{tree}}", "-m", "history rewritten")
+    r = Repository(str(repo))
+    assert r.replay(base, rewritten, candidate) is None
+    assert r.replay("1" * 40, base, candidate) is None
+    with pytest.raises(SystemFault, match="candidate " + "2" * 40):
+        r.replay(base, base, "2" * 40)
+    assert r.replay(base, base, candidate) is not None

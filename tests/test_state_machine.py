@@ -41,6 +41,7 @@ DESIGN = {
     ("reject", "attempted", "ready", "verifier"),
     ("promote_failed", "verified", "ready", "dispatcher"),
     ("rebase", "verified", "attempted", "dispatcher"),
+    ("requeue", "attempted", "verified", "verifier"),  # the merge queue's failed stack (issue 26)
     ("confirm", "verified", "confirmed", "sensor"),
     ("regress", "verified", "ready", "sensor"),
     ("dismiss", "ready", "dismissed", "sensor"),
@@ -113,6 +114,30 @@ async def _promotion_claimed(d: Driver) -> dict:
     claim = await (await d.k("dispatcher")).claim_side_effect("dispatcher-1")
     assert claim is not None
     return {"cid": cid, "effect": claim.side_effect_id, "token": claim.claim_token}
+
+
+async def _stack_probed(d: Driver) -> dict:
+    """Two verified promotions queued for one target, stacked as a merge batch
+    whose probe (the second) is being verified."""
+    first, second = await d.verified(), await d.verified()
+    dispatcher = await d.k("dispatcher")
+    claim = await dispatcher.claim_side_effect("dispatcher-1")
+    assert claim is not None and claim.campaign_id == first
+    probe = await (await d.reads("reader")).campaign(second)
+    bundle = {"attempt_no": 2, "generation": probe.generation + 1, "candidate_sha": sha(6)}
+    await dispatcher.merge_queue_stack(
+        claim.side_effect_id, claim.claim_token, base_sha=sha(9), members=[first, second],
+        generations=[claim.generation, probe.generation], stack=[sha(5), sha(6)],
+        changes=[{"old": sha(1), "new": sha(2)}, {"old": sha(1), "new": sha(3)}], suspect=None,
+        bundle=bundle, bundle_digest="sha256:x", diff=b"", candidate_ref="refs/heads/ledger/x/2")
+    check = await (await d.k("verifier")).claim_verification("verifier-2")
+    assert check is not None and check.campaign_id == second
+    return {"cid": second, "vid": check.verification_id}
+
+
+async def act_requeue(d: Driver, s: dict, role: str) -> int:
+    await (await _as(d, role)).reject(s["vid"], "the stack's tests fail")
+    return s["cid"]
 
 
 async def _exhausted(d: Driver) -> dict:
@@ -217,6 +242,7 @@ CASES = [
     Case("promote_failed", "verified", "dispatcher", PROMOTING_CLASS, _promotion_claimed,
          act_promote_failed),
     Case("rebase", "verified", "dispatcher", PROMOTING_CLASS, _promotion_claimed, act_rebase),
+    Case("requeue", "attempted", "verifier", PROMOTING_CLASS, _stack_probed, act_requeue),
     Case("confirm", "verified", "sensor", PROMOTING_CLASS, _promoted, _observe("green")),
     Case("regress", "verified", "sensor", PROMOTING_CLASS, _promoted, _observe("red")),
     Case("dismiss", "ready", "sensor", "test", _ready, _observe("green")),

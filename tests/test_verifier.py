@@ -440,6 +440,39 @@ async def test_a_verifier_cut_off_from_the_database_stops_its_check_before_its_l
     assert stopped < running.lease_expires_at, (stopped, running.lease_expires_at)
 
 
+async def test_a_database_stall_shorter_than_the_lease_costs_the_verification_nothing(
+        actors: Any, worker: FakeWorker, test_class: str, tmp_path: Path, db_url: str) -> None:
+    """The path to the database goes silent for well over the 1-1.5 s a
+    heartbeat once waited, but for less than the lease: the heartbeats wait
+    (each for as long as the lease allows, retried on a fresh connection when
+    the path comes back), the check goes on, and its verdict is recorded."""
+    from ledger import Database
+    from ledger.faultproxy import FaultProxy
+
+    acceptance, marker, release = blocking(tmp_path)
+    cid = await worker.open("stalled")
+    await worker.attempt(cid, worker.base, acceptance)
+    with FaultProxy.before(db_url) as proxy:
+        session = await Database(proxy.url(db_url), role_prefix=TEST_PREFIX).session("verifier").open()
+        try:
+            verifier = Verifier(Kernel(session), identity="verifier-stalled", classes=[test_class],
+                                lease_s=8.0, heartbeat_s=0.5, work_dir=tmp_path)
+            checking = asyncio.ensure_future(verifier.run_once())
+            await eventually(marker.exists, what="the acceptance to start", timeout=30.0)
+            proxy.silence()
+            await asyncio.sleep(3.0)  # the stall itself: a duration, not a condition
+            proxy.heal()
+            assert not checking.done(), "the check stopped during a stall shorter than its lease"
+            release.touch()
+            assert await asyncio.wait_for(checking, 30) == 1
+        finally:
+            release.touch()
+            proxy.heal()
+            await session.close()
+    assert verifier.verdicts["accepted"] == 1, verifier.verdicts
+    assert [v.status for v in await verifications(actors, cid)] == ["accepted"]
+
+
 # --- timeouts -----------------------------------------------------------------
 
 SPAWNS_AND_HANGS = textwrap.dedent("""\

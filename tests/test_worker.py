@@ -382,3 +382,24 @@ async def test_a_leftover_child_and_nul_output_do_not_stall_or_break_the_attempt
     assert "binary junk: \ufffd end" in output
     worker.send_signal(signal.SIGTERM)
     assert worker.wait(timeout=20) == 0
+
+
+async def test_a_claim_whose_attempt_cannot_start_is_handed_back_not_held(
+        shop: Workshop, actors: Actors, admin: Admin) -> None:
+    """The worker claims (the claim is recorded) but cannot make the attempt's
+    directory: the claim is released without charge -- not kept alive by
+    heartbeats with no attempt behind it, nor left to expire and be charged."""
+    shop.plan({"default": [["write", "fix.txt", "one"], ["exit", 0]]})
+    shop.data.mkdir(parents=True, exist_ok=True)
+    (shop.data / "attempts").write_text("a file where the attempts' directory goes")
+    [cid] = await _open(actors)
+    proc = shop.worker()
+    await eventually(lambda: "release" in _transitions(admin, cid), timeout=20,
+                     what="the claim to be handed back")
+    row = _rows(admin, "SELECT state, attempt_count, waiting_on, waiting_reason FROM ledger.campaign "
+                       "WHERE id = %s", cid)[0]
+    assert (row["attempt_count"], row["waiting_on"]) == (0, "system_fault"), row
+    assert "could not" in row["waiting_reason"] or "Ledger's worker failed" in row["waiting_reason"], row
+    assert _transitions(admin, cid)[:3] == ["open", "claim", "release"]
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=20) == 0

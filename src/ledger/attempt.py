@@ -351,10 +351,13 @@ class AttemptRun:
         """Run the attempt; returns its outcome (attempted, failed, released,
         stood_down, drained)."""
         keeper = asyncio.create_task(self._keep_lease(), name=f"lease-{self.claim.campaign_id}")
-        self.workspace = make_workdir(self.data_dir, self.claim, self.cls.repository)
-        repo = Repository(self.cls.repository, cache_dir=self.data_dir / "repos")
+        workspace: Workspace | None = None
         try:
-            self.outcome = await self._attempt(repo, self.workspace)
+            # inside the try: a claim whose attempt cannot even get a
+            # directory is handed back below, never held by heartbeats alone
+            workspace = self.workspace = make_workdir(self.data_dir, self.claim, self.cls.repository)
+            repo = Repository(self.cls.repository, cache_dir=self.data_dir / "repos")
+            self.outcome = await self._attempt(repo, workspace)
         except (StoodDown, StaleLease):
             self.outcome = "drained" if self.drained else "stood_down"
         except Unavailable as exc:
@@ -373,7 +376,8 @@ class AttemptRun:
         finally:
             keeper.cancel()
             self._kill()
-            await asyncio.to_thread(remove_tree, self.workspace.root)
+            if workspace is not None:
+                await asyncio.to_thread(remove_tree, workspace.root)
         self.log.info("attempt ended", outcome=self.outcome)
         return self.outcome
 

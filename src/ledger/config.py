@@ -241,6 +241,16 @@ def check_placeholders(template: str, allowed: frozenset[str], where: str) -> st
     return template
 
 
+class MergeQueuePolicy(_Strict):
+    """How a class's verified candidates wait for their promotion target
+    (``[classes.X.merge_queue]``; see docs/merge-queue.md)."""
+
+    batch_size: int = Field(8, ge=1, le=64, description=(
+        "most candidates stacked onto a moved target and verified as one batch"))
+    max_wait_s: float = Field(0.0, ge=0, le=3600, description=(
+        "how long the queue's head may wait for a fuller batch before a shorter one is stacked"))
+
+
 class CampaignClassConfig(_Strict):
     """One campaign class."""
 
@@ -267,6 +277,8 @@ class CampaignClassConfig(_Strict):
         None, min_length=1, max_length=8,
         description="a quorum: every one of these kinds must accept, in this order (default: [verifier])")
     promote_to: str | None = Field(None, description="ref a verified candidate is promoted onto")
+    merge_queue: MergeQueuePolicy = Field(default_factory=MergeQueuePolicy,
+                                          description="the queue promotions onto promote_to wait in")
     authority: dict[Literal["worker", "dispatcher"], RoleAuthority] = Field(
         default_factory=dict, description="what each role may touch")
     log_limit_bytes: int = Field(256 * 1024, ge=1024, description="output kept per attempt")
@@ -357,7 +369,8 @@ class CampaignClassConfig(_Strict):
         authority = {role: profile.model_dump() for role, profile in self.authority.items()}
         committer = Identity.parse(self.committer)
         promotion = ({"ref": self.promote_to, "repository": self.repository,
-                      "committer": {"name": committer.name, "email": committer.email}}
+                      "committer": {"name": committer.name, "email": committer.email},
+                      "merge_queue": self.merge_queue.model_dump()}
                      if self.promote_to else {})
         if self.promote_to:
             # The dispatcher may always move the class's own promotion target.

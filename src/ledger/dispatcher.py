@@ -35,9 +35,11 @@ the moment between that confirmation and the action itself; the
 compare-and-swap (git) and the Idempotency-Key (HTTP) bound what a late
 action can do, and the read-back decides what is recorded. Outcomes: ``done`` (the target shows the effect),
 ``conflict`` (the precondition failed: never retried blindly; a promotion
-whose target moved is rebased onto it and sent back for verification when
-its change applies cleanly -- ``ledger.rebase`` -- and otherwise goes back to
-ready, its attempt given back), ``retry`` (transient: network, 5xx, git lock contention;
+whose target moved goes through its target's merge queue --
+``ledger.merge_queue``: stacked with the candidates behind it and verified
+as a batch, or, alone, rebased onto it and sent back for verification when
+its change applies cleanly -- and otherwise goes back to ready, its attempt
+given back), ``retry`` (transient: network, 5xx, git lock contention;
 jittered backoff by tries) and ``failed`` (permanent, or out of tries; for a live promotion
 the kernel makes it a wait on a system fault and tries it again after a pause: it
 never sends the verified candidate back to be attempted).
@@ -69,6 +71,7 @@ from .registry import Registration, held, utcnow
 from .kernel import Kernel
 from .lease import LeaseClock
 from .logs import get_logger
+from .merge_queue import MergeQueue
 from .runtime.service import Loop
 from .models import Campaign, SideEffectClaim
 from .reads import Reads
@@ -84,7 +87,7 @@ FAULT_AFTER_ACTION = "dispatcher.after_action"
 Outcome = Literal["done", "conflict", "retry", "failed"]
 #: What one dispatch did: an outcome recorded, or a promotion rebased (and
 #: sent back for verification instead of being recorded as a conflict).
-Dispatched = Outcome | Literal["rebased"]
+Dispatched = Outcome | Literal["rebased", "batched"]
 KINDS = ("git.update_ref", "http.request")
 
 _SHA = re.compile(r"^(?:[0-9a-f]{40}|[0-9a-f]{64})$")
@@ -183,6 +186,7 @@ class Dispatcher(Loop):
         self._http_client = http_client
         self._stop: asyncio.Event | None = None
         self._lease = LeaseClock()  # of the claim being dispatched
+        self.queue = MergeQueue(self)
         self.log = get_logger(self.name, dispatcher=self.identity)
         #: outcomes recorded by this dispatcher, for logs and tests
         self.recorded: dict[str, int] = {"done": 0, "conflict": 0, "retry": 0, "failed": 0}
@@ -267,12 +271,21 @@ class Dispatcher(Loop):
             log.info("promotion target moved: candidate rebased and sent back for verification",
                      **verdict.result)
             return "rebased"
+        if verdict.outcome == "batched":
+            # recorded by the merge queue's own functions (a batch stacked, or landed)
+            log.info("merge queue: " + ("batch landed" if "landed" in verdict.result
+                                        else "batch stacked and its probe sent to be verified"),
+                     **verdict.result)
+            return "batched"
         outcome: Outcome = verdict.outcome
         error = verdict.error
         retry_after = 0.0
         if outcome == "retry":
             if claim.tries >= self.max_tries and not verdict.result.get("waiting_on"):
                 outcome, error = "failed", f"gave up after {claim.tries} tries: {error}"
+            elif verdict.result.get("queue_wait_s") is not None:
+                # its turn in the merge queue: a verdict or a landing comes first
+                retry_after = float(verdict.result["queue_wait_s"])
             elif verdict.result.get("waiting_on"):
                 # Waiting on a fault that is not the candidate's: the pause
                 # grows with the campaign's faults in a row (the kernel does
@@ -389,6 +402,11 @@ class Dispatcher(Loop):
         if campaign.state == "abandoned":
             return _failed("campaign abandoned before the intent was carried out", read_back=current)
         if current != old:
+            if claim.purpose == "promotion" and current is not None and landing is not None:
+                # in the merge queue: stacked with the candidates behind it, or landed with them
+                queued = await self.queue.moved(claim, campaign, repo, current)
+                if queued is not None:
+                    return queued
             if claim.purpose == "promotion" and current is not None and old is not None:
                 # the candidate itself, not the commit that would have landed
                 candidate = str(claim.payload.get("new") or "").lower()
@@ -463,7 +481,10 @@ class Dispatcher(Loop):
             **accepted.bundle, "attempt_no": attempt_no,
             "generation": claim.generation + 1, "worker": self.identity, "base_sha": onto,
             "candidate_sha": rebased, "created_at": datetime.now(timezone.utc)})
-        diff = await asyncio.to_thread(repositories.diff, repo.path, onto, rebased)
+        try:
+            diff = await asyncio.to_thread(repositories.diff, repo.path, onto, rebased)
+        except GitError as exc:
+            return _waiting(f"cannot take the rebased candidate's diff: {exc.message}")
         await self._go_ahead(claim, needed_s=1.0)
         await self.kernel.rebase_promotion(
             claim.side_effect_id, claim.claim_token, base_sha=onto, candidate_sha=rebased,

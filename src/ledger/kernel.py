@@ -47,6 +47,7 @@ IDEMPOTENT = frozenset({
     "register_class", "trim_journal", "confirm_side_effect", "refuse_candidate", "register_sensor",
     "report_sensor_process", "report_worker_process", "report_reaper_process",
     "report_verifier_process", "report_dispatcher_process", "report_operator_process",
+    "merge_queue_view", "merge_queue_freeze", "merge_queue_landed", "merge_queue_dissolve",
 })
 # (rebase_promotion is not: a retry after its commit finds the promotion
 # no longer claimed; the dispatcher then reads the campaign back.)
@@ -406,6 +407,53 @@ class Kernel:
                                 diff=diff, candidate_ref=candidate_ref)
         await self.executor.hint(_attempted_hints([rows[0]["campaign_id"]]))
         return int(rows[0]["attempt_no"])
+
+    # --- the merge queue (merge_queue.sql) ------------------------------------
+
+    async def merge_queue_view(self, side_effect_id: int, claim_token: int, *,
+                               limit: int = 64) -> dict[str, Any] | None:
+        """The claimed promotion's queue: its target's open batch, the last
+        closed one, the waiting members in order and the class's knobs;
+        ``None`` when the intent is not queued."""
+        view = await self._scalar("merge_queue_view", side_effect_id=side_effect_id,
+                                  claim_token=claim_token, limit=limit)
+        return view if isinstance(view, dict) else None
+
+    async def merge_queue_stack(self, side_effect_id: int, claim_token: int, *, base_sha: str,
+                                members: Sequence[int], generations: Sequence[int],
+                                stack: Sequence[str], changes: list[dict[str, Any]],
+                                suspect: int | None, bundle: dict[str, Any], bundle_digest: str,
+                                diff: bytes, candidate_ref: str) -> int:
+        """Record a batch stacked onto the moved target and send its probe
+        to be verified (the head's claim is given back); the batch's id."""
+        batch = await self._scalar_as(
+            int, "merge_queue_stack", side_effect_id=side_effect_id, claim_token=claim_token,
+            base_sha=base_sha, members=list(members), generations=list(generations),
+            stack=list(stack), changes=changes, suspect=suspect, bundle=bundle,
+            bundle_digest=bundle_digest, diff=diff, candidate_ref=candidate_ref)
+        await self.executor.hint(_attempted_hints([members[-1]]))
+        return batch
+
+    async def merge_queue_freeze(self, batch_id: int, side_effect_id: int, claim_token: int,
+                                 landed: Sequence[str]) -> bool:
+        """Freeze the commits a passed batch lands; ``False`` if a member left
+        (the batch is dissolved, nothing to carry out)."""
+        return await self._scalar_as(bool, "merge_queue_freeze", batch_id=batch_id,
+                                     side_effect_id=side_effect_id, claim_token=claim_token,
+                                     landed=list(landed))
+
+    async def merge_queue_landed(self, batch_id: int, side_effect_id: int, claim_token: int,
+                                 read_back: str, dispatcher: str) -> int:
+        """The target shows the batch's top: every member's promotion done."""
+        return await self._scalar_as(int, "merge_queue_landed", batch_id=batch_id,
+                                     side_effect_id=side_effect_id, claim_token=claim_token,
+                                     read_back=read_back, dispatcher=dispatcher)
+
+    async def merge_queue_dissolve(self, batch_id: int, side_effect_id: int, claim_token: int,
+                                   reason: str) -> None:
+        """End a batch whose target moved outside the queue."""
+        await self._call("merge_queue_dissolve", batch_id=batch_id, side_effect_id=side_effect_id,
+                         claim_token=claim_token, reason=reason)
 
     async def complete_side_effect(self, side_effect_id: int, claim_token: int, outcome: str, *,
                                    result: dict[str, Any] | None = None, error: str | None = None,

@@ -45,6 +45,7 @@ SCHEMA_FILES: tuple[str, ...] = (
     "observation.sql",
     "verification.sql",
     "outbox.sql",           # side_effect
+    "merge_queue.sql",      # promotions waiting in order per target; merge batches
     "security_event.sql",
     "web.sql",              # browser sessions, bulk jobs
     "class_event.sql",      # what operators did to a class (pause, resume)

@@ -433,8 +433,13 @@ class Repository:
         database alone (``merge-tree --write-tree``: no clone, no work tree,
         nothing fetched back, so no object can go missing); ``None`` when it
         does not apply cleanly or ``onto`` does not descend from ``base``."""
-        if not self.is_ancestor(base, onto):
-            return None
+        for what, sha in (("target", onto), ("candidate", candidate)):
+            if not self.has_commit(sha):
+                # never a verdict: what should be here is not (a fetch that
+                # brought less than it said); the promotion waits and retries
+                raise SystemFault(f"the {what} {sha} is not in {self.path}")
+        if not self.has_commit(base) or not self.is_ancestor(base, onto):
+            return None  # the target was rewritten under the candidate: a new attempt
         done = _run(self.path, ["merge-tree", "--write-tree", "--no-messages", onto, candidate],
                     None, None, (0, 1))
         if done.returncode != 0:

@@ -287,10 +287,17 @@ class Worker:
                claimed: tuple[int, int] | None = None) -> None:
         """Start the attempt of ``claim``; ``claimed``: when its claim was sent
         and answered (ns since the epoch; a span's times when tracing)."""
-        cls = self.config.campaign_class(claim.class_)
-        run = AttemptRun(kernel, claim, cls, identity=self.identity,
-                         data_dir=self.options.data_dir, hub=self.hub, lease=lease,
-                         config_file=self.options.config_file)
+        try:
+            cls = self.config.campaign_class(claim.class_)
+            run = AttemptRun(kernel, claim, cls, identity=self.identity,
+                             data_dir=self.options.data_dir, hub=self.hub, lease=lease,
+                             config_file=self.options.config_file)
+        except Exception as exc:  # noqa: BLE001 -- a recorded claim starts or is handed back
+            self.log.exception("cannot start the attempt of a claim; handing it back",
+                               campaign=claim.campaign_id)
+            back = asyncio.create_task(self._hand_back(kernel, claim, lease, exc))
+            back.add_done_callback(lambda _: self.slots.release())
+            return
         task = asyncio.create_task(
             tracing.attempt(kernel.executor, claim, run.run(), claimed=claimed,
                             worker=self.identity),
@@ -309,6 +316,17 @@ class Worker:
                                error=repr(t.exception()))
 
         task.add_done_callback(finished)
+
+    async def _hand_back(self, kernel: Kernel, claim: Claim, lease: LeaseClock, exc: Exception) -> None:
+        """Release a claim whose attempt could not be started: a fault of
+        this worker's, never charged to the campaign."""
+        try:
+            await kernel.release_attempt(claim.campaign_id, claim.generation,
+                                         f"the worker could not start the attempt: {type(exc).__name__}: {exc}"[:4000],
+                                         timeout_s=max(lease.remaining(), 0.001))
+        except LedgerError as error:
+            self.log.warning("could not hand the claim back; its lease will expire",
+                             campaign=claim.campaign_id, error=error.message)
 
     def _holds(self) -> list[dict[str, Any]]:
         """The leases this worker holds now, for the registry of processes."""

@@ -44,6 +44,7 @@ BEGIN
                    OR (o.state = 'claimed' AND o.lease_expires_at <= v_now))
               AND (p_kinds IS NULL OR o.kind = ANY (p_kinds))
               AND ledger.generation_live(c, o.generation)
+              AND ledger.merge_queue_turn(o)  -- a queued promotion only in its turn
             ORDER BY o.next_try_at, o.id
             LIMIT 1
               FOR UPDATE OF o SKIP LOCKED)
@@ -284,41 +285,10 @@ BEGIN
         RAISE EXCEPTION 'side effect % is not the live promotion of campaign % (it is %, generation %)',
             p_side_effect_id, v_c.id, v_c.state, v_c.generation USING ERRCODE = 'LG002';
     END IF;
-    SELECT * INTO v_a FROM ledger.attempt a
-     WHERE a.campaign_id = v_c.id AND a.generation = v_c.generation;
-    SELECT max(a.attempt_no) + 1 INTO v_attempt_no FROM ledger.attempt a WHERE a.campaign_id = v_c.id;
-    IF (p_bundle ->> 'attempt_no')::integer IS DISTINCT FROM v_attempt_no
-       OR (p_bundle ->> 'generation')::bigint IS DISTINCT FROM v_c.generation + 1
-       OR (p_bundle ->> 'candidate_sha') IS DISTINCT FROM p_candidate_sha THEN
-        RAISE EXCEPTION 'the bundle must describe attempt % at generation % with candidate %',
-            v_attempt_no, v_c.generation + 1, p_candidate_sha USING ERRCODE = 'LG007';
-    END IF;
-    UPDATE ledger.side_effect s
-       SET state = 'conflict', claimed_by = NULL, lease_expires_at = NULL,
-           result = jsonb_build_object('rebased_onto', p_base_sha, 'candidate', p_candidate_sha),
-           error = 'the target moved: rebased and sent back for verification',
-           finished_at = v_now, updated_at = v_now
-     WHERE s.id = v_s.id;
-    PERFORM ledger.begin_transition('rebase', 'dispatcher', v_s.claimed_by,
-                jsonb_build_object('side_effect_id', v_s.id, 'attempt_no', v_attempt_no,
-                                   'from_candidate', v_a.candidate_sha, 'candidate_sha', p_candidate_sha,
-                                   'base_sha', p_base_sha));
-    UPDATE ledger.campaign c
-       SET state = 'attempted', generation = c.generation + 1,
-           promoted_at = NULL, promoted_sha = NULL,
-           evidence_location = coalesce(p_evidence_location, c.evidence_location),
-           last_failure_reason = NULL
-     WHERE c.id = v_c.id;
-    PERFORM ledger.end_transition();
-    -- The rebased candidate is the same approach, made again by the
-    -- dispatcher: its own attempt row, which the budget does not count.
-    INSERT INTO ledger.attempt (campaign_id, attempt_no, generation, worker, claimed_at, lease_expires_at,
-                                outcome, ended_at, fingerprint, base_sha, candidate_sha, bundle,
-                                bundle_digest, log_tail, diff, candidate_ref)
-    VALUES (v_c.id, v_attempt_no, v_c.generation + 1, v_s.claimed_by, v_now, v_now,
-            'attempted', v_now, v_a.fingerprint, p_base_sha, p_candidate_sha, p_bundle,
-            p_bundle_digest, format('rebased from %s onto %s', v_a.candidate_sha, p_base_sha),
-            p_diff, p_candidate_ref);
+    v_attempt_no := ledger.rebase_verified(v_c, v_s, v_s.claimed_by, p_base_sha, p_candidate_sha,
+                                           p_bundle, p_bundle_digest, p_evidence_location, p_diff,
+                                           p_candidate_ref,
+                                           'the target moved: rebased and sent back for verification');
     RETURN QUERY SELECT v_c.id, v_attempt_no, v_c.generation + 1;
 END
 $$;

@@ -105,6 +105,19 @@ BEGIN
     PERFORM ledger.check_range('backoff_jitter', p_backoff_jitter, 0, 1);
     PERFORM ledger.check_range('weight', p_weight, 1, 1000);
     PERFORM ledger.check_range('heartbeat_seconds', p_heartbeat_seconds, 0.001, 604800, true);
+    IF p_promotion ? 'merge_queue' THEN
+        -- the merge queue's knobs (merge_queue.sql), checked here as they are stored
+        IF jsonb_typeof(p_promotion -> 'merge_queue') IS DISTINCT FROM 'object'
+           OR jsonb_typeof(coalesce(p_promotion -> 'merge_queue' -> 'batch_size', '1')) <> 'number'
+           OR jsonb_typeof(coalesce(p_promotion -> 'merge_queue' -> 'max_wait_s', '0')) <> 'number' THEN
+            RAISE EXCEPTION 'promotion.merge_queue must be an object of numbers {batch_size, max_wait_s}'
+                USING ERRCODE = 'LG007';
+        END IF;
+        PERFORM ledger.check_range('merge_queue.batch_size',
+                    coalesce((p_promotion -> 'merge_queue' ->> 'batch_size')::numeric, 8), 1, 64);
+        PERFORM ledger.check_range('merge_queue.max_wait_s',
+                    coalesce((p_promotion -> 'merge_queue' ->> 'max_wait_s')::numeric, 0), 0, 3600);
+    END IF;
     IF p_heartbeat_seconds >= p_lease_seconds THEN
         RAISE EXCEPTION 'heartbeat_seconds (%) must be shorter than lease_seconds (%)',
             p_heartbeat_seconds, p_lease_seconds USING ERRCODE = 'LG007';

@@ -323,9 +323,13 @@ BEGIN
     v_v := ledger.locked_verification(p_verification_id);
     IF v_v.status = 'rejected' AND v_v.reason = left(p_reason, 4000) THEN
         -- this very verdict, retried: it is in
-        RETURN coalesce(ledger.ended_as(v_v.campaign_id, v_v.generation, 'reject'), 'ready');
+        RETURN coalesce(ledger.ended_as(v_v.campaign_id, v_v.generation, 'reject'),
+                        ledger.ended_as(v_v.campaign_id, v_v.generation, 'requeue'), 'ready');
     END IF;
     PERFORM ledger.check_verification_live(v_v);
+    IF ledger.merge_queue_requeue(v_v, p_reason, p_evidence) THEN
+        RETURN 'verified';  -- a merge queue's stack failed: bisected, nothing charged
+    END IF;
     SELECT * INTO v_a FROM ledger.attempt a WHERE a.id = v_v.attempt_id;
     SELECT * INTO v_c FROM ledger.campaign c WHERE c.id = v_v.campaign_id;
     UPDATE ledger.verification v

@@ -120,7 +120,7 @@ CREATE TABLE IF NOT EXISTS ledger.campaign (
     -- in whichever process or machine, joins the trace it names
     -- (ledger.tracing). Written once, by the open (ledger.open_campaign,
     -- which checks its form there rather than by a CHECK every UPDATE would
-    -- pay for); nothing changes it afterwards. Added by 0002_trace_context.
+    -- pay for); nothing changes it afterwards. Added by 0003_trace_context.
     trace_context       jsonb
     -- leased, and only then, with an owner and an expiry (campaign_lease_iff_leased)
 );

@@ -41,6 +41,9 @@ BEGIN
                 -- dispatcher (api_dispatcher.sql)
                 ('claim_side_effect', 'dispatcher'), ('confirm_side_effect', 'dispatcher'),
                 ('complete_side_effect', 'dispatcher'), ('rebase_promotion', 'dispatcher'),
+                ('merge_queue_view', 'dispatcher'), ('merge_queue_stack', 'dispatcher'),
+                ('merge_queue_freeze', 'dispatcher'), ('merge_queue_landed', 'dispatcher'),
+                ('merge_queue_dissolve', 'dispatcher'),
                 -- operator (api_operator.sql)
                 ('abandon', 'operator'), ('reopen', 'operator'), ('retry_now', 'operator'),
                 ('register_class', 'operator'), ('trim_journal', 'operator'),

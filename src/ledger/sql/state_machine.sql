@@ -86,7 +86,8 @@ INSERT INTO ledger.transition (name, from_state, to_state, owner_role, attempt_c
     ('abandon',        'attempted', 'abandoned', 'operator', 0,   'bumps generation'),
     ('abandon',        'verified',  'abandoned', 'operator', 0,   'bumps generation'),
     ('abandon',        'exhausted', 'abandoned', 'operator', 0,   'bumps generation'),
-    ('rebase',         'verified',  'attempted', 'dispatcher', 0, 'the target moved: the candidate, rebased cleanly onto it, is verified again')
+    ('rebase',         'verified',  'attempted', 'dispatcher', 0, 'the target moved: the candidate, rebased cleanly onto it, is verified again'),
+    ('requeue',        'attempted', 'verified',  'verifier', 0,   'the merge queue''s stack of several candidates failed with this one on top: no verdict on it alone; back in the queue with its own candidate, nothing charged')
 ON CONFLICT DO NOTHING;
 
 -- Declares which transition the next state change is, who performs it and what
