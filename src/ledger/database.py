@@ -802,6 +802,7 @@ class Database:
         wait_for_database_s: float = 0.0,
         pooled: bool | None = None,
         listen_url: str | None = None,
+        service: bool = False,
     ):
         self.url = url
         self.role_prefix = role_prefix
@@ -817,12 +818,14 @@ class Database:
         #: a long-running service: it logs, once, that it acts through the
         #: administrator's login or through a pooler; one-shot commands (whose
         #: stdout may be JSON) and tests stay quiet
-        self.service = False
+        self.service = service
         self._warned_pooled = False
 
     @classmethod
-    def from_settings(cls, settings: Settings | None = None) -> Database:
-        """The database the settings name, starting the embedded server if none is named."""
+    def from_settings(cls, settings: Settings | None = None, *, wait_for_database_s: float = 0.0,
+                      service: bool = False) -> Database:
+        """The database the settings name, starting the embedded server if none is
+        named; ``wait_for_database_s`` and ``service`` as for the constructor."""
         settings = settings or get_settings()
         url = settings.database_url
         if not url:
@@ -830,7 +833,8 @@ class Database:
 
             url = default_url(settings.data_dir)
         return cls(url, role_prefix=settings.role_prefix, role_urls=settings.role_urls(),
-                   pooled=settings.pooled, listen_url=settings.listen_database_url)
+                   pooled=settings.pooled, listen_url=settings.listen_database_url,
+                   wait_for_database_s=wait_for_database_s, service=service)
 
     def role(self, actor: str) -> str:
         """The database role that plays ``actor``."""

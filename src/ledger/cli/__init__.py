@@ -30,6 +30,7 @@ from . import (
 )
 from .context import State
 from .failures import exit_codes_text
+from .knobs import option
 
 HELP = ("Durable campaigns for fleets of automation and AI-agent workers, kept in PostgreSQL.\n\n"
         "Data goes to stdout (add --json for machines), messages to stderr. A failure is one "
@@ -60,15 +61,9 @@ def _version(value: bool) -> None:
 @app.callback()
 def _global(
     ctx: typer.Context,
-    database_url: str = typer.Option(
-        None, "--database-url", envvar="LEDGER_DATABASE_URL", show_envvar=True,
-        help="Administrator connection (URL or conninfo). Unset: the embedded PostgreSQL."),
-    data_dir: str = typer.Option(
-        None, "--data-dir", envvar="LEDGER_DATA_DIR", show_envvar=True,
-        help="Where the embedded server, evidence and worktrees live."),
-    role_prefix: str = typer.Option(
-        None, "--role-prefix", envvar="LEDGER_ROLE_PREFIX", show_envvar=True,
-        help="Prefix of Ledger's database roles (default ledger_)."),
+    database_url: str = option("database_url"),
+    data_dir: str = option("data_dir"),
+    role_prefix: str = option("role_prefix"),
     _show_version: bool = typer.Option(
         False, "--version", callback=_version, is_eager=True, help="Print the version and exit."),
 ) -> None:
