@@ -227,10 +227,45 @@ def test_a_service_stopped_while_it_waits_for_the_database_exits_cleanly(tmp_pat
 def test_only_long_running_services_treat_an_early_sigterm_as_a_clean_stop(
         argv: list[str], service: bool) -> None:
     """A one-shot command interrupted by SIGTERM must not exit 0 as if it had
-    finished; global options (and their values) come before the command."""
-    from ledger.cli import _runs_services
+    finished; global options (and their values) come before the command. What
+    decides is the command's own declaration (``service_command``) and the
+    parameters click parsed, not a second reading of argv."""
+    import typer.main
 
-    assert _runs_services(argv) is service
+    from ledger.cli import app
+    from ledger.runtime.host import is_service
+
+    command: Any = typer.main.get_command(app)
+    ctx = command.make_context("ledger", list(argv), resilient_parsing=True)
+    while hasattr(command, "commands"):
+        rest = [*(getattr(ctx, "protected_args", None) or getattr(ctx, "_protected_args", [])),
+                *ctx.args]
+        name, command, rest = command.resolve_command(ctx, rest)
+        ctx = command.make_context(name, rest, parent=ctx, resilient_parsing=True)
+    assert is_service(command.callback, ctx.params) is service
+
+
+def test_a_one_shot_command_stopped_while_it_waits_is_not_a_clean_stop(tmp_path: Path) -> None:
+    """The other side of the declaration, in real processes: ``dispatcher`` is
+    a service, ``dispatcher --once`` is not; both wait for an unreachable
+    server at start-up, and SIGTERM then stops the first cleanly (exit 0) and
+    the second by the signal (-15), not as if it had finished."""
+    env = {**os.environ, "LEDGER_DATABASE_URL": "postgresql://postgres@127.0.0.1:1/x?connect_timeout=1",
+           "LEDGER_DATA_DIR": str(tmp_path / "data")}
+    codes = {}
+    for argv in (["dispatcher"], ["dispatcher", "--once"]):
+        proc = subprocess.Popen([sys.executable, "-m", "ledger", *argv, "--wait-for-database", "60"],
+                                env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        assert proc.stderr is not None
+        try:
+            # started, and still before the host: it says it waits
+            assert any("waiting for the database" in line for line in proc.stderr)
+            proc.send_signal(signal.SIGTERM)
+            codes[" ".join(argv)] = proc.wait(30)
+        finally:
+            proc.kill()
+            proc.wait()
+    assert codes == {"dispatcher": 0, "dispatcher --once": -signal.SIGTERM}
 
 
 # --- one exit code per cause, a hint that names it (issue 30) ---------------------------

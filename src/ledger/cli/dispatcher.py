@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import typer
 
+from ..runtime.host import service_command
 from .context import console_err, run, state
 from .knobs import option
 from .runtime import WAIT_OPTION
@@ -14,6 +15,7 @@ def register(app: typer.Typer) -> None:
     app.command("dispatcher")(dispatcher)
 
 
+@service_command(unless="once")
 def dispatcher(
     ctx: typer.Context,
     once: bool = typer.Option(False, "--once", help="Dispatch what is due now, then exit."),

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 import typer
 
+from ..runtime.host import service_command
 from .context import iso_z, jsonable, run, state
 from .knobs import option
 
@@ -120,6 +121,7 @@ def tail_(
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
 
 
+@service_command(when="every")
 def trim(
     ctx: typer.Context,
     older_than: str = typer.Option(..., "--older-than", metavar="DURATION",

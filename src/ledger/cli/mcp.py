@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import typer
 
+from ..runtime.host import service_command
 from ..errors import ConfigError
 from .context import run, state
 from .knobs import option
@@ -16,6 +17,7 @@ def register(app: typer.Typer) -> None:
     app.command("mcp")(mcp)
 
 
+@service_command()
 def mcp(
     ctx: typer.Context,
     transport: str = option("mcp_transport"),

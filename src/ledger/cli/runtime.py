@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 
 import typer
 
+from ..runtime.host import service_command
 from .context import run, state
 from .knobs import option
 
@@ -51,6 +52,7 @@ def preflight(cfg: LedgerConfig, source: Path, *, classes: list[str] | None = No
                    refused=refused)
 
 
+@service_command()
 def worker(
     ctx: typer.Context,
     config: Path = CONFIG_OPTION,
@@ -93,6 +95,7 @@ def worker(
 
 
 @sensor_app.command("run")
+@service_command(unless="once")
 def sensor_run(
     ctx: typer.Context,
     names: list[str] = typer.Argument(None, help="Sensors to run (default: all in the config)."),
@@ -131,6 +134,7 @@ def sensor_run(
     raise typer.Exit(run(go()))
 
 
+@service_command()
 def run_all(
     ctx: typer.Context,
     config: Path = CONFIG_OPTION,

@@ -9,6 +9,7 @@ import socket
 
 import typer
 
+from ..runtime.host import service_command
 from ..errors import CannotListen, LedgerError
 from .context import console_err, state
 from .knobs import option
@@ -22,6 +23,7 @@ def register(app: typer.Typer) -> None:
     app.add_typer(token_app, name="token")
 
 
+@service_command()
 def serve(
     ctx: typer.Context,
     host: str = option("api_host"),

@@ -19,23 +19,39 @@ tasks of the code around the host are not its business) and no child process
 that was not there at start. What it finds is logged, cancelled or killed,
 and makes the exit code 70 (EX_SOFTWARE): a service that leaves work running
 behind its back is a defect even when everything else went well.
+
+Before the host runs, a service's process is still starting (importing,
+waiting for the database): a supervisor may stop it then, with nothing in
+flight, and that is a clean stop (exit 0), not death by signal. A command
+declares itself a service with ``service_command`` (some only with an option,
+``gc --every``, or without one, ``verifier --once``); when it is invoked as
+one, ``stop_cleanly_while_starting`` installs that SIGTERM handler, and the
+host puts it back when it is done. A one-shot command interrupted by SIGTERM
+must not exit 0 as if it had finished, so it gets none.
+
+This module is imported by the command line at start-up (for
+``service_command``): what only a running host needs is imported when it runs.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextvars
+import functools
 import os
 import signal
 import weakref
-from collections.abc import Coroutine, Iterable
+from collections.abc import Callable, Coroutine, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
-from ..logs import get_logger
 from ..backoff import backoff
-from .service import Service
+
+if TYPE_CHECKING:
+    from .service import Service
+
+F = TypeVar("F", bound=Callable[..., Any])
 
 Policy = Literal["fail", "restart"]
 POLICIES: tuple[Policy, ...] = ("fail", "restart")
@@ -89,11 +105,15 @@ class Host:
         self.stopping = asyncio.Event()
         self.leftovers = Leftovers()
         self.signals = 0
+        from ..logs import get_logger
+
         self.log = get_logger("host", host=name)
 
     def add(self, service: Service, *, name: str | None = None, policy: Policy | None = None) -> Host:
         """Run ``service`` (under ``name``, default its own) with ``policy``
         (default the host's). Names are unique: they name the tasks and the logs."""
+        from .service import Service
+
         if not isinstance(service, Service):
             raise TypeError(f"{service!r} is not a service (name, run_once, run(stop))")
         name = name or service.name
@@ -142,7 +162,8 @@ class Host:
             if self.handle_signals:
                 for sig in SIGNALS:
                     loop.remove_signal_handler(sig)
-                    # Back to what was there before (the CLI's clean stop), not
+                    # Back to what was there before (the clean stop while
+                    # starting, ``stop_cleanly_while_starting``), not
                     # to the default: a SIGTERM while the process exits (its
                     # cells still being torn down) is a clean stop, not death
                     # by the signal.
@@ -273,3 +294,45 @@ async def serve(services: Iterable[Service], *, name: str = "ledger", policy: Po
     for service in services:
         host.add(service)
     return await host.run()
+
+
+#: The attribute ``service_command`` marks a command with: (when, unless).
+SERVICE = "__ledger_service__"
+
+
+def _stop_before_start(signum: int, frame: object) -> None:
+    raise SystemExit(0)
+
+
+def stop_cleanly_while_starting() -> None:
+    """Make a SIGTERM before the host runs a clean stop (exit 0): see the module."""
+    signal.signal(signal.SIGTERM, _stop_before_start)
+
+
+def is_service(command: Callable[..., Any], params: Mapping[str, Any]) -> bool:
+    """Whether ``command`` invoked with ``params`` (its parameters by name) runs
+    as a service: it is declared one (``service_command``), the option it needs
+    is given and the one that makes it one-shot is not."""
+    declared: tuple[str | None, str | None] | None = getattr(command, SERVICE, None)
+    if declared is None:
+        return False
+    when, unless = declared
+    return ((when is None or params.get(when) not in (None, False))
+            and (unless is None or params.get(unless) in (None, False)))
+
+
+def service_command(*, when: str | None = None, unless: str | None = None) -> Callable[[F], F]:
+    """Declare a command a long-running service (run by the host until
+    SIGTERM) -- only when its parameter ``when`` is given, and not when
+    ``unless`` is (``verifier --once`` is one-shot). Invoked as a service, the
+    command is stopped cleanly by a SIGTERM while it starts."""
+    def declare(command: F) -> F:
+        @functools.wraps(command)
+        def invoked(*args: Any, **params: Any) -> Any:
+            if is_service(invoked, params):
+                stop_cleanly_while_starting()
+            return command(*args, **params)
+
+        setattr(invoked, SERVICE, (when, unless))
+        return invoked  # type: ignore[return-value]
+    return declare
