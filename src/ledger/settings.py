@@ -236,9 +236,11 @@ class OptionKnobs:
                                   "--drain-timeout", ge=0, le=86_400)
     reaper_grace_s: float = knob(5.0, "Reaper grace past a lease's expiry.", "--grace", ge=0,
                                  le=3600)
-    model_family: str = knob("none", "The verifier's declared model family.", "--model-family")
+    model_family: str = knob("none", "The model family the verifier runs on (recorded with "
+                                     "every verdict).", "--model-family")
     verification_lease_s: float = knob(
-        30.0, "Lease per verification; a verifier that stops heartbeating loses it.", "--lease",
+        30.0, "Verification lease: how soon another verifier may take over if this one dies "
+              "(heartbeated every third of it).", "--lease",
         ge=0.1, le=86_400)
     dispatcher_lease_s: float = knob(
         60.0, "Claim lease per intent; another dispatcher may take over (reading back first) "
