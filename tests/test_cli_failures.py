@@ -1,5 +1,5 @@
 """Every command, run against a database it cannot use, says why in one line
-with a hint and exits with its documented code (issue 17, defect 3).
+with a hint and exits with its documented code (docs: reference/errors.md).
 
 The commands are found by walking the typer app, so a new command is covered
 (or this test fails until it is given sample arguments below)."""
@@ -268,7 +268,7 @@ def test_a_one_shot_command_stopped_while_it_waits_is_not_a_clean_stop(tmp_path:
     assert codes == {"dispatcher": 0, "dispatcher --once": -signal.SIGTERM}
 
 
-# --- one exit code per cause, a hint that names it (issue 30) ---------------------------
+# --- one exit code per cause, a hint that names it --------------------------------------
 
 
 def ledger(args: list[str], env: dict[str, str], **kwargs: Any) -> subprocess.CompletedProcess[str]:

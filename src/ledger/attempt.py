@@ -1,4 +1,4 @@
-"""One attempt (mechanisms 3, 4, 8, 12, 13): a workspace of its own, the
+"""One attempt (README "What a lease guarantees", "The attempt cell"): a workspace of its own, the
 class's attempt command run there in a cell (``ledger.cell``), a lease kept
 alive by heartbeats, the candidate taken out, checked and published by the
 trusted worker, and exactly one ending written -- or nothing at all when the

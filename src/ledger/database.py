@@ -12,7 +12,7 @@ How depends on the connection (``Database.pooled``, else detected on each new
 one). A direct connection is one server session: it takes on the role once
 (``SET ROLE``). Through a transaction pooler each transaction may run on
 another server connection, and session state set by one client leaks to the
-next (issue 15): there every transaction first takes on its role and limits for
+next (README "Behind a connection pooler"): there every transaction first takes on its role and limits for
 its own length (``SET LOCAL``, pipelined with the call: one round trip), and no
 statement is prepared on the server.
 """
@@ -68,8 +68,8 @@ TRY_TIMEOUT_S = 10.0
 CHECK_IDLE_S = 1.0
 CHECK_TIMEOUT_S = 3.0
 
-#: libpq parameters every connection gets unless its URL sets them (DESIGN 14,
-#: issue "a silent network"): a bounded connect, keepalives on an idle
+#: libpq parameters every connection gets unless its URL sets them (README "When the
+#: database restarts, or the network goes quiet"): a bounded connect, keepalives on an idle
 #: connection, and TCP_USER_TIMEOUT so unacknowledged data fails the
 #: connection in seconds rather than after the kernel's retransmission limit.
 #: (Both only help where the path really drops packets; a path that ACKs but
@@ -737,7 +737,7 @@ class Session:
         ``HINT_WINDOW_S``; then the session's next call carries them all in
         its own round trip (``_in_transaction``), or, if no call is under way,
         they are sent on their own. A hint lost to a crash in between costs a
-        waiter one poll tick (DESIGN 5: signals are hints; rows are truth)."""
+        waiter one poll tick (README "How it works": wake-ups are hints, rows are truth)."""
         if not hints:
             return
         self._hints.update(dict.fromkeys(hints))

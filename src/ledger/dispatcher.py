@@ -1,4 +1,4 @@
-"""The outbox dispatcher (mechanism 9, "intent before action").
+"""The outbox dispatcher ("intent before action"; README "What a lease guarantees").
 
 A side effect is first committed as an intent (``request_side_effect`` by a
 worker, or the promotion ``accept`` writes with the verdict). A dispatcher --

@@ -1,4 +1,4 @@
-"""The independent verifier (mechanism 11): claims attempted campaigns, checks
+"""The independent verifier (README "What a candidate is judged by"): claims attempted campaigns, checks
 each candidate on a fresh export of its tree, records a verdict.
 
 Independence comes from four places, none of them this module's good manners:
