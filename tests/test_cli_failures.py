@@ -228,12 +228,12 @@ def test_only_long_running_services_treat_an_early_sigterm_as_a_clean_stop(
         argv: list[str], service: bool) -> None:
     """A one-shot command interrupted by SIGTERM must not exit 0 as if it had
     finished; global options (and their values) come before the command. What
-    decides is the command's own declaration (``service_command``) and the
+    decides is the command's own declaration (``ledger.runtime.commands``) and the
     parameters click parsed, not a second reading of argv."""
     import typer.main
 
     from ledger.cli import app
-    from ledger.runtime.host import is_service
+    from ledger.runtime.commands import is_service
 
     command: Any = typer.main.get_command(app)
     ctx = command.make_context("ledger", list(argv), resilient_parsing=True)

@@ -41,7 +41,6 @@ from __future__ import annotations
 import os
 import typing
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -89,30 +88,40 @@ def _user_data_dir() -> Path:
     return Path(platformdirs.user_data_dir("ledger"))
 
 
-@dataclass(frozen=True)
 class Knob:
     """One knob: its default, range and help; its name comes from the
-    attribute it is declared as, its variable from its name."""
+    attribute it is declared as, its variable from its name. (A plain class,
+    not a dataclass: ``ledger --help`` builds every knob, and a dataclass costs
+    it a few milliseconds.)"""
 
-    default: Any = None
-    help: str = ""
-    #: the command line's names for it (empty: no option)
-    flags: tuple[str, ...] = ()
-    ge: float | None = None
-    gt: float | None = None
-    le: float | None = None
-    lt: float | None = None
-    pattern: str | None = None
-    #: a further check of a set value (raises ``ValueError`` saying why)
-    check: Callable[[Any], Any] | None = None
-    default_factory: Callable[[], Any] | None = None
-    #: the default as the reference shows it, when the value says too little
-    default_text: str | None = None
-    metavar: str | None = None
-    name: str = field(default="", compare=False)
+    __slots__ = ("default", "help", "flags", "ge", "gt", "le", "lt", "pattern", "check",
+                 "default_factory", "default_text", "metavar", "name")
+
+    def __init__(self, default: Any = None, help: str = "", flags: tuple[str, ...] = (), *,
+                 ge: float | None = None, gt: float | None = None, le: float | None = None,
+                 lt: float | None = None, pattern: str | None = None,
+                 check: Callable[[Any], Any] | None = None,
+                 default_factory: Callable[[], Any] | None = None,
+                 default_text: str | None = None, metavar: str | None = None):
+        self.default = default
+        self.help = help
+        #: the command line's names for it (empty: no option)
+        self.flags = flags
+        self.ge, self.gt, self.le, self.lt = ge, gt, le, lt
+        self.pattern = pattern
+        #: a further check of a set value (raises ``ValueError`` saying why)
+        self.check = check
+        self.default_factory = default_factory
+        #: the default as the reference shows it, when the value says too little
+        self.default_text = default_text
+        self.metavar = metavar
+        self.name = ""
+
+    def __repr__(self) -> str:
+        return f"Knob({self.name or '?'})"
 
     def __set_name__(self, owner: type, name: str) -> None:
-        object.__setattr__(self, "name", name)
+        self.name = name
 
     @property
     def envvar(self) -> str:

@@ -6,7 +6,6 @@ the database layer and pydantic are imported when a command first needs them.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import sys
 from collections.abc import Awaitable
@@ -110,6 +109,8 @@ def state(ctx: typer.Context) -> State:
 
 def run(coro: Awaitable[T]) -> T:
     """Run a coroutine to completion (commands are thin sync shells)."""
+    import asyncio  # not at the top: ``ledger --help`` needs no event loop (nor ssl)
+
     return asyncio.run(coro)  # type: ignore[arg-type]
 
 

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 
 import typer
 
-from ..runtime.host import service_command
+from ..runtime.commands import service_command
 from .context import console_err, emit_json, run, state
 from .runtime import CONFIG_OPTION, LOG_OPTION, config_path
 

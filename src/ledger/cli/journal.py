@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 import typer
 
-from ..runtime.host import service_command
+from ..runtime.commands import service_command
 from .context import iso_z, jsonable, run, state
 from .knobs import option
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import typer
 
-from ..runtime.host import service_command
+from ..runtime.commands import service_command
 from ..errors import ConfigError
 from .context import run, state
 from .knobs import option

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 
 import typer
 
-from ..runtime.host import service_command
+from ..runtime.commands import service_command
 from .context import run, state
 from .knobs import option
 

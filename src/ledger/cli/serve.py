@@ -9,7 +9,7 @@ import socket
 
 import typer
 
-from ..runtime.host import service_command
+from ..runtime.commands import service_command
 from ..errors import CannotListen, LedgerError
 from .context import console_err, state
 from .knobs import option

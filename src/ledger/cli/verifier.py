@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from ..runtime.host import service_command
+from ..runtime.commands import service_command
 from .context import console_err, run, state
 from .knobs import option
 from .runtime import LISTEN_OPTION, WAIT_OPTION

@@ -23,35 +23,28 @@ behind its back is a defect even when everything else went well.
 Before the host runs, a service's process is still starting (importing,
 waiting for the database): a supervisor may stop it then, with nothing in
 flight, and that is a clean stop (exit 0), not death by signal. A command
-declares itself a service with ``service_command`` (some only with an option,
-``gc --every``, or without one, ``verifier --once``); when it is invoked as
-one, ``stop_cleanly_while_starting`` installs that SIGTERM handler, and the
-host puts it back when it is done. A one-shot command interrupted by SIGTERM
-must not exit 0 as if it had finished, so it gets none.
-
-This module is imported by the command line at start-up (for
-``service_command``): what only a running host needs is imported when it runs.
+declares itself a service (``ledger.runtime.commands``; some only with an
+option, ``gc --every``, or without one, ``verifier --once``); when it is
+invoked as one, ``stop_cleanly_while_starting`` installs that SIGTERM handler,
+and the host puts it back when it is done. A one-shot command interrupted by
+SIGTERM must not exit 0 as if it had finished, so it gets none.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextvars
-import functools
 import os
 import signal
 import weakref
-from collections.abc import Callable, Coroutine, Iterable, Mapping
+from collections.abc import Coroutine, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, TypeVar
+from typing import Any, Literal
 
 from ..backoff import backoff
-
-if TYPE_CHECKING:
-    from .service import Service
-
-F = TypeVar("F", bound=Callable[..., Any])
+from ..logs import get_logger
+from .service import Service
 
 Policy = Literal["fail", "restart"]
 POLICIES: tuple[Policy, ...] = ("fail", "restart")
@@ -60,7 +53,6 @@ EX_SOFTWARE = 70
 SIGNALS = (signal.SIGTERM, signal.SIGINT)
 #: The host whose service runs in this context (tasks inherit it).
 _HOST: contextvars.ContextVar[Host | None] = contextvars.ContextVar("ledger_host", default=None)
-
 
 @dataclass
 class Hosted:
@@ -72,7 +64,6 @@ class Hosted:
     restarts: int = 0
     error: BaseException | None = None
 
-
 @dataclass(frozen=True)
 class Leftovers:
     """What outlived the services (empty: nothing)."""
@@ -82,7 +73,6 @@ class Leftovers:
 
     def __bool__(self) -> bool:
         return bool(self.tasks or self.children)
-
 
 class Host:
     """Runs services as named tasks until ``stop()`` or a signal (see the module)."""
@@ -105,15 +95,11 @@ class Host:
         self.stopping = asyncio.Event()
         self.leftovers = Leftovers()
         self.signals = 0
-        from ..logs import get_logger
-
         self.log = get_logger("host", host=name)
 
     def add(self, service: Service, *, name: str | None = None, policy: Policy | None = None) -> Host:
         """Run ``service`` (under ``name``, default its own) with ``policy``
         (default the host's). Names are unique: they name the tasks and the logs."""
-        from .service import Service
-
         if not isinstance(service, Service):
             raise TypeError(f"{service!r} is not a service (name, run_once, run(stop))")
         name = name or service.name
@@ -253,7 +239,6 @@ class Host:
             kill_process(pid)
         return Leftovers([t.get_name() for t in tasks], children)
 
-
 def child_processes(parent: int | None = None) -> Iterable[int]:
     """Live (not zombie) child processes of ``parent`` (default this process),
     from ``/proc``; none where there is no ``/proc``."""
@@ -275,7 +260,6 @@ def child_processes(parent: int | None = None) -> Iterable[int]:
             found.append(int(entry.name))
     return found
 
-
 def kill_process(pid: int) -> None:
     """SIGKILL ``pid`` -- and its process group when it leads one (every
     command Ledger runs does) -- unless it is already gone."""
@@ -287,7 +271,6 @@ def kill_process(pid: int) -> None:
     except ProcessLookupError:
         pass
 
-
 async def serve(services: Iterable[Service], *, name: str = "ledger", policy: Policy = "fail") -> int:
     """Run ``services`` on a new host until a signal; returns its exit code."""
     host = Host(name=name, policy=policy)
@@ -295,44 +278,9 @@ async def serve(services: Iterable[Service], *, name: str = "ledger", policy: Po
         host.add(service)
     return await host.run()
 
-
-#: The attribute ``service_command`` marks a command with: (when, unless).
-SERVICE = "__ledger_service__"
-
-
 def _stop_before_start(signum: int, frame: object) -> None:
     raise SystemExit(0)
-
 
 def stop_cleanly_while_starting() -> None:
     """Make a SIGTERM before the host runs a clean stop (exit 0): see the module."""
     signal.signal(signal.SIGTERM, _stop_before_start)
-
-
-def is_service(command: Callable[..., Any], params: Mapping[str, Any]) -> bool:
-    """Whether ``command`` invoked with ``params`` (its parameters by name) runs
-    as a service: it is declared one (``service_command``), the option it needs
-    is given and the one that makes it one-shot is not."""
-    declared: tuple[str | None, str | None] | None = getattr(command, SERVICE, None)
-    if declared is None:
-        return False
-    when, unless = declared
-    return ((when is None or params.get(when) not in (None, False))
-            and (unless is None or params.get(unless) in (None, False)))
-
-
-def service_command(*, when: str | None = None, unless: str | None = None) -> Callable[[F], F]:
-    """Declare a command a long-running service (run by the host until
-    SIGTERM) -- only when its parameter ``when`` is given, and not when
-    ``unless`` is (``verifier --once`` is one-shot). Invoked as a service, the
-    command is stopped cleanly by a SIGTERM while it starts."""
-    def declare(command: F) -> F:
-        @functools.wraps(command)
-        def invoked(*args: Any, **params: Any) -> Any:
-            if is_service(invoked, params):
-                stop_cleanly_while_starting()
-            return command(*args, **params)
-
-        setattr(invoked, SERVICE, (when, unless))
-        return invoked  # type: ignore[return-value]
-    return declare
