@@ -384,7 +384,7 @@ def settings_error(exc: ValidationError) -> ConfigError:
 
 
 def role_urls(settings: Settings) -> dict[str, str]:
-    """Per-role logins that were configured, by actor."""
+    """Per-role logins that were configured, by actor (``Settings.role_urls``)."""
     urls = {actor: getattr(settings, f"{actor}_database_url", None) for actor in ACTORS}
     if urls.get("reaper") is None and urls.get("worker"):
         urls["reaper"] = urls["worker"]
@@ -393,31 +393,34 @@ def role_urls(settings: Settings) -> dict[str, str]:
 
 def _build_settings() -> type:
     """The pydantic model of ``SettingKnobs`` (see ``Settings``)."""
-    from typing import Annotated
-
-    from pydantic import AfterValidator, Field, create_model
+    from pydantic import Field, field_validator
     from pydantic_settings import BaseSettings, SettingsConfigDict
 
-    class Base(BaseSettings):
-        model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, extra="ignore")
-
-        def role_urls(self) -> dict[str, str]:
-            """Per-role logins that were configured, by actor."""
-            return role_urls(self)  # type: ignore[arg-type]
-
     hints = typing.get_type_hints(SettingKnobs)
-    fields: dict[str, Any] = {}
+    checks: dict[Callable[[Any], Any], list[str]] = {}
+    namespace: dict[str, Any] = {
+        "__module__": __name__, "__qualname__": "Settings", "__doc__": SettingKnobs.__doc__,
+        "__annotations__": {name: hints[name] for name in SETTINGS},
+        "model_config": SettingsConfigDict(env_prefix=ENV_PREFIX, extra="ignore"),
+        "role_urls": role_urls,
+    }
     for name, k in SETTINGS.items():
-        hint: Any = hints[name]
         if k.check is not None:
-            check = k.check
-            hint = Annotated[hint, AfterValidator(lambda v, c=check: None if v is None else c(v))]
+            checks.setdefault(k.check, []).append(name)
         default = ({"default_factory": k.default_factory} if k.default_factory is not None
                    else {"default": k.default})
-        fields[name] = (hint, Field(**default, ge=k.ge, gt=k.gt, le=k.le, lt=k.lt,
-                                    pattern=k.pattern, description=k.help))
-    model: type = create_model("Settings", __base__=Base, __module__=__name__,
-                               __doc__=SettingKnobs.__doc__, **fields)
+        namespace[name] = Field(**default, ge=k.ge, gt=k.gt, le=k.le, lt=k.lt, pattern=k.pattern,
+                                description=k.help)
+
+    def validator(check: Callable[[Any], Any]) -> Any:
+        return lambda cls, value: None if value is None else check(value)
+
+    # one validator per check, over every field it checks
+    for i, (check, names) in enumerate(checks.items()):
+        namespace[f"_check_{i}"] = field_validator(*names)(classmethod(validator(check)))
+    # the class statement's equivalent: one model, built once
+    metaclass: Any = type(BaseSettings)
+    model: type = metaclass("Settings", (BaseSettings,), namespace)
     return model
 
 

@@ -18,14 +18,13 @@ from ..settings import KNOBS, SETTINGS, Knob
 _UNSET: Any = object()
 
 
-def _range_check(knob: Knob) -> Any:
-    def check(ctx: typer.Context, param: typer.CallbackParam, value: Any) -> Any:
-        for item in value if isinstance(value, (list, tuple)) else [value]:
-            why = knob.out_of_range(item)
-            if why is not None:
-                raise InvalidInput(f"{knob.option}: {why}")
-        return value
-    return check
+def in_range(knob: Knob, value: Any) -> Any:
+    """``value`` (each item of a list) if it is in ``knob``'s range, else ``InvalidInput``."""
+    for item in value if isinstance(value, (list, tuple)) else [value]:
+        why = knob.out_of_range(item)
+        if why is not None:
+            raise InvalidInput(f"{knob.option}: {why}")
+    return value
 
 
 def option(name: str, *, default: Any = _UNSET) -> Any:
@@ -47,4 +46,7 @@ def option(name: str, *, default: Any = _UNSET) -> Any:
     return typer.Option(value, *knob.flags, envvar=knob.envvar, show_envvar=True,
                         help=knob.help + (f" Range: {knob.range_text()}." if knob.range_text() else ""),
                         metavar=knob.metavar,
-                        callback=_range_check(knob) if knob.range_text() else None)
+                        # a lambda: typer inspects each callback's signature at every
+                        # start-up, and one without annotations is the cheapest to inspect
+                        callback=(lambda value: in_range(knob, value)) if knob.range_text()
+                        else None)
