@@ -95,14 +95,13 @@ class Knob:
     it a few milliseconds.)"""
 
     __slots__ = ("default", "help", "flags", "ge", "gt", "le", "lt", "pattern", "check",
-                 "default_factory", "default_text", "metavar", "name")
+                 "default_factory", "metavar", "name")
 
     def __init__(self, default: Any = None, help: str = "", flags: tuple[str, ...] = (), *,
                  ge: float | None = None, gt: float | None = None, le: float | None = None,
                  lt: float | None = None, pattern: str | None = None,
                  check: Callable[[Any], Any] | None = None,
-                 default_factory: Callable[[], Any] | None = None,
-                 default_text: str | None = None, metavar: str | None = None):
+                 default_factory: Callable[[], Any] | None = None, metavar: str | None = None):
         self.default = default
         self.help = help
         #: the command line's names for it (empty: no option)
@@ -112,8 +111,6 @@ class Knob:
         #: a further check of a set value (raises ``ValueError`` saying why)
         self.check = check
         self.default_factory = default_factory
-        #: the default as the reference shows it, when the value says too little
-        self.default_text = default_text
         self.metavar = metavar
         self.name = ""
 
@@ -170,7 +167,7 @@ class SettingKnobs:
 
     database_url: str | None = knob(
         None, "Administrator connection (URL or conninfo). Unset: the embedded PostgreSQL.",
-        "--database-url", check=check_database_url, default_text="unset: embedded")
+        "--database-url", check=check_database_url)
     # Per-role logins (``ledger logins create``); unset: the administrator's connection.
     reader_database_url: str | None = knob(None, "The reader role's login",
                                            check=check_database_url)
