@@ -385,9 +385,9 @@ def registered(db_url: str, config: Path) -> dict[str, str]:
     (["demo-class", "x" * 501, "target"], "objective key must be 1 to 500 characters long, not 501"),
     (["demo-class", "objective", ""], "target must be 1 to 2000 characters long, not 0"),
     (["demo-class", "objective", "t", "--priority", "99999999999"],
-     "--priority must be from -1000000 to 1000000, not 99999999999"),
+     "--priority / LEDGER_OPEN_PRIORITY: must be ≥ -1000000 and ≤ 1000000, not 99999999999"),
     (["demo-class", "objective", "t", "--priority", "-1000001"],
-     "--priority must be from -1000000 to 1000000, not -1000001"),
+     "--priority / LEDGER_OPEN_PRIORITY: must be ≥ -1000000 and ≤ 1000000, not -1000001"),
 ], ids=["empty-objective", "long-objective", "empty-target", "huge-priority", "low-priority"])
 def test_open_refuses_bad_input_in_words(registered: dict[str, str], args: list[str],
                                          says: str) -> None:

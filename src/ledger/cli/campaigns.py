@@ -63,10 +63,8 @@ def open_(
     """Open a campaign by hand (as the sensor role); idempotent per objective key."""
     from ..kernel import Kernel
 
-    if not -1_000_000 <= priority <= 1_000_000:
-        # the kernel's own range, said before an integer too large for the call is sent
-        raise InvalidInput(f"--priority must be from -1000000 to 1000000, not {priority}")
-
+    # (--priority's range, the kernel's own, is its knob's: refused before an
+    # integer too large for the call is sent)
     async def go() -> Opened:
         async with state(ctx).database().session("sensor") as s:
             return await Kernel(s).open_campaign(class_, objective_key, target, priority=priority,
