@@ -27,30 +27,12 @@ from pydantic_core import PydanticUndefined
 GENERATED = ("This page is generated from the code (`docs/gen.py`) each time the site is built; "
              "edit the code, not the page.")
 
-#: Variables read straight from the environment (not settings, not options),
-#: by name: what they do. A new one in the code fails the build until it is
-#: described here.
-DIRECT_VARIABLES = {
-    "LEDGER_DEBUG": "Set (to anything): a failing command prints its traceback as well as its "
-                    "one line, for a bug report.",
-    "LEDGER_TABLES": "`tsv` or `rich`: force plain tab-separated tables or drawn ones (default: "
-                     "drawn on a terminal, TSV anywhere else).",
-    "LEDGER_FAULT_POINTS": "Fault injection for drills and tests (`ledger.faults`): which armed "
-                           "fault points fire. Never set in production.",
-    "LEDGER_FAULT_DIR": "Fault injection for drills and tests: where armed fault points keep "
-                        "their state.",
+#: Variables the code still reads itself that are not knobs of ``ledger.settings``
+#: (every other one is declared there, and described from its declaration).
+#: ``ledger.query_cache`` goes with the reads' rewrite, and this entry with it.
+NOT_YET_KNOBS = {
     "LEDGER_CACHE_DIR": "Where the compiled query cache lives (`ledger.query_cache`; default: "
                         "the user's cache directory).",
-    "LEDGER_GIT_CONFIG": "A git configuration file of the operator's that Ledger's own git reads "
-                         "instead of the user's (credentials, transport settings); its "
-                         "program-valued keys are still overridden (`ledger.hardened_git`).",
-    "LEDGER_GIT_CREDENTIAL_HELPER": "The credential helper Ledger's own git uses for remotes "
-                                    "(as git writes one: `store --file=...`); never given to "
-                                    "attempt commands.",
-    "LEDGER_MCP_TOKEN": "`ledger mcp` over stdio: the bearer token whose role the agent's "
-                        "session acts as.",
-    "LEDGER_PATRONI_PG_BIN": "The Patroni drill and test: where the PostgreSQL binaries its "
-                             "members run are (default: Debian's PostgreSQL 15).",
 }
 
 
@@ -155,13 +137,43 @@ def model_rows(model: type[BaseModel], anchors: dict[type, str], *, skip: tuple[
 
 
 def settings_rows() -> list[tuple[str, ...]]:
-    from ledger.settings import OPTIONS, Settings
+    from ledger.settings import SETTINGS, Settings
 
     rows = []
     for name, info in Settings.model_fields.items():
-        option = f" ({code(OPTIONS[name])})" if name in OPTIONS else ""
-        rows.append((code(f"LEDGER_{name.upper()}") + option, type_name(info.annotation, {}),
+        knob = SETTINGS[name]
+        option = f" ({code(knob.flags[0])})" if knob.flags else ""
+        rows.append((code(knob.envvar) + option, type_name(info.annotation, {}),
                      default_text(info), md(constraints(info)), md(info.description or "")))
+    return rows
+
+
+def knob_default(knob: Any) -> str:
+    value = knob.default_factory() if knob.default_factory is not None else knob.default
+    if value is None:
+        return "unset"
+    if value in ([], {}):
+        return "empty"
+    return code(value if isinstance(value, Path) else json.dumps(value))
+
+
+def option_rows() -> list[tuple[str, ...]]:
+    """Every option's knob: its variable, the commands that take it (and a
+    command's own default where it differs), default, range and meaning."""
+    from ledger.settings import OPTIONS
+
+    uses = option_variables()
+    rows = []
+    for name, knob in OPTIONS.items():
+        found = uses.get(knob.envvar, [])
+        if not found:
+            raise SystemExit(f"docs/gen.py: knob {name} is no command's option")
+        where = ", ".join(sorted({f"{code(command)} {code(option)}" for command, option, _ in found}))
+        default = knob_default(knob)
+        own = sorted({f"{code(command)}: {code(json.dumps(value))}" for command, _, value in found
+                      if value != knob.default and value is not None and not isinstance(value, list)})
+        rows.append((code(knob.envvar), where, default + (f" ({', '.join(own)})" if own else ""),
+                     md(knob.range_text()), md(knob.help)))
     return rows
 
 
@@ -184,36 +196,41 @@ def leaf_commands() -> Iterator[tuple[tuple[str, ...], Any, Any]]:
     yield from walk(root, (), context_class(root, info_name="ledger"))
 
 
-def option_variables() -> dict[str, list[tuple[str, str, str]]]:
-    """Environment variable -> (command, option, meaning) of every option that reads one."""
+def option_variables() -> dict[str, list[tuple[str, str, Any]]]:
+    """Environment variable -> (command, option, default) of every option that reads one."""
     import typer.main
 
     from ledger.cli import app
 
-    found: dict[str, list[tuple[str, str, str]]] = {}
+    found: dict[str, list[tuple[str, str, Any]]] = {}
     for param in typer.main.get_command(app).params:
         if param.envvar:
-            found.setdefault(param.envvar, []).append(("ledger", param.opts[0], param.help or ""))
+            found.setdefault(param.envvar, []).append(("ledger", param.opts[0], param.default))
     for path, command, _ctx in leaf_commands():
         for param in command.params:
             if getattr(param, "envvar", None):
                 found.setdefault(param.envvar, []).append(
-                    ("ledger " + " ".join(path), param.opts[0], param.help or ""))
+                    ("ledger " + " ".join(path), param.opts[0], param.default))
     return found
 
 
 def direct_variables() -> dict[str, str]:
-    """The ``LEDGER_*`` variables the code reads itself (``os.environ``)."""
+    """The ``LEDGER_*`` variables read where they are used: the environment
+    knobs, and any the code still reads itself (which must be described)."""
+    from ledger.settings import ENVIRONMENT
+
     pattern = re.compile(r"""(?:environ(?:\.get)?[(\[]|getenv\()\s*["'](LEDGER_[A-Z0-9_]+)["']""")
     names = set()
     import ledger
 
     for path in Path(ledger.__file__).parent.rglob("*.py"):
         names.update(pattern.findall(path.read_text()))
-    missing = sorted(names - set(DIRECT_VARIABLES))
+    missing = sorted(names - set(NOT_YET_KNOBS))
     if missing:
-        raise SystemExit(f"docs/gen.py: describe {', '.join(missing)} in DIRECT_VARIABLES")
-    return {name: DIRECT_VARIABLES[name] for name in sorted(names)}
+        raise SystemExit(f"docs/gen.py: declare {', '.join(missing)} as knobs (ledger.settings)")
+    described = {knob.envvar: knob.help for knob in ENVIRONMENT.values()}
+    described.update({name: NOT_YET_KNOBS[name] for name in names})
+    return dict(sorted(described.items()))
 
 
 def configuration_page() -> str:
@@ -242,15 +259,6 @@ def configuration_page() -> str:
     settings = settings_rows()
     from ledger.settings import Settings
 
-    variables = option_variables()
-    taken = {f"LEDGER_{name.upper()}" for name in Settings.model_fields}
-    option_rows = []
-    for variable in sorted(variables):
-        if variable in taken:
-            continue
-        uses = variables[variable]
-        where = ", ".join(sorted({f"{code(command)} {code(option)}" for command, option, _ in uses}))
-        option_rows.append((code(variable), where, md(uses[0][2])))
     direct = [(code(name), md(meaning)) for name, meaning in direct_variables().items()]
     return "\n\n".join([
         "# Configuration reference",
@@ -258,7 +266,9 @@ def configuration_page() -> str:
         "Ledger is configured in two places: **`ledger.toml`** says what the campaigns are (their "
         "classes and the sensors that open them) and is read by the worker, verifier, sensors and "
         "`ledger classes sync`; the **environment** (`LEDGER_*`, or the matching options) says "
-        "where the database is and how each process runs.",
+        "where the database is and how each process runs. Every variable is a knob declared "
+        "once in `ledger.settings` (its name, default, range and help); the variable is "
+        "`LEDGER_` and the knob's name in capitals.",
         "## `ledger.toml`",
         paragraphs(config, 1, 2),
         "The file has two tables of tables, `[classes.NAME]` and `[sensors.NAME]`; a name matches "
@@ -291,10 +301,12 @@ def configuration_page() -> str:
         "every command with one line naming the variable (exit 78).",
         table(("variable", "type", "default", "range", "meaning"), settings),
         "### Options read from the environment",
-        "Every option of the command line can be given as an environment variable; these are "
-        "the ones that are not settings above (see the [command-line reference](cli.md)).",
-        table(("variable", "option", "meaning"), option_rows),
-        "### Read directly",
+        "Every option of the command line that has a variable is a knob below (the settings "
+        "above are the rest); see the [command-line reference](cli.md). A value out of its "
+        "range stops the command with one line naming the option and its variable (exit 2).",
+        table(("variable", "option", "default", "range", "meaning"), option_rows()),
+        "### Read where they are used",
+        "Variables without an option, read each time they are needed.",
         table(("variable", "meaning"), direct),
     ]) + "\n"
 

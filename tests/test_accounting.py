@@ -1,4 +1,4 @@
-"""One accounting of attempts (issue 25, finding 5): a stateful property test
+"""One accounting of attempts (README "Faults that are not the attempt's own"): a stateful property test
 (hypothesis) against real PostgreSQL that drives a campaign down every path
 back to ``ready`` -- fail, refuse, reject, lease expiry, regression after
 promotion, promote_failed, a rebase and its verdict, release (a system fault),

@@ -368,7 +368,7 @@ async def test_bulk_abandon_and_reopen_preview_then_act(api: Api, actors: Actors
 
 
 async def test_bulk_api_acts_only_on_the_previewed_campaigns(api: Api, actors: Actors, test_class: str) -> None:
-    """Issue 17, defect 1, through the API: preview 8 for a label; one of them is
+    """As tests/test_dashboard.py, through the API: preview 8 for a label; one of them is
     abandoned elsewhere and a new one opens with the label; acting abandons the
     seven and reports both differences, and the new campaign is left alone."""
     d = Driver(actors, test_class)
@@ -517,7 +517,7 @@ async def test_openapi_documents_problems_and_bearer_auth(api: Api) -> None:
 
 
 async def test_autonomy_report_counts_an_operators_actions_and_no_one_elses(api: Api, actors: Actors, test_class: str) -> None:
-    """Issue 17, defect 2: a human is the operator role (API, dashboard or CLI),
+    """A human is the operator role (API, dashboard or CLI),
     whatever the actor is called; every other role, under any name -- a sensor
     posting through the API as http:<token> included -- is automation."""
     from ledger.report import autonomy_report
@@ -582,7 +582,7 @@ async def test_autonomy_report_counts_an_operators_actions_and_no_one_elses(api:
     assert today.human_actions == 2
 
 
-# --- docs, problem types, cursors and classes (issue 17, defects 6 and 7) -----------------
+# --- docs, problem types, cursors and classes ----------------------------------------------
 
 
 async def test_docs_load_their_assets_from_this_server(api: Api) -> None:

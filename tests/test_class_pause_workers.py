@@ -1,5 +1,5 @@
 """Pausing a class under real worker processes, from the command line, and the
-registry of processes those workers keep (issue 30).
+registry of processes those workers keep (README "Operator controls").
 
 Two ``ledger worker`` processes serve two classes; alpha has a large weight,
 so while both have work nearly every claim's turn is alpha's. Alpha is paused

@@ -1,5 +1,5 @@
 """Every command, run against a database it cannot use, says why in one line
-with a hint and exits with its documented code (issue 17, defect 3).
+with a hint and exits with its documented code (docs: reference/errors.md).
 
 The commands are found by walking the typer app, so a new command is covered
 (or this test fails until it is given sample arguments below)."""
@@ -241,13 +241,48 @@ def test_a_service_stopped_while_it_waits_for_the_database_exits_cleanly(tmp_pat
 def test_only_long_running_services_treat_an_early_sigterm_as_a_clean_stop(
         argv: list[str], service: bool) -> None:
     """A one-shot command interrupted by SIGTERM must not exit 0 as if it had
-    finished; global options (and their values) come before the command."""
-    from ledger.cli import _runs_services
+    finished; global options (and their values) come before the command. What
+    decides is the command's own declaration (``ledger.runtime.commands``) and the
+    parameters click parsed, not a second reading of argv."""
+    import typer.main
 
-    assert _runs_services(argv) is service
+    from ledger.cli import app
+    from ledger.runtime.commands import is_service
+
+    command: Any = typer.main.get_command(app)
+    ctx = command.make_context("ledger", list(argv), resilient_parsing=True)
+    while hasattr(command, "commands"):
+        rest = [*(getattr(ctx, "protected_args", None) or getattr(ctx, "_protected_args", [])),
+                *ctx.args]
+        name, command, rest = command.resolve_command(ctx, rest)
+        ctx = command.make_context(name, rest, parent=ctx, resilient_parsing=True)
+    assert is_service(command.callback, ctx.params) is service
 
 
-# --- one exit code per cause, a hint that names it (issue 30) ---------------------------
+def test_a_one_shot_command_stopped_while_it_waits_is_not_a_clean_stop(tmp_path: Path) -> None:
+    """The other side of the declaration, in real processes: ``dispatcher`` is
+    a service, ``dispatcher --once`` is not; both wait for an unreachable
+    server at start-up, and SIGTERM then stops the first cleanly (exit 0) and
+    the second by the signal (-15), not as if it had finished."""
+    env = {**os.environ, "LEDGER_DATABASE_URL": "postgresql://postgres@127.0.0.1:1/x?connect_timeout=1",
+           "LEDGER_DATA_DIR": str(tmp_path / "data")}
+    codes = {}
+    for argv in (["dispatcher"], ["dispatcher", "--once"]):
+        proc = subprocess.Popen([sys.executable, "-m", "ledger", *argv, "--wait-for-database", "60"],
+                                env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        assert proc.stderr is not None
+        try:
+            # started, and still before the host: it says it waits
+            assert any("waiting for the database" in line for line in proc.stderr)
+            proc.send_signal(signal.SIGTERM)
+            codes[" ".join(argv)] = proc.wait(30)
+        finally:
+            proc.kill()
+            proc.wait()
+    assert codes == {"dispatcher": 0, "dispatcher --once": -signal.SIGTERM}
+
+
+# --- one exit code per cause, a hint that names it --------------------------------------
 
 
 def ledger(args: list[str], env: dict[str, str], **kwargs: Any) -> subprocess.CompletedProcess[str]:
@@ -364,9 +399,9 @@ def registered(db_url: str, config: Path) -> dict[str, str]:
     (["demo-class", "x" * 501, "target"], "objective key must be 1 to 500 characters long, not 501"),
     (["demo-class", "objective", ""], "target must be 1 to 2000 characters long, not 0"),
     (["demo-class", "objective", "t", "--priority", "99999999999"],
-     "--priority must be from -1000000 to 1000000, not 99999999999"),
+     "--priority / LEDGER_OPEN_PRIORITY: must be ≥ -1000000 and ≤ 1000000, not 99999999999"),
     (["demo-class", "objective", "t", "--priority", "-1000001"],
-     "--priority must be from -1000000 to 1000000, not -1000001"),
+     "--priority / LEDGER_OPEN_PRIORITY: must be ≥ -1000000 and ≤ 1000000, not -1000001"),
 ], ids=["empty-objective", "long-objective", "empty-target", "huge-priority", "low-priority"])
 def test_open_refuses_bad_input_in_words(registered: dict[str, str], args: list[str],
                                          says: str) -> None:

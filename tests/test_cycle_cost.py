@@ -1,4 +1,4 @@
-"""What the cheaper cycle (issue 28) must not have changed: the rewritten
+"""What the cheaper cycle (bench/README.md, "the cycle's cost") must not have changed: the rewritten
 checks accept exactly what the old ones did, and the invariants they moved
 still refuse what they refused.
 

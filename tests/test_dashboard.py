@@ -156,7 +156,7 @@ def preview_form(page: httpx.Response) -> dict[str, str]:
 
 
 async def test_bulk_confirm_acts_only_on_the_previewed_campaigns(ui: Ui, actors: Actors, test_class: str) -> None:
-    """Issue 17, defect 1: preview "Abandon 8" for a label; elsewhere one of them is
+    """Preview "Abandon 8" for a label; elsewhere one of them is
     abandoned and a new campaign opens with that label; the confirmation abandons
     the seven still matching, not the new one, and shows both differences."""
     d = Driver(actors, test_class)
@@ -256,7 +256,7 @@ async def test_board_filters_count_and_page_through_campaigns(ui: Ui, actors: Ac
 async def test_the_board_honours_the_apis_search_parameter(ui: Ui, actors: Actors,
                                                            test_class: str) -> None:
     """``?search=`` is GET /campaigns' name for the board's ``q``: a link written
-    for the API narrows the board too, instead of being ignored (issue 30)."""
+    for the API narrows the board too, instead of being ignored."""
     sensor = await actors("sensor")
     flaky = (await sensor.open_campaign(test_class, "flaky-one", "repo#main")).campaign_id
     other = (await sensor.open_campaign(test_class, "docs-build", "repo#docs")).campaign_id
@@ -384,7 +384,7 @@ async def test_autonomy_page_shows_idle_days_as_idle(ui: Ui, actors: Actors, tes
     assert (await ui.client.get("/ui/autonomy?days=0")).status_code == 422
 
 
-# --- issue 17: cards under a filter, timeline labels, the class view, retry -----------------
+# --- cards under a filter, timeline labels, the class view, retry -------------------------
 
 
 async def test_cards_count_what_the_filter_matches_and_bulk_buttons_need_a_match(ui: Ui, actors: Actors, test_class: str) -> None:

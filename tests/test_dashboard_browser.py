@@ -288,12 +288,12 @@ async def test_reader_sees_no_actions(server: Server, browser: Any, actors: Acto
     assert not d.find_elements(By.CSS_SELECTOR, "#abandon, #reopen, #actions")
 
 
-# --- issue 17: the operator's surface in a real browser ---------------------------------
+# --- the operator's surface in a real browser ---------------------------------------
 
 
 async def test_bulk_confirm_acts_only_on_what_the_browser_previewed(server: Server, browser: Any, actors: Actors,
                                                                  test_class: str) -> None:
-    """Defect 1 as the issue found it: "Abandon 8" previewed for a label; elsewhere
+    """As tests/test_dashboard.py finds it through the page: "Abandon 8" previewed for a label; elsewhere
     one is abandoned and a new campaign opens with the label; the confirmation
     leaves the new campaign alone and shows the difference."""
     d = browser
@@ -335,7 +335,7 @@ async def test_bulk_confirm_acts_only_on_what_the_browser_previewed(server: Serv
 
 async def test_attempt_page_follows_the_output_live_and_resumes(server: Server, browser: Any, actors: Actors,
                                                                test_class: str) -> None:
-    """Defect 5: the attempt's page shows output as it is journaled, without a
+    """The attempt's page shows output as it is journaled, without a
     reload, and a paused stream resumes where it stopped (each line once)."""
     d = browser
     sensor, worker = await actors("sensor"), await actors("worker")

@@ -55,7 +55,7 @@ def test_demo_ui_serves_the_dashboard_until_interrupted(db_url: str, tmp_path: P
         assert proc.poll() is None, "still serving after the loop closed"
         proc.send_signal(signal.SIGINT)
         assert proc.wait(timeout=30) == 0, out.read_text()[-2000:]
-        # Stopped cleanly: no traceback logged on the way out (issue 30).
+        # Stopped cleanly: no traceback logged on the way out.
         assert "Traceback" not in out.read_text(), out.read_text()[-3000:]
         with pytest.raises(httpx.TransportError):
             httpx.get(f"{base}/livez", timeout=2.0)

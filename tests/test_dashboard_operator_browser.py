@@ -1,4 +1,4 @@
-"""The dashboard's defects and operator controls of issue 30, in a real browser
+"""The dashboard's defects and operator controls (README "Operator controls"), in a real browser
 (headless Chromium against a real ``ledger serve``, as
 tests/test_dashboard_browser.py): live panels that follow new lines unless
 scrolled up, a board that does not re-render while output streams, leases
@@ -87,7 +87,7 @@ def lines(n: int, start: int = 0) -> list[dict[str, Any]]:
             for i in range(start, start + n)]
 
 
-# --- finding 7: the defects ----------------------------------------------------------
+# --- the defects ----------------------------------------------------------
 
 
 async def test_live_panels_follow_new_lines_unless_scrolled_up(server: Server, browser: Any, actors: Actors,
@@ -294,7 +294,7 @@ async def test_the_attempt_badge_says_what_became_of_the_attempt(server: Server,
     assert badges == ["accepted"], badges
 
 
-# --- finding 8: the operator's controls --------------------------------------------------
+# --- the operator's controls --------------------------------------------------
 
 
 async def test_pause_and_resume_a_class_from_its_page(server: Server, browser: Any, actors: Actors,

@@ -397,7 +397,7 @@ async def test_a_candidate_missing_from_the_repository_waits_and_is_not_charged(
     """A candidate that is not in the repository (its ref gone, the remote
     behind) is a fault of the system, not of the candidate: the promotion
     waits and is retried, the campaign stays verified and says why, and
-    nothing is re-attempted (issue 25: no objective burnt by a fault that is
+    nothing is re-attempted (README "Faults that are not the attempt's own": no objective burnt by a fault that is
     not the attempt's own)."""
     base = rev(repo)
     cid, effect = await accepted(actors, repo, "f" * 40)
@@ -460,7 +460,7 @@ async def test_a_worker_intent_must_use_the_class_repository(actors: Actors, rep
     assert (await side_effect(actors, cid, right.side_effect_id)).state == "done"
 
 
-# git.update_ref: a branch checked out in the user's repository (issue 14, finding 2)
+# git.update_ref: a branch checked out in the user's repository
 # =====================================================================================
 
 
@@ -491,7 +491,7 @@ async def test_a_dirty_checkout_is_left_alone_and_the_promotion_waits(actors: Ac
     """The user's uncommitted work on the checked-out target is not ours to
     overwrite, and no fault of the candidate's: the promotion waits (retried
     with backoff, never re-attempted or charged, the campaign saying why) and
-    lands once the checkout is clean (issue 25, finding 5: it used to send
+    lands once the checkout is clean (tests/test_accounting.py: it used to send
     the candidate back to be attempted again, without end)."""
     base = rev(repo)
     candidate = edited(repo, base, {"README": "fixed\n", "NEW": "added\n"})

@@ -53,7 +53,14 @@ def test_the_configuration_reference_has_every_key_and_variable(pages: dict[str,
         for param in command.params:
             if getattr(param, "envvar", None):
                 assert f"`{param.envvar}`" in page, param.envvar
-    assert "`LEDGER_DEBUG`" in page and "`LEDGER_TABLES`" in page  # read straight from os.environ
+    from ledger.settings import KNOBS
+
+    for knob in KNOBS.values():  # every knob, with its default and its help
+        row = next((line for line in page.splitlines() if line.startswith(f"| `{knob.envvar}`")),
+                   None)
+        assert row is not None, knob.envvar
+        assert re.split(r"[(<>&`]", knob.help)[0][:30] in row, knob.envvar
+        assert (knob.range_text().split(",")[0].replace(">", "&gt;") or "|") in row, knob.envvar
 
 
 def test_the_cli_reference_has_every_command_and_option(pages: dict[str, str]) -> None:

@@ -1,4 +1,4 @@
-"""The load drill's time-out verdict explains itself (issue 15): what was left
+"""The load drill's time-out verdict explains itself (README "Load"): what was left
 by state, the oldest open campaign's last events, and whether the fleet was
 still bringing campaigns to rest -- read from a real database."""
 

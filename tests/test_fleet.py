@@ -1,4 +1,4 @@
-"""A fleet across machines (issue 25): the ``machines`` drill run as a test
+"""A fleet across machines (docs: Deployment, "Several machines"): the ``machines`` drill run as a test
 over each transport -- a worker, a verifier, a dispatcher and a sensor, each a
 ``ledger`` process with its own data dir, home and temporary directory (in a
 network namespace of its own where this host can make one), sharing nothing
@@ -9,7 +9,7 @@ A regression pushed to the remote is opened, fixed, verified, promoted onto
 the remote and confirmed (findings 1-3: the candidate leaves the worker's
 machine, the evidence is in the database, the promotion reaches the remote);
 then the remote goes down while the candidate awaits its verdict and the
-campaign waits, charged nothing, and closes when it returns (finding 4)."""
+campaign waits, charged nothing, and closes when it returns."""
 
 from __future__ import annotations
 

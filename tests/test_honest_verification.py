@@ -1,4 +1,4 @@
-"""Finding 1 of issue 14: a candidate is judged by the objective's tests, not by
+"""A candidate is judged by the objective's tests, not by
 its own. Real git repositories, real pytest runs, real PostgreSQL.
 
 The verifier side records candidates straight through the kernel (a worker

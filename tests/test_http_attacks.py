@@ -1,4 +1,5 @@
-"""The HTTP surface under attack (issue 27), over real HTTP: uvicorn serving the
+"""The HTTP surface under attack (README "Security: what each token can do to the
+others"), over real HTTP: uvicorn serving the
 app on a free port of this machine (``ledger.api.server``, as ``ledger serve``
 configures it), and ``ledger serve`` itself where its settings are the point.
 
@@ -278,7 +279,7 @@ async def test_every_reader_reads_every_page_and_route_over_hostile_rows(live: L
     assert stored["started_at"].startswith("0001-01-01") and stored["finished_at"].startswith("9999")
 
 
-# --- finding 3: `ledger serve` honours the cookie settings ----------------------------------
+# --- `ledger serve` honours the cookie settings ----------------------------------
 
 
 def _free_port() -> int:
@@ -353,7 +354,7 @@ async def test_the_session_is_secure_over_https_even_unconfigured(db: Database) 
     assert r.status_code == 303 and "; secure" in r.headers["set-cookie"].lower()
 
 
-# --- finding 4: the cookie names a session; sign-out and rotation end it ----------------
+# --- the cookie names a session; sign-out and rotation end it ----------------
 
 
 async def test_the_cookie_holds_no_token_and_sign_out_ends_every_copy(live: Live, db: Database, actors: Actors, test_class: str) -> None:
@@ -400,7 +401,7 @@ async def test_the_cookie_holds_no_token_and_sign_out_ends_every_copy(live: Live
                 assert (await client.get("/campaigns")).status_code == expected
 
 
-# --- finding 5: metrics labels are bounded ---------------------------------------------------
+# --- metrics labels are bounded ---------------------------------------------------
 
 
 async def test_made_up_methods_and_paths_do_not_grow_metrics(live: Live) -> None:
@@ -431,7 +432,7 @@ async def test_made_up_methods_and_paths_do_not_grow_metrics(live: Live) -> None
     assert len(series) < 60, len(series)  # 1,055 odd requests: a handful of series
 
 
-# --- finding 6: bulk tokens are keyed, bound, expiring and single use ---------------------
+# --- bulk tokens are keyed, bound, expiring and single use ---------------------
 
 
 async def test_bulk_tokens_mean_this_caller_previewed_this_set_recently_here(live: Live, db: Database, actors: Actors, test_class: str) -> None:
@@ -514,7 +515,7 @@ async def test_a_large_bulk_action_runs_as_a_job_with_progress_over_sse(live: Li
         assert_problem(await reader.get(f"/bulk-jobs/{job}"), 403)
 
 
-# --- finding 7: numbers are ASCII decimal ---------------------------------------------------
+# --- numbers are ASCII decimal ---------------------------------------------------
 
 
 async def test_unicode_digits_are_refused_not_a_500(live: Live, actors: Actors, test_class: str) -> None:
@@ -541,7 +542,7 @@ async def test_unicode_digits_are_refused_not_a_500(live: Live, actors: Actors, 
     assert await _state(actors, cid) == "ready"
 
 
-# --- finding 8: throttling, slow clients, frame protection --------------------------------
+# --- throttling, slow clients, frame protection --------------------------------
 
 
 async def test_failed_bearer_checks_and_sign_ins_are_throttled(live: Live) -> None:

@@ -217,7 +217,7 @@ async def test_a_busy_sessions_next_call_carries_its_hints_and_a_bad_hint_costs_
         db: Database, actors: Actors, test_class: str, admin: Admin, monkeypatch: pytest.MonkeyPatch) -> None:
     """Hints gathered after a commit, once their window is over, ride with
     the session's next call, in a transaction of their own after the call's
-    (issue 28: no round trip of their own); the call's result, or its
+    (no round trip of their own); the call's result, or its
     error, is its own. (A zero window ends while the next call is under
     way; sending hints on their own would fail this test: it is replaced.)"""
     monkeypatch.setattr("ledger.database.HINT_WINDOW_S", 0.0)

@@ -1,4 +1,4 @@
-"""Issue 24: a judge the candidate cannot reach. A library-style repository
+"""A judge the candidate cannot reach (README "What a candidate is judged by"). A library-style repository
 (a ``calc`` package, its ``pyproject.toml``, ``tests/``), real pytest, real
 plugins and real entry points, real cells, real PostgreSQL.
 
@@ -330,7 +330,7 @@ SCREENED = [
 @pytest.mark.parametrize(("name", "files", "where", "rule"), SCREENED, ids=[s[0] for s in SCREENED])
 async def test_the_screen_refuses_reaching_for_the_test_machinery_naming_file_and_line(
         bench: Bench, name: str, files: dict[str, str], where: str, rule: str) -> None:
-    """Finding 3 (and the rest before anything runs): the test-detecting fix
+    """The screen (and the rest before anything runs): the test-detecting fix
     passes every test -- the judge cannot tell -- but the screen names the
     line; no acceptance command ran."""
     await bench.register(protected=[])
@@ -362,7 +362,7 @@ async def test_a_class_configures_its_screen(bench: Bench) -> None:
 
 @pytest.mark.rollback  # only SQL: a transaction rolled back after the test
 async def test_special_cased_inputs_fail_the_held_out_tests(bench: Bench, tmp_path: Path) -> None:
-    """Finding 4: no check of the candidate's own tests can see it; tests it
+    """Held-out tests: no check of the candidate's own tests can see it; tests it
     never saw do."""
     await bench.register(held_out={"path": str(held_out_dir(tmp_path)), "into": "tests/held_out"})
     cid = await bench.open()
@@ -442,7 +442,7 @@ async def test_held_out_tests_are_never_shown_to_the_attempt(
 
 
 def test_plugin_manifests_and_pytest_tomls_are_protected_by_default() -> None:
-    """Finding 5."""
+    """Confirmation is held to the opening baseline."""
     from ledger.protection import Protection
 
     protection = Protection(default_patterns([PYTEST]))
@@ -495,7 +495,7 @@ async def observe(bench: Bench, cid: int, ref: str) -> Any:
 ], ids=["skipped", "os-exit", "plugin"])
 async def test_the_confirming_observation_cannot_be_fooled_the_same_ways(
         bench: Bench, name: str, files: dict[str, str], status: str, effect: str) -> None:
-    """Finding 6: each confirmed the campaign before (a green exit code)."""
+    """Each confirmed the campaign before (a green exit code)."""
     cid = await promoted(bench)
     candidate(bench.repo, bench.base, files, branch="gamed")
     reading, recorded = await observe(bench, cid, "gamed")

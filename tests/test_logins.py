@@ -1,4 +1,4 @@
-"""``ledger logins create``: one login per runtime role (issue 15)."""
+"""``ledger logins create``: one login per runtime role."""
 
 from __future__ import annotations
 

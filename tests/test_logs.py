@@ -1,4 +1,4 @@
-"""One log format per process (issue 17, defect 4): Ledger's records, loggers
+"""One log format per process: Ledger's records, loggers
 made at import time, uvicorn's and Alembic's all come out as the same JSON
 lines on stderr when it is not a terminal."""
 

@@ -1,4 +1,4 @@
-"""The closed loop of issue 6, as a test: detection to confirmed closure with
+"""The closed loop (README "Quickstart", `ledger demo`), as a test: detection to confirmed closure with
 a real sensor, worker, verifier and dispatcher, through the demo's wiring."""
 
 from __future__ import annotations
@@ -63,7 +63,7 @@ def test_ledger_demo_exits_zero_and_leaves_nothing_running(db_url: str, tmp_path
 def test_two_demos_on_one_data_directory_keep_their_own_databases(tmp_path: Path) -> None:
     """Each demo run on the embedded server has a database of its own and drops
     it when it ends: a second ``ledger demo`` on the same data directory used to
-    drop the first one's database under it (issue 30). A database left by a
+    drop the first one's database under it. A database left by a
     killed run is swept by the next."""
     import psycopg
 

@@ -125,7 +125,7 @@ async def test_a_call_cancelled_on_a_silent_path_ends_at_once_without_a_cancel_r
     """Cancelling a caller mid-call (a service stopping) aborts its
     connection: psycopg's own way sends a cancel request over the same
     silent path and waits up to 10 s for it. The call runs in its caller's
-    task (issue 28: no task of its own), so this is the connection's doing."""
+    task (tests/test_hub.py: no task of its own), so this is the connection's doing."""
     cid, gen = await Driver(actors, test_class).leased()
     worker = proxied["worker"]
     await worker.heartbeat(cid, gen)

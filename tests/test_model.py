@@ -1,5 +1,5 @@
 """Property: random sequences of kernel calls on the real database agree, step
-by step, with a small model of DESIGN section 2 (state, generation, attempt
+by step, with a small model of the state machine (README "How it works", docs/state_machine.md) (state, generation, attempt
 count, refused fingerprints), and the journal stays gap-free with one event per
 state change. Time is pinned and advances one second per step."""
 

@@ -1,4 +1,4 @@
-"""Mechanism 7: one open campaign per objective, even under concurrent intake."""
+"""Invariants as indexes (README "How it works"): one open campaign per objective, even under concurrent intake."""
 
 from __future__ import annotations
 

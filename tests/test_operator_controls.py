@@ -1,4 +1,4 @@
-"""The operator's controls of issue 30, in the database and through its API:
+"""The operator's controls (README "Operator controls"), in the database and through its API:
 pausing a class (claims skip it, in-flight attempts finish, journaled with the
 operator's identity; under real concurrent claimers), the registry of live
 processes, bulk actions on picked rows, the candidate's diff, finer charts,

@@ -1,4 +1,4 @@
-"""Ledger through a real PgBouncer in transaction mode (issue 15).
+"""Ledger through a real PgBouncer in transaction mode (README "Behind a connection pooler").
 
 Every test here connects its runtime roles through the harness's PgBouncer
 (``pgbouncer`` in conftest: ``pool_mode=transaction``, two server connections

@@ -1,4 +1,4 @@
-"""Configuration checked up front (issue 25, finding 4): ``ledger classes
+"""Configuration checked up front (docs: Deployment, "Several machines"): ``ledger classes
 sync`` and every command that reads ``ledger.toml`` refuse a
 misconfiguration in one line naming the key (exit 78) before anything is
 registered, opened or claimed -- an unknown placeholder, a sensor target

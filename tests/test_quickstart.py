@@ -31,7 +31,7 @@ def installs(lines: list[str]) -> list[str]:
 
 def test_make_demo_installs_ledger_without_the_test_extras(tmp_path: Path) -> None:
     """A user who only wants the demo does not get selenium, schemathesis, mypy
-    and hypothesis (issue 30): `make demo` installs Ledger alone."""
+    and hypothesis: `make demo` installs Ledger alone."""
     lines = dry_run("demo", tmp_path / "venv")
     assert installs(lines) == ["."], lines
     assert lines[-1].endswith("/bin/ledger demo")

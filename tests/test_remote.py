@@ -58,7 +58,7 @@ def remote(request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.M
 
 
 def test_a_candidate_published_by_one_role_is_fetched_by_another(remote: Remote) -> None:
-    """Finding 1: the worker's candidate reaches the remote (read back there)
+    """The worker's candidate reaches the remote (read back there)
     and a verifier with a cache of its own fetches it by its ref."""
     worker, verifier = remote.role(), remote.role()
     base = worker.resolve("main")
@@ -82,7 +82,7 @@ def worker_identity() -> Any:
 
 
 def test_a_promotion_moves_the_remote_branch_with_compare_and_swap(remote: Remote) -> None:
-    """Finding 3: the dispatcher's ref update lands on the remote, and only
+    """The dispatcher's ref update lands on the remote, and only
     from where it expected the branch to be."""
     worker, dispatcher = remote.role(), remote.role()
     base = worker.resolve("main")

@@ -103,7 +103,7 @@ def test_each_function_is_defined_once_in_the_tree(admin: Admin) -> None:
 
 @pytest.mark.rollback  # only SQL: a transaction rolled back after the test
 def test_no_function_is_executable_by_public(admin: Admin) -> None:
-    """Issue 13, item 7: the global default lets PUBLIC execute a new function;
+    """The global default lets PUBLIC execute a new function;
     a per-schema default cannot revoke that."""
     public = [r["fn"] for r in admin.execute(
         "SELECT p.oid::regprocedure::text AS fn FROM pg_proc p "

@@ -1,4 +1,4 @@
-"""Finding 3 of issue 14: commands Ledger runs see no secret, and nothing
+"""Commands Ledger runs see no secret, and nothing
 secret is stored. A probe command in each role -- sensor, attempt, verifier --
 prints its whole environment (which Ledger keeps: observation details, the
 journal, the verdict's evidence) while Ledger's own environment holds the
@@ -49,7 +49,7 @@ def secrets() -> dict[str, str]:
     planted = {name: f"s3cret-{name.lower()}-{tag}" for name in (
         "PGPASSWORD", "LEDGER_API_TOKENS", "DATABASE_URL", "GITHUB_TOKEN",
         "AWS_SECRET_ACCESS_KEY", "OPENAI_API_KEY")}
-    # a well-formed URL (a malformed one stops every command: issue 30), its password the secret
+    # a well-formed URL (a malformed one stops every command: tests/test_cli_failures.py), its password the secret
     planted["LEDGER_OPERATOR_DATABASE_URL"] = f"postgresql://op:s3cret-{tag}@127.0.0.1:1/x"
     return planted
 

@@ -1,4 +1,4 @@
-"""Mechanism 10: runtime roles write only through their own functions, and
+"""A narrow write API (README "How it works"): runtime roles write only through their own functions, and
 nothing on a caller's search_path can change what a kernel function does."""
 
 from __future__ import annotations

@@ -192,7 +192,7 @@ async def test_a_red_observation_after_promotion_regresses(actors: Actors, admin
     assert admin.execute("SELECT count(*) AS n FROM ledger.campaign").fetchone()["n"] == 1
 
 
-# --- issue 14: sensor hygiene ---------------------------------------------------------------
+# --- sensor hygiene ---------------------------------------------------------------
 
 
 @pytest.mark.rollback  # only SQL: a transaction rolled back after the test

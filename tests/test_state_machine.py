@@ -1,4 +1,4 @@
-"""DESIGN section 2, row by row, on the real database: each transition is legal
+"""The transition table (README "How it works"), row by row, on the real database: each transition is legal
 for its owner and refused (Forbidden) for every other role; illegal moves and
 moves out of terminal states are refused (IllegalTransition)."""
 
@@ -29,8 +29,8 @@ ALLOWED = {
     "operator": {"operator"},
 }
 
-#: DESIGN section 2, written out independently of the migration.
-DESIGN = {
+#: The README's transition table, written out independently of the migration.
+TRANSITIONS = {
     ("open", None, "ready", "sensor"),
     ("claim", "ready", "leased", "worker"),
     ("record_attempt", "leased", "attempted", "worker"),
@@ -41,7 +41,7 @@ DESIGN = {
     ("reject", "attempted", "ready", "verifier"),
     ("promote_failed", "verified", "ready", "dispatcher"),
     ("rebase", "verified", "attempted", "dispatcher"),
-    ("requeue", "attempted", "verified", "verifier"),  # the merge queue's failed stack (issue 26)
+    ("requeue", "attempted", "verified", "verifier"),  # the merge queue's failed stack (docs/merge-queue.md)
     ("confirm", "verified", "confirmed", "sensor"),
     ("regress", "verified", "ready", "sensor"),
     ("dismiss", "ready", "dismissed", "sensor"),
@@ -64,7 +64,7 @@ async def classes(actors: Actors) -> None:
 
 async def test_transition_table_is_design_section_2(actors: Actors) -> None:
     rows = await (await actors.reads()).transitions()
-    assert {(r.name, r.from_state, r.to_state, r.owner_role) for r in rows} == DESIGN
+    assert {(r.name, r.from_state, r.to_state, r.owner_role) for r in rows} == TRANSITIONS
 
 
 @dataclass
@@ -258,14 +258,14 @@ CASES = [
 
 def test_every_design_row_has_a_case() -> None:
     covered = {(c.name, c.from_state) for c in CASES} | {("exhaust", "ready")}
-    assert covered == {(name, src) for name, src, _, _ in DESIGN}
+    assert covered == {(name, src) for name, src, _, _ in TRANSITIONS}
 
 
 @pytest.mark.parametrize("case", CASES, ids=lambda c: f"{c.name}-from-{c.from_state}")
 async def test_transition_is_legal_for_its_owner_only(actors: Actors, classes: None, admin: Admin, case: Case) -> None:
     d = Driver(actors, case.class_)
     state = await case.setup(d)
-    to_state = next(t for n, f, t, _ in DESIGN if n == case.name and f == case.from_state)
+    to_state = next(t for n, f, t, _ in TRANSITIONS if n == case.name and f == case.from_state)
     before = _snapshot(admin)
 
     for role in ROLES:

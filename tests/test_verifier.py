@@ -1,4 +1,4 @@
-"""The independent verifier (mechanism 11) on real PostgreSQL, real git
+"""The independent verifier (README "What a candidate is judged by") on real PostgreSQL, real git
 repositories and real processes.
 
 The worker is simulated with the kernel: it claims, commits a candidate in a

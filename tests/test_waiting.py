@@ -1,4 +1,4 @@
-"""Visibility of waiting (issue 25): a campaign held back by what is not its
+"""Visibility of waiting (README "Faults that are not the attempt's own"): a campaign held back by what is not its
 attempt's own says so everywhere an operator looks -- the gauge
 ``ledger_campaigns_waiting{class, reason}``, ``/readyz`` (degraded while
 campaigns wait on a system fault, with counts only: the probe is

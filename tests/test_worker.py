@@ -258,7 +258,7 @@ async def test_a_saturated_worker_never_claims(shop: Workshop, actors: Actors, a
 
 async def test_free_slots_are_filled_by_one_batch_claim(shop: Workshop, actors: Actors, admin: Admin) -> None:
     """A worker with several free slots claims for all of them in one
-    statement (claim_campaigns, issue 28), each campaign with its own lease
+    statement (claim_campaigns), each campaign with its own lease
     and attempt; one claim per slot would stamp each with its own time."""
     shop.plan({"default": [["block"], ["exit", 1]]})
     cids = await _open(actors, 3)

@@ -1,4 +1,4 @@
-"""One attempt (mechanisms 3, 4, 8, 12, 13): a workspace of its own, the
+"""One attempt (README "What a lease guarantees", "The attempt cell"): a workspace of its own, the
 class's attempt command run there in a cell (``ledger.cell``), a lease kept
 alive by heartbeats, the candidate taken out, checked and published by the
 trusted worker, and exactly one ending written -- or nothing at all when the
@@ -78,6 +78,7 @@ from .protocol import AttemptContext
 from .reads import Reads
 from .redaction import redactor
 from .repository import GitError, Identity, Repository
+from .settings import inherited_environment
 
 _LOG_TAIL = 16 * 1024
 OWNER_FILE = "owner.json"
@@ -278,7 +279,8 @@ class AttemptRun:
         self.security: list[tuple[str, str, dict[str, Any]]] = []
         # Ledger's secrets, and the values the class passes on to the command
         # from Ledger's environment (an agent's key), kept out of its output.
-        passed = [os.environ[e] for e in cls.attempt_environment if "=" not in e and e in os.environ]
+        inherited = inherited_environment()
+        passed = [inherited[e] for e in cls.attempt_environment if "=" not in e and e in inherited]
         self.redactor = redactor(extra=passed)
 
     # -- lease --------------------------------------------------------------

@@ -61,6 +61,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from .errors import ConfigError
+from .settings import inherited_environment
 
 #: Where things are inside a cell.
 INSIDE_ROOT = "/cell"
@@ -324,7 +325,7 @@ def wrap(argv: Sequence[str], spec: CellSpec, report_fd: int,
         if os.path.isdir(directory):
             visible.append(directory)
             args += ["--bind", directory, directory]
-    for file in _named_files(argv, env["PATH"] + ":" + os.environ.get("PATH", "")):
+    for file in _named_files(argv, env["PATH"] + ":" + inherited_environment().get("PATH", "")):
         if not any(file == d or file.startswith(d.rstrip("/") + "/") for d in visible):
             if not file.startswith("/usr/"):
                 args += ["--ro-bind", file, file]

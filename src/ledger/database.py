@@ -12,7 +12,7 @@ How depends on the connection (``Database.pooled``, else detected on each new
 one). A direct connection is one server session: it takes on the role once
 (``SET ROLE``). Through a transaction pooler each transaction may run on
 another server connection, and session state set by one client leaks to the
-next (issue 15): there every transaction first takes on its role and limits for
+next (README "Behind a connection pooler"): there every transaction first takes on its role and limits for
 its own length (``SET LOCAL``, pipelined with the call: one round trip), and no
 statement is prepared on the server.
 """
@@ -68,8 +68,8 @@ TRY_TIMEOUT_S = 10.0
 CHECK_IDLE_S = 1.0
 CHECK_TIMEOUT_S = 3.0
 
-#: libpq parameters every connection gets unless its URL sets them (DESIGN 14,
-#: issue "a silent network"): a bounded connect, keepalives on an idle
+#: libpq parameters every connection gets unless its URL sets them (README "When the
+#: database restarts, or the network goes quiet"): a bounded connect, keepalives on an idle
 #: connection, and TCP_USER_TIMEOUT so unacknowledged data fails the
 #: connection in seconds rather than after the kernel's retransmission limit.
 #: (Both only help where the path really drops packets; a path that ACKs but
@@ -737,7 +737,7 @@ class Session:
         ``HINT_WINDOW_S``; then the session's next call carries them all in
         its own round trip (``_in_transaction``), or, if no call is under way,
         they are sent on their own. A hint lost to a crash in between costs a
-        waiter one poll tick (DESIGN 5: signals are hints; rows are truth)."""
+        waiter one poll tick (README "How it works": wake-ups are hints, rows are truth)."""
         if not hints:
             return
         self._hints.update(dict.fromkeys(hints))
@@ -802,6 +802,7 @@ class Database:
         wait_for_database_s: float = 0.0,
         pooled: bool | None = None,
         listen_url: str | None = None,
+        service: bool = False,
     ):
         self.url = url
         self.role_prefix = role_prefix
@@ -817,12 +818,14 @@ class Database:
         #: a long-running service: it logs, once, that it acts through the
         #: administrator's login or through a pooler; one-shot commands (whose
         #: stdout may be JSON) and tests stay quiet
-        self.service = False
+        self.service = service
         self._warned_pooled = False
 
     @classmethod
-    def from_settings(cls, settings: Settings | None = None) -> Database:
-        """The database the settings name, starting the embedded server if none is named."""
+    def from_settings(cls, settings: Settings | None = None, *, wait_for_database_s: float = 0.0,
+                      service: bool = False) -> Database:
+        """The database the settings name, starting the embedded server if none is
+        named; ``wait_for_database_s`` and ``service`` as for the constructor."""
         settings = settings or get_settings()
         url = settings.database_url
         if not url:
@@ -830,7 +833,8 @@ class Database:
 
             url = default_url(settings.data_dir)
         return cls(url, role_prefix=settings.role_prefix, role_urls=settings.role_urls(),
-                   pooled=settings.pooled, listen_url=settings.listen_database_url)
+                   pooled=settings.pooled, listen_url=settings.listen_database_url,
+                   wait_for_database_s=wait_for_database_s, service=service)
 
     def role(self, actor: str) -> str:
         """The database role that plays ``actor``."""

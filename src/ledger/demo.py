@@ -244,7 +244,7 @@ async def _dashboard(db: Database, config: LedgerConfig, port: int | None,
         await server.stop()
         # stop() forces the exit (browsers' event streams would hold it open), which
         # skips the app's lifespan shutdown: run it, or the task waiting for it is
-        # cancelled at exit and logged as a traceback (issue 30).
+        # cancelled at exit and logged as a traceback (tests/test_dashboard_demo.py).
         await server._server.lifespan.shutdown()
 
 

@@ -1,4 +1,4 @@
-"""The outbox dispatcher (mechanism 9, "intent before action").
+"""The outbox dispatcher ("intent before action"; README "What a lease guarantees").
 
 A side effect is first committed as an intent (``request_side_effect`` by a
 worker, or the promotion ``accept`` writes with the verdict). A dispatcher --
@@ -68,6 +68,7 @@ from .errors import StaleLease, Unavailable
 from .hub import WakeSource
 from .identity import process_identity
 from .registry import Registration, held, utcnow
+from .settings import default
 from .kernel import Kernel
 from .lease import LeaseClock
 from .logs import get_logger
@@ -148,8 +149,8 @@ class Dispatcher(Loop):
         *,
         hub: WakeSource | None = None,
         identity: str | None = None,
-        poll_s: float = 5.0,
-        lease_s: float = 60.0,
+        poll_s: float = default("poll_s"),
+        lease_s: float = default("dispatcher_lease_s"),
         max_tries: int = 8,
         backoff_base_s: float = 2.0,
         backoff_cap_s: float = 600.0,

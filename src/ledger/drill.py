@@ -41,6 +41,7 @@ from .config import LedgerConfig, load_config
 from .database import Database, Session
 from .embedded import create_database, drop_database
 from .kernel import Kernel
+from .settings import KNOBS, inherited_environment
 
 if TYPE_CHECKING:
     from .cluster import Replicated
@@ -195,7 +196,7 @@ class DrillContext:
     def repository(self, files: dict[str, str] | None = None, name: str = "repo") -> Path:
         """A git repository (non-bare, main checked out) with ``files`` committed."""
         repo = self.workspace / name
-        env = {**os.environ, "GIT_AUTHOR_NAME": "Drill", "GIT_AUTHOR_EMAIL": "drill@localhost",
+        env = {**inherited_environment(), "GIT_AUTHOR_NAME": "Drill", "GIT_AUTHOR_EMAIL": "drill@localhost",
                "GIT_COMMITTER_NAME": "Drill", "GIT_COMMITTER_EMAIL": "drill@localhost"}
         subprocess.run(["git", "init", "-q", "-b", "main", str(repo)], check=True, env=env)
         subprocess.run(["git", "-C", str(repo), "config", "core.logAllRefUpdates", "always"], check=True)
@@ -237,10 +238,11 @@ class DrillContext:
 
     def env(self, **extra: str) -> dict[str, str]:
         """The environment of the drill's processes."""
-        settings = {"LEDGER_DATABASE_URL": self.db.url, "LEDGER_ROLE_PREFIX": self.db.role_prefix,
-                    "LEDGER_DATA_DIR": str(self.data_dir), "LEDGER_CONFIG": str(self.config_path),
-                    "LEDGER_LOG_LEVEL": "info", "NO_COLOR": "1"}
-        return {**os.environ, **settings, **extra}
+        settings = {KNOBS[name].envvar: value for name, value in (
+            ("database_url", self.db.url), ("role_prefix", self.db.role_prefix),
+            ("data_dir", str(self.data_dir)), ("config", str(self.config_path)),
+            ("log_level", "info"))}
+        return {**inherited_environment(), **settings, "NO_COLOR": "1", **extra}
 
     def spawn(self, name: str, *args: str, **env: str) -> Proc:
         """Start ``ledger <args>`` as a real process, logging to the workspace."""

@@ -12,18 +12,19 @@ from __future__ import annotations
 import asyncio
 import os
 from pathlib import Path
+from .settings import environment
 
 
 def armed(name: str) -> bool:
     """Whether the environment arms fault point ``name``."""
-    return name in {p.strip() for p in os.environ.get("LEDGER_FAULT_POINTS", "").split(",")}
+    return name in {p.strip() for p in (environment("fault_points") or "").split(",")}
 
 
 async def point(name: str) -> None:
     """A fault point: a no-op unless armed; armed, it reports and hangs."""
     if not armed(name):
         return
-    directory = Path(os.environ.get("LEDGER_FAULT_DIR", "."))
+    directory = Path(environment("fault_dir") or ".")
     directory.mkdir(parents=True, exist_ok=True)
     (directory / f"{name}.reached").write_text(str(os.getpid()))
     await asyncio.Event().wait()  # until SIGKILL

@@ -35,6 +35,7 @@ from collections.abc import Mapping
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from urllib.parse import urlsplit
+from .settings import inherited_environment
 
 #: How long a server may take to accept connections after starting.
 START_TIMEOUT_S = 20.0
@@ -56,7 +57,7 @@ def _accepting(host: str, port: int) -> bool:
 def plain_git_environment(home: Path, extra: Mapping[str, str] | None = None) -> dict[str, str]:
     """The environment of a git that is not Ledger's (a server, a user of the
     remote): no system configuration, ``home`` as its own ``HOME``, no prompt."""
-    env = {k: v for k, v in os.environ.items() if k in ("PATH", "LANG", "TZ") or k.startswith("LC_")}
+    env = {k: v for k, v in inherited_environment().items() if k in ("PATH", "LANG", "TZ") or k.startswith("LC_")}
     env.update(HOME=str(home), GIT_CONFIG_NOSYSTEM="1", GIT_CONFIG_GLOBAL=os.devnull,
                GIT_TERMINAL_PROMPT="0", GIT_AUTHOR_NAME="User", GIT_AUTHOR_EMAIL="user@localhost",
                GIT_COMMITTER_NAME="User", GIT_COMMITTER_EMAIL="user@localhost")

@@ -42,6 +42,8 @@ import subprocess
 import threading
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from . import settings
+from .settings import inherited_environment
 
 #: Always overridden, whatever any configuration says (key, value). An empty
 #: value turns a program off; for ``credential.helper`` it also clears the
@@ -139,13 +141,13 @@ def operator_config() -> str:
     """The git configuration file Ledger's trusted git reads instead of the
     user's: ``LEDGER_GIT_CONFIG`` (credentials, transport settings), else
     nothing (``/dev/null``)."""
-    return os.environ.get("LEDGER_GIT_CONFIG") or os.devnull
+    return settings.environment("git_config") or os.devnull
 
 
 def _credential_helpers() -> list[str]:
     # The operator's helpers, added back after the reset: LEDGER_GIT_CREDENTIAL_HELPER
     # (one helper as git writes it, e.g. "store --file=/etc/ledger/git-credentials").
-    helper = os.environ.get("LEDGER_GIT_CREDENTIAL_HELPER")
+    helper = settings.environment("git_credential_helper")
     return [helper] if helper else []
 
 
@@ -153,7 +155,7 @@ def base_environment() -> dict[str, str]:
     """The environment every trusted git call starts from: the ordinary
     variables, the transport settings, no prompts, no system or user
     configuration."""
-    env = {k: v for k, v in os.environ.items()
+    env = {k: v for k, v in inherited_environment().items()
            if k in _BASE_VARIABLES or k in TRANSPORT_VARIABLES or k.startswith("LC_")}
     env.update(GIT_CONFIG_NOSYSTEM="1", GIT_CONFIG_GLOBAL=operator_config(), GIT_ATTR_NOSYSTEM="1",
                GIT_TERMINAL_PROMPT="0", GIT_OPTIONAL_LOCKS="0", GIT_NO_REPLACE_OBJECTS="1")
@@ -167,7 +169,7 @@ def overrides(repo: str | Path | None) -> list[tuple[str, str]]:
     configuration defines."""
     found: list[tuple[str, str]] = list(STATIC_OVERRIDES)
     found += [("credential.helper", helper) for helper in _credential_helpers()]
-    if not any(k in os.environ for k in ("GIT_SSH_COMMAND", "GIT_SSH")):
+    if not any(k in inherited_environment() for k in ("GIT_SSH_COMMAND", "GIT_SSH")):
         found.append(("core.sshCommand", "ssh"))
     if repo is not None:
         found += _repository_overrides(Path(repo))

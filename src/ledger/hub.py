@@ -1,4 +1,4 @@
-"""Wake-ups (mechanism 5): NOTIFY is a hint, the rows are the truth.
+"""Wake-ups (README "How it works"): NOTIFY is a hint, the rows are the truth.
 
 Channels (all payloads are ids):
   ledger_ready      a campaign became claimable          (payload: campaign id)
@@ -21,7 +21,8 @@ with a deadline. The NOTIFY goes over a second connection of its own, as every
 real wake-up comes from another session: sent on the LISTEN connection itself
 it came back even through a transaction pooler, which hands that session's
 notifications to whichever client is running a transaction on it -- so the
-hub said it heard while no other session's NOTIFY ever reached it (issue 15). A miss -- a silent network path, a server that stopped
+hub said it heard while no other session's NOTIFY ever reached it
+(tests/test_pooler.py). A miss -- a silent network path, a server that stopped
 answering, a pooler that lost the LISTEN -- drops the connection and
 reconnects; meanwhile every waiter polls on its tick. A hub that keeps not
 hearing (typically: its connection goes through a transaction pooler, which

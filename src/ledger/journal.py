@@ -1,4 +1,5 @@
-"""A lease holder's journal writer (mechanism 6).
+"""A lease holder's journal writer (README "How it works": an append-only
+journal).
 
 Structural events (attempt started, command started/exited, commit made) are
 written through at once; output is coalesced in memory and flushed at most every

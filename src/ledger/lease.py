@@ -1,5 +1,5 @@
-"""Self-fencing by the holder's own clock (DESIGN mechanism 3; the "silent
-network" issue).
+"""Self-fencing by the holder's own clock (README "What a lease guarantees" and
+"When the database restarts, or the network goes quiet").
 
 The database judges every lease: a write from a holder whose
 ``lease_expires_at`` has passed is refused, whoever else is running. But a

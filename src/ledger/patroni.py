@@ -36,6 +36,7 @@ from typing import Any
 import httpx
 
 from .cluster import _free_port
+from .settings import environment, inherited_environment
 
 SCOPE = "ledger"
 #: Patroni's timing: a leader key lives ``TTL`` seconds unless renewed every
@@ -65,7 +66,7 @@ def missing() -> str | None:
 
 def pg_bin() -> Path | None:
     """The PostgreSQL binaries the members run (``LEDGER_PATRONI_PG_BIN`` or Debian's newest)."""
-    chosen = os.environ.get("LEDGER_PATRONI_PG_BIN")
+    chosen = environment("patroni_pg_bin")
     if chosen:
         return Path(chosen) if (Path(chosen) / "postgres").exists() else None
     found = sorted(glob.glob("/usr/lib/postgresql/*/bin/postgres"),
@@ -160,7 +161,7 @@ class PatroniCluster:
         try:
             # Patroni runs on the system's Python with its own packages: nothing of
             # this process's virtual environment may leak into it.
-            env = {k: v for k, v in os.environ.items()
+            env = {k: v for k, v in inherited_environment().items()
                    if k not in ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV") and not k.startswith("PG")}
             env["PATH"] = "/usr/local/bin:/usr/bin:/bin"
             return subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, cwd=self.root, env=env,
@@ -308,7 +309,7 @@ class PatroniCluster:
         done = subprocess.run(["patronictl", "-c", str(leader.config), "switchover", "--leader", leader.name,
                                "--candidate", candidate.name, "--force"],
                               capture_output=True, text=True, timeout=timeout, cwd=self.root,
-                              env={**os.environ, "PATH": "/usr/local/bin:/usr/bin:/bin"})
+                              env={**inherited_environment(), "PATH": "/usr/local/bin:/usr/bin:/bin"})
         if done.returncode != 0:
             raise RuntimeError(f"patronictl switchover failed ({done.returncode}): {done.stdout}{done.stderr}")
         return done.stdout.strip()

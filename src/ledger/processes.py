@@ -38,6 +38,7 @@ from typing import Any
 from . import cell as cells
 from .egress import EgressProxy
 from .redaction import Redactor, redactor
+from .settings import inherited_environment
 
 #: How much of a command's output is kept as evidence (the end of it).
 TAIL_BYTES = 16 * 1024
@@ -88,7 +89,7 @@ def cell_environment(extras: Iterable[str] = (), *, base: Mapping[str, str] | No
     ``base`` (default: this process's environment) and ``extras`` (see
     ``check_extra``); the cell sets ``PATH``, ``HOME`` and ``TMPDIR`` to its
     own. Nothing else of Ledger's environment is there."""
-    source = os.environ if base is None else base
+    source = inherited_environment() if base is None else base
     env = {k: v for k, v in source.items() if k in ("LANG", "LANGUAGE", "TZ") or k.startswith("LC_")}
     for extra in extras:
         name, sep, value = check_extra(extra).partition("=")
@@ -105,7 +106,7 @@ def child_environment(extras: Iterable[str] = (), *, base: Mapping[str, str] | N
     (default: this process's environment) plus ``extras`` (``NAME`` or
     ``NAME=VALUE``, see ``check_extra``). The private temporary directory is
     added by ``run_command``."""
-    source = os.environ if base is None else base
+    source = inherited_environment() if base is None else base
     env = {k: v for k, v in source.items() if k in ALLOWED or k.startswith("LC_")}
     for extra in extras:
         name, sep, value = check_extra(extra).partition("=")

@@ -1,4 +1,4 @@
-"""The reaper: returns expired leases to ready (mechanism 3).
+"""The reaper: returns expired leases to ready (README "What a lease guarantees").
 
 It runs in every worker process -- there is no singleton to lose -- and once at
 boot (the reconciler). Concurrent reapers are harmless: the kernel re-tests

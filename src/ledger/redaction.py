@@ -20,10 +20,10 @@ beginning of a secret, and releases it with the next chunk or at the end.
 
 from __future__ import annotations
 
-import os
 import re
 from collections.abc import Iterable, Mapping
 from urllib.parse import unquote, urlsplit
+from .settings import inherited_environment
 
 MARK = b"[redacted]"
 _MIN = 6
@@ -45,7 +45,7 @@ def _url_secrets(url: str) -> list[str]:
 
 def known_secrets(environ: Mapping[str, str] | None = None, extra: Iterable[str] = ()) -> list[str]:
     """Every secret value this process knows of (see the module docstring)."""
-    env = os.environ if environ is None else environ
+    env = inherited_environment() if environ is None else environ
     found: list[str] = list(extra)
     for name, value in env.items():
         if not value:

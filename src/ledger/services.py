@@ -23,6 +23,7 @@ from .kernel import Kernel
 from .reaper import Reaper
 from .runtime.service import Service
 from .sensors import Sensors
+from .settings import default
 from .trimmer import TRIM_INTERVAL_S, Trimmer
 from .verifier import Verifier
 from .worker import Worker, WorkerOptions
@@ -32,7 +33,7 @@ from .worker import Worker, WorkerOptions
 class ReaperOptions:
     """The reaper every worker process runs."""
 
-    grace_s: float = 5.0
+    grace_s: float = default("reaper_grace_s")
     interval_s: float = 5.0
 
     def __post_init__(self) -> None:
@@ -46,11 +47,11 @@ class RunOptions:
 
     worker: WorkerOptions
     reaper: ReaperOptions
-    model_family: str = "none"
+    model_family: str = default("model_family")
     sensors: bool = True
     verifier: bool = True
     dispatcher: bool = True
-    verification_lease_s: float = 30.0
+    verification_lease_s: float = default("verification_lease_s")
     #: trim journal deltas of campaigns closed this long ago (None: no trimmer)
     trim_after_s: float | None = None
     trim_interval_s: float = TRIM_INTERVAL_S

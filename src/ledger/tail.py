@@ -1,4 +1,5 @@
-"""Resumable journal tails (mechanism 6): a stream is a table with a cursor.
+"""Resumable journal tails (README "The command line": ``ledger tail``): a
+stream is a table with a cursor.
 
 ``tail`` yields a campaign's journal events in ``seq`` order, each once, from
 any cursor, through to the first terminal event, then stops. It subscribes to

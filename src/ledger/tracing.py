@@ -29,7 +29,6 @@ passed to untrusted commands.
 
 from __future__ import annotations
 
-import os
 import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Iterator, Mapping
@@ -71,8 +70,17 @@ def enabled() -> bool:
     return _tracer is not None
 
 
-def wanted(environ: Mapping[str, str] = os.environ) -> bool:
+def _otel_environment() -> Mapping[str, str]:
+    # The OTEL_* variables are the SDK's own (the OpenTelemetry specification
+    # names them), not Ledger's knobs: they are read as the process inherited them.
+    from .settings import inherited_environment
+
+    return inherited_environment()
+
+
+def wanted(environ: Mapping[str, str] | None = None) -> bool:
     """Whether the ``OTEL_*`` variables ask for traces."""
+    environ = _otel_environment() if environ is None else environ
     if environ.get("OTEL_SDK_DISABLED", "").strip().lower() == "true":
         return False
     exporter = environ.get("OTEL_TRACES_EXPORTER", "").strip().lower()
@@ -82,13 +90,14 @@ def wanted(environ: Mapping[str, str] = os.environ) -> bool:
                 or environ.get("OTEL_EXPORTER_OTLP_ENDPOINT"))
 
 
-def configure(service: str, environ: Mapping[str, str] = os.environ) -> bool:
+def configure(service: str, environ: Mapping[str, str] | None = None) -> bool:
     """Turn tracing on for this process if ``environ`` asks for it and the SDK
     is installed; ``service`` is the default ``service.name`` (``ledger-<service>``;
     ``OTEL_SERVICE_NAME`` and ``OTEL_RESOURCE_ATTRIBUTES`` override it). The
     exporters are ``OTEL_TRACES_EXPORTER``'s (``otlp``: OTLP over HTTP with
     protobuf, configured by the ``OTEL_EXPORTER_OTLP_*`` variables; ``console``).
     Returns whether tracing is on."""
+    environ = _otel_environment() if environ is None else environ
     if _tracer is not None or not wanted(environ):
         return _tracer is not None
     try:

@@ -1,4 +1,4 @@
-"""The independent verifier (mechanism 11): claims attempted campaigns, checks
+"""The independent verifier (README "What a candidate is judged by"): claims attempted campaigns, checks
 each candidate on a fresh export of its tree, records a verdict.
 
 Independence comes from four places, none of them this module's good manners:
@@ -63,6 +63,7 @@ from .errors import LedgerError, StaleLease, Unavailable
 from .hub import WakeSource
 from .identity import process_identity
 from .registry import Registration, held, utcnow
+from .settings import default
 from .kernel import Kernel
 from .lease import LeaseClock
 from .logs import get_logger
@@ -137,11 +138,11 @@ class Verifier(Loop):
         kernel: Kernel,
         *,
         identity: str | None = None,
-        model_family: str = "none",
+        model_family: str = default("model_family"),
         classes: Sequence[str] | None = None,
-        lease_s: float = 30.0,
+        lease_s: float = default("verification_lease_s"),
         heartbeat_s: float | None = None,
-        poll_s: float = 5.0,
+        poll_s: float = default("poll_s"),
         hub: WakeSource | None = None,
         data_dir: Path | None = None,
         work_dir: Path | None = None,

@@ -37,6 +37,7 @@ from .logs import get_logger
 from .models import Claim
 from .reads import Reads
 from .registry import Registration, held, utcnow
+from .settings import default
 from .backoff import backoff
 
 
@@ -45,10 +46,10 @@ class WorkerOptions:
     """How one worker process behaves."""
 
     data_dir: Path
-    concurrency: int = 1
+    concurrency: int = default("concurrency")
     classes: list[str] = field(default_factory=list)  # empty: every class in the config
-    poll_s: float = 5.0
-    drain_timeout_s: float = 30.0
+    poll_s: float = default("poll_s")
+    drain_timeout_s: float = default("drain_timeout_s")
     #: Ledger's configuration file, which an attempt must never change (its
     #: digest is compared at the claim and at the ending)
     config_file: Path | None = None

@@ -37,7 +37,7 @@ from ..database import Database
 from ..errors import ConfigError
 from ..hub import NOTIFY_QUEUE_ALARM, Hub
 from ..logs import get_logger
-from ..settings import Settings, get_settings
+from ..settings import Settings, default, get_settings
 from . import (
     bulk_jobs,
     campaigns,
@@ -68,10 +68,10 @@ _REQUEST_ID = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
 class ApiOptions:
     """Tunables of one server process."""
 
-    keepalive_s: float = 15.0  # SSE comment keepalive while a stream is idle
+    keepalive_s: float = default("api_keepalive_s")  # SSE comment keepalive while a stream is idle
     poll_s: float = 1.0  # a tail re-reads at least this often (NOTIFY is only a hint)
-    max_body_bytes: int = 1024 * 1024
-    pool_max_size: int = 10  # connections per role
+    max_body_bytes: int = default("api_max_body")
+    pool_max_size: int = default("api_pool_size")  # connections per role
     ready_timeout_s: float = 5.0
     #: /readyz is degraded (and a warning logged) above this share of the
     #: server's notification queue
@@ -80,13 +80,13 @@ class ApiOptions:
     #: Signs the session cookie and keys bulk selection tokens (HMAC); unset:
     #: the cookie key is derived from the configured tokens and bulk tokens are
     #: keyed by a secret made once per database (``ledger.bulk``).
-    session_secret: str | None = None
-    secure_cookies: bool = False  # the session cookie only over HTTPS (always, not only on https)
+    session_secret: str | None = default("session_secret")
+    secure_cookies: bool = default("secure_cookies")  # the session cookie only over HTTPS (always, not only on https)
     session_ttl_s: float = 12 * 3600  # a browser signs in again after this long
     #: Failed sign-ins or bearer checks a client may make per minute (then 429).
-    auth_failures_per_minute: int = 30
+    auth_failures_per_minute: int = default("api_auth_failures_per_minute")
     #: How long a bulk preview may be confirmed.
-    bulk_token_ttl_s: float = 900.0
+    bulk_token_ttl_s: float = default("api_bulk_token_ttl_s")
     #: A confirmed bulk action on more campaigns than this runs in the background.
     bulk_inline_max: int = 100
 
@@ -222,7 +222,6 @@ def app_from_settings(settings: Settings | None = None,
             log.warning("config not loaded: the dashboard shows no sensor schedules",
                         error=exc.message)
     options = options or ApiOptions.from_settings(settings)
-    database = Database.from_settings(settings)
-    database.service = True  # says so if it holds administrator rights
+    database = Database.from_settings(settings, service=True)  # says so if it holds admin rights
     return create_app(database, TokenTable.parse(settings.api_tokens),
                       options, config)

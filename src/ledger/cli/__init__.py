@@ -8,7 +8,6 @@ needs (the database layer, the kernel, the API ...) is imported inside it, so
 
 from __future__ import annotations
 
-import signal
 import sys
 
 import typer
@@ -30,6 +29,7 @@ from . import (
 )
 from .context import State
 from .failures import exit_codes_text
+from .knobs import option
 
 HELP = ("Durable campaigns for fleets of automation and AI-agent workers, kept in PostgreSQL.\n\n"
         "Data goes to stdout (add --json for machines), messages to stderr. A failure is one "
@@ -60,15 +60,9 @@ def _version(value: bool) -> None:
 @app.callback()
 def _global(
     ctx: typer.Context,
-    database_url: str = typer.Option(
-        None, "--database-url", envvar="LEDGER_DATABASE_URL", show_envvar=True,
-        help="Administrator connection (URL or conninfo). Unset: the embedded PostgreSQL."),
-    data_dir: str = typer.Option(
-        None, "--data-dir", envvar="LEDGER_DATA_DIR", show_envvar=True,
-        help="Where the embedded server, evidence and worktrees live."),
-    role_prefix: str = typer.Option(
-        None, "--role-prefix", envvar="LEDGER_ROLE_PREFIX", show_envvar=True,
-        help="Prefix of Ledger's database roles (default ledger_)."),
+    database_url: str = option("database_url"),
+    data_dir: str = option("data_dir"),
+    role_prefix: str = option("role_prefix"),
     _show_version: bool = typer.Option(
         False, "--version", callback=_version, is_eager=True, help="Print the version and exit."),
 ) -> None:
@@ -91,44 +85,11 @@ logins.register(app)
 mcp.register(app)
 
 
-#: Commands that run services until SIGTERM (the host then handles signals);
-#: ``gc`` and ``trim`` only with ``--every``, none of them with ``--once``.
-_SERVICES = frozenset({"worker", "run", "verifier", "dispatcher", "serve", "sensor", "mcp"})
-_EVERY = frozenset({"gc", "trim"})
-#: Global options that take a value (they come before the command).
-_VALUED = frozenset({"--database-url", "--data-dir", "--role-prefix"})
-
-
-def _runs_services(argv: list[str]) -> bool:
-    """Whether ``argv`` starts a long-running service: one-shot commands must
-    not treat an interrupting SIGTERM as a clean stop."""
-    words, skip = [], False
-    for arg in argv:
-        if skip:
-            skip = False
-        elif arg in _VALUED:
-            skip = True
-        elif not arg.startswith("-"):
-            words.append(arg)
-    if not words or "--once" in argv:
-        return False
-    if words[0] == "sensor":
-        return words[1:2] == ["run"]
-    return words[0] in _SERVICES or (words[0] in _EVERY and "--every" in argv)
-
-
-def _stop_before_start(signum: int, frame: object) -> None:
-    raise SystemExit(0)
-
-
 def main() -> None:
     """Console entry point: usage errors are typer's (exit 2); every other
-    failure is one line on stderr with a documented exit code (``failures``)."""
-    if _runs_services(sys.argv[1:]):
-        # A supervisor may stop a service while it is still starting (importing,
-        # waiting for the database): nothing is in flight yet, so that is a clean
-        # stop (exit 0), not death by signal. The host installs its own handler.
-        signal.signal(signal.SIGTERM, _stop_before_start)
+    failure is one line on stderr with a documented exit code (``failures``).
+    Signals are the host's (``ledger.runtime.host``), also while a service
+    starts: each command declares whether it is one (``service_command``)."""
     try:
         app()
     except KeyboardInterrupt:

@@ -14,6 +14,7 @@ from rich.markup import escape
 
 from ..errors import InvalidInput, LedgerError, NotFound, OutcomeUnknown, Unavailable
 from .context import console, console_err, emit_json, iso_z, run, state
+from .knobs import option
 from .output import table
 
 if TYPE_CHECKING:
@@ -21,8 +22,7 @@ if TYPE_CHECKING:
     from ..models import Campaign, CampaignDetail, Opened
     from ..report import Report
 
-JSON_OPTION = typer.Option(False, "--json", envvar="LEDGER_JSON", show_envvar=True,
-                           help="Print JSON for machines.")
+JSON_OPTION = option("json")
 
 
 def register(app: typer.Typer) -> None:
@@ -56,19 +56,15 @@ def open_(
     class_: str = typer.Argument(..., metavar="CLASS", help="Campaign class (registered)."),
     objective_key: str = typer.Argument(..., help="Objective key: one open campaign per key."),
     target: str = typer.Argument(..., help="The watched target."),
-    priority: int = typer.Option(0, envvar="LEDGER_OPEN_PRIORITY", show_envvar=True,
-                                 help="Higher is claimed first (-1000000 to 1000000)."),
-    label: list[str] = typer.Option([], "--label", envvar="LEDGER_OPEN_LABEL", show_envvar=True,
-                                    help="Labels (repeatable; space-separated in the variable)."),
+    priority: int = option("open_priority"),
+    label: list[str] = option("open_label"),
     as_json: bool = JSON_OPTION,
 ) -> None:
     """Open a campaign by hand (as the sensor role); idempotent per objective key."""
     from ..kernel import Kernel
 
-    if not -1_000_000 <= priority <= 1_000_000:
-        # the kernel's own range, said before an integer too large for the call is sent
-        raise InvalidInput(f"--priority must be from -1000000 to 1000000, not {priority}")
-
+    # (--priority's range, the kernel's own, is its knob's: refused before an
+    # integer too large for the call is sent)
     async def go() -> Opened:
         async with state(ctx).database().session("sensor") as s:
             return await Kernel(s).open_campaign(class_, objective_key, target, priority=priority,
@@ -83,27 +79,15 @@ def open_(
 
 def list_(
     ctx: typer.Context,
-    state_: list[str] = typer.Option([], "--state", envvar="LEDGER_LIST_STATE", show_envvar=True,
-                                     help="Filter by state (repeatable)."),
-    class_: list[str] = typer.Option([], "--class", envvar="LEDGER_LIST_CLASS", show_envvar=True,
-                                     help="Filter by class (repeatable)."),
-    target: str | None = typer.Option(None, envvar="LEDGER_LIST_TARGET", show_envvar=True,
-                               help="Filter by target."),
-    objective: str | None = typer.Option(None, envvar="LEDGER_LIST_OBJECTIVE", show_envvar=True,
-                                  help="Filter by objective key."),
-    label: str | None = typer.Option(None, envvar="LEDGER_LIST_LABEL", show_envvar=True,
-                              help="Filter by label."),
-    updated_since: datetime | None = typer.Option(None, "--updated-since",
-                                           envvar="LEDGER_LIST_UPDATED_SINCE", show_envvar=True,
-                                           help="Only campaigns changed since (ISO time, UTC if "
-                                                "no zone)."),
-    search: str = typer.Option(None, "--search", envvar="LEDGER_LIST_SEARCH", show_envvar=True,
-                               help="Only objective keys containing this text."),
-    limit: int = typer.Option(50, min=1, max=1000, envvar="LEDGER_LIST_LIMIT", show_envvar=True,
-                              help="Page size."),
-    cursor: str = typer.Option(None, "--cursor", envvar="LEDGER_LIST_CURSOR", show_envvar=True,
-                               help="Continue after this cursor (printed on stderr when there is "
-                                    "a next page; the API's next_cursor works too)."),
+    state_: list[str] = option("list_state"),
+    class_: list[str] = option("list_class"),
+    target: str | None = option("list_target"),
+    objective: str | None = option("list_objective"),
+    label: str | None = option("list_label"),
+    updated_since: datetime | None = option("list_updated_since"),
+    search: str = option("list_search"),
+    limit: int = option("list_limit"),
+    cursor: str = option("list_cursor"),
     all_pages: bool = typer.Option(False, "--all", help="Every page, not just the first."),
     as_json: bool = JSON_OPTION,
 ) -> None:
@@ -228,10 +212,7 @@ def show(
 
 def status(
     ctx: typer.Context,
-    expiring_within: float = typer.Option(60.0, "--expiring-within", min=0, metavar="SECONDS",
-                                          envvar="LEDGER_STATUS_EXPIRING_WITHIN",
-                                          show_envvar=True,
-                                          help="Show leases that end within this many seconds."),
+    expiring_within: float = option("status_expiring_within"),
     as_json: bool = JSON_OPTION,
 ) -> None:
     """Campaigns per state, the age of the oldest ready one and leases about to expire."""
@@ -299,8 +280,7 @@ def _act_on_each(ctx: typer.Context, campaign_ids: list[int], done: str, as_json
 def abandon(
     ctx: typer.Context,
     campaign_ids: list[int] = typer.Argument(..., help="Campaign ids."),
-    reason: str = typer.Option("abandoned by operator", envvar="LEDGER_ABANDON_REASON",
-                               show_envvar=True, help="Why (kept in the journal)."),
+    reason: str = option("abandon_reason"),
     as_json: bool = JSON_OPTION,
 ) -> None:
     """Stop campaigns for good; a worker holding one is fenced out and told to stop."""
@@ -311,9 +291,7 @@ def abandon(
 def reopen(
     ctx: typer.Context,
     campaign_ids: list[int] = typer.Argument(..., help="Campaign ids."),
-    extra_attempts: int | None = typer.Option(None, min=1, envvar="LEDGER_REOPEN_EXTRA_ATTEMPTS",
-                                       show_envvar=True,
-                                       help="Attempts to add (default: the class's)."),
+    extra_attempts: int | None = option("reopen_extra_attempts"),
     as_json: bool = JSON_OPTION,
 ) -> None:
     """Give exhausted campaigns more attempts."""
@@ -323,8 +301,7 @@ def reopen(
 
 def report(
     ctx: typer.Context,
-    days: int = typer.Option(7, "--days", min=1, max=366, envvar="LEDGER_REPORT_DAYS",
-                             show_envvar=True, help="How many UTC days, today included."),
+    days: int = option("report_days"),
     as_json: bool = JSON_OPTION,
 ) -> None:
     """Autonomy per day: opened, attempts, rejections, closures and human actions,

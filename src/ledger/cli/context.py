@@ -6,9 +6,7 @@ the database layer and pydantic are imported when a command first needs them.
 
 from __future__ import annotations
 
-import asyncio
 import json
-import os
 import sys
 from collections.abc import Awaitable
 from datetime import datetime, timezone
@@ -18,6 +16,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import typer
 from rich.console import Console
+from ..settings import inherited_environment
 
 if TYPE_CHECKING:
     from ..database import Database
@@ -30,7 +29,7 @@ def _console(stderr: bool = False) -> Console:
     """A console that, when not on a terminal, never cuts or wraps: tables
     get the width they need and narration stays one line per message."""
     stream = sys.stderr if stderr else sys.stdout
-    if stream.isatty() or os.environ.get("COLUMNS"):
+    if stream.isatty() or inherited_environment().get("COLUMNS"):
         return Console(stderr=stderr)
     return Console(stderr=stderr, width=100_000, soft_wrap=True)
 
@@ -70,17 +69,18 @@ class State:
         except ValidationError as exc:  # one line naming the variable, never the value
             raise settings_error(exc) from None
 
-    def database(self, *, wait_s: float | None = None, ready: bool = False) -> Database:
+    def database(self, *, wait_s: float | None = None, ready: bool = False,
+                 service: bool = False) -> Database:
         """The database to use (starting the embedded server if none is
         configured). A service passes ``wait_s``: it waits up to that long for
         an unreachable server, but a missing or unmigrated database -- which
         waiting does not fix -- stops it at once with the reason. ``ready``: a
-        command checks that too, without being a service."""
+        command checks that too, without being a service. A service (one that
+        waits, or says ``service``) warns when it holds administrator rights."""
         from ..database import Database
 
-        db = Database.from_settings(self.settings)
-        db.wait_for_database_s = wait_s or 0.0
-        db.service = wait_s is not None  # a service warns when it holds administrator rights
+        db = Database.from_settings(self.settings, wait_for_database_s=wait_s or 0.0,
+                                    service=service or wait_s is not None)
         self.url = db.url
         if wait_s is not None or ready:
             from ..errors import DatabaseMissing, NotMigrated
@@ -109,6 +109,8 @@ def state(ctx: typer.Context) -> State:
 
 def run(coro: Awaitable[T]) -> T:
     """Run a coroutine to completion (commands are thin sync shells)."""
+    import asyncio  # not at the top: ``ledger --help`` needs no event loop (nor ssl)
+
     return asyncio.run(coro)  # type: ignore[arg-type]
 
 

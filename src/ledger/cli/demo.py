@@ -5,6 +5,7 @@ from __future__ import annotations
 import typer
 
 from .context import console, run, state
+from .knobs import option
 
 
 def register(app: typer.Typer) -> None:
@@ -14,11 +15,8 @@ def register(app: typer.Typer) -> None:
 
 def demo(
     ctx: typer.Context,
-    ui: bool = typer.Option(False, "--ui", envvar="LEDGER_DEMO_UI", show_envvar=True,
-                            help="Also serve the dashboard (prints its URL and a token), "
-                                 "and keep serving it after the loop closes, until Ctrl-C."),
-    ui_port: int = typer.Option(0, "--ui-port", min=0, max=65535, envvar="LEDGER_DEMO_UI_PORT",
-                                show_envvar=True, help="The dashboard's port (0: any free one)."),
+    ui: bool = option("demo_ui"),
+    ui_port: int = option("demo_ui_port"),
 ) -> None:
     """The closed loop in one command: a broken repository, a sensor that notices,
     a worker whose first fix is wrong, an independent verifier, a promotion read

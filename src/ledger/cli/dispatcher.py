@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import typer
 
+from ..runtime.commands import service_command
 from .context import console_err, run, state
+from .knobs import option
 from .runtime import WAIT_OPTION
 
 
@@ -13,15 +15,12 @@ def register(app: typer.Typer) -> None:
     app.command("dispatcher")(dispatcher)
 
 
+@service_command(unless="once")
 def dispatcher(
     ctx: typer.Context,
     once: bool = typer.Option(False, "--once", help="Dispatch what is due now, then exit."),
-    poll: float = typer.Option(5.0, "--poll", min=0.01, envvar="LEDGER_POLL_S", show_envvar=True,
-                               help="Seconds between polls when nothing wakes the dispatcher."),
-    lease: float = typer.Option(60.0, "--lease", min=0.1, envvar="LEDGER_DISPATCHER_LEASE_S",
-                                show_envvar=True,
-                                help="Claim lease per intent; another dispatcher may take over "
-                                     "(reading back first) once it lapses."),
+    poll: float = option("poll_s"),
+    lease: float = option("dispatcher_lease_s"),
     max_tries: int = typer.Option(8, "--max-tries", min=1,
                                   help="Transient failures before an intent is failed."),
     http_timeout: float = typer.Option(10.0, "--http-timeout", min=0.01,
@@ -32,8 +31,7 @@ def dispatcher(
     identity: str = typer.Option(None, "--identity",
                                  help="Name recorded on claims (default host:pid:random)."),
     wait_for_database: float = WAIT_OPTION,
-    log_level: str = typer.Option("info", "--log-level", envvar="LEDGER_LOG_LEVEL",
-                                  show_envvar=True, help="debug, info, warning or error."),
+    log_level: str = option("log_level"),
 ) -> None:
     """Claim recorded intents, carry each out with its precondition, read the target
     back and record the outcome -- until SIGTERM/SIGINT (an intent in hand is

@@ -9,6 +9,7 @@ import typer
 
 from ..errors import ConfigError
 from .context import console, console_err, emit_json, run, state
+from .knobs import option
 from .output import table
 
 if TYPE_CHECKING:
@@ -23,20 +24,12 @@ def register(app: typer.Typer) -> None:
 def drill(
     ctx: typer.Context,
     names: list[str] = typer.Argument(..., help="'list', 'all', or drill names."),
-    report: Path | None = typer.Option(None, "--report", envvar="LEDGER_DRILL_REPORT", show_envvar=True,
-                                help="Write a JSON report here."),
-    database_url: str | None = typer.Option(None, "--database-url", envvar="LEDGER_DATABASE_URL", show_envvar=True,
-                                     help="Administrator URL of the server to drill (a throwaway database "
-                                          "is created per drill). Unset: a throwaway embedded cluster."),
-    scale: float = typer.Option(1.0, "--scale", min=0.01, max=10, envvar="LEDGER_DRILL_SCALE",
-                                show_envvar=True, help="Size of the load drill (CI runs it at 0.1)."),
+    report: Path | None = option("drill_report"),
+    database_url: str | None = option("database_url"),
+    scale: float = option("drill_scale"),
     keep: bool = typer.Option(False, "--keep", help="Keep each drill's workspace (logs) for inspection."),
-    minutes: float = typer.Option(None, "--minutes", min=0.1, max=1440, envvar="LEDGER_DRILL_MINUTES",
-                                  show_envvar=True, help="How long the chaos drill injects faults "
-                                                         "(default: 2 minutes x --scale)."),
-    as_json: bool = typer.Option(False, "--json", envvar="LEDGER_JSON", show_envvar=True,
-                                 help="Print JSON for machines (the --report document for runs; "
-                                      "the narration then goes to stderr)."),
+    minutes: float = option("drill_minutes"),
+    as_json: bool = option("json"),
 ) -> None:
     """Run fault-injection drills with real processes and signals; each prints a
     timeline and a verdict. Exit 0 only if every drill passed (1: a failure,

@@ -11,7 +11,6 @@ is unreachable, the database missing or not migrated, and what to do.
 
 from __future__ import annotations
 
-import os
 import sys
 import traceback
 from typing import TextIO
@@ -25,6 +24,7 @@ from ..errors import (
     ReadOnly,
     Unavailable,
 )
+from ..settings import environment
 
 #: Exit codes of ``ledger``, documented in ``--help`` and docs/reference/errors.md (generated).
 EXIT_CODES: tuple[tuple[int, str], ...] = (
@@ -122,7 +122,7 @@ def report(exc: BaseException, url: str | None, role_prefix: str,
            stream: TextIO | None = None) -> int:
     """Print ``exc`` as one line on stderr; return the exit code."""
     stream = stream or sys.stderr
-    if os.environ.get("LEDGER_DEBUG"):
+    if environment("debug"):
         traceback.print_exception(exc, file=stream)
     line, code = explain(exc, url, role_prefix)
     print(f"ledger: {line}", file=stream, flush=True)

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 
 import typer
 
+from ..runtime.commands import service_command
 from .context import console_err, emit_json, run, state
 from .runtime import CONFIG_OPTION, LOG_OPTION, config_path
 
@@ -20,6 +21,7 @@ def register(app: typer.Typer) -> None:
     app.command("gc")(gc)
 
 
+@service_command(when="every")
 def gc(
     ctx: typer.Context,
     config: Path = CONFIG_OPTION,

@@ -11,15 +11,16 @@ from typing import TYPE_CHECKING, Any
 
 import typer
 
+from ..runtime.commands import service_command
 from .context import iso_z, jsonable, run, state
+from .knobs import option
 
 if TYPE_CHECKING:
     from ..hub import WakeSource
     from ..models import Event
     from ..tail import TailItem
 
-JSON_OPTION = typer.Option(False, "--json", envvar="LEDGER_JSON", show_envvar=True,
-                           help="Print one JSON object per line, for machines.")
+JSON_OPTION = option("json")
 
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhd])\s*$")
@@ -120,13 +121,13 @@ def tail_(
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
 
 
+@service_command(when="every")
 def trim(
     ctx: typer.Context,
     older_than: str = typer.Option(..., "--older-than", metavar="DURATION",
                                    help="Trim campaigns closed longer ago than this "
                                         "(90s, 30m, 24h, 7d)."),
-    as_json: bool = typer.Option(False, "--json", envvar="LEDGER_JSON", show_envvar=True,
-                                 help="Print JSON for machines."),
+    as_json: bool = option("json"),
     every: float | None = typer.Option(None, "--every", min=1.0, metavar="SECONDS",
                                 help="Keep running: a pass every this many seconds, until SIGTERM."),
 ) -> None:

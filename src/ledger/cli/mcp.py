@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
-import os
 
 import typer
 
+from ..runtime.commands import service_command
 from ..errors import ConfigError
 from .context import run, state
+from .knobs import option
+from ..settings import environment
 
 
 def register(app: typer.Typer) -> None:
@@ -15,19 +17,14 @@ def register(app: typer.Typer) -> None:
     app.command("mcp")(mcp)
 
 
+@service_command()
 def mcp(
     ctx: typer.Context,
-    transport: str = typer.Option("stdio", "--transport", envvar="LEDGER_MCP_TRANSPORT", show_envvar=True,
-                                  help="stdio (one agent host; the token is LEDGER_MCP_TOKEN) or http "
-                                       "(streamable HTTP on /mcp; each request its own bearer token)."),
-    host: str = typer.Option("127.0.0.1", "--host", envvar="LEDGER_MCP_HOST", show_envvar=True,
-                             help="Address to listen on (http)."),
-    port: int = typer.Option(8090, "--port", min=0, max=65535, envvar="LEDGER_MCP_PORT", show_envvar=True,
-                             help="Port to listen on (http)."),
-    pool_size: int = typer.Option(5, "--pool-size", min=1, max=100, envvar="LEDGER_MCP_POOL_SIZE",
-                                  show_envvar=True, help="Database connections per role."),
-    log_level: str = typer.Option("warning", "--log-level", envvar="LEDGER_LOG_LEVEL", show_envvar=True,
-                                  help="debug, info, warning or error (logs go to stderr)."),
+    transport: str = option("mcp_transport"),
+    host: str = option("mcp_host"),
+    port: int = option("mcp_port"),
+    pool_size: int = option("mcp_pool_size"),
+    log_level: str = option("log_level", default="warning"),
 ) -> None:
     """Serve Ledger to agents over MCP: read tools for a reader's token, and the
     previewed bulk actions for an operator's. Tokens are the HTTP API's
@@ -51,12 +48,11 @@ def mcp(
     problem = diagnose(st.database().url, st.settings.role_prefix)
     if problem is not None:
         raise problem
-    token = os.environ.get("LEDGER_MCP_TOKEN")
+    token = environment("mcp_token")
     if transport == "stdio" and not token:
         raise ConfigError("ledger mcp on stdio acts with one token: set LEDGER_MCP_TOKEN "
                           "(a reader's or an operator's, from `ledger token create`)")
-    database = st.database()
-    database.service = True
+    database = st.database(service=True)
     server = LedgerMCP(database, TokenTable.parse(st.settings.api_tokens),
                        stdio_token=token if transport == "stdio" else None, pool_size=pool_size)
     run(server.serve_stdio() if transport == "stdio" else server.serve_http(host, port))

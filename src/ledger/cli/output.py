@@ -9,13 +9,13 @@ either. ``--json`` remains the format for programs.
 
 from __future__ import annotations
 
-import os
 import sys
 from collections.abc import Sequence
+from ..settings import environment
 
 
 def _plain() -> bool:
-    forced = os.environ.get("LEDGER_TABLES", "").lower()
+    forced = (environment("tables") or "").lower()
     if forced in ("tsv", "rich"):
         return forced == "tsv"
     return not sys.stdout.isatty()

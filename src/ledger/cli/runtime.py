@@ -10,22 +10,17 @@ from typing import TYPE_CHECKING
 
 import typer
 
+from ..runtime.commands import service_command
 from .context import run, state
+from .knobs import option
 
 if TYPE_CHECKING:
     from ..config import LedgerConfig
 
-CONFIG_OPTION = typer.Option(None, "--config", envvar="LEDGER_CONFIG", show_envvar=True,
-                             help="Campaign classes and sensors (default ./ledger.toml).")
-LISTEN_OPTION = typer.Option(True, "--listen/--no-listen", envvar="LEDGER_LISTEN", show_envvar=True,
-                             help="Wake on LISTEN/NOTIFY (needs a direct connection, not a "
-                                  "transaction pooler); without it, poll only.")
-WAIT_OPTION = typer.Option(600.0, "--wait-for-database", min=0, envvar="LEDGER_WAIT_FOR_DATABASE_S",
-                           show_envvar=True, metavar="SECONDS",
-                           help="At start-up, wait this long for an unreachable or starting "
-                                "database (retrying, a log line per try) before exiting with 69.")
-LOG_OPTION = typer.Option("info", "--log-level", envvar="LEDGER_LOG_LEVEL", show_envvar=True,
-                          help="debug, info, warning or error.")
+CONFIG_OPTION = option("config")
+LISTEN_OPTION = option("listen")
+WAIT_OPTION = option("wait_for_database_s")
+LOG_OPTION = option("log_level")
 
 
 sensor_app = typer.Typer(help="Scheduled observations of targets.", no_args_is_help=True)
@@ -57,19 +52,15 @@ def preflight(cfg: LedgerConfig, source: Path, *, classes: list[str] | None = No
                    refused=refused)
 
 
+@service_command()
 def worker(
     ctx: typer.Context,
     config: Path = CONFIG_OPTION,
-    concurrency: int = typer.Option(1, "--concurrency", "-c", min=1, envvar="LEDGER_CONCURRENCY",
-                                    show_envvar=True, help="Attempts in flight at once."),
+    concurrency: int = option("concurrency"),
     class_: list[str] = typer.Option([], "--class", help="Serve only these classes (repeatable)."),
-    poll: float = typer.Option(5.0, "--poll", min=0.01, envvar="LEDGER_POLL_S", show_envvar=True,
-                               help="Seconds between claim polls when nothing wakes the worker."),
-    drain_timeout: float = typer.Option(30.0, "--drain-timeout", min=0, envvar="LEDGER_DRAIN_TIMEOUT_S",
-                                        show_envvar=True,
-                                        help="On SIGTERM, how long in-flight attempts may finish."),
-    grace: float = typer.Option(5.0, "--grace", min=0, envvar="LEDGER_REAPER_GRACE_S", show_envvar=True,
-                                help="Reaper grace past a lease's expiry."),
+    poll: float = option("poll_s"),
+    drain_timeout: float = option("drain_timeout_s"),
+    grace: float = option("reaper_grace_s"),
     listen: bool = LISTEN_OPTION,
     wait_for_database: float = WAIT_OPTION,
     log_level: str = LOG_OPTION,
@@ -104,6 +95,7 @@ def worker(
 
 
 @sensor_app.command("run")
+@service_command(unless="once")
 def sensor_run(
     ctx: typer.Context,
     names: list[str] = typer.Argument(None, help="Sensors to run (default: all in the config)."),
@@ -142,22 +134,16 @@ def sensor_run(
     raise typer.Exit(run(go()))
 
 
+@service_command()
 def run_all(
     ctx: typer.Context,
     config: Path = CONFIG_OPTION,
-    workers: int = typer.Option(2, "--workers", "-w", min=1, envvar="LEDGER_WORKERS", show_envvar=True,
-                                help="Attempts in flight at once."),
-    model_family: str = typer.Option("none", "--model-family", envvar="LEDGER_MODEL_FAMILY",
-                                     show_envvar=True, help="The verifier's declared model family."),
+    workers: int = option("workers"),
+    model_family: str = option("model_family"),
     no_sensors: bool = typer.Option(False, "--no-sensors", help="Do not run the sensors."),
-    poll: float = typer.Option(5.0, "--poll", min=0.01, envvar="LEDGER_POLL_S", show_envvar=True,
-                               help="Poll tick of every component when nothing wakes it."),
-    drain_timeout: float = typer.Option(30.0, "--drain-timeout", min=0, envvar="LEDGER_DRAIN_TIMEOUT_S",
-                                        show_envvar=True, help="On SIGTERM, how long attempts may finish."),
-    trim_after: str = typer.Option(None, "--trim-after", metavar="DURATION",
-                                   envvar="LEDGER_TRIM_AFTER", show_envvar=True,
-                                   help="Also trim journal deltas (output, progress) of campaigns "
-                                        "closed longer ago than this (90s, 30m, 24h, 7d), hourly."),
+    poll: float = option("poll_s"),
+    drain_timeout: float = option("drain_timeout_s"),
+    trim_after: str = option("trim_after"),
     listen: bool = LISTEN_OPTION,
     wait_for_database: float = WAIT_OPTION,
     log_level: str = LOG_OPTION,

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 import typer
 
 from .context import console_err, run, state
+from .knobs import option
 
 if TYPE_CHECKING:
     from ..machine import StateMachine
@@ -24,10 +25,7 @@ def migrate(
     to: str = typer.Option("head", "--to", help="Target revision."),
     downgrade: bool = typer.Option(False, "--downgrade",
                                    help="Go down to --to (e.g. base) instead of up."),
-    create_database: bool = typer.Option(
-        False, "--create-database", envvar="LEDGER_CREATE_DATABASE", show_envvar=True,
-        help="Create the database the URL names if the server lacks it (the URL's user "
-             "needs CREATEDB)."),
+    create_database: bool = option("create_database"),
 ) -> None:
     """Create or update Ledger's schema and roles (idempotent; safe to run concurrently)."""
     from .. import migrations

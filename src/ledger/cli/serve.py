@@ -9,8 +9,10 @@ import socket
 
 import typer
 
+from ..runtime.commands import service_command
 from ..errors import CannotListen, LedgerError
 from .context import console_err, state
+from .knobs import option
 
 token_app = typer.Typer(help="Bearer tokens of the HTTP API.", no_args_is_help=True)
 
@@ -21,22 +23,15 @@ def register(app: typer.Typer) -> None:
     app.add_typer(token_app, name="token")
 
 
+@service_command()
 def serve(
     ctx: typer.Context,
-    host: str = typer.Option("127.0.0.1", "--host", envvar="LEDGER_API_HOST", show_envvar=True,
-                             help="Address to listen on."),
-    port: int = typer.Option(8080, "--port", min=0, max=65535, envvar="LEDGER_API_PORT",
-                             show_envvar=True, help="Port to listen on."),
-    keepalive: float = typer.Option(15.0, "--keepalive", min=0.01, envvar="LEDGER_API_KEEPALIVE_S",
-                                    show_envvar=True,
-                                    help="Seconds between keepalive comments on idle event streams."),
-    max_body: int = typer.Option(1024 * 1024, "--max-body", min=1, envvar="LEDGER_API_MAX_BODY",
-                                 show_envvar=True, help="Largest request body, in bytes."),
-    pool_size: int = typer.Option(10, "--pool-size", min=1, max=100,
-                                  envvar="LEDGER_API_POOL_SIZE", show_envvar=True,
-                                  help="Database connections per role."),
-    log_level: str = typer.Option("info", "--log-level", envvar="LEDGER_LOG_LEVEL",
-                                  show_envvar=True, help="debug, info, warning or error."),
+    host: str = option("api_host"),
+    port: int = option("api_port"),
+    keepalive: float = option("api_keepalive_s"),
+    max_body: int = option("api_max_body"),
+    pool_size: int = option("api_pool_size"),
+    log_level: str = option("log_level"),
 ) -> None:
     """Serve the HTTP API: campaigns, event streams, observations, operator
     actions, /metrics, /livez and /readyz. Tokens come from LEDGER_API_TOKENS."""
@@ -106,11 +101,8 @@ def listen(host: str, port: int) -> socket.socket:
 @token_app.command("create")
 def create_token(
     role: str = typer.Argument(..., metavar="ROLE", help="reader, operator or sensor."),
-    name: str = typer.Option(None, "--name", envvar="LEDGER_TOKEN_NAME", show_envvar=True,
-                             help="Name recorded as http:<name> in the journal "
-                                  "(default: <role>-<random>)."),
-    as_json: bool = typer.Option(False, "--json", envvar="LEDGER_JSON", show_envvar=True,
-                                 help="Print JSON for machines."),
+    name: str = option("token_name"),
+    as_json: bool = option("json"),
 ) -> None:
     """Make a random token for ROLE; print it and its LEDGER_API_TOKENS entry.
 

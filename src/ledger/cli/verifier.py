@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import typer
 
+from ..runtime.commands import service_command
 from .context import console_err, run, state
+from .knobs import option
 from .runtime import LISTEN_OPTION, WAIT_OPTION
 
 
@@ -13,25 +15,19 @@ def register(app: typer.Typer) -> None:
     app.command("verifier")(verifier)
 
 
+@service_command(unless="once")
 def verifier(
     ctx: typer.Context,
     once: bool = typer.Option(False, "--once", help="Verify what is waiting now, then exit."),
-    model_family: str = typer.Option(
-        "none", "--model-family", envvar="LEDGER_MODEL_FAMILY", show_envvar=True,
-        help="The model family this verifier runs on (recorded with every verdict)."),
+    model_family: str = option("model_family"),
     class_: list[str] = typer.Option([], "--class", help="Verify only these classes (repeatable)."),
     kind: list[str] = typer.Option([], "--kind", help="Give only these verdicts of a class's quorum "
                                    "(verifier kinds such as pytest or review; repeatable; default: any)."),
-    poll: float = typer.Option(5.0, "--poll", min=0.01, envvar="LEDGER_POLL_S", show_envvar=True,
-                               help="Seconds between polls when nothing wakes the verifier."),
-    lease: float = typer.Option(30.0, "--lease", min=0.1, envvar="LEDGER_VERIFICATION_LEASE_S",
-                                show_envvar=True,
-                                help="Verification lease: how soon another verifier may take "
-                                     "over if this one dies (heartbeated every third of it)."),
+    poll: float = option("poll_s"),
+    lease: float = option("verification_lease_s"),
     listen: bool = LISTEN_OPTION,
     wait_for_database: float = WAIT_OPTION,
-    log_level: str = typer.Option("info", "--log-level", envvar="LEDGER_LOG_LEVEL",
-                                  show_envvar=True, help="debug, info, warning or error."),
+    log_level: str = option("log_level"),
 ) -> None:
     """Check attempted candidates on clean checkouts and record verdicts, until SIGTERM."""
     from .. import logs

@@ -6,6 +6,8 @@
 * ``host`` -- ``Host``, which runs a set of services as named tasks, handles
   SIGTERM/SIGINT once, notices a service that dies, and checks at exit that
   nothing was left running.
+* ``commands`` -- ``service_command``, with which a command of the CLI
+  declares itself a service (the host then stops it cleanly while it starts).
 
 Every pause after a failure, here and below (the hub, the database), is
 ``ledger.backoff.backoff``. This package imports none of the services

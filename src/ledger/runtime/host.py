@@ -19,6 +19,15 @@ tasks of the code around the host are not its business) and no child process
 that was not there at start. What it finds is logged, cancelled or killed,
 and makes the exit code 70 (EX_SOFTWARE): a service that leaves work running
 behind its back is a defect even when everything else went well.
+
+Before the host runs, a service's process is still starting (importing,
+waiting for the database): a supervisor may stop it then, with nothing in
+flight, and that is a clean stop (exit 0), not death by signal. A command
+declares itself a service (``ledger.runtime.commands``; some only with an
+option, ``gc --every``, or without one, ``verifier --once``); when it is
+invoked as one, ``stop_cleanly_while_starting`` installs that SIGTERM handler,
+and the host puts it back when it is done. A one-shot command interrupted by
+SIGTERM must not exit 0 as if it had finished, so it gets none.
 """
 
 from __future__ import annotations
@@ -34,8 +43,8 @@ from pathlib import Path
 from typing import Any, Literal
 
 from .. import tracing
-from ..logs import get_logger
 from ..backoff import backoff
+from ..logs import get_logger
 from .service import Service
 
 Policy = Literal["fail", "restart"]
@@ -45,7 +54,6 @@ EX_SOFTWARE = 70
 SIGNALS = (signal.SIGTERM, signal.SIGINT)
 #: The host whose service runs in this context (tasks inherit it).
 _HOST: contextvars.ContextVar[Host | None] = contextvars.ContextVar("ledger_host", default=None)
-
 
 @dataclass
 class Hosted:
@@ -57,7 +65,6 @@ class Hosted:
     restarts: int = 0
     error: BaseException | None = None
 
-
 @dataclass(frozen=True)
 class Leftovers:
     """What outlived the services (empty: nothing)."""
@@ -67,7 +74,6 @@ class Leftovers:
 
     def __bool__(self) -> bool:
         return bool(self.tasks or self.children)
-
 
 class Host:
     """Runs services as named tasks until ``stop()`` or a signal (see the module)."""
@@ -143,7 +149,8 @@ class Host:
             if self.handle_signals:
                 for sig in SIGNALS:
                     loop.remove_signal_handler(sig)
-                    # Back to what was there before (the CLI's clean stop), not
+                    # Back to what was there before (the clean stop while
+                    # starting, ``stop_cleanly_while_starting``), not
                     # to the default: a SIGTERM while the process exits (its
                     # cells still being torn down) is a clean stop, not death
                     # by the signal.
@@ -233,7 +240,6 @@ class Host:
             kill_process(pid)
         return Leftovers([t.get_name() for t in tasks], children)
 
-
 def child_processes(parent: int | None = None) -> Iterable[int]:
     """Live (not zombie) child processes of ``parent`` (default this process),
     from ``/proc``; none where there is no ``/proc``."""
@@ -255,7 +261,6 @@ def child_processes(parent: int | None = None) -> Iterable[int]:
             found.append(int(entry.name))
     return found
 
-
 def kill_process(pid: int) -> None:
     """SIGKILL ``pid`` -- and its process group when it leads one (every
     command Ledger runs does) -- unless it is already gone."""
@@ -266,7 +271,6 @@ def kill_process(pid: int) -> None:
             os.kill(pid, signal.SIGKILL)
     except ProcessLookupError:
         pass
-
 
 async def serve(services: Iterable[Service], *, name: str = "ledger", policy: Policy = "fail") -> int:
     """Run ``services`` on a new host until a signal; returns its exit code."""
@@ -281,3 +285,12 @@ async def serve(services: Iterable[Service], *, name: str = "ledger", policy: Po
     finally:
         if traced:
             await asyncio.to_thread(tracing.shutdown)
+
+
+def _stop_before_start(signum: int, frame: object) -> None:
+    raise SystemExit(0)
+
+
+def stop_cleanly_while_starting() -> None:
+    """Make a SIGTERM before the host runs a clean stop (exit 0): see the module."""
+    signal.signal(signal.SIGTERM, _stop_before_start)

@@ -733,7 +733,7 @@ BEGIN
 END
 $$;
 
--- Ask for a side effect (mechanism 9): fenced by generation and liveness,
+-- Ask for a side effect (the outbox, ledger.dispatcher): fenced by generation and liveness,
 -- checked against the class's authority profile. A forbidden request is
 -- recorded in security_event and answered with status 'forbidden' -- not
 -- raised, so the record commits with the refusal. The idempotency key makes

@@ -125,7 +125,7 @@ CREATE TABLE IF NOT EXISTS ledger.campaign (
     -- leased, and only then, with an owner and an expiry (campaign_lease_iff_leased)
 );
 
--- Mechanism 7: invariants as indexes.
+-- Invariants as indexes (README "How it works").
 -- One open campaign per objective (exhausted is open: a human decides).
 CREATE UNIQUE INDEX IF NOT EXISTS campaign_one_open_per_objective ON ledger.campaign (objective_key)
     WHERE state NOT IN ('confirmed', 'dismissed', 'abandoned');
@@ -387,9 +387,10 @@ BEGIN
                 'from', v_from, 'to', NEW.state,
                 'attempt_count', NEW.attempt_count),
             ledger.now());
-    -- Hints only (mechanism 5); payloads are ids. Tails wake on every
-    -- transition but into leased (claims never NOTIFY: journal.sql) and into
-    -- attempted (hinted after the record's commit).
+    -- Hints only (README "How it works": wake-ups are hints, rows are truth);
+    -- payloads are ids. Tails wake on every transition but into leased (claims
+    -- never NOTIFY: journal.sql) and into attempted (hinted after the record's
+    -- commit).
     IF NEW.state NOT IN ('leased', 'attempted') THEN
         PERFORM pg_notify('ledger_event', NEW.id::text);
     END IF;

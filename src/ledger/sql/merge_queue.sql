@@ -1,4 +1,4 @@
--- The merge queue (issue 26): verified candidates for one promotion target
+-- The merge queue (docs/merge-queue.md): verified candidates for one promotion target
 -- wait in order, and a target that moved is caught up with by a batch.
 --
 -- Every promotion intent enters its target's queue (one row per campaign,

@@ -1,4 +1,4 @@
--- The outbox (mechanism 9)
+-- The outbox (README "What a lease guarantees"; carried out by ledger.dispatcher)
 --
 -- A side effect is an intent row, committed before its action happens; a
 -- dispatcher claims it, acts with its precondition and reads the target back

@@ -1,6 +1,6 @@
 -- The state machine
 --
--- ledger.transition is the single source of truth (DESIGN section 2): the
+-- ledger.transition is the single source of truth (docs/state_machine.md is generated from it): the
 -- campaign guard trigger (campaign.sql) refuses any state change that is not
 -- one of its rows (for the acting role), keeps generation monotonic, keeps
 -- terminal states sticky, and the journal trigger writes the event of every
@@ -26,7 +26,7 @@ CREATE TABLE IF NOT EXISTS ledger.actor (
     description text NOT NULL
 );
 
--- The one source of truth for the state machine (DESIGN section 2).
+-- The one source of truth for the state machine (docs/state_machine.md is generated from it).
 CREATE TABLE IF NOT EXISTS ledger.transition (
     name       text NOT NULL CHECK (name ~ '^[a-z_]+$'),
     from_state text REFERENCES ledger.state (name),  -- NULL: the campaign is created
