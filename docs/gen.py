@@ -39,8 +39,6 @@ DIRECT_VARIABLES = {
                            "fault points fire. Never set in production.",
     "LEDGER_FAULT_DIR": "Fault injection for drills and tests: where armed fault points keep "
                         "their state.",
-    "LEDGER_CACHE_DIR": "Where the compiled query cache lives (`ledger.query_cache`; default: "
-                        "the user's cache directory).",
     "LEDGER_GIT_CONFIG": "A git configuration file of the operator's that Ledger's own git reads "
                          "instead of the user's (credentials, transport settings); its "
                          "program-valued keys are still overridden (`ledger.hardened_git`).",

@@ -70,7 +70,7 @@ from ledger.database import (  # noqa: E402  (grouped apart on purpose)
     _translate,
 )
 from ledger.embedded import create_database, drop_database, server_url
-from ledger.query_text import Query as ReadQuery
+from ledger.named_queries import Query as ReadQuery
 
 TEST_PREFIX = os.environ.get("LEDGER_TEST_ROLE_PREFIX", "ledgertest_")
 RUN_TAG = f"{os.getpid()}_{uuid.uuid4().hex[:6]}"

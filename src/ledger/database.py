@@ -1,6 +1,5 @@
 """The database layer: connections as a role, kernel function calls, read
-queries, error mapping and retries -- the only module (with ``queries``) that
-touches psycopg.
+queries, error mapping and retries -- the only module that touches psycopg.
 
 Every runtime connection acts as exactly one Ledger role. With a per-role login
 configured (``LEDGER_WORKER_DATABASE_URL`` ...) it connects with that login;
@@ -47,7 +46,7 @@ from tenacity import AsyncRetrying, RetryCallState, retry_if_exception, stop_bef
 
 from . import errors, stored
 from .logs import get_logger
-from .query_text import Query
+from .named_queries import Query
 from .backoff import backoff
 from .settings import Settings, get_settings
 
