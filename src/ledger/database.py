@@ -539,6 +539,25 @@ class Transaction:
             await self.conn.execute(_hint_statement(hints))
 
 
+class ConnectionSource(Protocol):
+    """Where a ``Session`` gets its connections: an ``AsyncConnectionPool``
+    (always, in production), or whatever ``Database.pool_factory`` builds
+    instead with the same arguments -- the test suite's rolled-back tier lends
+    its one connection, each loan a savepoint (tests/conftest.py), so that the
+    calls it makes are this module's, retries and role-taking included."""
+
+    async def open(self, wait: bool = ..., timeout: float = ...) -> None: ...
+
+    async def close(self, timeout: float = ...) -> None: ...
+
+    async def getconn(self, timeout: float | None = ...) -> psycopg.AsyncConnection[Row]: ...
+
+    async def putconn(self, conn: psycopg.AsyncConnection[Row]) -> None: ...
+
+    def connection(self, timeout: float | None = ...
+                   ) -> contextlib.AbstractAsyncContextManager[psycopg.AsyncConnection[Row]]: ...
+
+
 class Session:
     """A pool of connections acting as one role. Each call is its own
     transaction with a deadline, retried with jittered backoff while its
@@ -557,7 +576,8 @@ class Session:
         self.database = database
         self.actor = actor
         self._prelude = database.prelude(actor)
-        self._pool: AsyncConnectionPool[psycopg.AsyncConnection[Row]] = AsyncConnectionPool(
+        pool: Callable[..., ConnectionSource] = database.pool_factory or AsyncConnectionPool
+        self._pool = pool(
             with_connect_defaults(database.url_for(actor)),
             min_size=min_size,
             max_size=max_size,
@@ -801,6 +821,7 @@ class Database:
         wait_for_database_s: float = 0.0,
         pooled: bool | None = None,
         listen_url: str | None = None,
+        pool_factory: Callable[..., ConnectionSource] | None = None,
     ):
         self.url = url
         self.role_prefix = role_prefix
@@ -813,6 +834,9 @@ class Database:
         #: a direct connection for LISTEN (a pooler cannot keep one); None:
         #: the listening actor's own login
         self.listen_url = listen_url
+        #: what a Session builds its pool with (AsyncConnectionPool's
+        #: arguments); None: an AsyncConnectionPool (see ConnectionSource)
+        self.pool_factory = pool_factory
         #: a long-running service: it logs, once, that it acts through the
         #: administrator's login or through a pooler; one-shot commands (whose
         #: stdout may be JSON) and tests stay quiet
