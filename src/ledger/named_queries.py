@@ -10,6 +10,7 @@ once, at import: no SQL is built or compiled in Python.
 
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -18,7 +19,9 @@ from typing import Any
 #: Where the named queries live (inside the package, so a wheel has them).
 FOLDER = Path(__file__).parent / "sql" / "reads"
 
-_NAME = re.compile(r"^--\s*name:\s*([a-z_][a-z0-9_]*)\s*$", re.MULTILINE)
+_NAME = re.compile(r"^--[ \t]*name:[ \t]*([a-z_][a-z0-9_]*)[ \t]*$", re.MULTILINE)
+#: Lines that are blank or only a comment: documentation, not sent.
+_NOISE = re.compile(r"^[ \t]*(?:--[^\n]*)?\n", re.MULTILINE)
 
 
 @dataclass(frozen=True)
@@ -33,13 +36,9 @@ class Query:
 def parse(source: str, origin: str = "<sql>") -> dict[str, Query]:
     """The named queries of one file's text, in file order."""
     found: dict[str, Query] = {}
-    marks = list(_NAME.finditer(source))
-    for mark, after in zip(marks, [*marks[1:], None]):
-        body = source[mark.end():after.start() if after else len(source)]
-        lines = [line for line in body.splitlines()
-                 if line.strip() and not line.lstrip().startswith("--")]
-        text = "\n".join(lines).strip().rstrip(";").rstrip()
-        name = mark.group(1)
+    parts = _NAME.split(source)  # [header, name, body, name, body, ...]
+    for name, body in zip(parts[1::2], parts[2::2]):
+        text = _NOISE.sub("", body + "\n").strip().rstrip(";").rstrip()
         if not text:
             raise ValueError(f"{origin}: query {name} is empty")
         if name in found:
@@ -51,10 +50,12 @@ def parse(source: str, origin: str = "<sql>") -> dict[str, Query]:
 def load(folder: Path = FOLDER) -> dict[str, Query]:
     """Every named query under ``folder``; a name used twice is an error."""
     queries: dict[str, Query] = {}
-    for path in sorted(folder.glob("*.sql")):
-        for name, query in parse(path.read_text(encoding="utf-8"), path.name).items():
+    for file in sorted(f for f in os.listdir(folder) if f.endswith(".sql")):
+        with open(folder / file, encoding="utf-8") as source:
+            parsed = parse(source.read(), file)
+        for name, query in parsed.items():
             if name in queries:
-                raise ValueError(f"{path.name}: query {name} is also named in another file")
+                raise ValueError(f"{file}: query {name} is also named in another file")
             queries[name] = query
     return queries
 
