@@ -583,8 +583,9 @@ def as_role(request: pytest.FixtureRequest) -> AsRole:
 class Actors:
     """Kernels acting as each role, opened on first use."""
 
-    def __init__(self, db: Database):
+    def __init__(self, db: Database, loans: Loans | None = None):
         self.db = db
+        self.loans = loans  # the rolled-back tier's, which lends its connection
         self.sessions: dict[str, Session] = {}
 
     async def __call__(self, actor: str) -> Kernel:
@@ -593,7 +594,7 @@ class Actors:
     async def _session(self, actor: str) -> Session:
         if actor not in self.sessions:
             session = self.db.session(actor, max_size=10)
-            if self.db.pool_factory is None:  # (a lent pool has nothing to open)
+            if self.loans is None:  # (a lent pool has nothing to open)
                 await session.open()
             self.sessions[actor] = session
         return self.sessions[actor]
@@ -607,8 +608,8 @@ class Actors:
         return self.sessions[actor]
 
     async def close(self) -> None:
-        if isinstance(self.db.pool_factory, functools.partial):  # the rolled-back tier
-            await self.db.pool_factory.args[0].idle()
+        if self.loans is not None:
+            await self.loans.idle()  # a hint under way in a task of its own ends first
         for session in self.sessions.values():
             await session.close()  # (in the rolled-back tier: sends what hints it holds)
 
@@ -616,8 +617,11 @@ class Actors:
 @pytest.fixture
 async def actors(request: pytest.FixtureRequest) -> AsyncIterator[Actors]:
     """``await actors("worker")`` -> a Kernel acting as the worker role."""
-    a = Actors(request.getfixturevalue("rolled_back_db") if _rolled_back(request)
-               else request.getfixturevalue("db"))
+    if _rolled_back(request):
+        a = Actors(request.getfixturevalue("rolled_back_db"),
+                   request.getfixturevalue("rolled_back").loans)
+    else:
+        a = Actors(request.getfixturevalue("db"))
     yield a
     await a.close()
 

@@ -4,6 +4,7 @@ it: a change to retries, adaptation or role-taking is tested in both tiers."""
 
 from __future__ import annotations
 
+import asyncio
 from datetime import UTC, datetime
 
 import pytest
@@ -50,3 +51,15 @@ async def test_a_refused_call_undoes_only_itself(actors: Actors, admin: Admin,
     assert [r["objective_key"] for r in rows] == ["tier-kept", "tier-after"]
     assert admin.execute("SELECT count(*) AS n FROM ledger.campaign_class "
                          "WHERE name = 'tier-refused'").fetchone() == {"n": 0}
+
+
+async def test_sessions_in_tasks_take_turns_on_the_one_connection(actors: Actors,
+                                                                  test_class: str) -> None:
+    """Calls of several roles at once (a service beside the test) wait for
+    each other's loan instead of interleaving on the connection."""
+    sensor = await actors("sensor")
+    reads = await actors.reads("reader")
+    opened = await asyncio.gather(*(sensor.open_campaign(test_class, f"turn-{i}", "t")
+                                    for i in range(5)))
+    seen = await asyncio.gather(*(reads.campaign(o.campaign_id) for o in opened))
+    assert [c.objective_key for c in seen] == [f"turn-{i}" for i in range(5)]
