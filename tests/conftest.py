@@ -21,7 +21,8 @@ database is migrated per session.
   each loan a savepoint, so a refused call undoes only itself, as its own
   transaction would; ``admin`` statements do the same. Each transaction takes
   on its role itself (the database is ``pooled``, as behind a transaction
-  pooler), and a loan puts the settings back when it ends. Asking for
+  pooler), and a loan puts the settings back when it ends; only the wait
+  for a reply is blocking (``Loans.view``: ``admin`` is synchronous). Asking for
   ``db``/``db_url`` there is an error: nothing outside the connection could
   see the test's rows. Services (a Verifier, a Dispatcher) run on it too:
   their loans take turns on the one connection, which is right for tests of
@@ -57,6 +58,7 @@ from typing import Any
 
 import psutil
 import psycopg
+import psycopg.waiting
 import pytest
 from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
@@ -382,9 +384,18 @@ class Loans:
     def view(self, connection_class: type[psycopg.AsyncConnection[DictRow]]
              ) -> psycopg.AsyncConnection[DictRow]:
         """The connection as the Sessions' own class sees it (the same server
-        session: one libpq connection under both)."""
+        session: one libpq connection under both), waiting for each reply
+        without yielding: the test's ``admin`` is synchronous and may poll
+        while a service runs in a task, so a statement must be over before
+        anything else can use the connection (as in the twin this replaced;
+        everything above the socket's wait is the production code)."""
         if self.conn is None:
-            self.conn = connection_class(self.sync.pgconn, row_factory=dict_row)
+            class Lent(connection_class):  # type: ignore[misc,valid-type]
+                async def wait(self, gen: Any, interval: float = 0.1,
+                               timeout: float | None = None) -> Any:
+                    return psycopg.waiting.wait(gen, self.pgconn.socket, interval=interval,
+                                                timeout=timeout)
+            self.conn = Lent(self.sync.pgconn, row_factory=dict_row)
         return self.conn
 
     def check_not_lent(self) -> None:
