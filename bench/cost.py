@@ -49,7 +49,7 @@ from bench.cycle import RAW_CLAIM, RAW_COMPLETE, RAW_SETUP, SHA, fill
 from bench.harness import Context, Section, cli
 from ledger import Database, Kernel
 from ledger.models import Claim
-from ledger.query_text import Query
+from ledger.named_queries import Query
 
 RAW_CLAIM_BATCH = """
 UPDATE bench_raw SET state = 'leased', generation = generation + 1, lease_owner = %s,

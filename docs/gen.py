@@ -27,15 +27,6 @@ from pydantic_core import PydanticUndefined
 GENERATED = ("This page is generated from the code (`docs/gen.py`) each time the site is built; "
              "edit the code, not the page.")
 
-#: Variables the code still reads itself that are not knobs of ``ledger.settings``
-#: (every other one is declared there, and described from its declaration).
-#: ``ledger.query_cache`` goes with the reads' rewrite, and this entry with it.
-NOT_YET_KNOBS = {
-    "LEDGER_CACHE_DIR": "Where the compiled query cache lives (`ledger.query_cache`; default: "
-                        "the user's cache directory).",
-}
-
-
 def md(text: object) -> str:
     """``text`` safe inside a Markdown table cell."""
     return (" ".join(str(text).split()).replace("|", "\\|").replace("<", "&lt;")
@@ -216,7 +207,7 @@ def option_variables() -> dict[str, list[tuple[str, str, Any]]]:
 
 def direct_variables() -> dict[str, str]:
     """The ``LEDGER_*`` variables read where they are used: the environment
-    knobs, and any the code still reads itself (which must be described)."""
+    knobs (a variable the code reads itself fails the build: declare it)."""
     from ledger.settings import ENVIRONMENT
 
     pattern = re.compile(r"""(?:environ(?:\.get)?[(\[]|getenv\()\s*["'](LEDGER_[A-Z0-9_]+)["']""")
@@ -225,12 +216,9 @@ def direct_variables() -> dict[str, str]:
 
     for path in Path(ledger.__file__).parent.rglob("*.py"):
         names.update(pattern.findall(path.read_text()))
-    missing = sorted(names - set(NOT_YET_KNOBS))
-    if missing:
-        raise SystemExit(f"docs/gen.py: declare {', '.join(missing)} as knobs (ledger.settings)")
-    described = {knob.envvar: knob.help for knob in ENVIRONMENT.values()}
-    described.update({name: NOT_YET_KNOBS[name] for name in names})
-    return dict(sorted(described.items()))
+    if names:
+        raise SystemExit(f"docs/gen.py: declare {', '.join(sorted(names))} as knobs (ledger.settings)")
+    return dict(sorted((knob.envvar, knob.help) for knob in ENVIRONMENT.values()))
 
 
 def configuration_page() -> str:

@@ -14,13 +14,19 @@ database is migrated per session.
   involved: concurrency, LISTEN/NOTIFY, services, the CLI, the HTTP app.
 * **Rolled back** (``pytest.mark.rollback``, for tests that only need SQL):
   ``admin``, ``actors`` and ``as_role`` all work on one connection to a shared
-  database, inside a transaction rolled back when the test ends. Every kernel
-  call runs as its role in a savepoint, so a refused call undoes only itself,
-  as its own transaction would; ``admin`` statements do the same. Asking for
+  database, inside a transaction rolled back when the test ends (as River's
+  test transactions). The actors are production ``Session``s -- the same
+  calls, adaptation, retries and role-taking as in production -- whose pool is
+  a ``Loans`` (``Database.pool_factory``): it lends the test's connection,
+  each loan a savepoint, so a refused call undoes only itself, as its own
+  transaction would; ``admin`` statements do the same. Each transaction takes
+  on its role itself (the database is ``pooled``, as behind a transaction
+  pooler), and a loan puts the settings back when it ends; only the wait
+  for a reply is blocking (``Loans.view``: ``admin`` is synchronous). Asking for
   ``db``/``db_url`` there is an error: nothing outside the connection could
   see the test's rows. Services (a Verifier, a Dispatcher) run on it too:
-  their calls are serialised on the one connection, which is right for tests
-  of what they do, not of how they race. Whatever needs two connections
+  their loans take turns on the one connection, which is right for tests of
+  what they do, not of how they race. Whatever needs two connections
   (LISTEN/NOTIFY, a Hub, concurrent claims, a process that connects) needs
   the committed tier.
 
@@ -33,7 +39,9 @@ pristine cluster.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import functools
 import os
 import pwd
 import shutil
@@ -43,34 +51,22 @@ import tempfile
 import time
 import uuid
 import warnings
-from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
-from contextlib import AbstractAsyncContextManager, AbstractContextManager, asynccontextmanager
-from datetime import datetime
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from contextlib import AbstractContextManager, asynccontextmanager
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 import psutil
 import psycopg
+import psycopg.waiting
 import pytest
 from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from psycopg.rows import DictRow, dict_row
 
 from ledger import Database, Kernel, Reads, migrations
-
-# The private helpers Session itself uses, so that a rolled-back call sends the
-# same statement, adapts its arguments and translates its errors the same way.
-from ledger.database import (  # noqa: E402  (grouped apart on purpose)
-    Executor,
-    Session,
-    _adapt,
-    _argument,
-    _call_statement,
-    _hint_statement,
-    _translate,
-)
+from ledger.database import Session
 from ledger.embedded import create_database, drop_database, server_url
-from ledger.query_text import Query as ReadQuery
 
 TEST_PREFIX = os.environ.get("LEDGER_TEST_ROLE_PREFIX", "ledgertest_")
 RUN_TAG = f"{os.getpid()}_{uuid.uuid4().hex[:6]}"
@@ -351,75 +347,164 @@ class RolledBackConnection(psycopg.Connection[DictRow]):
     itself (as it would on an autocommit connection) instead of aborting
     everything after it."""
 
+    #: the loans of production Sessions on this connection (set by ``shared_conn``)
+    loans: Loans
+
     def execute(self, *args: Any, **kwargs: Any) -> psycopg.Cursor[DictRow]:
+        self.loans.check_not_lent()
         with self.transaction():
             return super().execute(*args, **kwargs)
 
 
-class RolledBackTransaction:
-    """``Transaction`` on the tier's connection: calls share one savepoint."""
+#: What a loan puts back when it ends: a released savepoint keeps what was set
+#: in it (the prelude's role and limits, a pinned clock, the hints' commit mode).
+_LOAN_SETTINGS = ("role", "ledger.now", "statement_timeout",
+                  "idle_in_transaction_session_timeout", "synchronous_commit")
+_SAVE_SETTINGS = "SELECT " + ", ".join(
+    f"coalesce(current_setting('{name}', true), '') AS \"{name}\"" for name in _LOAN_SETTINGS)
+_RESTORE_SETTINGS = "SELECT " + ", ".join(
+    f"set_config('{name}', %s, true)" for name in _LOAN_SETTINGS)
+
+
+class Loans:
+    """The tier's connection lent to production Sessions, one loan at a time
+    (a task that holds a loan may take another inside it: a savepoint in a
+    savepoint). Each loan is a savepoint: rolled back if the call failed in it,
+    else released, with the settings it found put back."""
 
     def __init__(self, conn: RolledBackConnection):
-        self.conn = conn
+        self.sync = conn
+        self.conn: psycopg.AsyncConnection[DictRow] | None = None  # its async view
+        self._free: asyncio.Event | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self.holder: asyncio.Task[Any] | None = None
+        self.depth = 0
+        self._saved: list[tuple[Any, ...]] = []
 
-    async def call(self, function: str, args: Mapping[str, Any], /, *,
-                   idempotent: bool = False, timeout_s: float | None = None) -> list[DictRow]:
-        params = {name: _argument(value) for name, value in args.items()}
+    def view(self, connection_class: type[psycopg.AsyncConnection[DictRow]]
+             ) -> psycopg.AsyncConnection[DictRow]:
+        """The connection as the Sessions' own class sees it (the same server
+        session: one libpq connection under both), waiting for each reply
+        without yielding: the test's ``admin`` is synchronous and may poll
+        while a service runs in a task, so a statement must be over before
+        anything else can use the connection (as in the twin this replaced;
+        everything above the socket's wait is the production code)."""
+        if self.conn is None:
+            class Lent(connection_class):  # type: ignore[misc,valid-type]
+                async def wait(self, gen: Any, interval: float = 0.1,
+                               timeout: float | None = None) -> Any:
+                    return psycopg.waiting.wait(gen, self.pgconn.socket, interval=interval,
+                                                timeout=timeout)
+            self.conn = Lent(self.sync.pgconn, row_factory=dict_row)
+        return self.conn
+
+    def check_not_lent(self) -> None:
+        """``admin`` may run only between loans, or inside one its own task holds."""
+        if self.holder is not None and self.holder is not _current_task():
+            raise RuntimeError("admin used while another task's call holds the rolled-back "
+                               "tier's connection: await that task first")
+
+    async def take(self) -> psycopg.AsyncConnection[DictRow]:
+        task = asyncio.current_task()
+        loop = asyncio.get_running_loop()
+        if self._loop is not loop:  # a test's own event loop
+            self._loop, self._free, self.holder, self.depth = loop, asyncio.Event(), None, 0
+            self._saved = []
+            self._free.set()
+        assert self._free is not None and self.conn is not None
+        while self.holder is not None and self.holder is not task:
+            await self._free.wait()  # (set exactly while no task holds a loan)
+        self.holder = task
+        self._free.clear()
+        self.depth += 1
+        conn = self.conn
         try:
-            cur = self.conn.cursor().execute(_call_statement(function, tuple(params)), params)
-        except psycopg.Error as exc:
-            raise _translate(exc) from exc
-        return cur.fetchall() if cur.description else []
+            await conn.execute(f"SAVEPOINT loan_{self.depth}")
+            cur = await conn.execute(_SAVE_SETTINGS)
+            self._saved.append(tuple((await cur.fetchone() or {}).values()))
+        except BaseException:
+            await self._end()
+            raise
+        return conn
 
-    async def fetch(self, query: ReadQuery, /, **params: Any) -> list[DictRow]:
-        values = {**query.defaults, **{k: _adapt(v) for k, v in params.items()}}
+    async def give_back(self) -> None:
+        conn = self.conn
+        assert conn is not None and self.depth > 0
         try:
-            return self.conn.cursor().execute(query.text, values).fetchall()
-        except psycopg.Error as exc:
-            raise _translate(exc) from exc
+            saved = self._saved.pop()
+            if conn.closed:
+                return
+            if conn.info.transaction_status == psycopg.pq.TransactionStatus.INERROR:
+                await conn.execute(f"ROLLBACK TO SAVEPOINT loan_{self.depth}")
+            else:
+                await conn.execute(_RESTORE_SETTINGS, saved)
+            await conn.execute(f"RELEASE SAVEPOINT loan_{self.depth}")
+        finally:
+            await self._end()
 
-    async def hint(self, hints: Sequence[tuple[str, str]], /) -> None:
-        if hints:  # sent, and dropped with the rollback: nobody could be listening
-            self.conn.cursor().execute(_hint_statement(hints))
+    async def idle(self) -> None:
+        """Until no task holds a loan (a Session's hints may be under way in a
+        task of its own: cancelled mid-statement, it would abort the connection)."""
+        while self.holder is not None and self._free is not None:
+            await self._free.wait()
+
+    async def _end(self) -> None:
+        self.depth -= 1
+        if self.depth == 0:
+            self.holder = None
+            assert self._free is not None
+            self._free.set()
 
 
-class RolledBackSession:
-    """``Session`` as one role on the tier's connection: each call is a
-    savepoint acting as the role (``SET ROLE`` inside it, reset after)."""
+def _current_task() -> asyncio.Task[Any] | None:
+    try:
+        return asyncio.current_task()
+    except RuntimeError:  # no event loop: a synchronous test
+        return None
 
-    def __init__(self, conn: RolledBackConnection, role: str):
-        self.conn = conn
-        self.role = role
+
+class LentPool:
+    """A production Session's pool in the rolled-back tier
+    (``Database.pool_factory``): it lends the tier's connection, configured
+    once by the Session as a pool configures each new connection."""
+
+    def __init__(self, loans: Loans, conninfo: str, *,
+                 configure: Callable[[psycopg.AsyncConnection[DictRow]], Any],
+                 connection_class: type[psycopg.AsyncConnection[DictRow]], **_: Any):
+        self.loans = loans
+        self._configure = configure
+        self._connection_class = connection_class
+        self._configured = False
+
+    async def open(self, wait: bool = False, timeout: float = 30.0) -> None:
+        pass  # nothing to open: the connection is the test's
+
+    async def close(self, timeout: float = 5.0) -> None:
+        pass  # nor to close
+
+    async def getconn(self, timeout: float | None = None) -> psycopg.AsyncConnection[DictRow]:
+        self.loans.view(self._connection_class)
+        conn = await self.loans.take()
+        if not self._configured:
+            try:
+                await self._configure(conn)
+            except BaseException:
+                await self.loans.give_back()
+                raise
+            self._configured = True
+        return conn
+
+    async def putconn(self, conn: psycopg.AsyncConnection[DictRow]) -> None:
+        await self.loans.give_back()
 
     @asynccontextmanager
-    async def transaction(self, *, now: datetime | None = None) -> AsyncIterator[RolledBackTransaction]:
-        """A savepoint acting as the role, with ``ledger.now`` pinned to ``now``
-        until it ends (as ``Session.transaction``)."""
-        cur = self.conn.cursor()
+    async def connection(self, timeout: float | None = None
+                         ) -> AsyncIterator[psycopg.AsyncConnection[DictRow]]:
+        conn = await self.getconn(timeout)
         try:
-            with self.conn.transaction():
-                cur.execute(sql.SQL("SET ROLE {}").format(sql.Identifier(self.role)))
-                if now is not None:
-                    cur.execute("SELECT set_config('ledger.now', %s, true)", (now.isoformat(),))
-                yield RolledBackTransaction(self.conn)
-                # a released savepoint keeps its settings: undo them
-                cur.execute("RESET ROLE")
-                cur.execute("SELECT set_config('ledger.now', '', true)")
-        except psycopg.Error as exc:
-            raise _translate(exc) from exc
-
-    async def call(self, function: str, args: Mapping[str, Any], /, *,
-                   idempotent: bool = False, timeout_s: float | None = None) -> list[DictRow]:
-        async with self.transaction() as tx:
-            return await tx.call(function, args)
-
-    async def fetch(self, query: ReadQuery, /, **params: Any) -> list[DictRow]:
-        async with self.transaction() as tx:
-            return await tx.fetch(query, **params)
-
-    async def hint(self, hints: Sequence[tuple[str, str]], /) -> None:
-        async with self.transaction() as tx:
-            await tx.hint(hints)
+            yield conn
+        finally:
+            await self.putconn(conn)
 
 
 @pytest.fixture(scope="session")
@@ -436,10 +521,20 @@ def shared_db_url(pg_admin_url: str, template_db: str) -> Iterator[str]:
 def shared_conn(shared_db_url: str) -> Iterator[RolledBackConnection]:
     conn = RolledBackConnection.connect(shared_db_url, autocommit=True, row_factory=dict_row,
                                         application_name="ledger:test-rollback")
+    conn.loans = Loans(conn)
     _harness_pids.append(conn.info.backend_pid)
     yield conn
     _harness_pids.remove(conn.info.backend_pid)
     conn.close()
+
+
+@pytest.fixture
+def rolled_back_db(rolled_back: RolledBackConnection, shared_db_url: str) -> Database:
+    """The shared database as production Sessions see it in the rolled-back
+    tier: each of their pools lends the test's connection (``LentPool``), and
+    each transaction takes on its role itself (``pooled``)."""
+    return Database(shared_db_url, role_prefix=TEST_PREFIX, pooled=True,
+                    pool_factory=functools.partial(LentPool, rolled_back.loans))
 
 
 @pytest.fixture
@@ -496,55 +591,48 @@ def as_role(request: pytest.FixtureRequest) -> AsRole:
     return own_connection
 
 
-class Transactional(Executor, Protocol):
-    """A Session (or the rolled-back tier's stand-in): calls, plus transactions."""
-
-    def transaction(self, *, now: datetime | None = None) -> AbstractAsyncContextManager[Executor]: ...
-
-
 class Actors:
     """Kernels acting as each role, opened on first use."""
 
-    def __init__(self, db: Database | None, conn: RolledBackConnection | None = None):
+    def __init__(self, db: Database, loans: Loans | None = None):
         self.db = db
-        self.conn = conn
-        self.sessions: dict[str, Transactional] = {}
-        self._pools: list[Session] = []
+        self.loans = loans  # the rolled-back tier's, which lends its connection
+        self.sessions: dict[str, Session] = {}
 
     async def __call__(self, actor: str) -> Kernel:
         return Kernel(await self._session(actor))
 
-    async def _session(self, actor: str) -> Transactional:
+    async def _session(self, actor: str) -> Session:
         if actor not in self.sessions:
-            if self.conn is not None:
-                self.sessions[actor] = RolledBackSession(self.conn, f"{TEST_PREFIX}{actor}")
-            else:
-                assert self.db is not None
-                pool = await self.db.session(actor, max_size=10).open()
-                self._pools.append(pool)
-                self.sessions[actor] = pool
+            session = self.db.session(actor, max_size=10)
+            if self.loans is None:  # (a lent pool has nothing to open)
+                await session.open()
+            self.sessions[actor] = session
         return self.sessions[actor]
 
     async def reads(self, actor: str = "reader") -> Reads:
         """Reads acting as ``actor`` (the reader unless said)."""
         return Reads(await self._session(actor))
 
-    def session(self, actor: str) -> Transactional:
+    def session(self, actor: str) -> Session:
         """The session of a role already used (``await actors(role)`` first)."""
         return self.sessions[actor]
 
     async def close(self) -> None:
-        for pool in self._pools:
-            await pool.close()
+        if self.loans is not None:
+            await self.loans.idle()  # a hint under way in a task of its own ends first
+        for session in self.sessions.values():
+            await session.close()  # (in the rolled-back tier: sends what hints it holds)
 
 
 @pytest.fixture
 async def actors(request: pytest.FixtureRequest) -> AsyncIterator[Actors]:
     """``await actors("worker")`` -> a Kernel acting as the worker role."""
     if _rolled_back(request):
-        yield Actors(None, request.getfixturevalue("rolled_back"))
-        return
-    a = Actors(request.getfixturevalue("db"))
+        a = Actors(request.getfixturevalue("rolled_back_db"),
+                   request.getfixturevalue("rolled_back").loans)
+    else:
+        a = Actors(request.getfixturevalue("db"))
     yield a
     await a.close()
 

@@ -28,9 +28,6 @@ from ledger.settings import ENV_PREFIX, KNOBS, OPTIONS, SETTINGS, Knob, OptionKn
 SRC = Path(__file__).parents[1] / "src" / "ledger"
 #: The one module that reads the environment.
 SETTINGS_MODULE = SRC / "settings.py"
-#: Read by the compiled query cache, which the reads' rewrite removes (with
-#: ``docs/gen.py``'s NOT_YET_KNOBS entry for it).
-NOT_YET_KNOBS = {SRC / "query_cache.py"}
 #: The one module that handles signals.
 HOST_MODULE = SRC / "runtime" / "host.py"
 #: ``cell_init`` is the init process inside an attempt's cell, a program of its
@@ -57,7 +54,7 @@ def test_only_the_settings_module_reads_the_environment() -> None:
     from ``settings.inherited_environment``."""
     found = []
     for path, tree in sources():
-        if path == SETTINGS_MODULE or path in NOT_YET_KNOBS:
+        if path == SETTINGS_MODULE:
             continue
         for node in ast.walk(tree):
             name = dotted(node) if isinstance(node, ast.Attribute) else ""

@@ -14,7 +14,7 @@ from drive import Driver
 from ledger import Database, Kernel
 from ledger.database import DEFAULT_SESSION_LIMITS, SESSION_LIMITS
 from ledger.logins import create_logins, login_url
-from ledger.query_text import Query
+from ledger.named_queries import Query
 from ledger.settings import ACTORS
 
 pytestmark = pytest.mark.anyio

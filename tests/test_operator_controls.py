@@ -405,7 +405,7 @@ async def test_activity_by_the_minute_and_the_quarter_hour(actors: Actors, test_
     quarters = await reads.activity(96, 900, test_class)
     assert len(quarters) == 96 and quarters[-1].hour.minute % 15 == 0
     assert sum(q.claims for q in quarters) == 1
-    assert len(await reads.hourly_activity(24, test_class)) == 24
+    assert len(await reads.activity(24, 3600, test_class)) == 24
     for bad in ((0, 60), (1001, 60), (10, 5)):
         with pytest.raises(InvalidInput):
             await reads.activity(*bad)

@@ -5,7 +5,9 @@ Python's copies of the schema (view columns, state names) match the database."""
 from __future__ import annotations
 
 import ast
+import inspect
 import re
+import textwrap
 import uuid
 from collections import Counter
 from collections.abc import Iterator
@@ -18,7 +20,9 @@ from pydantic import BaseModel
 
 from catalog import catalog
 from conftest import TEST_PREFIX, Admin
-from ledger import LedgerError, bulk, machine, migrations, models, queries
+from ledger import Kernel, LedgerError, Reads, bulk, machine, migrations, models, reads
+from ledger.kernel import IDEMPOTENT
+from ledger.named_queries import QUERIES, Query, load, parse
 from ledger.api.dashboard import board, render
 from ledger.embedded import create_database, drop_database
 
@@ -162,14 +166,104 @@ def _view_columns(admin: Admin, view: str) -> list[str]:
 
 
 @pytest.mark.rollback  # only SQL: a transaction rolled back after the test
-def test_read_models_and_queries_list_the_views_columns(admin: Admin) -> None:
+def test_read_models_list_the_views_columns(admin: Admin) -> None:
     for view, model in VIEW_MODELS.items():
         columns = _view_columns(admin, view)
         fields = [f.alias or name for name, f in model.model_fields.items()]
         assert fields == columns, f"models.{model.__name__} vs ledger_api.{view}"
-    for table in queries.metadata.tables.values():
-        assert [c.name for c in table.columns] == _view_columns(admin, table.name), table.name
-    assert "campaigns" in {t.name for t in queries.metadata.tables.values()}
+
+
+# --- the two mirrors: Kernel of ledger_api, Reads of the named queries --------
+
+
+def _public_methods(cls: type) -> set[str]:
+    return {name for name, _ in inspect.getmembers(cls, inspect.isfunction)
+            if not name.startswith("_")}
+
+
+@pytest.mark.rollback  # only SQL: a transaction rolled back after the test
+def test_kernel_has_one_method_per_api_function_and_the_idempotent_ones_exist(admin: Admin) -> None:
+    functions = {r["proname"] for r in admin.execute(
+        "SELECT p.proname FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace "
+        "WHERE n.nspname = 'ledger_api'")}
+    assert len(functions) > 40
+    assert _public_methods(Kernel) - {"within"} == functions
+    assert IDEMPOTENT <= functions
+    assert "open_campaign" in IDEMPOTENT and "claim_campaign" in functions - IDEMPOTENT
+
+
+def test_reads_has_one_method_per_named_query_and_each_runs_its_own() -> None:
+    assert len(QUERIES) >= 40
+    assert _public_methods(Reads) == set(QUERIES) | reads.COMPOSED
+    assert reads.COMPOSED.isdisjoint(QUERIES)
+    texts = [q.text for q in QUERIES.values()]
+    assert len(set(texts)) == len(texts)  # no query pasted under a second name
+    for name in QUERIES:
+        # the method runs the query of its name (directly, or through a helper)
+        assert f'"{name}"' in inspect.getsource(getattr(Reads, name)), name
+    for name in reads.COMPOSED:
+        # a composed read calls named reads, and runs no query itself
+        source = textwrap.dedent(inspect.getsource(getattr(Reads, name)))
+        called = {node.func.attr for node in ast.walk(ast.parse(source))
+                  if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                  and isinstance(node.func.value, ast.Name) and node.func.value.id == "self"}
+        assert called and called <= set(QUERIES), (name, called)
+        assert "Q[" not in source and "executor" not in source, name
+
+
+def _positional(query: Query) -> tuple[str, list[str]]:
+    """``query`` with its ``%(name)s`` parameters as ``$n``, for PREPARE."""
+    names: list[str] = []
+
+    def number(m: re.Match[str]) -> str:
+        if m.group(1) not in names:
+            names.append(m.group(1))
+        return f"${names.index(m.group(1)) + 1}"
+    text = re.sub(r"%\((\w+)\)s", number, query.text).replace("%%", "%")
+    return text, names
+
+
+@pytest.mark.rollback  # only SQL: a transaction rolled back after the test
+def test_every_named_query_prepares_and_runs_as_the_reader(admin: Admin) -> None:
+    """Each parameter's type is said in the SQL (PREPARE infers the rest or
+    fails), and the reader may run each one (every parameter NULL)."""
+    admin.execute(f"SET ROLE {TEST_PREFIX}reader")
+    for name, query in QUERIES.items():
+        text, params = _positional(query)
+        admin.execute(f"PREPARE named_{name} AS {text}")
+        types = admin.execute("SELECT parameter_types::text[] AS types FROM pg_prepared_statements "
+                              "WHERE name = %s", (f"named_{name}",)).fetchone()
+        assert types is not None and "unknown" not in types["types"], name
+        admin.execute(f"DEALLOCATE named_{name}")
+        admin.execute(query.text, dict.fromkeys(params)).fetchall()
+    admin.execute("RESET ROLE")
+
+
+def _filter(name: str) -> str:
+    text = QUERIES[name].text
+    start = text.index("\n WHERE ")  # the statement's own, not a FILTER's
+    ends = [i for i in (text.find("\n GROUP BY", start), text.find("\n ORDER BY", start)) if i > 0]
+    return text[start:min(ends) if ends else len(text)]
+
+
+def test_the_campaign_filter_is_the_same_in_every_query_of_it() -> None:
+    page = _filter("campaigns")
+    assert "%(search)s" in page and "%(cursor_id)s" in page
+    assert _filter("matching_state_counts") == page
+    assert _filter("matching_summary") == page
+
+
+def test_named_queries_load_by_name_and_refuse_a_name_twice(tmp_path: Path) -> None:
+    loaded = parse("-- header\n-- name: one\n-- why\nSELECT 1;\n\n-- name: two\nSELECT\n  2\n")
+    assert loaded == {"one": Query("SELECT 1", name="one"), "two": Query("SELECT\n  2", name="two")}
+    with pytest.raises(ValueError, match="two is named twice"):
+        parse("-- name: two\nSELECT 1\n-- name: two\nSELECT 2\n")
+    with pytest.raises(ValueError, match="one is empty"):
+        parse("-- name: one\n-- only a comment\n")
+    (tmp_path / "a.sql").write_text("-- name: one\nSELECT 1\n")
+    (tmp_path / "b.sql").write_text("-- name: one\nSELECT 2\n")
+    with pytest.raises(ValueError, match="b.sql: query one is also named in another file"):
+        load(tmp_path)
 
 
 @pytest.mark.rollback  # only SQL: a transaction rolled back after the test
@@ -206,6 +300,6 @@ def _state_literals() -> Iterator[tuple[str, int, str]]:
 
 def test_states_compared_in_python_exist() -> None:
     found = list(_state_literals())
-    assert len(found) >= 4  # dispatcher, queries, demo: the scan sees them
+    assert len(found) >= 3  # dispatcher, demo ...: the scan sees them
     unknown = [f for f in found if f[2] not in models.STATES]
     assert unknown == []

@@ -1,6 +1,5 @@
 """The database layer: connections as a role, kernel function calls, read
-queries, error mapping and retries -- the only module (with ``queries``) that
-touches psycopg.
+queries, error mapping and retries -- the only module that touches psycopg.
 
 Every runtime connection acts as exactly one Ledger role. With a per-role login
 configured (``LEDGER_WORKER_DATABASE_URL`` ...) it connects with that login;
@@ -47,7 +46,7 @@ from tenacity import AsyncRetrying, RetryCallState, retry_if_exception, stop_bef
 
 from . import errors, stored
 from .logs import get_logger
-from .query_text import Query
+from .named_queries import Query
 from .backoff import backoff
 from .settings import Settings, get_settings
 
@@ -540,6 +539,25 @@ class Transaction:
             await self.conn.execute(_hint_statement(hints))
 
 
+class ConnectionSource(Protocol):
+    """Where a ``Session`` gets its connections: an ``AsyncConnectionPool``
+    (always, in production), or whatever ``Database.pool_factory`` builds
+    instead with the same arguments -- the test suite's rolled-back tier lends
+    its one connection, each loan a savepoint (tests/conftest.py), so that the
+    calls it makes are this module's, retries and role-taking included."""
+
+    async def open(self, wait: bool = ..., timeout: float = ...) -> None: ...
+
+    async def close(self, timeout: float = ...) -> None: ...
+
+    async def getconn(self, timeout: float | None = ...) -> psycopg.AsyncConnection[Row]: ...
+
+    async def putconn(self, conn: psycopg.AsyncConnection[Row]) -> None: ...
+
+    def connection(self, timeout: float | None = ...
+                   ) -> contextlib.AbstractAsyncContextManager[psycopg.AsyncConnection[Row]]: ...
+
+
 class Session:
     """A pool of connections acting as one role. Each call is its own
     transaction with a deadline, retried with jittered backoff while its
@@ -558,7 +576,8 @@ class Session:
         self.database = database
         self.actor = actor
         self._prelude = database.prelude(actor)
-        self._pool: AsyncConnectionPool[psycopg.AsyncConnection[Row]] = AsyncConnectionPool(
+        pool: Callable[..., ConnectionSource] = database.pool_factory or AsyncConnectionPool
+        self._pool = pool(
             with_connect_defaults(database.url_for(actor)),
             min_size=min_size,
             max_size=max_size,
@@ -803,6 +822,7 @@ class Database:
         pooled: bool | None = None,
         listen_url: str | None = None,
         service: bool = False,
+        pool_factory: Callable[..., ConnectionSource] | None = None,
     ):
         self.url = url
         self.role_prefix = role_prefix
@@ -815,6 +835,9 @@ class Database:
         #: a direct connection for LISTEN (a pooler cannot keep one); None:
         #: the listening actor's own login
         self.listen_url = listen_url
+        #: what a Session builds its pool with (AsyncConnectionPool's
+        #: arguments); None: an AsyncConnectionPool (see ConnectionSource)
+        self.pool_factory = pool_factory
         #: a long-running service: it logs, once, that it acts through the
         #: administrator's login or through a pooler; one-shot commands (whose
         #: stdout may be JSON) and tests stay quiet

@@ -466,7 +466,7 @@ class CampaignDetail(_Row):
 
 
 class HourActivity(BaseModel):
-    """One hour of the ledger's throughput and latency (``Kernel.hourly_activity``)."""
+    """One hour of the ledger's throughput and latency (``Reads.activity``)."""
 
     hour: datetime
     opened: int
@@ -482,7 +482,7 @@ class HourActivity(BaseModel):
 
 
 class ClassSummary(BaseModel):
-    """One class at a glance (``Kernel.class_summary``)."""
+    """One class at a glance (``Reads.class_summary``)."""
 
     name: str
     states: dict[str, int]

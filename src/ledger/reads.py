@@ -1,17 +1,19 @@
-"""What anyone may read: typed queries over the read views (``ledger.queries``).
+"""What anyone may read: one typed method per named read query, same names.
 
-``Reads`` is the read side of the kernel client (``ledger.kernel.Kernel`` is
-the write side): one campaign, its attempts, journal and observations, pages
-of campaigns, the classes, and the figures the dashboard, the metrics and the
-autonomy report show. It works for every role, since every role may read the
-views; the runtimes use it to read back what a write whose reply was lost did.
+``Reads`` is the read side of the kernel client (``ledger.kernel.Kernel``
+mirrors the write functions of ``ledger_api``; ``Reads`` mirrors the named
+queries of ``src/ledger/sql/reads/``, ``ledger.named_queries``): one campaign,
+its attempts, journal and observations, pages of campaigns, the classes, and
+the figures the dashboard, the metrics and the autonomy report show. It works
+for every role, since every role may read the views; the runtimes use it to
+read back what a write whose reply was lost did.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from datetime import datetime
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from .database import Executor
 from .errors import InvalidInput, NotFound
@@ -34,11 +36,29 @@ from .models import (
     TransitionRow,
     Verification,
 )
+from .named_queries import QUERIES as Q
 
-if TYPE_CHECKING:
-    from . import queries
-else:  # the same constants, read from a cache without importing SQLAlchemy
-    from .query_cache import queries
+#: The methods made of other reads (each of those a named query), not a query
+#: of their own; every other public method runs the named query of its name.
+COMPOSED = frozenset({"campaign_detail"})
+
+
+def _filters(*, states: Sequence[str] | None = None, classes: Sequence[str] | None = None,
+             target: str | None = None, objective_key: str | None = None,
+             label: str | None = None, updated_since: datetime | None = None,
+             search: str | None = None, ids: Sequence[int] | None = None,
+             cursor: tuple[datetime, int] | None = None) -> dict[str, Any]:
+    """The parameters of the campaign filter (``campaigns``, ``matching_*``):
+    each one unset is NULL, which disables it in the SQL."""
+    return {
+        "states": list(states) if states else None,
+        "classes": list(classes) if classes else None,
+        "target": target, "objective_key": objective_key, "label": label,
+        "updated_since": updated_since, "search": search,
+        "ids": list(ids) if ids else None,
+        "cursor_updated_at": cursor[0] if cursor else None,
+        "cursor_id": cursor[1] if cursor else None,
+    }
 
 
 class Reads:
@@ -51,7 +71,7 @@ class Reads:
 
     async def campaign(self, campaign_id: int) -> Campaign:
         """One campaign; ``NotFound`` if there is none."""
-        rows = await self.executor.fetch(queries.CAMPAIGN, id=campaign_id)
+        rows = await self.executor.fetch(Q["campaign"], id=campaign_id)
         if not rows:
             raise NotFound(f"campaign {campaign_id} does not exist")
         return Campaign.model_validate(rows[0])
@@ -59,46 +79,43 @@ class Reads:
     async def trace_context(self, campaign_id: int) -> dict[str, str] | None:
         """The W3C trace context campaign ``campaign_id`` was opened with
         (``None``: opened untraced, or no such campaign)."""
-        rows = await self.executor.fetch(queries.TRACE_CONTEXT, id=campaign_id)
+        rows = await self.executor.fetch(Q["trace_context"], id=campaign_id)
         return rows[0]["trace_context"] if rows else None
 
     async def open_trace_context(self, objective_key: str) -> tuple[int, dict[str, str] | None] | None:
         """The campaign open for ``objective_key`` and its trace context; ``None`` if none is open."""
-        rows = await self.executor.fetch(queries.OPEN_TRACE_CONTEXT, objective_key=objective_key)
+        rows = await self.executor.fetch(Q["open_trace_context"], objective_key=objective_key)
         return (rows[0]["id"], rows[0]["trace_context"]) if rows else None
 
     async def attempt_of(self, campaign_id: int, generation: int) -> Attempt | None:
         """The attempt a lease (generation) of a campaign made, if any: how a
         holder whose reply was lost learns how its attempt ended."""
-        rows = await self.executor.fetch(queries.GENERATION_ATTEMPT, campaign_id=campaign_id,
+        rows = await self.executor.fetch(Q["attempt_of"], campaign_id=campaign_id,
                                          generation=generation)
         return Attempt.model_validate(rows[0]) if rows else None
 
     async def running_claims(self, worker: str) -> list[Claim]:
         """Leases ``worker`` holds now, as claims: how a worker whose claim's
         reply was lost finds (and adopts) what it was granted."""
-        rows = await self.executor.fetch(queries.RUNNING_CLAIMS, worker=worker)
+        rows = await self.executor.fetch(Q["running_claims"], worker=worker)
         return [Claim.model_validate(r) for r in rows]
 
     async def campaign_detail(self, campaign_id: int) -> CampaignDetail:
-        """A campaign with its attempts, verifications, side effects and observations."""
-        campaign = await self.campaign(campaign_id)
-        fetch = self.executor.fetch
+        """A campaign with its attempts, verifications, side effects and
+        observations (the one read made of others: each list is read by its
+        own query, so every value is loaded by the tolerant loaders of
+        ``ledger.stored``, as the rows of any other read)."""
         return CampaignDetail(
-            campaign=campaign,
-            attempts=[Attempt.model_validate(r)
-                      for r in await fetch(queries.CAMPAIGN_ATTEMPTS, campaign_id=campaign_id)],
-            verifications=[Verification.model_validate(r) for r in
-                           await fetch(queries.CAMPAIGN_VERIFICATIONS, campaign_id=campaign_id)],
-            side_effects=[SideEffect.model_validate(r) for r in
-                          await fetch(queries.CAMPAIGN_SIDE_EFFECTS, campaign_id=campaign_id)],
-            observations=[Observation.model_validate(r) for r in
-                          await fetch(queries.CAMPAIGN_OBSERVATIONS, campaign_id=campaign_id)],
+            campaign=await self.campaign(campaign_id),
+            attempts=await self.attempts_of(campaign_id),
+            verifications=await self.verifications_of(campaign_id),
+            side_effects=await self.side_effects_of(campaign_id),
+            observations=await self.observations_of(campaign_id),
         )
 
     async def events(self, campaign_id: int, after: int = 0, limit: int = 1000) -> list[Event]:
         """Journal events with ``seq > after``, in order."""
-        rows = await self.executor.fetch(queries.EVENTS_AFTER, campaign_id=campaign_id,
+        rows = await self.executor.fetch(Q["events"], campaign_id=campaign_id,
                                          after=after, limit=limit)
         return [Event.model_validate(r) for r in rows]
 
@@ -111,113 +128,110 @@ class Reads:
         """A page of campaigns, newest change first; pass the last row's
         ``(updated_at, id)`` as ``cursor`` for the next page. ``ids`` narrows
         to those campaigns (rows picked on the board)."""
-        params: dict[str, Any] = dict(queries.LIST_DEFAULTS)
-        params.update(
-            states=list(states) if states else None, classes=list(classes) if classes else None,
-            target=target, objective_key=objective_key, label=label,
-            updated_since=updated_since, search=search, limit=limit,
-            ids=list(ids) if ids else None,
-        )
-        if cursor is not None:
-            params.update(cursor_updated_at=cursor[0], cursor_id=cursor[1])
-        rows = await self.executor.fetch(queries.CAMPAIGNS_PAGE, **params)
+        params = _filters(states=states, classes=classes, target=target,
+                          objective_key=objective_key, label=label, updated_since=updated_since,
+                          search=search, ids=ids, cursor=cursor)
+        rows = await self.executor.fetch(Q["campaigns"], limit=limit, **params)
         return [Campaign.model_validate(r) for r in rows]
 
     async def state_counts(self) -> dict[str, int]:
         """Campaigns per state (every state, zero included), in machine order."""
-        rows = await self.executor.fetch(queries.STATE_COUNTS)
+        rows = await self.executor.fetch(Q["state_counts"])
         return {r["state"]: r["count"] for r in rows}
 
     async def oldest_ready(self) -> datetime | None:
         """When the longest-waiting ready campaign was opened."""
-        rows = await self.executor.fetch(queries.OLDEST_READY)
+        rows = await self.executor.fetch(Q["oldest_ready"])
         return rows[0]["oldest"] if rows else None
 
     async def daily_activity(self, days: int) -> list[dict[str, Any]]:
         """Per-day counts for the autonomy report (see ``ledger.report``)."""
         if not 1 <= days <= 366:
             raise InvalidInput("the report covers 1 to 366 days")
-        return await self.executor.fetch(queries.DAILY_ACTIVITY, days=days)
+        return await self.executor.fetch(Q["daily_activity"], days=days)
 
     async def states(self) -> list[StateRow]:
         """The states of the machine, from the database."""
-        return [StateRow.model_validate(r) for r in await self.executor.fetch(queries.STATES)]
+        return [StateRow.model_validate(r) for r in await self.executor.fetch(Q["states"])]
 
     async def transitions(self) -> list[TransitionRow]:
         """The legal transitions, from the database."""
         return [TransitionRow.model_validate(r)
-                for r in await self.executor.fetch(queries.TRANSITIONS)]
+                for r in await self.executor.fetch(Q["transitions"])]
 
     async def classes(self) -> list[CampaignClass]:
         """Registered campaign classes."""
-        return [CampaignClass.model_validate(r) for r in await self.executor.fetch(queries.CLASSES)]
+        return [CampaignClass.model_validate(r) for r in await self.executor.fetch(Q["classes"])]
 
     async def campaign_class(self, name: str) -> CampaignClass:
         """One registered class; ``NotFound`` if there is none."""
-        rows = await self.executor.fetch(queries.CLASS, name=name)
+        rows = await self.executor.fetch(Q["campaign_class"], name=name)
         if not rows:
             raise NotFound(f"campaign class {name} is not registered")
         return CampaignClass.model_validate(rows[0])
 
     async def security_events(self, campaign_id: int | None = None) -> list[SecurityEvent]:
         """Refused writes (of one campaign, or all)."""
-        rows = await self.executor.fetch(queries.SECURITY_EVENTS, campaign_id=campaign_id)
+        rows = await self.executor.fetch(Q["security_events"], campaign_id=campaign_id)
         return [SecurityEvent.model_validate(r) for r in rows]
 
     # --- reads for the HTTP API and metrics -----------------------------------
 
     async def observation(self, observation_id: int) -> Observation:
         """One observation; ``NotFound`` if there is none."""
-        rows = await self.executor.fetch(queries.OBSERVATION, id=observation_id)
+        rows = await self.executor.fetch(Q["observation"], id=observation_id)
         if not rows:
             raise NotFound(f"observation {observation_id} does not exist")
         return Observation.model_validate(rows[0])
 
     async def leases_expiring(self, within_s: float, limit: int = 100) -> list[Campaign]:
         """Leased campaigns whose lease ends within ``within_s`` seconds (or has ended)."""
-        rows = await self.executor.fetch(queries.LEASES_EXPIRING, within_s=within_s, limit=limit)
+        rows = await self.executor.fetch(Q["leases_expiring"], within_s=within_s, limit=limit)
         return [Campaign.model_validate(r) for r in rows]
 
     async def notify_queue_usage(self) -> float:
         """The share (0..1) of the server's notification queue in use."""
-        rows = await self.executor.fetch(queries.NOTIFY_QUEUE_USAGE)
+        rows = await self.executor.fetch(Q["notify_queue_usage"])
         return float(rows[0]["usage"])
 
     async def oldest_ready_age(self) -> float | None:
         """Seconds since the oldest ready campaign was opened, by the database's clock."""
-        rows = await self.executor.fetch(queries.OLDEST_READY_AGE)
+        rows = await self.executor.fetch(Q["oldest_ready_age"])
         return rows[0]["age_s"] if rows else None
 
     async def transition_counts(self) -> dict[str, int]:
         """How often each transition has happened, from the journal."""
-        rows = await self.executor.fetch(queries.TRANSITION_COUNTS)
+        rows = await self.executor.fetch(Q["transition_counts"])
         return {r["transition"]: r["count"] for r in rows}
 
     async def attempt_outcomes(self) -> dict[str, int]:
         """Attempts per outcome (``running`` included)."""
-        rows = await self.executor.fetch(queries.ATTEMPT_OUTCOMES)
+        rows = await self.executor.fetch(Q["attempt_outcomes"])
         return {r["outcome"]: r["count"] for r in rows}
 
     async def verification_outcomes(self) -> dict[str, int]:
         """Verifications per status (``running`` included)."""
-        rows = await self.executor.fetch(queries.VERIFICATION_OUTCOMES)
+        rows = await self.executor.fetch(Q["verification_outcomes"])
         return {r["status"]: r["count"] for r in rows}
 
     async def side_effect_counts(self) -> dict[tuple[str, str], int]:
         """Side effects per ``(kind, state)``."""
-        rows = await self.executor.fetch(queries.SIDE_EFFECT_COUNTS)
+        rows = await self.executor.fetch(Q["side_effect_counts"])
         return {(r["kind"], r["state"]): r["count"] for r in rows}
 
-    async def duration_histogram(self, of: str, bounds: Sequence[float]
-                                 ) -> list[tuple[float, int, float]]:
-        """Cumulative ``(le, count, sum_s)`` of finished attempts (``of="attempt"``)
-        or verifications (``of="verification"``); the last bound is ``+inf``."""
-        query = {"attempt": queries.ATTEMPT_DURATIONS,
-                 "verification": queries.VERIFICATION_DURATIONS}.get(of)
-        if query is None:
-            raise InvalidInput(f"no duration histogram of {of!r}")
+    async def attempt_durations(self, bounds: Sequence[float]) -> list[tuple[float, int, float]]:
+        """Cumulative ``(le, count, sum_s)`` of finished attempts, a
+        Prometheus histogram's buckets; the last bound is ``+inf``."""
+        return await self._histogram("attempt_durations", bounds)
+
+    async def verification_durations(self, bounds: Sequence[float]
+                                     ) -> list[tuple[float, int, float]]:
+        """As ``attempt_durations``, of finished verifications."""
+        return await self._histogram("verification_durations", bounds)
+
+    async def _histogram(self, name: str, bounds: Sequence[float]) -> list[tuple[float, int, float]]:
         les = sorted({float(b) for b in bounds if b != float("inf")}) + [float("inf")]
-        rows = await self.executor.fetch(query, bounds=les)
+        rows = await self.executor.fetch(Q[name], bounds=les)
         return [(r["le"], r["count"], r["sum"]) for r in rows]
 
     # --- reads for the dashboard ------------------------------------------------
@@ -226,7 +240,7 @@ class Reads:
         """A value that changes whenever what the board shows may have changed
         (a campaign opened or moved, an observation, a class paused or
         resumed) -- not on output, progress or lease renewals; compare, don't read."""
-        rows = await self.executor.fetch(queries.BOARD_VERSION)
+        rows = await self.executor.fetch(Q["board_version"])
         row = rows[0]
         return (row["campaigns"], row["generations"], row["attempts"], row["budgets"], row["states"],
                 row["observation_id"], row["class_event_id"])
@@ -238,72 +252,75 @@ class Reads:
                                     ids: Sequence[int] | None = None) -> dict[str, int]:
         """Campaigns per state among those the filters match (same filters as
         ``campaigns``); states with none are left out."""
-        params: dict[str, Any] = dict(queries.LIST_DEFAULTS)
-        params.update(states=list(states) if states else None,
-                      classes=list(classes) if classes else None,
-                      target=target, label=label, search=search, ids=list(ids) if ids else None)
-        rows = await self.executor.fetch(queries.MATCHING_STATE_COUNTS, **params)
+        params = _filters(states=states, classes=classes, target=target, label=label,
+                          search=search, ids=ids)
+        rows = await self.executor.fetch(Q["matching_state_counts"], **params)
         return {r["state"]: r["count"] for r in rows}
 
     async def sensor_summaries(self, limit: int = 50) -> list[dict[str, Any]]:
         """Per sensor (by name, at most ``limit``): its latest observation and its
-        latest claimed tick; columns are those of ``queries.SENSOR_LATEST``."""
+        latest claimed tick; the columns are those of the query (observations.sql)."""
         if not 1 <= limit <= 1000:
             raise InvalidInput("between 1 and 1000 sensors")
-        return await self.executor.fetch(queries.SENSOR_LATEST, limit=limit)
+        return await self.executor.fetch(Q["sensor_summaries"], limit=limit)
 
     async def transitions_of(self, campaign_id: int, limit: int = 1000) -> list[Event]:
         """A campaign's state changes, oldest first."""
-        rows = await self.executor.fetch(queries.CAMPAIGN_TRANSITIONS, campaign_id=campaign_id,
+        rows = await self.executor.fetch(Q["transitions_of"], campaign_id=campaign_id,
                                          limit=limit)
         return [Event.model_validate(r) for r in rows]
 
     async def recent_events(self, campaign_id: int, limit: int = 100) -> list[Event]:
         """The last ``limit`` journal events of a campaign, oldest first."""
-        rows = await self.executor.fetch(queries.RECENT_EVENTS, campaign_id=campaign_id,
+        rows = await self.executor.fetch(Q["recent_events"], campaign_id=campaign_id,
                                          limit=limit)
         return [Event.model_validate(r) for r in reversed(rows)]
 
     async def generation_events(self, campaign_id: int, generation: int,
                                 limit: int = 5000) -> list[Event]:
         """What one lease (generation) of a campaign journaled, in order: its attempt's log."""
-        rows = await self.executor.fetch(queries.GENERATION_EVENTS, campaign_id=campaign_id,
+        rows = await self.executor.fetch(Q["generation_events"], campaign_id=campaign_id,
                                          generation=generation, limit=limit)
         return [Event.model_validate(r) for r in rows]
 
+    async def observations_of(self, campaign_id: int) -> list[Observation]:
+        """A campaign's observations, in order."""
+        rows = await self.executor.fetch(Q["observations_of"], campaign_id=campaign_id)
+        return [Observation.model_validate(r) for r in rows]
+
     async def recent_observations(self, campaign_id: int, limit: int = 200) -> list[Observation]:
         """A campaign's latest ``limit`` observations, oldest first."""
-        rows = await self.executor.fetch(queries.RECENT_CAMPAIGN_OBSERVATIONS,
+        rows = await self.executor.fetch(Q["recent_observations"],
                                          campaign_id=campaign_id, limit=limit)
         return [Observation.model_validate(r) for r in reversed(rows)]
 
     async def attempts_of(self, campaign_id: int) -> list[Attempt]:
         """A campaign's attempts, in order (``campaign_detail`` without the rest)."""
-        rows = await self.executor.fetch(queries.CAMPAIGN_ATTEMPTS, campaign_id=campaign_id)
+        rows = await self.executor.fetch(Q["attempts_of"], campaign_id=campaign_id)
         return [Attempt.model_validate(r) for r in rows]
 
     async def verifications_of(self, campaign_id: int) -> list[Verification]:
         """A campaign's verifications, in order."""
-        rows = await self.executor.fetch(queries.CAMPAIGN_VERIFICATIONS, campaign_id=campaign_id)
+        rows = await self.executor.fetch(Q["verifications_of"], campaign_id=campaign_id)
         return [Verification.model_validate(r) for r in rows]
 
     async def side_effects_of(self, campaign_id: int) -> list[SideEffect]:
         """A campaign's side effects, in order."""
-        rows = await self.executor.fetch(queries.CAMPAIGN_SIDE_EFFECTS, campaign_id=campaign_id)
+        rows = await self.executor.fetch(Q["side_effects_of"], campaign_id=campaign_id)
         return [SideEffect.model_validate(r) for r in rows]
 
     # --- the operator's class view and charts ------------------------------------
 
     async def class_state_counts(self) -> dict[tuple[str, str], int]:
         """Campaigns per ``(class, state)``; pairs with none are left out."""
-        rows = await self.executor.fetch(queries.CLASS_STATE_COUNTS)
+        rows = await self.executor.fetch(Q["class_state_counts"])
         return {(r["class"], r["state"]): r["count"] for r in rows}
 
     async def waiting_counts(self) -> dict[tuple[str, str], tuple[int, float]]:
         """Campaigns waiting on what is not their attempt's own, per ``(class,
         reason)`` (``system_fault`` or ``target``): how many, and how long the
         oldest of them has waited (seconds)."""
-        rows = await self.executor.fetch(queries.WAITING_COUNTS)
+        rows = await self.executor.fetch(Q["waiting_counts"])
         return {(r["class"], r["reason"]): (r["count"], float(r["oldest_s"] or 0.0)) for r in rows}
 
     async def matching_summary(self, *, states: Sequence[str] | None = None,
@@ -314,26 +331,17 @@ class Reads:
         """Among the campaigns the filters match (as ``campaigns``): the oldest
         ready one's age in seconds, and how many leases are at risk (expired,
         or overdue a heartbeat of their class: ``leases_at_risk``)."""
-        params: dict[str, Any] = dict(queries.LIST_DEFAULTS)
-        params.update(states=list(states) if states else None,
-                      classes=list(classes) if classes else None,
-                      target=target, label=label, search=search, ids=list(ids) if ids else None)
-        row = (await self.executor.fetch(queries.MATCHING_SUMMARY, **params))[0]
+        params = _filters(states=states, classes=classes, target=target, label=label,
+                          search=search, ids=ids)
+        row = (await self.executor.fetch(Q["matching_summary"], **params))[0]
         return row["oldest_ready_age_s"], row["at_risk"]
 
     async def leases_at_risk(self, limit: int = 100) -> list[Campaign]:
         """Leases at risk, soonest expiry first: expired, or whose last renewal
         is overdue by half a heartbeat of their class (a lease that is short by
         design, renewed on time, is not)."""
-        rows = await self.executor.fetch(queries.LEASES_AT_RISK, limit=limit)
+        rows = await self.executor.fetch(Q["leases_at_risk"], limit=limit)
         return [Campaign.model_validate(r) for r in rows]
-
-    async def hourly_activity(self, hours: int = 24, class_: str | None = None
-                              ) -> list[HourActivity]:
-        """Throughput and latency per hour over the last ``hours`` (oldest first)."""
-        if not 1 <= hours <= 24 * 14:
-            raise InvalidInput("between 1 and 336 hours")
-        return await self.activity(hours, 3600, class_)
 
     async def activity(self, buckets: int, bucket_s: int, class_: str | None = None
                        ) -> list[HourActivity]:
@@ -341,7 +349,7 @@ class Reads:
         last ``buckets`` of them (oldest first; ``hour`` is each bucket's start)."""
         if not 1 <= buckets <= 1000 or not 10 <= bucket_s <= 86400:
             raise InvalidInput("1 to 1000 buckets of 10 s to a day")
-        rows = await self.executor.fetch(queries.ACTIVITY, buckets=buckets, bucket_s=bucket_s,
+        rows = await self.executor.fetch(Q["activity"], buckets=buckets, bucket_s=bucket_s,
                                          **{"class": class_})
         return [HourActivity.model_validate(r) for r in rows]
 
@@ -349,12 +357,12 @@ class Reads:
 
     async def processes(self, limit: int = 500) -> list[ProcessRow]:
         """The registry of processes (``ledger.registry``): the live first."""
-        rows = await self.executor.fetch(queries.PROCESSES, limit=limit)
+        rows = await self.executor.fetch(Q["processes"], limit=limit)
         return [ProcessRow.model_validate(r) for r in rows]
 
     async def class_events(self, name: str, limit: int = 20) -> list[ClassEvent]:
         """What operators did to a class (pause, resume), newest first."""
-        rows = await self.executor.fetch(queries.CLASS_EVENTS, limit=limit, **{"class": name})
+        rows = await self.executor.fetch(Q["class_events"], limit=limit, **{"class": name})
         return [ClassEvent.model_validate(r) for r in rows]
 
     async def attempt_diff(self, campaign_id: int, attempt_no: int,
@@ -363,7 +371,7 @@ class Reads:
         decoded; ``truncated`` says whether there is more), or ``None``."""
         if not 1 <= cap <= 64 * 1024 * 1024:
             raise InvalidInput("a diff is read 1 byte to 64 MiB at a time")
-        rows = await self.executor.fetch(queries.ATTEMPT_DIFF, campaign_id=campaign_id,
+        rows = await self.executor.fetch(Q["attempt_diff"], campaign_id=campaign_id,
                                          attempt_no=attempt_no, cap=cap)
         if not rows:
             return None
@@ -379,8 +387,7 @@ class Reads:
         last ``days``, its oldest ready campaign; ``NotFound`` if not registered."""
         if not 1 <= days <= 366:
             raise InvalidInput("between 1 and 366 days")
-        await self.campaign_class(name)
-        states = {state: n for (cls, state), n in (await self.class_state_counts()).items()
-                  if cls == name}
-        row = (await self.executor.fetch(queries.CLASS_SUMMARY, days=days, **{"class": name}))[0]
-        return ClassSummary(name=name, states=states, days=days, **row)
+        rows = await self.executor.fetch(Q["class_summary"], days=days, **{"class": name})
+        if not rows:
+            raise NotFound(f"campaign class {name} is not registered")
+        return ClassSummary(days=days, **rows[0])

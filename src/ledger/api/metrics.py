@@ -106,9 +106,8 @@ async def read_snapshot(reads: Reads) -> Snapshot:
         attempts=await reads.attempt_outcomes(),
         verifications=await reads.verification_outcomes(),
         side_effects=await reads.side_effect_counts(),
-        attempt_durations=await reads.duration_histogram("attempt", DURATION_BUCKETS),
-        verification_durations=await reads.duration_histogram("verification",
-                                                               DURATION_BUCKETS),
+        attempt_durations=await reads.attempt_durations(DURATION_BUCKETS),
+        verification_durations=await reads.verification_durations(DURATION_BUCKETS),
         notify_queue_usage=await reads.notify_queue_usage(),
         waiting={key: count for key, (count, _) in (await reads.waiting_counts()).items()},
     )
