@@ -18,9 +18,9 @@ import time
 from pathlib import Path
 
 from bench.harness import Context, Section, Target, cli
-from ledger import cell as cells
-from ledger.processes import cell_environment, run_command
-from ledger.repository import LEDGER, Repository
+from ledger.sandbox import cell as cells
+from ledger.sandbox.processes import cell_environment, run_command
+from ledger.git.repository import LEDGER, Repository
 
 
 def _ms(samples: list[float]) -> dict[str, float]:

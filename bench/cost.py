@@ -48,8 +48,8 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from bench.cycle import RAW_CLAIM, RAW_COMPLETE, RAW_SETUP, SHA, fill
 from bench.harness import Context, Section, cli
 from ledger import Database, Kernel
-from ledger.models import Claim
-from ledger.named_queries import Query
+from ledger.db.models import Claim
+from ledger.db.named_queries import Query
 
 RAW_CLAIM_BATCH = """
 UPDATE bench_raw SET state = 'leased', generation = generation + 1, lease_owner = %s,

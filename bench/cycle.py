@@ -30,7 +30,7 @@ import psycopg
 
 from bench.harness import Context, Section, Target, cli
 from ledger import Database, Kernel
-from ledger.models import Claim
+from ledger.db.models import Claim
 
 RAW_SETUP = """
 DROP TABLE IF EXISTS bench_raw;

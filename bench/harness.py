@@ -27,8 +27,9 @@ from typing import Any
 
 import psycopg
 
-from ledger import Database, logs, migrations
-from ledger.embedded import create_database, discard, drop_database, server_url
+from ledger import Database, logs
+from ledger.db import migrations
+from ledger.db.embedded import create_database, discard, drop_database, server_url
 
 PREFIX = os.environ.get("LEDGER_BENCH_ROLE_PREFIX", "ledgerbench_")
 SETTINGS = ("server_version", "shared_buffers", "synchronous_commit", "fsync", "wal_level",

@@ -49,7 +49,7 @@ import psutil
 
 from bench.harness import Context, Section, Target, cli, percentiles
 from ledger import Database, Kernel
-from ledger.database import Session
+from ledger.db.database import Session
 
 WORKERS = 8  # simulated worker processes (Sessions)
 POOL = 2  # connections per worker process

@@ -49,8 +49,8 @@ from typing import Any
 from bench.harness import Context, Section, Target, cli, percentiles
 from bench.heartbeat import CpuMeter
 from ledger import Database, Kernel, Reads
-from ledger.hub import Hub
-from ledger.journal import CHUNK_CHARS, JournalWriter
+from ledger.db.hub import Hub
+from ledger.roles.journal import CHUNK_CHARS, JournalWriter
 from ledger.tail import Keepalive, tail
 
 TICK_S = 0.01  # a pipe read every 10 ms

@@ -20,7 +20,7 @@ import time
 
 from bench.harness import Context, Section, Target, cli, percentiles
 from ledger import Database, Kernel
-from ledger.hub import Hub, NullHub, WakeSource
+from ledger.db.hub import Hub, NullHub, WakeSource
 
 
 async def wake_latencies(db: Database, hub: WakeSource, class_: str, samples: int,

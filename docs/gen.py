@@ -224,7 +224,7 @@ def direct_variables() -> dict[str, str]:
 def configuration_page() -> str:
     from ledger import config
 
-    from ledger.cell import CellPolicy
+    from ledger.sandbox.cell import CellPolicy
 
     models = {config.CampaignClassConfig: "classes", config.Backoff: "backoff",
               config.Acceptance: "acceptance", config.RoleAuthority: "authority",
@@ -360,8 +360,8 @@ def cli_page() -> str:
 
 def error_classes() -> list[type[Any]]:
     import ledger.api.problems  # noqa: F401 -- defines the HTTP-only errors
-    import ledger.repository  # noqa: F401 -- GitError
-    import ledger.verifier  # noqa: F401 -- CheckFailed
+    import ledger.git.repository  # noqa: F401 -- GitError
+    import ledger.roles.verifier  # noqa: F401 -- CheckFailed
     from ledger.errors import LedgerError
 
     found: list[type[Any]] = []
@@ -413,7 +413,9 @@ def errors_page() -> str:
 
 
 def protocol_page() -> str:
-    from ledger import attempt, processes, protocol
+    from ledger.roles import attempt
+    from ledger.sandbox import processes
+    from ledger import protocol
 
     models = {protocol.PreviousAttempt: "previous-attempts"}
     headers = ("field", "type", "meaning")

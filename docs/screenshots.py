@@ -25,9 +25,10 @@ from pathlib import Path
 
 import httpx
 
-from ledger import Database, Kernel, migrations
+from ledger import Database, Kernel
+from ledger.db import migrations
 from ledger.api import hash_token, new_token
-from ledger.embedded import create_database, drop_database
+from ledger.db.embedded import create_database, drop_database
 
 ROOT = Path(__file__).resolve().parents[1]
 PREFIX = "ledgershots_"

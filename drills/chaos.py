@@ -28,7 +28,7 @@ import time
 from collections import Counter
 from pathlib import Path
 
-from ledger.drill import DRILL_TIMEOUT_S, Drill, DrillContext, Proc, UnderExercised
+from ledger.ops.drill import DRILL_TIMEOUT_S, Drill, DrillContext, Proc, UnderExercised
 
 from . import fleet
 

@@ -9,7 +9,7 @@ import json
 import signal
 import time
 
-from ledger.drill import Drill, DrillContext, drill_python
+from ledger.ops.drill import Drill, DrillContext, drill_python
 
 from .workshop import CLASS, WORKER_ARGS, content_check, one_ending_per_attempt, setup
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import signal
 import subprocess
 
-from ledger.drill import Drill, DrillContext
+from ledger.ops.drill import Drill, DrillContext
 
 from .workshop import WORKER_ARGS, content_check, open_campaigns, setup
 

@@ -16,7 +16,7 @@ import signal
 from datetime import UTC, datetime
 from pathlib import Path
 
-from ledger.drill import Drill, DrillContext, UnderExercised
+from ledger.ops.drill import Drill, DrillContext, UnderExercised
 
 from . import fleet
 

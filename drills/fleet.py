@@ -17,9 +17,10 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
-from ledger.drill import DrillContext, drill_python, scripted_attempt
+from ledger.ops.drill import DrillContext, drill_python
+from drills.paths import scripted_attempt
 from ledger.errors import LedgerError
-from ledger.reads import Reads
+from ledger.db.reads import Reads
 
 from .workshop import CLASS
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import subprocess
 
-from ledger.drill import Drill, DrillContext
+from ledger.ops.drill import Drill, DrillContext
 from ledger.errors import Forbidden
 
 from .workshop import CLASS, open_campaigns, setup

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import signal
 
-from ledger.drill import Drill, DrillContext, UnderExercised
+from ledger.ops.drill import Drill, DrillContext, UnderExercised
 from ledger.errors import StaleLease
 
 from .workshop import open_campaigns, setup, started

@@ -9,7 +9,7 @@ import asyncio
 from datetime import timedelta
 
 from ledger import Kernel
-from ledger.drill import Drill, DrillContext
+from ledger.ops.drill import Drill, DrillContext
 
 from .workshop import CLASS, open_campaigns, setup
 

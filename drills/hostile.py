@@ -29,7 +29,7 @@ from typing import Any
 
 from psycopg.conninfo import conninfo_to_dict
 
-from ledger.drill import Drill, DrillContext, UnderExercised, drill_python
+from ledger.ops.drill import Drill, DrillContext, UnderExercised, drill_python
 
 from .workshop import CLASS, WORKER_ARGS, _toml
 

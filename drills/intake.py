@@ -9,7 +9,7 @@ import json
 import signal
 from datetime import datetime, timezone
 
-from ledger.drill import Drill, DrillContext, drill_python
+from ledger.ops.drill import Drill, DrillContext, drill_python
 
 from .workshop import CLASS, setup
 

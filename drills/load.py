@@ -21,7 +21,7 @@ import signal
 import time
 from collections import defaultdict
 
-from ledger.drill import Drill, DrillContext, Proc, UnderExercised
+from ledger.ops.drill import Drill, DrillContext, Proc, UnderExercised
 
 from .workshop import CLASS, setup
 

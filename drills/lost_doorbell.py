@@ -7,7 +7,7 @@ from __future__ import annotations
 import signal
 import time
 
-from ledger.drill import Drill, DrillContext
+from ledger.ops.drill import Drill, DrillContext
 
 from .workshop import open_campaigns, setup
 

@@ -7,9 +7,9 @@ the campaign waits, charged nothing, and closes when the remote returns.
 
 Each machine has its own ``LEDGER_DATA_DIR``, ``HOME``, ``TMPDIR``, copy of
 ``ledger.toml`` and (for the authenticated transport) credential file; no
-path is shared. In a network namespace (``ledger.netns``) a machine reaches
+path is shared. In a network namespace (``ledger.ops.netns``) a machine reaches
 only the bridge's address, where a forwarder to PostgreSQL
-(``ledger.faultproxy``) and the git server (``ledger.gitserver``: git daemon
+(``ledger.ops.faultproxy``) and the git server (``ledger.ops.gitserver``: git daemon
 for ``git://``, http-backend behind basic authentication for ``http://``)
 listen -- not this host's loopback. The remote's credentials reach Ledger's
 trusted git only (``LEDGER_GIT_CREDENTIAL_HELPER``); the attempt itself tries
@@ -35,11 +35,12 @@ from typing import Any
 
 from psycopg.conninfo import conninfo_to_dict
 
-from ledger import netns
-from ledger.drill import Drill, DrillContext, Proc, drill_python, scripted_attempt
-from ledger.faultproxy import FaultProxy
-from ledger.gitserver import GitDaemon, GitServer, HttpGitServer, bare_repository, push_change
-from ledger.reads import Reads
+from ledger.ops import netns
+from ledger.ops.drill import Drill, DrillContext, Proc, drill_python
+from drills.paths import scripted_attempt
+from ledger.ops.faultproxy import FaultProxy
+from ledger.ops.gitserver import GitDaemon, GitServer, HttpGitServer, bare_repository, push_change
+from ledger.db.reads import Reads
 
 from .workshop import content_check
 

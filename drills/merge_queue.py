@@ -11,7 +11,7 @@ import signal
 import subprocess
 import time
 
-from ledger.drill import Drill, DrillContext, drill_python
+from ledger.ops.drill import Drill, DrillContext, drill_python
 
 from .workshop import WORKER_ARGS, open_campaigns, setup
 

@@ -14,8 +14,8 @@ import signal
 import time
 from datetime import datetime
 
-from ledger.drill import host_pid, Drill, DrillContext, UnderExercised, process_gone
-from ledger.faultproxy import FaultProxy
+from ledger.ops.drill import host_pid, Drill, DrillContext, UnderExercised, process_gone
+from ledger.ops.faultproxy import FaultProxy
 
 from .workshop import open_campaigns, setup, started
 

@@ -1,4 +1,4 @@
-"""patroni: Ledger on a Patroni-managed cluster (``ledger.patroni``: one etcd
+"""patroni: Ledger on a Patroni-managed cluster (``ledger.ops.patroni``: one etcd
 member, two PostgreSQL members, ``synchronous_mode``). Every Ledger process --
 two workers, a verifier, a dispatcher with git and HTTP side effects, a sensor
 -- connects with one multi-host URL (``target_session_attrs=read-write``): no
@@ -25,9 +25,9 @@ from typing import Any
 
 import psycopg
 
-from ledger.drill import Drill, DrillContext, Proc, UnderExercised
+from ledger.ops.drill import Drill, DrillContext, Proc, UnderExercised
 from ledger.errors import LedgerError
-from ledger.patroni import Member, PatroniCluster
+from ledger.ops.patroni import Member, PatroniCluster
 
 from . import fleet
 from .failover import WORKER, Failover

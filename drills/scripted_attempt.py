@@ -8,7 +8,7 @@ leaves markers). Steps:
   ["environment", name]   save the names of its environment variables as <name>-<campaign>-<attempt>.json
   ["lines", n]            print n lines
   ["block"]               write started-<campaign>-<attempt> (its pid and PID
-                          namespace inside: ledger.drill.host_pid finds it) and
+                          namespace inside: ledger.ops.drill.host_pid finds it) and
                           wait until release-<campaign>-<attempt> exists
   ["child"]               start a grandchild that sleeps (holding stdout open);
                           its pid and namespace in child-<c>-<a>

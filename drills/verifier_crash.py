@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import signal
 
-from ledger.drill import Drill, DrillContext, drill_python
+from ledger.ops.drill import Drill, DrillContext, drill_python
 
 from .workshop import WORKER_ARGS, open_campaigns, setup
 

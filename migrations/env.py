@@ -3,14 +3,14 @@ the privilege self-check."""
 
 from alembic import context
 
-from ledger.migrations import engine_for, finish, prepare
+from ledger.db.migrations import engine_for, finish, prepare
 
 config = context.config
 url = config.attributes.get("ledger_url")
 role_prefix = config.attributes.get("ledger_role_prefix")
 if url is None:
     # Plain `alembic upgrade head` from the repository: use Ledger's settings.
-    from ledger.database import Database
+    from ledger.db.database import Database
     from ledger.settings import get_settings
 
     settings = get_settings()

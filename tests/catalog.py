@@ -2,7 +2,7 @@
 the catalogs: what two databases must agree on to be the same schema.
 
 Used by tests/test_schema.py to compare a database built by the migrations with
-one built from src/ledger/sql directly. Role names appear as they are (both
+one built from src/ledger/db/sql directly. Role names appear as they are (both
 databases use the same prefix), so grants compare exactly.
 """
 

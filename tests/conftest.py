@@ -64,9 +64,10 @@ from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from psycopg.rows import DictRow, dict_row
 
-from ledger import Database, Kernel, Reads, migrations
-from ledger.database import Session
-from ledger.embedded import create_database, drop_database, server_url
+from ledger import Database, Kernel, Reads
+from ledger.db import migrations
+from ledger.db.database import Session
+from ledger.db.embedded import create_database, drop_database, server_url
 
 TEST_PREFIX = os.environ.get("LEDGER_TEST_ROLE_PREFIX", "ledgertest_")
 RUN_TAG = f"{os.getpid()}_{uuid.uuid4().hex[:6]}"

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from conftest import Actors
 from ledger import Database, Kernel, Reads
-from ledger.models import Claim
+from ledger.db.models import Claim
 
 _ids = itertools.count(1)
 PROMOTING_CLASS = "promoting"
@@ -159,8 +159,8 @@ async def record_candidate(kernel: Kernel, claim: Claim, *, repo: Path, base: st
     under its ledger ref, and record it with its bundle and diff in the
     database. Returns the attempt number and the bundle digest."""
     import subprocess
-    from ledger import bundle as bundles
-    from ledger import repository as repositories
+    from ledger.git import bundle as bundles
+    from ledger.git import repository as repositories
 
     ref = f"refs/heads/ledger/{claim.campaign_id}/{claim.attempt_no}"
     subprocess.run(["git", "-C", str(repo), "update-ref", ref, sha_], check=True)

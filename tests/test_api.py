@@ -17,8 +17,8 @@ from conftest import TEST_PREFIX, Actors, Admin
 from drive import Driver, fingerprint, new_key, now, sha
 from ledger import Database, Kernel
 from ledger.api import ApiOptions, TokenTable, create_app, hash_token, new_token
-from ledger.embedded import create_database, drop_database
-from ledger.migrations import head
+from ledger.db.embedded import create_database, drop_database
+from ledger.db.migrations import head
 
 pytestmark = pytest.mark.anyio
 

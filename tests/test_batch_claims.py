@@ -9,9 +9,9 @@ import asyncio
 import pytest
 
 from conftest import Actors, Admin
-from ledger.reads import Reads
+from ledger.db.reads import Reads
 from ledger import Database, Kernel
-from ledger.database import Transaction
+from ledger.db.database import Transaction
 from ledger.errors import InvalidInput, RepeatedApproach
 
 pytestmark = pytest.mark.anyio

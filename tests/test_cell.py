@@ -1,4 +1,4 @@
-"""Attempt cells (``ledger.cell``): an attempt cannot leave its cell, and what
+"""Attempt cells (``ledger.sandbox.cell``): an attempt cannot leave its cell, and what
 it tries is recorded.
 
 The main test runs a real ``ledger worker`` against a real repository with a
@@ -35,10 +35,10 @@ from psycopg.conninfo import conninfo_to_dict
 from conftest import TEST_PREFIX, Actors, Admin
 from drive import eventually
 from ledger import Database
-from ledger import cell as cells
+from ledger.sandbox import cell as cells
 from ledger.config import load_config
-from ledger.processes import cell_environment, run_command
-from ledger.redaction import Redactor, known_secrets
+from ledger.sandbox.processes import cell_environment, run_command
+from ledger.sandbox.redaction import Redactor, known_secrets
 
 pytestmark = pytest.mark.anyio
 
@@ -384,7 +384,7 @@ async def test_the_proxy_policy_lets_out_only_what_the_class_allows() -> None:
 
 
 async def test_an_allowed_name_resolving_to_this_hosts_networks_is_refused() -> None:
-    from ledger.egress import EgressProxy
+    from ledger.sandbox.egress import EgressProxy
     proxy = EgressProxy(["localhost:5432", "*.internal:443"])
     async with proxy.serving() as path:
         reader, writer = await asyncio.open_unix_connection(str(path))
@@ -407,7 +407,7 @@ def test_a_proxy_policy_needs_its_allow_list() -> None:
 async def test_a_worker_without_bubblewrap_fails_at_start_naming_the_package(
         tmp_path: Path, db: Database, monkeypatch: pytest.MonkeyPatch) -> None:
     from ledger.config import parse_config
-    from ledger.worker import Worker, WorkerOptions
+    from ledger.roles.worker import Worker, WorkerOptions
 
     monkeypatch.setattr(cells, "bubblewrap", lambda: None)
     monkeypatch.setattr(cells, "_checked", {})

@@ -7,9 +7,9 @@ import asyncio
 import pytest
 
 from conftest import Actors, Admin
-from ledger.reads import Reads
+from ledger.db.reads import Reads
 from ledger import Database, Kernel
-from ledger.database import Transaction
+from ledger.db.database import Transaction
 
 pytestmark = pytest.mark.anyio
 

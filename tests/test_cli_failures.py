@@ -28,7 +28,7 @@ from psycopg.conninfo import make_conninfo
 from ledger.cli import app
 from ledger.cli.failures import EXIT_CODES
 from ledger.errors import DatabaseMissing, InvalidInput, NotMigrated, Unavailable
-from ledger.gitserver import bare_repository
+from ledger.ops.gitserver import bare_repository
 
 #: Sample values for every required argument or option, by parameter name.
 SAMPLES: dict[str, list[str]] = {
@@ -330,7 +330,7 @@ def test_every_command_with_a_login_the_server_refuses(pg_admin_url: str, tmp_pa
 def test_a_wrong_password_is_a_refused_login_and_the_password_is_not_shown(tmp_path: Path) -> None:
     """A server that asks for a password (a throwaway embedded one, with a
     scram-sha-256 rule for one user) and is given the wrong one."""
-    from ledger.embedded import discard, pg_ctl, server_of, server_url
+    from ledger.db.embedded import discard, pg_ctl, server_of, server_url
     from ledger.errors import LoginRefused
 
     data = tmp_path / "pw"

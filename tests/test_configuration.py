@@ -33,7 +33,7 @@ HOST_MODULE = SRC / "runtime" / "host.py"
 #: ``cell_init`` is the init process inside an attempt's cell, a program of its
 #: own: it gives the command it runs SIGPIPE's default back (Python ignores it),
 #: which is that command's inheritance, not how a Ledger process stops.
-NOT_LEDGER_PROCESSES = {SRC / "cell_init.py"}
+NOT_LEDGER_PROCESSES = {SRC / "sandbox" / "cell_init.py"}
 
 
 def sources() -> Iterator[tuple[Path, ast.AST]]:

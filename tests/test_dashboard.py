@@ -24,7 +24,7 @@ from ledger.api.charts import autonomy_chart
 from ledger.api.dashboard import board_changes, sensor_rows
 from ledger.api.timeline import GUTTER, RIGHT, WIDTH, campaign_timeline
 from ledger.config import parse_config
-from ledger.hub import NullHub
+from ledger.db.hub import NullHub
 from ledger.report import Day, Report
 
 pytestmark = pytest.mark.anyio

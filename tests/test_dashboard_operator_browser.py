@@ -35,8 +35,8 @@ from selenium.webdriver.support import expected_conditions as EC
 
 from conftest import Actors, Admin
 from drive import Driver, fingerprint, new_key, sha
-from ledger.models import ProcessReport
-from ledger.registry import held, utcnow
+from ledger.db.models import ProcessReport
+from ledger.roles.registry import held, utcnow
 
 pytestmark = pytest.mark.anyio
 

@@ -23,7 +23,7 @@ import pytest
 from conftest import TEST_PREFIX, Actors, Admin
 from drive import Driver, fingerprint, now
 from ledger import Forbidden, Kernel, StaleLease
-from ledger.dispatcher import FAULT_AFTER_ACTION, Dispatcher
+from ledger.roles.dispatcher import FAULT_AFTER_ACTION, Dispatcher
 
 pytestmark = pytest.mark.anyio
 

@@ -39,7 +39,7 @@ def pages() -> dict[str, str]:
 
 def test_the_configuration_reference_has_every_key_and_variable(pages: dict[str, str]) -> None:
     page = pages["reference/configuration.md"]
-    from ledger.cell import CellPolicy
+    from ledger.sandbox.cell import CellPolicy
 
     for model in (config.CampaignClassConfig, config.Backoff, config.Acceptance,
                   config.RoleAuthority, config.SensorConfig, CellPolicy, config.PytestJudge,

@@ -10,7 +10,7 @@ import pytest
 from rich.console import Console
 
 from ledger import Database
-from ledger.drill import DrillContext
+from ledger.ops.drill import DrillContext
 
 pytestmark = pytest.mark.anyio
 

@@ -17,7 +17,7 @@ import asyncio
 import pytest
 
 from ledger import Database, Kernel
-from ledger.database import Transaction
+from ledger.db.database import Transaction
 from ledger.errors import LedgerError
 
 pytestmark = pytest.mark.anyio

@@ -19,11 +19,11 @@ from psycopg import sql
 
 from conftest import Actors, Admin
 from drive import Driver, fingerprint, sha
-from ledger.reads import Reads
+from ledger.db.reads import Reads
 from ledger import Database, Kernel, ObjectiveConflict, StaleLease
-from ledger.dispatcher import Dispatcher
+from ledger.roles.dispatcher import Dispatcher
 from ledger.errors import InvalidInput, LedgerError
-from ledger.models import ProcessReport
+from ledger.db.models import ProcessReport
 
 pytestmark = pytest.mark.anyio
 

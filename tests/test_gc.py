@@ -15,7 +15,7 @@ import pytest
 
 from conftest import TEST_PREFIX
 from ledger.config import parse_config
-from ledger.gc import Collector, collect
+from ledger.roles.gc import Collector, collect
 
 pytestmark = pytest.mark.anyio
 

@@ -1,5 +1,5 @@
 """Ledger's own git never runs code a repository, a user or the system
-configured (``ledger.hardened_git``).
+configured (``ledger.git.hardened_git``).
 
 Each test plants programs everywhere git looks for them -- every hook, a hooks
 path in the repository, in ``$HOME/.gitconfig`` and in a system config, a
@@ -9,7 +9,7 @@ editor, credential helpers, ``remote.*.uploadpack``, signing programs, an
 ``include.path`` pulling in more of them -- each program writing a marker
 when it runs. Then it drives the git steps Ledger takes (commits of
 candidates, checkouts for verification, promotion into a checked-out branch,
-rebases, retention) through ``ledger.repository`` and checks that no marker
+rebases, retention) through ``ledger.git.repository`` and checks that no marker
 was written. A control test shows that the same plants do run under plain git,
 so the check can fail.
 """
@@ -24,9 +24,9 @@ from pathlib import Path
 
 import pytest
 
-from ledger import hardened_git
-from ledger import repository as repositories
-from ledger.repository import Repository
+from ledger.git import hardened_git
+from ledger.git import repository as repositories
+from ledger.git.repository import Repository
 
 HOOKS = ("applypatch-msg", "pre-applypatch", "post-applypatch", "pre-commit", "pre-merge-commit",
          "prepare-commit-msg", "commit-msg", "post-commit", "pre-rebase", "post-checkout",

@@ -20,12 +20,12 @@ import pytest
 
 from conftest import TEST_PREFIX
 from drive import eventually, record_candidate
-from ledger import repository
+from ledger.git import repository
 from ledger.config import load_config, parse_config
-from ledger.drill import scripted_attempt
-from ledger.protection import Protection, default_patterns
-from ledger.sensors import check
-from ledger.verifier import Verifier
+from drills.paths import scripted_attempt
+from ledger.git.protection import Protection, default_patterns
+from ledger.roles.sensors import check
+from ledger.roles.verifier import Verifier
 from verifiers import Baseline
 from verifiers.pytest_report import Report, held_to
 

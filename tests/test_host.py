@@ -16,15 +16,15 @@ import pytest
 from conftest import TEST_PREFIX
 from drive import Driver, eventually
 from ledger import Database
-from ledger.dispatcher import Dispatcher
-from ledger.drill import process_gone
+from ledger.roles.dispatcher import Dispatcher
+from ledger.ops.drill import process_gone
 from ledger.errors import ConfigError
-from ledger.reaper import Reaper
+from ledger.roles.reaper import Reaper
 from ledger.backoff import backoff
 from ledger.runtime.host import EX_SOFTWARE, Host
 from ledger.runtime.service import Service
-from ledger.services import ReaperOptions
-from ledger.trimmer import Trimmer
+from ledger.roles.services import ReaperOptions
+from ledger.roles.trimmer import Trimmer
 
 pytestmark = pytest.mark.anyio
 
@@ -254,7 +254,7 @@ async def test_trim_every_runs_under_the_host_until_sigterm(db_url, actors, admi
 
 async def test_the_worker_service_run_once_claims_and_attempts_one(db: Database, actors, admin, tmp_path) -> None:
     from ledger.demo import DEMO_CLASS, demo_config, make_repository
-    from ledger.worker import Worker, WorkerOptions
+    from ledger.roles.worker import Worker, WorkerOptions
 
     config = demo_config(make_repository(tmp_path))
     await (await actors("operator")).register_class(DEMO_CLASS, **config.classes[DEMO_CLASS].registration())

@@ -11,10 +11,10 @@ import pytest
 
 from conftest import Actors, Admin
 from drive import Driver, fingerprint, sha
-from ledger.reads import Reads
+from ledger.db.reads import Reads
 from ledger import Database, Kernel
 from ledger.errors import StaleLease, Unavailable
-from ledger.hub import CHANNELS, Hub, NullHub, Subscription, _Subscriber
+from ledger.db.hub import CHANNELS, Hub, NullHub, Subscription, _Subscriber
 
 pytestmark = pytest.mark.anyio
 
@@ -220,7 +220,7 @@ async def test_a_busy_sessions_next_call_carries_its_hints_and_a_bad_hint_costs_
     (no round trip of their own); the call's result, or its
     error, is its own. (A zero window ends while the next call is under
     way; sending hints on their own would fail this test: it is replaced.)"""
-    monkeypatch.setattr("ledger.database.HINT_WINDOW_S", 0.0)
+    monkeypatch.setattr("ledger.db.database.HINT_WINDOW_S", 0.0)
     sent_alone: list[object] = []
 
     async def no_flush(self: object) -> None:
@@ -231,7 +231,7 @@ async def test_a_busy_sessions_next_call_carries_its_hints_and_a_bad_hint_costs_
         worker = Kernel(session)
         with hub.subscribe("ledger_attempted") as verifiers:
             await settle(admin, verifiers, "ledger_attempted")
-            monkeypatch.setattr("ledger.database.Session.flush_hints", no_flush)
+            monkeypatch.setattr("ledger.db.database.Session.flush_hints", no_flush)
             await worker.record_attempt(cid, gen, base_sha=sha(1), candidate_sha=sha(2),
                                         fingerprint=fingerprint(1))
             await worker.heartbeat(other, other_gen)  # the window ends while this one is under way

@@ -9,9 +9,9 @@ from psycopg import sql
 
 from conftest import TEST_PREFIX, Actors, Admin, AsRole
 from drive import PROMOTING_CLASS, Driver, eventually, fingerprint, now, sha
-from ledger.reads import Reads
+from ledger.db.reads import Reads
 from ledger import Database, Kernel
-from ledger.journal import JournalWriter
+from ledger.roles.journal import JournalWriter
 
 pytestmark = pytest.mark.anyio
 

@@ -24,12 +24,12 @@ import pytest
 
 from conftest import TEST_PREFIX
 from drive import eventually, record_candidate
-from ledger import repository
+from ledger.git import repository
 from ledger.config import load_config, parse_config
-from ledger.drill import scripted_attempt
-from ledger.protection import default_patterns
-from ledger.sensors import check
-from ledger.verifier import Verifier
+from drills.paths import scripted_attempt
+from ledger.git.protection import default_patterns
+from ledger.roles.sensors import check
+from ledger.roles.verifier import Verifier
 
 pytestmark = pytest.mark.anyio
 
@@ -443,7 +443,7 @@ async def test_held_out_tests_are_never_shown_to_the_attempt(
 
 def test_plugin_manifests_and_pytest_tomls_are_protected_by_default() -> None:
     """Confirmation is held to the opening baseline."""
-    from ledger.protection import Protection
+    from ledger.git.protection import Protection
 
     protection = Protection(default_patterns([PYTEST]))
     for path in ("pytest.toml", ".pytest.toml", "forgery-1.0.dist-info/entry_points.txt",
@@ -604,7 +604,7 @@ async def test_a_quorum_accepts_only_when_every_verifier_does(bench: Bench, tmp_
         ("pytest", "verifier-B"), ("review", "verifier-B")]
     assert landing["verdicts"][1]["summary"] == "adds, as the objective asks"
     # the landed commit's trailers name every verifier of the quorum
-    from ledger.dispatcher import Dispatcher
+    from ledger.roles.dispatcher import Dispatcher
 
     assert await Dispatcher(await bench.actors("dispatcher")).run_once() == 1
     verdict_lines = [line for line in git(bench.repo, "log", "-1", "--format=%B", "main").splitlines()
@@ -693,7 +693,7 @@ def test_an_observation_keeps_its_test_ids_within_bounds() -> None:
 
 
 def test_the_screen_reads_added_lines_only_and_skips_tests(tmp_path: Path) -> None:
-    from ledger.screen import Screen
+    from ledger.git.screen import Screen
 
     repo, base = make_repo(tmp_path / "r")
     sha = candidate(repo, base, {"calc/ops.py": DETECTS_THE_TEST, "tests/test_more.py": "import _pytest\n",

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import psycopg
 
-from ledger.embedded import server_url
+from ledger.db.embedded import server_url
 
 kept = []
 

@@ -12,9 +12,9 @@ import pytest
 from conftest import TEST_PREFIX
 from drive import Driver
 from ledger import Database, Kernel
-from ledger.database import DEFAULT_SESSION_LIMITS, SESSION_LIMITS
-from ledger.logins import create_logins, login_url
-from ledger.named_queries import Query
+from ledger.db.database import DEFAULT_SESSION_LIMITS, SESSION_LIMITS
+from ledger.db.logins import create_logins, login_url
+from ledger.db.named_queries import Query
 from ledger.settings import ACTORS
 
 pytestmark = pytest.mark.anyio
@@ -92,7 +92,7 @@ def test_login_urls_keep_the_servers_settings() -> None:
 async def test_a_service_on_the_administrators_login_says_so_once(db: Database) -> None:
     from structlog.testing import capture_logs
 
-    from ledger import database
+    from ledger.db import database
 
     database._admin_warned.discard("reader")
     database._admin_warned.discard("sensor")

@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 from conftest import TEST_PREFIX
 
-from ledger.embedded import create_database, drop_database
-from ledger.gitserver import bare_repository
+from ledger.db.embedded import create_database, drop_database
+from ledger.ops.gitserver import bare_repository
 
 
 def records(stderr: str) -> list[dict[str, object]]:
@@ -79,7 +79,7 @@ def test_serve_logs_one_format_uvicorn_and_import_time_loggers(db_url: str) -> N
 SCRIPT = """
 import sys, warnings
 import ledger.api.problems as problems   # its logger is made here, before configure
-from ledger import logs, migrations
+from ledger import logs; from ledger.db import migrations
 logs.configure("info")
 problems.log.warning("made at import time")
 warnings.warn("a library warning")

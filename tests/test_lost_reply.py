@@ -16,9 +16,9 @@ import pytest
 from conftest import TEST_PREFIX, Actors, Admin
 from drive import Driver, fingerprint, sha
 from ledger import Database, Kernel, OutcomeUnknown, Unavailable
-from ledger.attempt import AttemptRun
+from ledger.roles.attempt import AttemptRun
 from ledger.config import load_config
-from ledger.faultproxy import FaultProxy
+from ledger.ops.faultproxy import FaultProxy
 
 pytestmark = pytest.mark.anyio
 

@@ -15,7 +15,7 @@ from test_rebase import commit
 
 from conftest import Actors, Admin
 from drive import Driver, record_candidate
-from ledger.dispatcher import Dispatcher
+from ledger.roles.dispatcher import Dispatcher
 
 pytestmark = pytest.mark.anyio
 CLASS = "queued"

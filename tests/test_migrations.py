@@ -17,8 +17,9 @@ import psycopg
 import pytest
 
 from conftest import TEST_PREFIX
-from ledger import LedgerError, migrations
-from ledger.embedded import create_database, drop_database
+from ledger import LedgerError
+from ledger.db import migrations
+from ledger.db.embedded import create_database, drop_database
 
 SNAPSHOT = Path(__file__).parent / "schema.snapshot"
 
@@ -66,7 +67,7 @@ def test_every_revision_steps_down_and_up(empty_db: str) -> None:
 
 
 def test_two_processes_migrating_at_once(empty_db: str) -> None:
-    code = "import sys; from ledger import migrations; migrations.upgrade(sys.argv[1], sys.argv[2])"
+    code = "import sys; from ledger.db import migrations; migrations.upgrade(sys.argv[1], sys.argv[2])"
     procs = [subprocess.Popen([sys.executable, "-c", code, empty_db, TEST_PREFIX],
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT) for _ in range(2)]
     outputs = [p.communicate(timeout=120)[0].decode() for p in procs]

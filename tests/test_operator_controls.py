@@ -20,11 +20,11 @@ from drive import Driver, fingerprint, new_key, sha
 from ledger import Database, Kernel
 from ledger import bulk
 from ledger.api.dashboard import board_changes
-from ledger.database import Transaction
+from ledger.db.database import Transaction
 from ledger.errors import Forbidden, InvalidInput, NotFound
-from ledger.hub import NullHub
-from ledger.models import ProcessReport
-from ledger.registry import Registration, held, utcnow
+from ledger.db.hub import NullHub
+from ledger.db.models import ProcessReport
+from ledger.roles.registry import Registration, held, utcnow
 from ledger.report import autonomy_report
 
 pytestmark = pytest.mark.anyio

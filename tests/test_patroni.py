@@ -1,4 +1,4 @@
-"""Ledger on a real Patroni cluster (``ledger.patroni``: Debian's ``patroni``
+"""Ledger on a real Patroni cluster (``ledger.ops.patroni``: Debian's ``patroni``
 and ``etcd-server``, one etcd member, two PostgreSQL members on loopback).
 
 A real ``ledger worker`` and the test's own opener both connect with the
@@ -28,12 +28,13 @@ import pytest
 
 from conftest import TEST_PREFIX
 from drive import eventually
-from ledger import Database, Kernel, migrations
+from ledger import Database, Kernel
+from ledger.db import migrations
 from ledger.config import load_config
-from ledger.drill import scripted_attempt
-from ledger.embedded import create_database, with_database
+from drills.paths import scripted_attempt
+from ledger.db.embedded import create_database, with_database
 from ledger.errors import LedgerError
-from ledger.patroni import Member, PatroniCluster, missing
+from ledger.ops.patroni import Member, PatroniCluster, missing
 
 pytestmark = [pytest.mark.anyio, pytest.mark.slow,
               pytest.mark.skipif(missing() is not None, reason=f"no Patroni cluster here: {missing()}")]

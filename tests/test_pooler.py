@@ -34,7 +34,7 @@ from psycopg.conninfo import conninfo_to_dict
 
 from ledger import Database, Kernel, Reads, StaleLease
 from ledger.api import ApiOptions, TokenTable, create_app, hash_token, new_token
-from ledger.hub import Hub
+from ledger.db.hub import Hub
 
 from conftest import TEST_CLASS, TEST_PREFIX, Actors, release_pooled, through
 from drive import Driver, fingerprint, new_key, now, sha
@@ -330,7 +330,7 @@ async def test_a_hub_with_a_direct_listen_url_hears_through_a_pooled_setup(
 def test_session_limits_match_the_roles_settings(admin: psycopg.Connection) -> None:
     """roles.sql's per-role ALTER ROLE ... SET equals database.SESSION_LIMITS,
     so logins get the limits pooled transactions take on."""
-    from ledger.database import DEFAULT_SESSION_LIMITS, SESSION_LIMITS
+    from ledger.db.database import DEFAULT_SESSION_LIMITS, SESSION_LIMITS
     from ledger.settings import ACTORS
 
     for actor in ACTORS:
@@ -433,7 +433,7 @@ async def test_a_filling_notification_queue_degrades_readyz(db: Database, db_url
 
 
 def test_the_queue_alarm_is_above_half() -> None:
-    from ledger.hub import NOTIFY_QUEUE_ALARM, queue_alarm
+    from ledger.db.hub import NOTIFY_QUEUE_ALARM, queue_alarm
 
     assert NOTIFY_QUEUE_ALARM == 0.5
     assert not queue_alarm(None) and not queue_alarm(0.0) and not queue_alarm(0.5)

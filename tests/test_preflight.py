@@ -24,8 +24,8 @@ import pytest
 from conftest import TEST_PREFIX
 
 from ledger.errors import ConfigError
-from ledger.gitserver import GitDaemon, HttpGitServer, bare_repository, free_port
-from ledger.preflight import check, probe
+from ledger.ops.gitserver import GitDaemon, HttpGitServer, bare_repository, free_port
+from ledger.roles.preflight import check, probe
 from ledger.config import parse_config
 
 PY = sys.executable

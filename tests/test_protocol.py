@@ -14,7 +14,7 @@ import pytest
 
 from conftest import Actors
 from ledger import protocol
-from ledger.attempt import MESSAGE_FILE, AttemptRun
+from ledger.roles.attempt import MESSAGE_FILE, AttemptRun
 from ledger.config import parse_config
 
 pytestmark = pytest.mark.anyio

@@ -12,8 +12,8 @@ from test_dispatcher import MAIN, git, rev
 
 from conftest import Actors, Admin
 from drive import Driver, record_candidate
-from ledger import bundle as bundles
-from ledger.dispatcher import Dispatcher
+from ledger.git import bundle as bundles
+from ledger.roles.dispatcher import Dispatcher
 
 pytestmark = pytest.mark.anyio
 
@@ -182,7 +182,7 @@ def test_replay_names_a_missing_object_and_refuses_a_rewritten_target(repo: Path
     object that is not there is a system fault naming it (never a crash, never
     a verdict); a target rewritten so that the candidate's base is not behind
     it is "does not apply" (a new attempt), not an error."""
-    from ledger.repository import Repository, SystemFault
+    from ledger.git.repository import Repository, SystemFault
     base = rev(repo)
     candidate = commit(repo, base, {"app.py": "def add(a, b):\n    return a + b\n"}, "fix add")
     rewritten = git(repo, "commit-tree", f"{base}^{{tree}}", "-m", "history rewritten")

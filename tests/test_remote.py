@@ -1,4 +1,4 @@
-"""Ledger's git against a real git server on loopback (``ledger.gitserver``):
+"""Ledger's git against a real git server on loopback (``ledger.ops.gitserver``):
 ``git daemon`` with receive-pack (``git://``) and git's ``http-backend``
 behind basic authentication (``http://``), each role through a cache of its
 own. Publication, compare-and-swap promotion, deletion by ``ledger gc``, an
@@ -14,9 +14,9 @@ from typing import Any
 import pytest
 
 from ledger.config import parse_config
-from ledger.gc import collect
-from ledger.gitserver import GitDaemon, GitServer, HttpGitServer, bare_repository, push_change
-from ledger.repository import RefMoved, Repository, SystemFault
+from ledger.roles.gc import collect
+from ledger.ops.gitserver import GitDaemon, GitServer, HttpGitServer, bare_repository, push_change
+from ledger.git.repository import RefMoved, Repository, SystemFault
 
 pytestmark = pytest.mark.anyio
 
@@ -76,7 +76,7 @@ def test_a_candidate_published_by_one_role_is_fetched_by_another(remote: Remote)
 
 
 def worker_identity() -> Any:
-    from ledger.repository import Identity
+    from ledger.git.repository import Identity
 
     return Identity("Worker", "worker@localhost")
 
@@ -179,7 +179,7 @@ async def test_a_sensor_that_cannot_reach_the_remote_observes_nothing(remote: Re
 
     from drive import Driver
     from ledger.config import SensorConfig
-    from ledger.sensors import Sensor
+    from ledger.roles.sensors import Sensor
 
     config = parse_config({"classes": {"fix": {"repository": remote.url, "attempt_command": ["true"],
                                                "promote_to": "refs/heads/main"}}})
@@ -217,7 +217,7 @@ def test_a_remote_gone_silent_is_a_system_fault_not_a_step_without_end(tmp_path:
     import threading
     import time
 
-    from ledger import repository
+    from ledger.git import repository
 
     listener = socket.socket()
     listener.bind(("127.0.0.1", 0))

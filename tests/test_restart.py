@@ -26,11 +26,12 @@ import pytest
 
 from conftest import TEST_PREFIX
 from drive import eventually, scaled
-from ledger import Database, Kernel, migrations
-from ledger.cluster import Cluster
+from ledger import Database, Kernel
+from ledger.db import migrations
+from ledger.ops.cluster import Cluster
 from ledger.config import load_config
-from ledger.drill import scripted_attempt
-from ledger.embedded import create_database
+from drills.paths import scripted_attempt
+from ledger.db.embedded import create_database
 
 pytestmark = [pytest.mark.anyio, pytest.mark.slow]
 

@@ -1,4 +1,4 @@
-"""The rolled-back tier runs the production executor (``ledger.database``'s
+"""The rolled-back tier runs the production executor (``ledger.db.database``'s
 ``Session`` and ``Transaction``) inside the test's transaction, not a twin of
 it: a change to retries, adaptation or role-taking is tested in both tiers."""
 
@@ -11,8 +11,8 @@ import pytest
 
 from conftest import TEST_PREFIX, Actors, Admin
 from ledger import Forbidden
-from ledger.database import Session, Transaction
-from ledger.named_queries import Query
+from ledger.db.database import Session, Transaction
+from ledger.db.named_queries import Query
 
 pytestmark = [pytest.mark.anyio, pytest.mark.rollback]
 

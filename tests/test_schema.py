@@ -20,11 +20,12 @@ from pydantic import BaseModel
 
 from catalog import catalog
 from conftest import TEST_PREFIX, Admin
-from ledger import Kernel, LedgerError, Reads, bulk, machine, migrations, models, reads
-from ledger.kernel import IDEMPOTENT
-from ledger.named_queries import QUERIES, Query, load, parse
+from ledger import Kernel, LedgerError, Reads, bulk, machine
+from ledger.db import migrations, models, reads
+from ledger.db.kernel import IDEMPOTENT
+from ledger.db.named_queries import QUERIES, Query, load, parse
 from ledger.api.dashboard import board, render
-from ledger.embedded import create_database, drop_database
+from ledger.db.embedded import create_database, drop_database
 
 ROOT = Path(__file__).resolve().parents[1]
 SRC = ROOT / "src" / "ledger"
@@ -93,7 +94,7 @@ def test_each_function_is_defined_once_in_the_tree(admin: Admin) -> None:
     """One body per function: a revision that changes a function re-applies its
     schema file instead of carrying a copy."""
     found: Counter[str] = Counter()
-    for folder in (SRC / "sql", ROOT / "migrations"):
+    for folder in (SRC / "db" / "sql", ROOT / "migrations"):
         for path in folder.rglob("*"):
             if path.suffix in (".sql", ".py"):
                 found.update(FUNCTION_DEF.findall(path.read_text()))

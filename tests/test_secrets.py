@@ -20,9 +20,9 @@ import pytest
 from conftest import TEST_PREFIX
 from drive import eventually
 from ledger.config import parse_config
-from ledger.processes import ALLOWED, check_extra, child_environment
-from ledger.sensors import Sensor
-from ledger.verifier import Verifier
+from ledger.sandbox.processes import ALLOWED, check_extra, child_environment
+from ledger.roles.sensors import Sensor
+from ledger.roles.verifier import Verifier
 
 pytestmark = pytest.mark.anyio
 

@@ -16,9 +16,9 @@ import pytest
 
 from conftest import TEST_PREFIX, Actors, Admin
 from drive import PROMOTING_CLASS, Driver, eventually
-from ledger.reads import Reads
+from ledger.db.reads import Reads
 from ledger.config import parse_config
-from ledger.sensors import EPOCH, Sensor, latest_due_tick, next_tick, trigger_for
+from ledger.roles.sensors import EPOCH, Sensor, latest_due_tick, next_tick, trigger_for
 
 pytestmark = pytest.mark.anyio
 
@@ -268,7 +268,7 @@ async def test_a_pytest_sensor_names_the_failing_tests(tmp_path: Path) -> None:
     target's ref of a bare repository, or -- a sensor opted out of the cell --
     through the shipped wrapper that exports it itself."""
     from ledger.demo import examples_dir
-    from ledger.sensors import check
+    from ledger.roles.sensors import check
 
     work, bare = tmp_path / "work", tmp_path / "app.git"
     (work / "tests").mkdir(parents=True)

@@ -1,4 +1,4 @@
-"""A real streaming standby (``ledger.cluster.Replicated``): every way of
+"""A real streaming standby (``ledger.ops.cluster.Replicated``): every way of
 meeting a read-only server is classified ``ReadOnly`` (an ``Unavailable``),
 and a worker pointed at a standby waits -- logging it, with jittered backoff --
 instead of exiting, then works once the standby is promoted."""
@@ -18,11 +18,12 @@ import pytest
 
 from conftest import TEST_PREFIX
 from drive import eventually
-from ledger import Database, Kernel, errors, migrations
-from ledger.cluster import Replicated
+from ledger import Database, Kernel, errors
+from ledger.db import migrations
+from ledger.ops.cluster import Replicated
 from ledger.config import load_config
-from ledger.drill import scripted_attempt
-from ledger.embedded import create_database, with_database
+from drills.paths import scripted_attempt
+from ledger.db.embedded import create_database, with_database
 
 pytestmark = [pytest.mark.anyio, pytest.mark.slow]
 
@@ -54,7 +55,7 @@ def test_a_write_on_a_standby_is_read_only(pair: Replicated) -> None:
     ``ReadOnly``, an ``Unavailable`` (so callers wait and retry)."""
     import psycopg
 
-    from ledger.database import _translate
+    from ledger.db.database import _translate
 
     with standby_db(pair).connect_sync("operator") as conn:
         with pytest.raises(psycopg.Error) as raised:

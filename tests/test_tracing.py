@@ -33,10 +33,10 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from rich.console import Console
 
 from ledger import Database, tracing
-from ledger.drill import Drill, DrillContext, drill_python
+from ledger.ops.drill import Drill, DrillContext, drill_python
 from ledger.errors import InvalidInput
-from ledger.models import Claim
-from ledger.processes import cell_environment, child_environment
+from ledger.db.models import Claim
+from ledger.sandbox.processes import cell_environment, child_environment
 
 pytestmark = pytest.mark.anyio
 
@@ -176,7 +176,7 @@ def test_configured_only_by_the_otel_variables() -> None:
 
 
 def test_off_no_opentelemetry_module_is_imported() -> None:
-    code = ("import sys; import ledger.sensors, ledger.worker, ledger.verifier, ledger.dispatcher, "
+    code = ("import sys; import ledger.roles.sensors, ledger.roles.worker, ledger.roles.verifier, ledger.roles.dispatcher, "
             "ledger.runtime.host, ledger.tracing; "
             "print(sorted(m for m in sys.modules if m.startswith('opentelemetry')))")
     env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}

@@ -10,7 +10,7 @@ import pytest
 from conftest import Actors, Admin
 from drive import fingerprint, sha
 from ledger import Database, Kernel
-from ledger.database import Transaction
+from ledger.db.database import Transaction
 from ledger.errors import LedgerError
 
 pytestmark = pytest.mark.anyio

@@ -2,7 +2,7 @@
 repositories and real processes.
 
 The worker is simulated with the kernel: it claims, commits a candidate in a
-tiny repository, freezes a real bundle with ``ledger.bundle`` and records the
+tiny repository, freezes a real bundle with ``ledger.git.bundle`` and records the
 attempt -- exactly what the worker runtime hands the verifier.
 """
 
@@ -24,11 +24,12 @@ import pytest
 import verifiers
 from conftest import TEST_PREFIX
 from drive import eventually, record_candidate, now
-from ledger import Forbidden, Kernel, Reads, SameIdentity, repository
-from ledger.drill import host_pid, process_gone
-from ledger.models import Verification
-from ledger.processes import TAIL_BYTES, run_command
-from ledger.verifier import Verifier
+from ledger import Forbidden, Kernel, Reads, SameIdentity
+from ledger.git import repository
+from ledger.ops.drill import host_pid, process_gone
+from ledger.db.models import Verification
+from ledger.sandbox.processes import TAIL_BYTES, run_command
+from ledger.roles.verifier import Verifier
 from verifiers.pytest_report import node_id, pytest_command
 
 pytestmark = pytest.mark.anyio
@@ -296,7 +297,7 @@ BLOCKING = textwrap.dedent("""\
     import os, sys, time, pathlib
     marker, release = map(pathlib.Path, sys.argv[1:3])
     tmp = marker.with_suffix(".tmp")
-    tmp.write_text(f"{os.getpid()} {os.readlink('/proc/self/ns/pid')}")  # (ledger.drill.host_pid)
+    tmp.write_text(f"{os.getpid()} {os.readlink('/proc/self/ns/pid')}")  # (ledger.ops.drill.host_pid)
     tmp.rename(marker)
     deadline = time.monotonic() + 120
     while not release.exists() and time.monotonic() < deadline:
@@ -413,7 +414,7 @@ async def test_a_verifier_cut_off_from_the_database_stops_its_check_before_its_l
     check on its own clock, before the database would expire the lease, and
     records nothing."""
     from ledger import Database
-    from ledger.faultproxy import FaultProxy
+    from ledger.ops.faultproxy import FaultProxy
 
     acceptance, marker, release = blocking(tmp_path)
     cid = await worker.open("cut-off")
@@ -447,7 +448,7 @@ async def test_a_database_stall_shorter_than_the_lease_costs_the_verification_no
     (each for as long as the lease allows, retried on a fresh connection when
     the path comes back), the check goes on, and its verdict is recorded."""
     from ledger import Database
-    from ledger.faultproxy import FaultProxy
+    from ledger.ops.faultproxy import FaultProxy
 
     acceptance, marker, release = blocking(tmp_path)
     cid = await worker.open("stalled")

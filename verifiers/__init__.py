@@ -1,11 +1,11 @@
 """Verifier implementations: how a candidate's acceptance is judged.
 
-The verifier runtime (``ledger.verifier``) claims a verification, checks the
+The verifier runtime (``ledger.roles.verifier``) claims a verification, checks the
 candidate out cleanly and hands the checkout and the bundle's acceptance spec to
 the implementation the bundle names. An implementation is anything with a
 ``name`` and an async ``verify(checkout, acceptance) -> Verdict``; it must not
 write to the database (the runtime records the verdict) and should run
-commands through ``ledger.processes.run_command`` so timeouts kill whole
+commands through ``ledger.sandbox.processes.run_command`` so timeouts kill whole
 process groups.
 
 Built-ins: ``command`` (every acceptance command exits 0), ``pytest`` (the
@@ -42,8 +42,14 @@ from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
-from ledger.cell import INSIDE_OUT, INSIDE_WORK, Binding, CellPolicy, CellSpec
-from ledger.processes import CommandResult, cell_environment, check_extra, child_environment, run_command
+from ledger.sandbox.cell import INSIDE_OUT, INSIDE_WORK, Binding, CellPolicy, CellSpec
+from ledger.sandbox.processes import (
+    CommandResult,
+    cell_environment,
+    check_extra,
+    child_environment,
+    run_command,
+)
 
 from .judge import JudgeError, JudgeSettings
 

@@ -38,8 +38,8 @@ from typing import Any
 
 from . import Acceptance, Baseline, Verdict, passed, run_acceptance
 from .judge import INSIDE_JUDGE, Judge, Judged, Prepared, read_stream, remove_bytecode
-from ledger.cell import INSIDE_WORK, Binding
-from ledger.processes import CommandResult
+from ledger.sandbox.cell import INSIDE_WORK, Binding
+from ledger.sandbox.processes import CommandResult
 
 #: Failed node ids listed in a reject reason (all of them go to the evidence).
 REASON_LIMIT = 10

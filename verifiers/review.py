@@ -24,8 +24,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from ledger.cell import INSIDE_WORK, Binding, CellPolicy, CellSpec
-from ledger.processes import cell_environment, check_extra, child_environment, run_command
+from ledger.sandbox.cell import INSIDE_WORK, Binding, CellPolicy, CellSpec
+from ledger.sandbox.processes import cell_environment, check_extra, child_environment, run_command
 
 from . import Acceptance, InvalidAcceptance, Verdict
 

@@ -1,4 +1,4 @@
-"""baseline: the schema as src/ledger/sql defines it
+"""baseline: the schema as src/ledger/db/sql defines it
 
 Revision ID: 0001_baseline
 Revises:
@@ -6,7 +6,7 @@ Revises:
 
 from alembic import op
 
-from ledger.migrations import apply_schema, run_sql
+from ledger.db.migrations import apply_schema, run_sql
 
 revision = '0001_baseline'
 down_revision = None

@@ -6,7 +6,7 @@ Revises: 0001_baseline
 
 from alembic import op
 
-from ledger.migrations import apply_schema, run_sql
+from ledger.db.migrations import apply_schema, run_sql
 
 revision = '0002_merge_queue'
 down_revision = '0001_baseline'

@@ -6,7 +6,7 @@ Revises: 0002_merge_queue
 
 from alembic import op
 
-from ledger.migrations import apply_schema, run_sql
+from ledger.db.migrations import apply_schema, run_sql
 
 revision = '0003_trace_context'
 down_revision = '0002_merge_queue'

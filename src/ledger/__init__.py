@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from .errors import (
+from ledger.errors import (
     DuplicateObjective,
     Forbidden,
     IllegalTransition,
@@ -28,11 +28,12 @@ from .errors import (
 )
 
 if TYPE_CHECKING:
-    from .database import Database, Session
-    from .kernel import Kernel
-    from .reads import Reads
+    from ledger.db.database import Database, Session
+    from ledger.db.kernel import Kernel
+    from ledger.db.reads import Reads
 
-_LAZY = {"Database": "database", "Session": "database", "Kernel": "kernel", "Reads": "reads"}
+_LAZY = {"Database": "db.database", "Session": "db.database", "Kernel": "db.kernel",
+         "Reads": "db.reads"}
 
 __all__ = [
     "Database", "DuplicateObjective", "Forbidden", "IllegalTransition", "Kernel", "LedgerError",

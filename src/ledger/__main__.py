@@ -1,5 +1,5 @@
 """``python -m ledger`` is the ``ledger`` command."""
 
-from .cli import main
+from ledger.cli import main
 
 main()

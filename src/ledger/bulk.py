@@ -37,9 +37,9 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Literal
 
-from .errors import Forbidden, InvalidInput, LedgerError
-from .reads import Reads
-from .models import OPEN_STATES
+from ledger.errors import Forbidden, InvalidInput, LedgerError
+from ledger.db.reads import Reads
+from ledger.db.models import OPEN_STATES
 
 Action = Literal["abandon", "reopen"]
 #: The states each action applies to.

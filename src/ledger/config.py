@@ -28,7 +28,7 @@ Example::
     committer = "Ledger <ledger@example.org>"
 
 ``acceptance.protected`` (default: derived from the commands, see
-``ledger.protection``), ``acceptance.allow_protected_changes`` and
+``ledger.git.protection``), ``acceptance.allow_protected_changes`` and
 ``acceptance.environment`` (the verifier's extras) travel with the acceptance
 spec: the kernel stores it with each campaign, and the verifier reads it from
 there, never from what the worker wrote.
@@ -45,11 +45,11 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 import string
 
-from . import protection
-from .cell import CellPolicy
-from .errors import ConfigError
-from .processes import check_extra
-from .repository import Identity
+from ledger.git import protection
+from ledger.sandbox.cell import CellPolicy
+from ledger.errors import ConfigError
+from ledger.sandbox.processes import check_extra
+from ledger.git.repository import Identity
 
 NAME = r"^[a-z0-9][a-z0-9_.-]{0,62}$"
 #: How long attempt branches of a closed campaign are kept by default (7 days).
@@ -110,7 +110,7 @@ class ScreenRule(_Strict):
 
 
 class ScreenSettings(_Strict):
-    """What the verifier flags in the diff before running anything (``ledger.screen``)."""
+    """What the verifier flags in the diff before running anything (``ledger.git.screen``)."""
 
     rules: list[str] | None = Field(None, description="the rules used (default: all; [] = off)")
     exempt: list[str] = Field(default_factory=list, description="paths not screened (gitignore-style)")
@@ -118,7 +118,7 @@ class ScreenSettings(_Strict):
 
     @model_validator(mode="after")
     def _valid(self) -> ScreenSettings:
-        from .screen import check_settings
+        from ledger.git.screen import check_settings
         check_settings(self.model_dump())
         return self
 
@@ -405,7 +405,7 @@ def _glob_match(pattern: str, value: str) -> bool:
 
 
 class SensorConfig(_Strict):
-    """A scheduled observation of a target (see ``ledger.sensors``)."""
+    """A scheduled observation of a target (see ``ledger.roles.sensors``)."""
 
     name: str = Field(pattern=NAME)
     target: str = Field(min_length=1, description="what it watches: REPOSITORY or REPOSITORY#REF")

@@ -34,21 +34,22 @@ from typing import Any
 import psycopg
 from rich.console import Console
 
-from . import logs, migrations
-from .config import LedgerConfig, parse_config
-from .database import Database
-from .embedded import create_database, drop_database, server_url
-from .hub import Hub
-from .identity import process_identity
-from .kernel import Kernel
-from .models import Event
-from .reads import Reads
-from .sensors import Sensors
-from .settings import Settings
-from .runtime.host import Host, serve
-from .services import ReaperOptions, RunOptions, one_machine
-from .tail import SyntheticEvent, tail
-from .worker import WorkerOptions
+from ledger import logs
+from ledger.db import migrations
+from ledger.config import LedgerConfig, parse_config
+from ledger.db.database import Database
+from ledger.db.embedded import create_database, drop_database, server_url
+from ledger.db.hub import Hub
+from ledger.identity import process_identity
+from ledger.db.kernel import Kernel
+from ledger.db.models import Event
+from ledger.db.reads import Reads
+from ledger.roles.sensors import Sensors
+from ledger.settings import Settings
+from ledger.runtime.host import Host, serve
+from ledger.roles.services import ReaperOptions, RunOptions, one_machine
+from ledger.tail import SyntheticEvent, tail
+from ledger.roles.worker import WorkerOptions
 
 DEMO_DATABASE = "ledger_demo"
 DEMO_CLASS = "fix-tests"
@@ -229,8 +230,8 @@ async def _dashboard(db: Database, config: LedgerConfig, port: int | None,
     if port is None:
         yield None
         return
-    from .api import ApiOptions, TokenTable, create_app, hash_token, new_token
-    from .api.server import BackgroundServer
+    from ledger.api import ApiOptions, TokenTable, create_app, hash_token, new_token
+    from ledger.api.server import BackgroundServer
 
     token = new_token()
     app = create_app(db, TokenTable.parse(f"demo:operator:{hash_token(token)}"), ApiOptions(),

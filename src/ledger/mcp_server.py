@@ -34,18 +34,18 @@ from mcp.server.mcpserver.exceptions import ToolError
 from mcp.types import ToolAnnotations
 from pydantic import BaseModel, Field
 
-from . import bulk
-from .api.auth import Principal, TokenTable
-from .api.campaigns import NO_NUL, BulkResult, CampaignFilter, CampaignPage, encode_cursor
-from .api.roles import RolePools
-from .cursors import BIGINT_MAX, decode_cursor
-from .database import Database
-from .errors import ConfigError, InvalidInput, LedgerError
-from .kernel import Kernel
-from .models import CampaignDetail, ClassSummary, Event, State
-from .reads import Reads
-from .report import autonomy_report
-from .settings import get_settings
+from ledger import bulk
+from ledger.api.auth import Principal, TokenTable
+from ledger.api.campaigns import NO_NUL, BulkResult, CampaignFilter, CampaignPage, encode_cursor
+from ledger.api.roles import RolePools
+from ledger.db.cursors import BIGINT_MAX, decode_cursor
+from ledger.db.database import Database
+from ledger.errors import ConfigError, InvalidInput, LedgerError
+from ledger.db.kernel import Kernel
+from ledger.db.models import CampaignDetail, ClassSummary, Event, State
+from ledger.db.reads import Reads
+from ledger.report import autonomy_report
+from ledger.settings import get_settings
 
 #: The roles whose tokens the MCP server accepts.
 ROLES = ("reader", "operator")

@@ -1,6 +1,6 @@
 """The attempt protocol: what an attempt command is given and what it may give back.
 
-A class's ``attempt_command`` runs in a cell (``ledger.cell``), in a clone of
+A class's ``attempt_command`` runs in a cell (``ledger.sandbox.cell``), in a clone of
 its own of the campaign's base at ``/cell/work`` (its working directory). It
 is told what to do by a JSON document (``AttemptContext``), at
 ``/cell/campaign.json`` and also on its standard input; its argv may name
@@ -14,7 +14,7 @@ and by its exit status (``EXIT_STATUS``). A class opted out of the cell
 (``cell.sandbox = false``) gets host paths instead of the cell's.
 
 This module is the contract's one description: the worker builds the
-document from ``AttemptContext`` (``ledger.attempt``), the reference page of
+document from ``AttemptContext`` (``ledger.roles.attempt``), the reference page of
 the documentation is generated from this module, and ``tests/test_protocol.py``
 runs a real attempt and checks that what the command received is what is
 written here.
@@ -101,7 +101,7 @@ PLACEHOLDERS: dict[str, str] = {
 }
 
 #: The variables Ledger sets for an attempt command, besides the allow-list
-#: (``ledger.processes.ALLOWED``, ``LC_*``), the private temporary directory
+#: (``ledger.sandbox.processes.ALLOWED``, ``LC_*``), the private temporary directory
 #: (``TMPDIR``, ``TMP``, ``TEMP``) and the class's ``attempt_environment``.
 ENVIRONMENT: dict[str, str] = {
     "LEDGER_CAMPAIGN_FILE": "the path of `campaign.json`",

@@ -21,7 +21,7 @@ from typing import Literal
 
 from pydantic import BaseModel
 
-from .reads import Reads
+from ledger.db.reads import Reads
 
 Verdict = Literal["autonomous", "human-assisted", "no-closure", "under-exercised"]
 

@@ -45,7 +45,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .errors import ConfigError
+from ledger.errors import ConfigError
 
 if TYPE_CHECKING:
     from datetime import datetime
@@ -323,12 +323,12 @@ class EnvironmentKnobs:
     git_config: str | None = knob(
         None, "A git configuration file of the operator's that Ledger's own git reads instead "
               "of the user's (credentials, transport settings); its program-valued keys are "
-              "still overridden (`ledger.hardened_git`).")
+              "still overridden (`ledger.git.hardened_git`).")
     git_credential_helper: str | None = knob(
         None, "The credential helper Ledger's own git uses for remotes (as git writes one: "
               "`store --file=...`); never given to attempt commands.")
     fault_points: str | None = knob(
-        None, "Fault injection for drills and tests (`ledger.faults`): which armed fault points "
+        None, "Fault injection for drills and tests (`ledger.ops.faults`): which armed fault points "
               "fire, comma-separated. Never set in production.")
     fault_dir: str | None = knob(None, "Fault injection for drills and tests: where armed fault "
                                        "points keep their state (default: the working directory).")

@@ -5,7 +5,7 @@ a campaign passes the W3C trace context of its ``ledger.open`` span to the
 open (``record_observation``/``open_campaign``, ``p_trace_context``), the
 database keeps it with the campaign (``campaign.trace_context``, in the
 ``campaigns`` view every role reads), and each later step's span names it as
-its parent: the first attempt (``ledger.attempt``, with its ``ledger.claim``),
+its parent: the first attempt (``ledger.roles.attempt``, with its ``ledger.claim``),
 each verification (``ledger.verification``), side effect
 (``ledger.promotion``, or ``ledger.side_effect`` for any other intent) and observation
 (``ledger.observation``). A retry is not nested: attempt 2 and later start a
@@ -22,7 +22,7 @@ call them unconditionally. ``configure`` is called once per serving process
 ``use``.
 
 Nothing of this reaches an attempt's, a check's or a sensor's cell: they get
-an allow-listed environment (``ledger.processes``), so neither ``OTEL_*``
+an allow-listed environment (``ledger.sandbox.processes``), so neither ``OTEL_*``
 (whose headers may carry an exporter's credentials) nor a traceparent is
 passed to untrusted commands.
 """
@@ -35,15 +35,15 @@ from collections.abc import Awaitable, Callable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from .errors import LedgerError
-from .logs import get_logger
+from ledger.errors import LedgerError
+from ledger.logs import get_logger
 
 if TYPE_CHECKING:
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.trace import Span, Tracer
 
-    from .database import Executor
-    from .models import Claim, ObservationRecorded
+    from ledger.db.database import Executor
+    from ledger.db.models import Claim, ObservationRecorded
 
 T = TypeVar("T")
 
@@ -73,7 +73,7 @@ def enabled() -> bool:
 def _otel_environment() -> Mapping[str, str]:
     # The OTEL_* variables are the SDK's own (the OpenTelemetry specification
     # names them), not Ledger's knobs: they are read as the process inherited them.
-    from .settings import inherited_environment
+    from ledger.settings import inherited_environment
 
     return inherited_environment()
 
@@ -176,7 +176,7 @@ async def campaign_context(executor: Executor, campaign_id: int) -> dict[str, st
     if campaign_id in _contexts:
         _contexts.move_to_end(campaign_id)
         return _contexts[campaign_id]
-    from .reads import Reads
+    from ledger.db.reads import Reads
 
     try:
         found = await Reads(executor).trace_context(campaign_id)
@@ -257,7 +257,7 @@ async def observation(executor: Executor, objective_key: str, status: str,
     ``ledger.open`` span whose context the new campaign keeps."""
     if _tracer is None:
         return await record(None)
-    from .reads import Reads
+    from ledger.db.reads import Reads
 
     try:
         found = await Reads(executor).open_trace_context(objective_key)
@@ -299,13 +299,13 @@ def claim_attributes(claim: Claim) -> dict[str, Any]:
 async def attempt(executor: Executor, claim: Claim, work: Awaitable[str], *,
                   claimed: tuple[int, int] | None = None, worker: str | None = None) -> str:
     """Await ``work`` (an attempt, returning its outcome) inside its
-    ``ledger.attempt`` span, with the claim (``claimed``: its start and end,
+    ``ledger.roles.attempt`` span, with the claim (``claimed``: its start and end,
     in ns since the epoch) as a ``ledger.claim`` child. The first attempt is a
     child of the open; a retry (attempt 2 on) links to it instead."""
     if _tracer is None:
         return await work
     context = await campaign_context(executor, claim.campaign_id)
-    attributes = {**claim_attributes(claim), "ledger.worker": worker}
+    attributes = {**claim_attributes(claim), "ledger.roles.worker": worker}
     start = claimed[0] if claimed else None
     with step("ledger.attempt", context, attributes, kind="CONSUMER",
               linked=claim.attempt_no > 1, start_ns=start) as span:

@@ -32,13 +32,13 @@ from fastapi.routing import APIRoute
 from fastapi_offline import FastAPIOffline
 from starlette.middleware.sessions import SessionMiddleware
 
-from ..config import LedgerConfig, load_config
-from ..database import Database
-from ..errors import ConfigError
-from ..hub import NOTIFY_QUEUE_ALARM, Hub
-from ..logs import get_logger
-from ..settings import Settings, default, get_settings
-from . import (
+from ledger.config import LedgerConfig, load_config
+from ledger.db.database import Database
+from ledger.errors import ConfigError
+from ledger.db.hub import NOTIFY_QUEUE_ALARM, Hub
+from ledger.logs import get_logger
+from ledger.settings import Settings, default, get_settings
+from ledger.api import (
     bulk_jobs,
     campaigns,
     classes,
@@ -51,12 +51,12 @@ from . import (
     observations,
     problems,
 )
-from .auth import TokenTable
-from .metrics import ProcessCounters
-from .cookies import SecureOverHttps
-from .middleware import BodyLimit, HtmlHeaders, RequestLog
-from .roles import RolePools
-from .throttle import Throttle
+from ledger.api.auth import TokenTable
+from ledger.api.metrics import ProcessCounters
+from ledger.api.cookies import SecureOverHttps
+from ledger.api.middleware import BodyLimit, HtmlHeaders, RequestLog
+from ledger.api.roles import RolePools
+from ledger.api.throttle import Throttle
 
 log = get_logger("api")
 

@@ -29,9 +29,9 @@ from typing import Annotated
 from fastapi import Depends, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
-from ..errors import ConfigError, Forbidden
-from . import cookies
-from .problems import Unauthenticated
+from ledger.errors import ConfigError, Forbidden
+from ledger.api import cookies
+from ledger.api.problems import Unauthenticated
 
 #: The roles a token may carry (the runtimes' roles have no HTTP surface).
 ROLES = ("reader", "operator", "sensor")

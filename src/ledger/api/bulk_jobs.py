@@ -27,16 +27,16 @@ from fastapi import APIRouter, Path, Request
 from pydantic import BaseModel, Field
 from sse_starlette import EventSourceResponse, ServerSentEvent
 
-from .. import bulk
-from ..errors import NotFound
-from ..kernel import Kernel
-from ..logs import get_logger
-from ..reads import Reads
-from . import problems
-from .roles import CallerDep
+from ledger import bulk
+from ledger.errors import NotFound
+from ledger.db.kernel import Kernel
+from ledger.logs import get_logger
+from ledger.db.reads import Reads
+from ledger.api import problems
+from ledger.api.roles import CallerDep
 
 if TYPE_CHECKING:
-    from .app import ApiState
+    from ledger.api.app import ApiState
 
 log = get_logger("api")
 router = APIRouter(tags=["campaigns"])

@@ -19,12 +19,12 @@ from fastapi import APIRouter, Body, Path, Query, Request
 from fastapi.responses import JSONResponse
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
 
-from .. import bulk
-from ..cursors import BIGINT_MAX, decode_cursor, encode_position
-from ..errors import InvalidInput
-from ..models import Campaign, CampaignDetail, State
-from . import bulk_jobs, problems
-from .roles import CallerDep
+from ledger import bulk
+from ledger.db.cursors import BIGINT_MAX, decode_cursor, encode_position
+from ledger.errors import InvalidInput
+from ledger.db.models import Campaign, CampaignDetail, State
+from ledger.api import bulk_jobs, problems
+from ledger.api.roles import CallerDep
 
 router = APIRouter(tags=["campaigns"])
 
@@ -40,7 +40,7 @@ Text = Annotated[str, Field(min_length=1, max_length=500, pattern=NO_NUL)]
 
 
 def encode_cursor(campaign: Campaign) -> str:
-    """An opaque cursor after ``campaign`` in list order (see ``ledger.cursors``)."""
+    """An opaque cursor after ``campaign`` in list order (see ``ledger.db.cursors``)."""
     return encode_position(campaign.updated_at, campaign.id)
 
 

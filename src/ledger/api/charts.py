@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from ..report import Report
+from ledger.report import Report
 
 WIDTH = 1000.0
 HEIGHT = 280.0

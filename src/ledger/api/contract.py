@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from fastapi import FastAPI, Request
 
-from ..errors import InvalidInput
+from ledger.errors import InvalidInput
 
 
 def _query_names(app: FastAPI) -> dict[tuple[str, str], frozenset[str]]:

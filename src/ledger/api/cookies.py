@@ -40,8 +40,8 @@ from starlette.requests import HTTPConnection
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 if TYPE_CHECKING:
-    from ..kernel import Kernel
-    from .auth import TokenEntry
+    from ledger.db.kernel import Kernel
+    from ledger.api.auth import TokenEntry
 
 COOKIE = "ledger_session"
 CSRF_HEADER = "X-CSRF-Token"

@@ -13,12 +13,12 @@ import anyio
 from fastapi import APIRouter, Request
 from pydantic import BaseModel
 
-from .. import migrations
-from ..errors import LedgerError, Unavailable
-from ..hub import queue_alarm
-from ..reads import Reads
-from ..logs import get_logger
-from . import problems
+from ledger.db import migrations
+from ledger.errors import LedgerError, Unavailable
+from ledger.db.hub import queue_alarm
+from ledger.db.reads import Reads
+from ledger.logs import get_logger
+from ledger.api import problems
 
 log = get_logger("api")
 

@@ -24,10 +24,10 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector
 
-from ..hub import Hub
-from ..reads import Reads
-from . import problems
-from .roles import CallerDep
+from ledger.db.hub import Hub
+from ledger.db.reads import Reads
+from ledger.api import problems
+from ledger.api.roles import CallerDep
 
 router = APIRouter(tags=["metrics"])
 

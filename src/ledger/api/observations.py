@@ -19,13 +19,13 @@ from typing import Annotated, Any, Literal
 from fastapi import APIRouter, Header, Path, Response
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
-from .. import bounds
-from ..errors import InvalidInput, NotFound
-from ..models import Observation, ObservationRecorded
-from . import problems
-from .campaigns import Name, Text
-from ..cursors import BIGINT_MAX
-from .roles import Caller, CallerDep
+from ledger.db import bounds
+from ledger.errors import InvalidInput, NotFound
+from ledger.db.models import Observation, ObservationRecorded
+from ledger.api import problems
+from ledger.api.campaigns import Name, Text
+from ledger.db.cursors import BIGINT_MAX
+from ledger.api.roles import Caller, CallerDep
 
 router = APIRouter(tags=["observations"])
 

@@ -27,8 +27,8 @@ from fastapi.responses import HTMLResponse, JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from ..errors import InvalidInput, LedgerError, NotFound
-from ..logs import get_logger
+from ledger.errors import InvalidInput, LedgerError, NotFound
+from ledger.logs import get_logger
 
 PROBLEM_MEDIA_TYPE = "application/problem+json"
 log = get_logger("api")

@@ -1,6 +1,6 @@
 """One connection pool per role, and the caller a route works for.
 
-Each pool's connections ``SET ROLE`` to their role (``ledger.database``), so a
+Each pool's connections ``SET ROLE`` to their role (``ledger.db.database``), so a
 request authenticated as a reader can only ever run what the reader role may
 run: the database is the authority, the token only picks the pool. Pools open
 on first use, so a server starts (and answers ``/livez``, ``/readyz``) while
@@ -15,11 +15,11 @@ from typing import Annotated
 
 from fastapi import Depends, Request
 
-from ..database import Database, Session
-from ..errors import LedgerError, Unavailable
-from ..kernel import Kernel
-from ..reads import Reads
-from .auth import Principal, authenticate
+from ledger.db.database import Database, Session
+from ledger.errors import LedgerError, Unavailable
+from ledger.db.kernel import Kernel
+from ledger.db.reads import Reads
+from ledger.api.auth import Principal, authenticate
 
 
 class RolePools:

@@ -20,7 +20,7 @@ import math
 import time
 from collections import OrderedDict, deque
 
-from .problems import TooManyRequests
+from ledger.api.problems import TooManyRequests
 
 
 class Throttle:

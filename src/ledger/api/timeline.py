@@ -15,8 +15,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
-from ..bounds import EARLIEST, LATEST
-from ..models import Attempt, Campaign, Event, Observation, SideEffect, Verification
+from ledger.db.bounds import EARLIEST, LATEST
+from ledger.db.models import Attempt, Campaign, Event, Observation, SideEffect, Verification
 
 WIDTH = 1100.0
 GUTTER = 118.0  # row labels

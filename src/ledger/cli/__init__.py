@@ -12,7 +12,7 @@ import sys
 
 import typer
 
-from . import (
+from ledger.cli import (
     campaigns,
     classes,
     demo,
@@ -27,9 +27,9 @@ from . import (
     serve,
     verifier,
 )
-from .context import State
-from .failures import exit_codes_text
-from .knobs import option
+from ledger.cli.context import State
+from ledger.cli.failures import exit_codes_text
+from ledger.cli.knobs import option
 
 HELP = ("Durable campaigns for fleets of automation and AI-agent workers, kept in PostgreSQL.\n\n"
         "Data goes to stdout (add --json for machines), messages to stderr. A failure is one "
@@ -95,7 +95,7 @@ def main() -> None:
     except KeyboardInterrupt:
         sys.exit(130)
     except Exception as exc:  # noqa: BLE001 -- the one place every failure becomes a line
-        from .failures import report
+        from ledger.cli.failures import report
 
         state = State.current
         url, prefix = state.failure_target() if state else (None, "ledger_")

@@ -12,15 +12,15 @@ from typing import TYPE_CHECKING
 import typer
 from rich.markup import escape
 
-from ..errors import InvalidInput, LedgerError, NotFound, OutcomeUnknown, Unavailable
-from .context import console, console_err, emit_json, iso_z, run, state
-from .knobs import option
-from .output import table
+from ledger.errors import InvalidInput, LedgerError, NotFound, OutcomeUnknown, Unavailable
+from ledger.cli.context import console, console_err, emit_json, iso_z, run, state
+from ledger.cli.knobs import option
+from ledger.cli.output import table
 
 if TYPE_CHECKING:
-    from ..kernel import Kernel
-    from ..models import Campaign, CampaignDetail, Opened
-    from ..report import Report
+    from ledger.db.kernel import Kernel
+    from ledger.db.models import Campaign, CampaignDetail, Opened
+    from ledger.report import Report
 
 JSON_OPTION = option("json")
 
@@ -61,7 +61,7 @@ def open_(
     as_json: bool = JSON_OPTION,
 ) -> None:
     """Open a campaign by hand (as the sensor role); idempotent per objective key."""
-    from ..kernel import Kernel
+    from ledger.db.kernel import Kernel
 
     # (--priority's range, the kernel's own, is its knob's: refused before an
     # integer too large for the call is sent)
@@ -94,8 +94,8 @@ def list_(
     """List campaigns, most recently changed first, a page at a time (like the
     API's GET /campaigns). When more remain, the next page's cursor is printed
     on stderr; --all pages through all of them."""
-    from ..cursors import decode_cursor, encode_position
-    from ..reads import Reads
+    from ledger.db.cursors import decode_cursor, encode_position
+    from ledger.db.reads import Reads
 
     if updated_since is not None and updated_since.tzinfo is None:
         updated_since = updated_since.replace(tzinfo=timezone.utc)
@@ -145,7 +145,7 @@ def list_(
 def _check_filters(states: list[str], classes: list[str], texts: dict[str, str | None],
                    search: str | None) -> None:
     """Refuse the filters ``GET /campaigns`` refuses (422 there, ``InvalidInput`` here)."""
-    from ..models import STATES
+    from ledger.db.models import STATES
 
     unknown = [s for s in dict.fromkeys(states) if s not in STATES]
     if unknown:
@@ -165,7 +165,7 @@ def show(
     as_json: bool = JSON_OPTION,
 ) -> None:
     """Show a campaign: attempts, verdicts, side effects and observations."""
-    from ..reads import Reads
+    from ledger.db.reads import Reads
 
     async def go() -> CampaignDetail:
         async with state(ctx).database().session("reader") as s:
@@ -216,7 +216,7 @@ def status(
     as_json: bool = JSON_OPTION,
 ) -> None:
     """Campaigns per state, the age of the oldest ready one and leases about to expire."""
-    from ..reads import Reads
+    from ledger.db.reads import Reads
 
     async def go() -> tuple[dict[str, int], datetime | None, list[Campaign]]:
         async with state(ctx).database().session("reader") as s:
@@ -247,7 +247,7 @@ def _act_on_each(ctx: typer.Context, campaign_ids: list[int], done: str, as_json
                  act: Callable[[Kernel, int], Awaitable[int]]) -> None:
     """Act on every id (as the operator) even if some fail, like the API's bulk
     actions; one result per id; exit with the first failure's code."""
-    from ..kernel import Kernel
+    from ledger.db.kernel import Kernel
 
     results: list[dict[str, object]] = []
     first_failure: LedgerError | None = None
@@ -306,8 +306,8 @@ def report(
 ) -> None:
     """Autonomy per day: opened, attempts, rejections, closures and human actions,
     with the streak of days closed without human help."""
-    from ..reads import Reads
-    from ..report import autonomy_report
+    from ledger.db.reads import Reads
+    from ledger.report import autonomy_report
 
     async def go() -> Report:
         async with state(ctx).database().session("reader") as s:

@@ -8,12 +8,12 @@ from typing import TYPE_CHECKING
 
 import typer
 
-from .context import console_err, emit_json, run, state
-from .output import table
-from .runtime import CONFIG_OPTION, config_path
+from ledger.cli.context import console_err, emit_json, run, state
+from ledger.cli.output import table
+from ledger.cli.runtime import CONFIG_OPTION, config_path
 
 if TYPE_CHECKING:
-    from ..models import CampaignClass, ClassPause
+    from ledger.db.models import CampaignClass, ClassPause
 
 classes_app = typer.Typer(help="Campaign classes: what the kernel knows of them.", no_args_is_help=True)
 
@@ -29,9 +29,9 @@ def sync(ctx: typer.Context, config: Path = CONFIG_OPTION) -> None:
     after checking every class's repository and base_ref and every sensor's
     observed ref: a misconfiguration registers nothing (exit 78); a remote
     out of reach now is a warning."""
-    from ..config import load_config
-    from ..kernel import Kernel
-    from .runtime import preflight
+    from ledger.config import load_config
+    from ledger.db.kernel import Kernel
+    from ledger.cli.runtime import preflight
 
     cfg = load_config(config_path(ctx, config))
     # Every repository and ref checked before anything is registered.
@@ -50,7 +50,7 @@ def sync(ctx: typer.Context, config: Path = CONFIG_OPTION) -> None:
 @classes_app.command("list")
 def list_(ctx: typer.Context, as_json: bool = typer.Option(False, "--json", help="Print JSON.")) -> None:
     """The classes registered in the database."""
-    from ..reads import Reads
+    from ledger.db.reads import Reads
 
     async def go() -> list[CampaignClass]:
         async with state(ctx).database().session("reader") as s:
@@ -77,8 +77,8 @@ def pause(ctx: typer.Context, name: str = NAME_ARGUMENT,
           as_json: bool = typer.Option(False, "--json", help="Print JSON.")) -> None:
     """Pause a class: workers claim none of its campaigns; attempts in flight
     finish (journaled with your identity). Exit 6 if it is not registered."""
-    from ..kernel import Kernel
-    from .campaigns import operator_identity
+    from ledger.db.kernel import Kernel
+    from ledger.cli.campaigns import operator_identity
 
     if reason is not None and len(reason) > 1000:
         raise typer.BadParameter("at most 1000 characters", param_hint="--reason")
@@ -101,8 +101,8 @@ def pause(ctx: typer.Context, name: str = NAME_ARGUMENT,
 def resume(ctx: typer.Context, name: str = NAME_ARGUMENT,
            as_json: bool = typer.Option(False, "--json", help="Print JSON.")) -> None:
     """Resume a paused class: its campaigns are claimed again."""
-    from ..kernel import Kernel
-    from .campaigns import operator_identity
+    from ledger.db.kernel import Kernel
+    from ledger.cli.campaigns import operator_identity
 
     async def go() -> ClassPause:
         async with state(ctx).database().session("operator") as s:

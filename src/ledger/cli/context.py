@@ -16,11 +16,11 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import typer
 from rich.console import Console
-from ..settings import inherited_environment
+from ledger.settings import inherited_environment
 
 if TYPE_CHECKING:
-    from ..database import Database
-    from ..settings import Settings
+    from ledger.db.database import Database
+    from ledger.settings import Settings
 
 T = TypeVar("T")
 
@@ -59,7 +59,7 @@ class State:
     def settings(self) -> Settings:
         from pydantic import ValidationError
 
-        from ..settings import Settings, settings_error
+        from ledger.settings import Settings, settings_error
 
         overrides = dict(self.options)
         if "data_dir" in overrides:
@@ -77,14 +77,14 @@ class State:
         waiting does not fix -- stops it at once with the reason. ``ready``: a
         command checks that too, without being a service. A service (one that
         waits, or says ``service``) warns when it holds administrator rights."""
-        from ..database import Database
+        from ledger.db.database import Database
 
         db = Database.from_settings(self.settings, wait_for_database_s=wait_s or 0.0,
                                     service=service or wait_s is not None)
         self.url = db.url
         if wait_s is not None or ready:
-            from ..errors import DatabaseMissing, NotMigrated
-            from .readiness import diagnose
+            from ledger.errors import DatabaseMissing, NotMigrated
+            from ledger.cli.readiness import diagnose
 
             problem = diagnose(db.url, self.settings.role_prefix)
             if isinstance(problem, (DatabaseMissing, NotMigrated)):
@@ -93,7 +93,7 @@ class State:
 
     def failure_target(self) -> tuple[str | None, str]:
         """The URL and role prefix a failure is diagnosed against."""
-        from ..errors import ConfigError
+        from ledger.errors import ConfigError
 
         try:
             settings = self.settings

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import typer
 
-from .context import console, run, state
-from .knobs import option
+from ledger.cli.context import console, run, state
+from ledger.cli.knobs import option
 
 
 def register(app: typer.Typer) -> None:
@@ -21,7 +21,7 @@ def demo(
     """The closed loop in one command: a broken repository, a sensor that notices,
     a worker whose first fix is wrong, an independent verifier, a promotion read
     back, and the next scheduled observation confirming -- narrated as it happens."""
-    from ..demo import run_demo
+    from ledger.demo import run_demo
 
     raise typer.Exit(run(run_demo(state(ctx).settings, console,
                                   ui_port=ui_port if ui else None)))

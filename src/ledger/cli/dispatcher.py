@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import typer
 
-from ..runtime.commands import service_command
-from .context import console_err, run, state
-from .knobs import option
-from .runtime import WAIT_OPTION
+from ledger.runtime.commands import service_command
+from ledger.cli.context import console_err, run, state
+from ledger.cli.knobs import option
+from ledger.cli.runtime import WAIT_OPTION
 
 
 def register(app: typer.Typer) -> None:
@@ -36,11 +36,11 @@ def dispatcher(
     """Claim recorded intents, carry each out with its precondition, read the target
     back and record the outcome -- until SIGTERM/SIGINT (an intent in hand is
     finished first), or with --once until nothing is due."""
-    from .. import logs
-    from ..dispatcher import Dispatcher
-    from ..hub import Hub
-    from ..kernel import Kernel
-    from ..runtime.host import serve
+    from ledger import logs
+    from ledger.roles.dispatcher import Dispatcher
+    from ledger.db.hub import Hub
+    from ledger.db.kernel import Kernel
+    from ledger.runtime.host import serve
 
     logs.configure(log_level)
 

@@ -7,13 +7,13 @@ from typing import TYPE_CHECKING
 
 import typer
 
-from ..errors import ConfigError
-from .context import console, console_err, emit_json, run, state
-from .knobs import option
-from .output import table
+from ledger.errors import ConfigError
+from ledger.cli.context import console, console_err, emit_json, run, state
+from ledger.cli.knobs import option
+from ledger.cli.output import table
 
 if TYPE_CHECKING:
-    from ..drill import DrillReport
+    from ledger.ops.drill import DrillReport
 
 
 def register(app: typer.Typer) -> None:
@@ -34,7 +34,7 @@ def drill(
     """Run fault-injection drills with real processes and signals; each prints a
     timeline and a verdict. Exit 0 only if every drill passed (1: a failure,
     3: under-exercised)."""
-    from ..drill import load_drills, run_drill, write_report
+    from ledger.ops.drill import load_drills, run_drill, write_report
 
     drills = load_drills()
     if names == ["list"]:
@@ -53,7 +53,7 @@ def drill(
     settings = state(ctx).settings
     admin_url = database_url or settings.database_url
     if database_url:
-        from ..settings import check_database_url
+        from ledger.settings import check_database_url
 
         try:
             check_database_url(database_url)
@@ -64,7 +64,7 @@ def drill(
         # is the user's to fix, not a drill's verdict.
         import psycopg
 
-        from .readiness import connection_problem
+        from ledger.cli.readiness import connection_problem
 
         try:
             psycopg.connect(admin_url, connect_timeout=5).close()

@@ -15,7 +15,7 @@ import sys
 import traceback
 from typing import TextIO
 
-from ..errors import (
+from ledger.errors import (
     DatabaseMissing,
     InvalidInput,
     LedgerError,
@@ -24,7 +24,7 @@ from ..errors import (
     ReadOnly,
     Unavailable,
 )
-from ..settings import environment
+from ledger.settings import environment
 
 #: Exit codes of ``ledger``, documented in ``--help`` and docs/reference/errors.md (generated).
 EXIT_CODES: tuple[tuple[int, str], ...] = (
@@ -82,7 +82,7 @@ def as_ledger_error(exc: BaseException) -> LedgerError | None:
         exc = exc.orig  # SQLAlchemy (under Alembic) wraps the driver's error
     psycopg = sys.modules.get("psycopg")
     if psycopg is not None and isinstance(exc, psycopg.Error):
-        from ..database import _translate
+        from ledger.db.database import _translate
 
         # Whether it was sent is unknown here; nothing retries past this point.
         return _translate(exc, sent=False)
@@ -109,7 +109,7 @@ def explain(exc: BaseException, url: str | None, role_prefix: str) -> tuple[str,
         return (f"internal error: {type(exc).__name__}: {exc} "
                 f"(rerun with LEDGER_DEBUG=1 for the traceback, and report it)"), INTERNAL_ERROR
     if url and _wants_diagnosis(error):
-        from .readiness import diagnose
+        from ledger.cli.readiness import diagnose
 
         error = diagnose(url, role_prefix) or error
     line = " ".join(error.message.split())  # one line, whatever the server said

@@ -8,12 +8,12 @@ from typing import TYPE_CHECKING
 
 import typer
 
-from ..runtime.commands import service_command
-from .context import console_err, emit_json, run, state
-from .runtime import CONFIG_OPTION, LOG_OPTION, config_path
+from ledger.runtime.commands import service_command
+from ledger.cli.context import console_err, emit_json, run, state
+from ledger.cli.runtime import CONFIG_OPTION, LOG_OPTION, config_path
 
 if TYPE_CHECKING:
-    from ..gc import Collected
+    from ledger.roles.gc import Collected
 
 
 def register(app: typer.Typer) -> None:
@@ -38,10 +38,10 @@ def gc(
     sweep the work directories of dead workers. Open and exhausted campaigns keep
     their branches; each attempt's evidence bundle keeps its candidate's SHA, diff
     and digest either way."""
-    from .. import logs
-    from ..config import load_config
-    from ..gc import Collector, collect
-    from ..reads import Reads
+    from ledger import logs
+    from ledger.config import load_config
+    from ledger.roles.gc import Collector, collect
+    from ledger.db.reads import Reads
 
     logs.configure(log_level)
     st = state(ctx)
@@ -61,7 +61,7 @@ def gc(
                                      dry_run=dry_run)
             collector = Collector(reads, cfg, st.settings.data_dir, interval_s=every,
                                   classes=class_)
-            from ..runtime.host import serve
+            from ledger.runtime.host import serve
 
             code = await serve([collector], name="gc")
             if code:

@@ -11,14 +11,14 @@ from typing import TYPE_CHECKING, Any
 
 import typer
 
-from ..runtime.commands import service_command
-from .context import iso_z, jsonable, run, state
-from .knobs import option
+from ledger.runtime.commands import service_command
+from ledger.cli.context import iso_z, jsonable, run, state
+from ledger.cli.knobs import option
 
 if TYPE_CHECKING:
-    from ..hub import WakeSource
-    from ..models import Event
-    from ..tail import TailItem
+    from ledger.db.hub import WakeSource
+    from ledger.db.models import Event
+    from ledger.tail import TailItem
 
 JSON_OPTION = option("json")
 
@@ -58,7 +58,7 @@ def _line(event: Event) -> str:
 
 
 def _record(item: TailItem) -> dict[str, Any]:
-    from ..tail import Keepalive
+    from ledger.tail import Keepalive
 
     if isinstance(item, Keepalive):
         # No "type": a journal event may be of any type; this is marked like a
@@ -89,13 +89,13 @@ def tail_(
     when resuming past the real one, has "synthetic": true) and, when nothing
     happens for a while, {"keepalive": true, "seq": ...}. Resume with --from SEQ.
     """
-    from .. import logs
+    from ledger import logs
 
     logs.configure("warning")  # stdout is the journal; the hub's troubles go to stderr
-    from ..hub import Hub, NullHub
-    from ..reads import Reads
-    from ..models import Event
-    from ..tail import tail
+    from ledger.db.hub import Hub, NullHub
+    from ledger.db.reads import Reads
+    from ledger.db.models import Event
+    from ledger.tail import tail
 
     async def go() -> None:
         db = state(ctx).database()
@@ -135,14 +135,14 @@ def trim(
 
     Runs as the operator role. Transitions and every other event are kept."""
     seconds = parse_duration(older_than)
-    from .. import logs
-    from ..kernel import Kernel
+    from ledger import logs
+    from ledger.db.kernel import Kernel
 
     logs.configure()  # log lines go to stderr; stdout is the result
 
     async def go() -> int:
-        from ..runtime.host import serve
-        from ..trimmer import Trimmer
+        from ledger.runtime.host import serve
+        from ledger.roles.trimmer import Trimmer
 
         async with state(ctx).database().session("operator") as s:
             trimmer = Trimmer(Kernel(s), older_than_s=seconds, interval_s=every or 3600.0)

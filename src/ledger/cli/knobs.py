@@ -12,8 +12,8 @@ from typing import Any
 
 import typer
 
-from ..errors import InvalidInput
-from ..settings import KNOBS, SETTINGS, Knob
+from ledger.errors import InvalidInput
+from ledger.settings import KNOBS, SETTINGS, Knob
 
 _UNSET: Any = object()
 

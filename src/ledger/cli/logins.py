@@ -6,7 +6,7 @@ import shlex
 
 import typer
 
-from .context import console_err, state
+from ledger.cli.context import console_err, state
 
 logins_app = typer.Typer(help="Per-role database logins (instead of the administrator's).",
                          no_args_is_help=True)
@@ -28,7 +28,7 @@ def create(
 ) -> None:
     """Create one LOGIN role per runtime role (idempotent; run as the
     administrator) and print the LEDGER_<ROLE>_DATABASE_URL entries."""
-    from ..logins import create_logins  # lazily: every `ledger` command imports this module
+    from ledger.db.logins import create_logins
 
     made = create_logins(state(ctx).database(ready=True), auth="password" if password else "cert",
                          rotate=rotate)

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import typer
 
-from ..runtime.commands import service_command
-from ..errors import ConfigError
-from .context import run, state
-from .knobs import option
-from ..settings import environment
+from ledger.runtime.commands import service_command
+from ledger.errors import ConfigError
+from ledger.cli.context import run, state
+from ledger.cli.knobs import option
+from ledger.settings import environment
 
 
 def register(app: typer.Typer) -> None:
@@ -29,18 +29,18 @@ def mcp(
     """Serve Ledger to agents over MCP: read tools for a reader's token, and the
     previewed bulk actions for an operator's. Tokens are the HTTP API's
     (LEDGER_API_TOKENS); the database decides what each role may do."""
-    from .. import logs
+    from ledger import logs
 
     if transport not in ("stdio", "http"):
         raise typer.BadParameter(f"stdio or http, not {transport!r}", param_hint="--transport")
     try:
-        from ..mcp_server import LedgerMCP
+        from ledger.mcp_server import LedgerMCP
         import mcp as _sdk  # noqa: F401 -- the optional extra
     except ImportError:
         raise ConfigError("ledger mcp needs the MCP SDK: pip install 'ledger[mcp]'") from None
-    from ..api.auth import TokenTable
+    from ledger.api.auth import TokenTable
 
-    from .readiness import diagnose
+    from ledger.cli.readiness import diagnose
 
     logs.configure(log_level)  # to stderr: on stdio, stdout is the protocol's
     st = state(ctx)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Sequence
-from ..settings import environment
+from ledger.settings import environment
 
 
 def _plain() -> bool:
@@ -50,7 +50,7 @@ class table:
             return
         from rich.table import Table
 
-        from .context import console
+        from ledger.cli.context import console
 
         drawn = Table(*self.headers, title=self.title)
         for cells, style in self.rows:

@@ -23,7 +23,7 @@ import psycopg
 from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
-from ..errors import DatabaseMissing, LedgerError, LoginRefused, NotMigrated, Unavailable
+from ledger.errors import DatabaseMissing, LedgerError, LoginRefused, NotMigrated, Unavailable
 
 #: How long a probe may take to connect; a diagnosis must not hang.
 PROBE_CONNECT_TIMEOUT_S = 5
@@ -215,7 +215,7 @@ def schema_problem(conn: psycopg.Connection, role_prefix: str) -> LedgerError | 
         return NotMigrated(f'database "{name}" has no migration record', hint=MIGRATE_HINT)
     row = conn.execute(sql.SQL("SELECT version_num FROM alembic_version")).fetchone()
     at = row[0] if row else None
-    from ..migrations import head, known_revisions  # Alembic: only on this path
+    from ledger.db.migrations import head, known_revisions
 
     want = head()
     if at == want:

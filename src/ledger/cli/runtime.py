@@ -10,12 +10,12 @@ from typing import TYPE_CHECKING
 
 import typer
 
-from ..runtime.commands import service_command
-from .context import run, state
-from .knobs import option
+from ledger.runtime.commands import service_command
+from ledger.cli.context import run, state
+from ledger.cli.knobs import option
 
 if TYPE_CHECKING:
-    from ..config import LedgerConfig
+    from ledger.config import LedgerConfig
 
 CONFIG_OPTION = option("config")
 LISTEN_OPTION = option("listen")
@@ -40,11 +40,11 @@ def config_path(ctx: typer.Context, option: Path | None) -> Path:
 
 def preflight(cfg: LedgerConfig, source: Path, *, classes: list[str] | None = None,
               sensors: list[str] | None = None, refused: str = "nothing was done") -> None:
-    """Check the repositories of ``cfg`` up front (``ledger.preflight``):
+    """Check the repositories of ``cfg`` up front (``ledger.roles.preflight``):
     refuse a misconfiguration (exit 78, one line naming the key), warn on
     stderr about a remote out of reach now and go on."""
-    from .. import preflight as checks
-    from .context import console_err
+    from ledger.roles import preflight as checks
+    from ledger.cli.context import console_err
 
     checks.enforce(checks.check(cfg, classes=classes, sensors=sensors), str(source),
                    lambda line: console_err.print(f"ledger: {line}", highlight=False, markup=False,
@@ -66,12 +66,12 @@ def worker(
     log_level: str = LOG_OPTION,
 ) -> None:
     """Claim campaigns and make one isolated attempt each, until SIGTERM (then drain)."""
-    from .. import logs
-    from ..config import load_config
-    from ..hub import listening
-    from ..runtime.host import serve
-    from ..services import ReaperOptions, worker_services
-    from ..worker import WorkerOptions
+    from ledger import logs
+    from ledger.config import load_config
+    from ledger.db.hub import listening
+    from ledger.runtime.host import serve
+    from ledger.roles.services import ReaperOptions, worker_services
+    from ledger.roles.worker import WorkerOptions
 
     logs.configure(log_level)
     st = state(ctx)
@@ -106,10 +106,10 @@ def sensor_run(
 ) -> None:
     """Run sensors on their schedules until SIGTERM; each observation may open,
     regress, confirm or dismiss a campaign."""
-    from .. import logs
-    from ..config import load_config
-    from ..identity import process_identity
-    from ..runtime.host import serve
+    from ledger import logs
+    from ledger.config import load_config
+    from ledger.identity import process_identity
+    from ledger.runtime.host import serve
 
     logs.configure(log_level)
     st = state(ctx)
@@ -120,8 +120,8 @@ def sensor_run(
                   refused="the sensors did not start: nothing was observed or opened")
 
     async def go() -> int:
-        from ..kernel import Kernel
-        from ..sensors import Sensors
+        from ledger.db.kernel import Kernel
+        from ledger.roles.sensors import Sensors
 
         async with st.database(wait_s=wait_for_database).session("sensor") as session:
             sensors = Sensors(Kernel(session), cfg, names or [], process_identity("sensor"),
@@ -151,13 +151,13 @@ def run_all(
     """Run sensors, a worker and its reaper, a verifier and a dispatcher (and with
     --trim-after the journal trimmer) in one process on one machine; a part that
     dies is restarted; SIGTERM stops them all, draining the worker."""
-    from .. import logs
-    from ..config import load_config
-    from ..hub import listening
-    from ..runtime.host import serve
-    from ..services import ReaperOptions, RunOptions, one_machine
-    from ..worker import WorkerOptions
-    from .journal import parse_duration
+    from ledger import logs
+    from ledger.config import load_config
+    from ledger.db.hub import listening
+    from ledger.runtime.host import serve
+    from ledger.roles.services import ReaperOptions, RunOptions, one_machine
+    from ledger.roles.worker import WorkerOptions
+    from ledger.cli.journal import parse_duration
 
     logs.configure(log_level)
     st = state(ctx)

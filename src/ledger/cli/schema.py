@@ -7,11 +7,11 @@ from typing import TYPE_CHECKING
 
 import typer
 
-from .context import console_err, run, state
-from .knobs import option
+from ledger.cli.context import console_err, run, state
+from ledger.cli.knobs import option
 
 if TYPE_CHECKING:
-    from ..machine import StateMachine
+    from ledger.machine import StateMachine
 
 
 def register(app: typer.Typer) -> None:
@@ -28,8 +28,8 @@ def migrate(
     create_database: bool = option("create_database"),
 ) -> None:
     """Create or update Ledger's schema and roles (idempotent; safe to run concurrently)."""
-    from .. import migrations
-    from .readiness import connection_problem, create_missing_database, database_name
+    from ledger.db import migrations
+    from ledger.cli.readiness import connection_problem, create_missing_database, database_name
 
     st = state(ctx)
     db = st.database()
@@ -65,8 +65,8 @@ def graph(
     """Draw the state machine from the database's transition table."""
     if fmt not in ("svg", "mermaid"):
         raise typer.BadParameter("--format must be svg or mermaid")
-    from ..machine import StateMachine
-    from ..reads import Reads
+    from ledger.machine import StateMachine
+    from ledger.db.reads import Reads
 
     async def load() -> StateMachine:
         async with state(ctx).database().session("reader") as session:

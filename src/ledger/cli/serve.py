@@ -9,10 +9,10 @@ import socket
 
 import typer
 
-from ..runtime.commands import service_command
-from ..errors import CannotListen, LedgerError
-from .context import console_err, state
-from .knobs import option
+from ledger.runtime.commands import service_command
+from ledger.errors import CannotListen, LedgerError
+from ledger.cli.context import console_err, state
+from ledger.cli.knobs import option
 
 token_app = typer.Typer(help="Bearer tokens of the HTTP API.", no_args_is_help=True)
 
@@ -37,10 +37,10 @@ def serve(
     actions, /metrics, /livez and /readyz. Tokens come from LEDGER_API_TOKENS."""
     import uvicorn
 
-    from .. import logs
-    from ..api import ApiOptions, app_from_settings
-    from ..api.server import ServerLimits, uvicorn_config
-    from .readiness import diagnose
+    from ledger import logs
+    from ledger.api import ApiOptions, app_from_settings
+    from ledger.api.server import ServerLimits, uvicorn_config
+    from ledger.cli.readiness import diagnose
 
     logs.configure(log_level)
     st = state(ctx)
@@ -110,7 +110,7 @@ def create_token(
     configuration; the token itself is shown once and kept by its user."""
     import secrets
 
-    from ..api.auth import ROLES, TOKEN_NAME, TokenEntry, TokenTable, hash_token, new_token
+    from ledger.api.auth import ROLES, TOKEN_NAME, TokenEntry, TokenTable, hash_token, new_token
 
     if role not in ROLES:
         raise typer.BadParameter(f"one of {', '.join(ROLES)}, not {role!r}", param_hint="ROLE")

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import typer
 
-from ..runtime.commands import service_command
-from .context import console_err, run, state
-from .knobs import option
-from .runtime import LISTEN_OPTION, WAIT_OPTION
+from ledger.runtime.commands import service_command
+from ledger.cli.context import console_err, run, state
+from ledger.cli.knobs import option
+from ledger.cli.runtime import LISTEN_OPTION, WAIT_OPTION
 
 
 def register(app: typer.Typer) -> None:
@@ -30,11 +30,11 @@ def verifier(
     log_level: str = option("log_level"),
 ) -> None:
     """Check attempted candidates on clean checkouts and record verdicts, until SIGTERM."""
-    from .. import logs
-    from ..hub import listening
-    from ..kernel import Kernel
-    from ..runtime.host import serve
-    from ..verifier import Verifier
+    from ledger import logs
+    from ledger.db.hub import listening
+    from ledger.db.kernel import Kernel
+    from ledger.runtime.host import serve
+    from ledger.roles.verifier import Verifier
 
     logs.configure(log_level)
     settings = state(ctx).settings

@@ -11,5 +11,5 @@
 
 Every pause after a failure, here and below (the hub, the database), is
 ``ledger.backoff.backoff``. This package imports none of the services
-(worker, verifier ...): they import it; ``ledger.services`` builds them.
+(worker, verifier ...): they import it; ``ledger.roles.services`` builds them.
 """

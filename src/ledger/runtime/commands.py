@@ -40,7 +40,7 @@ def service_command(*, when: str | None = None, unless: str | None = None) -> Ca
         @functools.wraps(command)
         def invoked(*args: Any, **params: Any) -> Any:
             if is_service(invoked, params):
-                from .host import stop_cleanly_while_starting
+                from ledger.runtime.host import stop_cleanly_while_starting
 
                 stop_cleanly_while_starting()
             return command(*args, **params)

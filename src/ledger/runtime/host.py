@@ -42,10 +42,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from .. import tracing
-from ..backoff import backoff
-from ..logs import get_logger
-from .service import Service
+from ledger import tracing
+from ledger.backoff import backoff
+from ledger.logs import get_logger
+from ledger.runtime.service import Service
 
 Policy = Literal["fail", "restart"]
 POLICIES: tuple[Policy, ...] = ("fail", "restart")

@@ -15,13 +15,13 @@ import random
 from abc import ABC, abstractmethod
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
-from ..errors import LedgerError, Unavailable
-from ..hub import NullHub, Subscription, WakeSource
-from ..logs import get_logger
-from ..backoff import backoff
+from ledger.errors import LedgerError, Unavailable
+from ledger.db.hub import NullHub, Subscription, WakeSource
+from ledger.logs import get_logger
+from ledger.backoff import backoff
 
 if TYPE_CHECKING:
-    from ..registry import Registration
+    from ledger.roles.registry import Registration
 
 #: The pause after passes that could not reach the database starts here and
 #: stops here: the server may be back any moment, and a wake-up (a hint, or

@@ -8,7 +8,7 @@ view of the registry of processes (``workers``) and **sign-in** (``signin``). Wh
 environment and redirects (``render``), who is looking and the forms they post
 (``viewer``), the board's filter (``filters``).
 
-Everything is rendered from the same reads (``ledger.reads``) as the API, as the
+Everything is rendered from the same reads (``ledger.db.reads``) as the API, as the
 database role of the signed-in token, so a page can show and do exactly what
 that role may: a reader gets no action buttons, and the database refuses a
 reader's forged form anyway. Operator actions are recorded as
@@ -34,16 +34,16 @@ from fastapi.responses import RedirectResponse, Response
 from fastapi.staticfiles import StaticFiles
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from ...config import LedgerConfig
-from ...errors import LedgerError
-from . import board, bulk, campaign, classes, signin, workers
-from .board import board_changes, sensor_rows
-from .render import HERE, Pages, describe, duration, pages_of
-from ..problems import TooManyRequests
-from .viewer import SignInRequired
+from ledger.config import LedgerConfig
+from ledger.errors import LedgerError
+from ledger.api.dashboard import board, bulk, campaign, classes, signin, workers
+from ledger.api.dashboard.board import board_changes, sensor_rows
+from ledger.api.dashboard.render import HERE, Pages, describe, duration, pages_of
+from ledger.api.problems import TooManyRequests
+from ledger.api.dashboard.viewer import SignInRequired
 
 if TYPE_CHECKING:
-    from ..app import ApiState
+    from ledger.api.app import ApiState
 
 __all__ = ["board_changes", "create_dashboard", "describe", "duration", "sensor_rows"]
 

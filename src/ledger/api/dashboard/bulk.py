@@ -12,16 +12,16 @@ import asyncio
 from fastapi import APIRouter, Request
 from fastapi.responses import HTMLResponse, Response
 
-from ... import bulk as bulk_actions
-from ...bounds import is_ascii_int
-from ...errors import InvalidInput
-from ...reads import Reads
-from ...models import Campaign
-from .. import bulk_jobs
-from .campaign import extra_attempts
-from .filters import BoardFilter
-from .render import pages_of, redirect
-from .viewer import Viewer, read_form, viewer_of
+from ledger import bulk as bulk_actions
+from ledger.db.bounds import is_ascii_int
+from ledger.errors import InvalidInput
+from ledger.db.reads import Reads
+from ledger.db.models import Campaign
+from ledger.api import bulk_jobs
+from ledger.api.dashboard.campaign import extra_attempts
+from ledger.api.dashboard.filters import BoardFilter
+from ledger.api.dashboard.render import pages_of, redirect
+from ledger.api.dashboard.viewer import Viewer, read_form, viewer_of
 
 router = APIRouter()
 

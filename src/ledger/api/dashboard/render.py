@@ -14,12 +14,12 @@ import jinja2
 from fastapi import Request
 from fastapi.responses import HTMLResponse, RedirectResponse
 
-from ...config import LedgerConfig
-from ...models import TERMINAL_STATES, Attempt, Campaign, Event, State
+from ledger.config import LedgerConfig
+from ledger.db.models import TERMINAL_STATES, Attempt, Campaign, Event, State
 
 if TYPE_CHECKING:
-    from ..app import ApiState
-    from .viewer import Viewer
+    from ledger.api.app import ApiState
+    from ledger.api.dashboard.viewer import Viewer
 
 HERE = Path(__file__).resolve().parents[1]  # ledger/api: templates/ and static/
 #: The states, in the machine's order (the ``State`` type is checked against

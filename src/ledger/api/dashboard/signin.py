@@ -6,11 +6,11 @@ from __future__ import annotations
 from fastapi import APIRouter, Request
 from fastapi.responses import HTMLResponse, Response
 
-from ...logs import get_logger
-from .. import cookies
-from ..auth import client_of
-from .render import THEME_COOKIE, THEMES, pages_of, redirect
-from .viewer import local_path, read_form, viewer_of
+from ledger.logs import get_logger
+from ledger.api import cookies
+from ledger.api.auth import client_of
+from ledger.api.dashboard.render import THEME_COOKIE, THEMES, pages_of, redirect
+from ledger.api.dashboard.viewer import local_path, read_form, viewer_of
 
 router = APIRouter()
 log = get_logger("dashboard")

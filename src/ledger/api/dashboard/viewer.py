@@ -7,11 +7,11 @@ from urllib.parse import parse_qs
 
 from fastapi import Request
 
-from ...errors import Forbidden, InvalidInput
-from ...kernel import Kernel
-from ...reads import Reads
-from .. import cookies
-from ..auth import Principal, TokenTable, client_of
+from ledger.errors import Forbidden, InvalidInput
+from ledger.db.kernel import Kernel
+from ledger.db.reads import Reads
+from ledger.api import cookies
+from ledger.api.auth import Principal, TokenTable, client_of
 
 
 class SignInRequired(Exception):

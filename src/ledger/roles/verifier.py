@@ -1,0 +1,520 @@
+"""The independent verifier (README "What a candidate is judged by"): claims attempted campaigns, checks
+each candidate on a fresh export of its tree, records a verdict.
+
+Independence comes from four places, none of them this module's good manners:
+the process acts as the ``verifier`` database role (a worker cannot record a
+verdict, a verifier cannot claim a campaign); the kernel never hands a verifier
+a campaign whose attempt its own identity made and refuses such a verdict
+(``SameIdentity``); the candidate is judged from the bundle recorded with the
+attempt in the database -- checked against its digest -- and fetched from
+where the worker published it (the class's repository, a remote for a URL:
+the verifier needs nothing of the worker's disk); and the acceptance
+commands run in a cell (``ledger.sandbox.cell``) on an export of the candidate's tree
+with no ``.git``, seeing neither the verifier's environment nor its files.
+
+One verification at a time per ``Verifier``: claim (SKIP LOCKED, a short lease
+of its own), heartbeat while checking, verdict. A heartbeat that finds the
+verification stale (the lease lapsed and another verifier took over, or the
+campaign moved) stops the check and writes nothing more. A check that cannot
+run for reasons outside the candidate (the remote unreachable, the candidate's
+ref gone, no sandbox on this host, an implementation crashing) is no verdict:
+the verification is released (``release_verification``), nothing is charged,
+and the campaign waits, saying why, to be verified again. Anything wrong
+*with the candidate or its bundle* is a rejection with evidence.
+
+What the candidate is judged by comes from the database, not from the bundle
+the worker wrote: the campaign's acceptance criteria (commands, protected
+paths, environment, cell) and its class's verifier, and the observation that
+opened the campaign (the tests that failed then, for the pytest verifier). In
+the exported tree the protected paths are as the base commit has them; a
+candidate that had changed them is rejected -- the verdict names the paths --
+even if its worker failed to refuse it.
+
+Before anything runs, the candidate's diff (as the repository has it) is
+screened for reaching into the test machinery (``ledger.git.screen``); pytest
+runs by the fixed judge on the base commit's configuration
+(``verifiers.judge``); the class's held-out tests are copied into the
+checkout and must pass too. A class may require a quorum of verifier kinds
+(``verifiers``): each claim is for the next kind the quorum needs
+(``kinds`` says which this verifier gives), each verdict its own row, and the
+campaign is verified when all have accepted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import shutil
+import tempfile
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal, TypeVar
+
+import verifiers
+from verifiers.judge import CONFIG_FILES
+from verifiers.pytest_report import pytest_command
+
+from ledger.git import bundle as bundles
+from ledger.sandbox import cell as cells
+from ledger.ops import faults
+from ledger.git import protection
+from ledger import tracing
+from ledger.errors import LedgerError, StaleLease, Unavailable
+from ledger.db.hub import WakeSource
+from ledger.identity import process_identity
+from ledger.roles.registry import Registration, held, utcnow
+from ledger.settings import default
+from ledger.db.kernel import Kernel
+from ledger.roles.lease import LeaseClock
+from ledger.logs import get_logger
+from ledger.db.models import VerificationClaim
+from ledger.db.reads import Reads
+from ledger.runtime.service import Loop, Stopped
+from ledger.git.repository import GitError, Repository, file_at
+from ledger.git.repository import diff as repository_diff
+from ledger.git.screen import Screen
+from ledger.git.screen import describe as describe_findings
+
+T = TypeVar("T")
+
+Outcome = Literal["accepted", "rejected", "stale", "released"]
+#: How much of the diff a reviewer is shown.
+REVIEW_DIFF_LIMIT = 512 * 1024
+
+
+def _config_files(repo: Path, base: str) -> dict[str, bytes]:
+    """The base commit's root pytest configuration files (what the judge reads)."""
+    found = {}
+    for name in CONFIG_FILES:
+        content = file_at(repo, base, name)
+        if content is not None:
+            found[name] = content[:1 << 20]
+    return found
+
+
+class CheckFailed(LedgerError):
+    """A check could not be completed for reasons outside the candidate; no
+    verdict is recorded and the verification is left to lapse."""
+
+    slug = "check-failed"
+    http_status = 502
+    exit_code = 13
+
+
+@dataclass(frozen=True)
+class _Judgement:
+    accepted: bool
+    reason: str | None
+    evidence: dict[str, Any]
+
+
+async def _blocking(fn: Callable[..., T], *args: Any) -> T:
+    """Run blocking ``fn`` in a thread. If we are cancelled meanwhile, wait for
+    the thread before re-raising: the caller's cleanup (removing the checkout)
+    must not race a clone still writing into it."""
+    task = asyncio.ensure_future(asyncio.to_thread(fn, *args))
+    try:
+        return await asyncio.shield(task)
+    except asyncio.CancelledError:
+        with contextlib.suppress(Exception):
+            await task
+        raise
+
+
+class Verifier(Loop):
+    """A verifier runtime acting through ``kernel`` (a session as the
+    ``verifier`` role). ``run_once`` verifies one waiting candidate; ``run``
+    keeps verifying until stopped, idling on ``ledger_attempted`` wake-ups
+    with a poll tick of ``poll_s``."""
+
+    name = "verifier"
+    wake_channel = "ledger_attempted"
+    #: a verifier implementation may raise anything; one bad pass must not
+    #: end the verifier
+    survives = (Exception,)
+
+    def __init__(
+        self,
+        kernel: Kernel,
+        *,
+        identity: str | None = None,
+        model_family: str = default("model_family"),
+        classes: Sequence[str] | None = None,
+        lease_s: float = default("verification_lease_s"),
+        heartbeat_s: float | None = None,
+        poll_s: float = default("poll_s"),
+        hub: WakeSource | None = None,
+        data_dir: Path | None = None,
+        work_dir: Path | None = None,
+        kinds: Sequence[str] | None = None,
+    ):
+        super().__init__(poll_s, hub=hub)
+        if lease_s <= 0:
+            raise ValueError(f"verification lease must be positive, not {lease_s}")
+        self.heartbeat_s = heartbeat_s if heartbeat_s is not None else lease_s / 3
+        if not 0 < self.heartbeat_s < lease_s:
+            raise ValueError(f"heartbeat ({self.heartbeat_s}s) must be positive and shorter than "
+                             f"the lease ({lease_s}s), or every verification lapses mid-check")
+        self.kernel = kernel
+        self.reads = Reads(kernel.executor)
+        self.identity = identity or process_identity("verifier")
+        self.model_family = model_family
+        self.classes = list(classes) if classes else None
+        #: the verdicts of a quorum this verifier gives (verifier kinds; None: any)
+        self.kinds = list(kinds) if kinds else None
+        self.lease_s = lease_s
+        self.cache_dir = data_dir / "repos" if data_dir is not None else None
+        self.work_dir = work_dir
+        self.log = get_logger(self.name, verifier=self.identity, model_family=model_family)
+        self.verdicts: dict[Outcome, int] = {"accepted": 0, "rejected": 0, "stale": 0, "released": 0}
+        #: the verification being checked, for the registry of processes
+        self.holding: dict[int, dict[str, Any]] = {}
+        self.registration = Registration(kernel, "verifier", self.name, self.identity, poll_s,
+                                         holds=lambda: list(self.holding.values()))
+
+    # --- one verification ----------------------------------------------------
+
+    async def claim(self) -> VerificationClaim | None:
+        """Claim the next candidate waiting for a verdict, or ``None``."""
+        return await self.kernel.claim_verification(
+            self.identity, model_family=self.model_family, lease_s=self.lease_s,
+            classes=self.classes, kinds=self.kinds)
+
+    async def run_once(self) -> int:
+        """Claim and verify one candidate; 1 if there was one, else 0."""
+        sent = LeaseClock.now()
+        claim = await self.claim()
+        if claim is None:
+            return 0
+        self.holding[claim.verification_id] = held(
+            "verification", claim.verification_id, utcnow(), campaign=claim.campaign_id,
+            attempt=claim.attempt_no)
+        try:
+            await self.verify(claim, sent_at=sent)
+        finally:
+            self.holding.pop(claim.verification_id, None)
+        return 1
+
+    async def drain(self) -> int:
+        """Verify candidates until none is waiting; returns how many."""
+        done = 0
+        while await self.run_once():
+            done += 1
+        return done
+
+    async def verify(self, claim: VerificationClaim, *, sent_at: float | None = None) -> Outcome:
+        """Check a claimed candidate, keeping the claim alive meanwhile, and
+        record the verdict. ``"stale"``: the claim was lost (or could not be
+        confirmed before its local deadline: ``ledger.roles.lease``), nothing written.
+        ``sent_at`` is the local time the claim was sent (default: now)."""
+        return await tracing.traced(
+            "ledger.verification", self.kernel.executor, claim.campaign_id,
+            {tracing.CAMPAIGN_CLASS: claim.class_, tracing.GENERATION: claim.generation,
+             tracing.ATTEMPT_NO: claim.attempt_no, "ledger.verification.id": claim.verification_id,
+             "ledger.verification.kind": claim.kind, "ledger.roles.verifier": self.identity},
+            self._verify(claim, sent_at=sent_at))
+
+    async def _verify(self, claim: VerificationClaim, *, sent_at: float | None) -> Outcome:
+        log = self.log.bind(campaign=claim.campaign_id, attempt=claim.attempt_no,
+                            verification=claim.verification_id)
+        log.info("verification started", candidate=claim.candidate_sha, worker=claim.worker)
+        lease = LeaseClock()
+        lease.confirm(LeaseClock.now() if sent_at is None else sent_at, claim.lease_remaining_s)
+        check = asyncio.create_task(self._check(claim), name=f"check {claim.verification_id}")
+        beat = asyncio.create_task(self._keep_alive(claim.verification_id, log, lease),
+                                   name=f"heartbeat {claim.verification_id}")
+        try:
+            await asyncio.wait({check, beat}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for task in (check, beat):
+                if not task.done():
+                    task.cancel()
+            await asyncio.gather(check, beat, return_exceptions=True)
+        if not check.done() or check.cancelled():
+            # The heartbeat ended first: the verification is no longer ours.
+            log.warning("verification went stale mid-check; stopped, nothing recorded")
+            self.verdicts["stale"] += 1
+            return "stale"
+        try:
+            judgement = check.result()
+        except CheckFailed as exc:
+            # No verdict, nothing charged: the verification is released, the
+            # campaign says why it waits and is verified again after a pause.
+            log.warning("check could not complete for a reason that is not the candidate's; "
+                        "released, no verdict", error=exc.message)
+            try:
+                await self.kernel.release_verification(claim.verification_id, exc.message[:4000],
+                                                       timeout_s=max(lease.remaining(), 0.001))
+            except (StaleLease, Unavailable) as release_error:
+                log.warning("could not release the verification; it lapses instead",
+                            error=release_error.message)
+            self.verdicts["released"] += 1
+            return "released"
+        await faults.point("verifier.before_verdict")
+        try:
+            if lease.lapsed:
+                raise StaleLease("the verification lease lapsed by the verifier's own clock")
+            if judgement.accepted:
+                await self.kernel.accept(claim.verification_id, judgement.evidence,
+                                         timeout_s=lease.remaining())
+            else:
+                assert judgement.reason is not None
+                await self.kernel.reject(claim.verification_id, judgement.reason, judgement.evidence,
+                                         timeout_s=lease.remaining())
+        except StaleLease as exc:
+            log.warning("verification went stale before its verdict; nothing recorded",
+                        error=exc.message)
+            self.verdicts["stale"] += 1
+            return "stale"
+        except Unavailable as exc:
+            # Retried (verdicts are idempotent) until the lease's local
+            # deadline: whether it is in, the campaign's row says; if not,
+            # the verification lapses and the candidate is checked again.
+            log.warning("the verdict could not be confirmed within the verification lease",
+                        error=exc.message, error_type=type(exc).__name__)
+            self.verdicts["stale"] += 1
+            return "stale"
+        outcome: Outcome = "accepted" if judgement.accepted else "rejected"
+        self.verdicts[outcome] += 1
+        log.info(f"candidate {outcome}", reason=judgement.reason)
+        return outcome
+
+    async def _keep_alive(self, verification_id: int, log: Any, lease: LeaseClock) -> None:
+        """Extend the verification's lease until cancelled; return when it is
+        stale, or when no renewal was confirmed before its local deadline."""
+        wait = self.heartbeat_s
+        while True:
+            await asyncio.sleep(max(min(wait, lease.remaining()), 0.0))
+            if lease.lapsed:
+                log.warning("verification lease not confirmed before its local deadline: "
+                            "stopping the check (self-fenced)")
+                return
+            sent = LeaseClock.now()
+            try:
+                renewed = await self.kernel.heartbeat_verification(
+                    verification_id, self.lease_s, timeout_s=lease.remaining())
+            except StaleLease:
+                return
+            except Exception as exc:  # a database hiccup: try again soon, until the deadline
+                log.warning("verification heartbeat failed", error=str(exc))
+                wait = min(0.5, self.heartbeat_s)
+                continue
+            lease.confirm(sent, renewed.lease_remaining_s)
+            wait = self.heartbeat_s
+
+    async def _check(self, claim: VerificationClaim) -> _Judgement:
+        """Everything between the claim and the verdict."""
+        evidence: dict[str, Any] = {
+            "verifier": self.identity, "model_family": self.model_family,
+            "attempt_no": claim.attempt_no, "worker": claim.worker,
+            "bundle_digest": claim.bundle_digest, "candidate_sha": claim.candidate_sha,
+        }
+
+        def reject(reason: str, **more: Any) -> _Judgement:
+            return _Judgement(False, reason, {**evidence, **more})
+
+        try:
+            frozen = bundles.verify(claim.bundle, claim.diff, claim.bundle_digest)
+        except bundles.BundleTampered as exc:
+            if not claim.bundle or not claim.bundle_digest:
+                # Nothing to judge is no verdict on the candidate: the
+                # campaign waits, visibly, for someone to look.
+                raise CheckFailed(exc.message) from exc
+            return reject(f"bundle tampered: {exc.message}", bundle_error=exc.message)
+        except ValueError as exc:  # the digest matched, but it is not a bundle
+            return reject(f"bundle unreadable: {exc}")
+        mismatch = [f"{name} {mine!r} != {theirs!r}" for name, mine, theirs in (
+            ("campaign", frozen.campaign_id, claim.campaign_id),
+            ("attempt", frozen.attempt_no, claim.attempt_no),
+            ("candidate", frozen.candidate_sha, claim.candidate_sha),
+            ("base", frozen.base_sha, claim.base_sha or frozen.base_sha),
+        ) if mine != theirs]
+        if mismatch:
+            return reject("bundle does not describe this attempt: " + "; ".join(mismatch))
+        spec, verifier_name, baseline = await self._judged_by(claim, frozen)
+        evidence.update(implementation=verifier_name, kind=claim.kind, repository=frozen.repository,
+                        base_sha=frozen.base_sha, candidate_ref=claim.candidate_ref)
+        runs_commands = verifier_name != "review"
+        try:
+            acceptance = verifiers.Acceptance.from_spec(spec, baseline, require_commands=runs_commands)
+            screen = Screen(spec.get("screen") or {})
+        except (verifiers.InvalidAcceptance, ValueError) as exc:
+            return reject(f"invalid acceptance spec: {exc}")
+        try:
+            implementation = verifiers.load(verifier_name)
+        except verifiers.UnknownVerifier as exc:
+            # A verifier that is not installed here is this host's fault,
+            # not the candidate's: no verdict, the campaign waits, saying why.
+            raise CheckFailed(str(exc)) from exc
+        if acceptance.sandboxed:
+            try:
+                await _blocking(cells.check_available)
+            except cells.SandboxUnavailable as exc:
+                raise CheckFailed(f"{exc.message} ({exc.hint})") from exc
+
+        scratch = Path(await _blocking(tempfile.mkdtemp, f"-c{claim.campaign_id}",
+                                       "ledger-verify-", self.work_dir))
+        checkout = scratch / "checkout"
+        outputs = scratch / "out"
+        try:
+            repo = Repository(frozen.repository, cache_dir=self.cache_dir)
+            try:
+                refs = [r for r in (claim.candidate_ref,) if r]
+                await _blocking(repo.fetch, *refs)
+            except GitError as exc:
+                raise CheckFailed(f"cannot fetch the candidate: {exc.message}") from exc
+            if not await _blocking(repo.has_commit, frozen.candidate_sha):
+                # It was published before it was recorded: gone now is a
+                # fault of the repository (or of gc), never the candidate's.
+                raise CheckFailed(f"candidate commit {frozen.candidate_sha} is not in "
+                                  f"{frozen.repository} ({claim.candidate_ref or 'no published ref'})")
+            # Before anything runs: the diff as the repository has it (not as
+            # the worker recorded it), screened for reaching into the judge.
+            diff = await _blocking(repository_diff, repo.path, frozen.base_sha, frozen.candidate_sha)
+            findings = screen.findings(diff) if screen.enabled else []
+            changed: list[protection.Change] = []
+            if not spec.get("allow_protected_changes"):
+                protected = protection.Protection.of(spec)
+                changed = await _blocking(protected.changes, repo.path, frozen.base_sha,
+                                          frozen.candidate_sha)
+                evidence["protected_restored"] = [str(c) for c in changed]
+                # a protected path is restored and refused as such, below
+                findings = [f for f in findings if not protected.covers(f.path)]
+            evidence["screen"] = [f.evidence() for f in findings]
+            if findings:
+                return reject(describe_findings(findings))
+            try:
+                # The judge's tree: the candidate's, with the protected paths
+                # as the base has them; no .git (nothing in it to run).
+                await _blocking(lambda: repo.export_tree(
+                    frozen.candidate_sha, checkout, replace_from=frozen.base_sha,
+                    paths=sorted({c.path for c in changed})))
+            except GitError as exc:
+                raise CheckFailed(f"cannot check out the candidate: {exc.message}") from exc
+            outputs.mkdir()
+            evidence["checked_out_sha"] = frozen.candidate_sha
+            # pytest's configuration is the base's, never the candidate's
+            config_files = await _blocking(_config_files, repo.path, frozen.base_sha)
+            acceptance = dataclasses.replace(acceptance.with_outputs(outputs), config_files=config_files)
+            held_out = spec.get("held_out")
+            if held_out and runs_commands:
+                acceptance = await _blocking(self._held_out, held_out, checkout, acceptance, scratch)
+                evidence["held_out"] = {"into": acceptance.held_out}
+            if not runs_commands:
+                acceptance = dataclasses.replace(acceptance, context=await self._context(
+                    claim, diff, evidence))
+            try:
+                verdict = await implementation.verify(checkout, acceptance)
+            except Exception as exc:
+                raise CheckFailed(f"verifier {verifier_name!r} failed: {exc!r}") from exc
+        finally:
+            await _blocking(shutil.rmtree, scratch, True)
+        if changed:
+            # Judged with the base's tests, but it would land its own: never
+            # accepted, whatever the run said (which the next attempt is told).
+            outcome = "passed" if verdict.accepted else f"failed: {verdict.reason}"
+            return reject(f"the candidate changes protected paths: {protection.describe(changed)} "
+                          f"(with them restored from the base, the acceptance {outcome})",
+                          **verdict.evidence)
+        evidence.update(verdict.evidence)
+        if verdict.accepted:  # the landed commit's Ledger-Verdict trailer quotes it
+            evidence.setdefault("summary", "acceptance passed")
+        return _Judgement(verdict.accepted, verdict.reason, evidence)
+
+    def _held_out(self, spec: Any, checkout: Path, acceptance: verifiers.Acceptance,
+                  scratch: Path) -> verifiers.Acceptance:
+        """Copy the class's held-out tests into the checkout (replacing whatever
+        the candidate has there) and add the commands that run them. Where they
+        come from is the verifier's to read: a directory of this host, or a
+        repository fetched with this verifier's credentials. Not finding them
+        is this host's fault, never the candidate's."""
+        into = str(spec.get("into") or "tests/held_out").strip("/")
+        subdir = str(spec.get("subdir") or "").strip("/")
+        target = checkout / into
+        if target.is_symlink() or target.is_file():
+            target.unlink()
+        elif target.exists():
+            shutil.rmtree(target)
+        if spec.get("repository"):
+            source_repo = Repository(str(spec["repository"]), cache_dir=self.cache_dir)
+            fetched = scratch / "held-out"
+            try:
+                sha = source_repo.resolve(str(spec.get("ref") or "main"))
+                source_repo.export_tree(sha, fetched)
+            except GitError as exc:
+                raise CheckFailed(f"cannot fetch the held-out acceptance: {exc.message}") from exc
+            source = fetched / subdir if subdir else fetched
+        else:
+            source = Path(str(spec.get("path"))) / subdir if subdir else Path(str(spec.get("path")))
+        if not source.is_dir():
+            raise CheckFailed(f"the held-out acceptance {source} is not a directory on this verifier")
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copytree(source, target, symlinks=False)
+        commands = [list(c) for c in spec.get("commands") or []]
+        if not commands:
+            first = next((c for c in acceptance.commands if pytest_command(c) is not None), None)
+            if first is None:
+                raise CheckFailed("held-out acceptance without commands needs a pytest acceptance command")
+            command = pytest_command(first)
+            assert command is not None
+            commands = [[*command[:3], "-q", "-p", "no:cacheprovider", into]]
+        return acceptance.with_held_out(into, commands)
+
+    async def _context(self, claim: VerificationClaim, diff: bytes,
+                       evidence: dict[str, Any]) -> dict[str, Any]:
+        """What a reviewer is shown: the objective, the diff, the verdicts so far."""
+        detail = await self.reads.campaign_detail(claim.campaign_id)
+        earlier = [{"kind": v.kind, "verifier": v.verifier, "model_family": v.model_family,
+                    "status": v.status, "reason": v.reason, "summary": v.evidence.get("summary"),
+                    "evidence": v.evidence}
+                   for v in detail.verifications
+                   if v.attempt_id == claim.attempt_id and v.status == "accepted"]
+        campaign = detail.campaign
+        return {"campaign_id": claim.campaign_id, "attempt_no": claim.attempt_no,
+                "objective_key": claim.objective_key, "target": claim.target,
+                "desired_state": campaign.desired_state,
+                "opening_observation": campaign.opening_observation,
+                "diff": diff[:REVIEW_DIFF_LIMIT].decode("utf-8", errors="replace"),
+                "diff_truncated": len(diff) > REVIEW_DIFF_LIMIT,
+                "candidate_sha": claim.candidate_sha, "base_sha": claim.base_sha,
+                "verdicts": earlier, "screen": evidence.get("screen", [])}
+
+    async def _judged_by(self, claim: VerificationClaim, frozen: bundles.Bundle
+                         ) -> tuple[dict[str, Any], str, verifiers.Baseline | None]:
+        """The acceptance spec, the verifier implementation and the baseline a
+        candidate is judged by: the campaign's criteria and its class's
+        verifier (what the operator registered), the bundle's only for a class
+        registered without acceptance commands; the baseline from the
+        observation that opened the campaign."""
+        campaign = await self.reads.campaign(claim.campaign_id)
+        details = campaign.opening_observation.get("details")
+        tests = details.get("tests") if isinstance(details, dict) else None
+        baseline = verifiers.Baseline.from_tests(tests)
+        criteria = campaign.acceptance_criteria
+        if criteria.get("commands") or claim.kind == "review":
+            # the kind of the class's quorum this verification is for
+            return dict(criteria), claim.kind, baseline
+        return dict(frozen.acceptance), frozen.verifier, baseline
+
+    # --- the loop ------------------------------------------------------------
+
+    async def one_pass(self, stop: asyncio.Event) -> int:
+        """Verify every waiting candidate. Stopping mid-check kills the check
+        and records nothing: the short verification lease lapses and another
+        verifier takes over."""
+        try:
+            return await self.unless_stopped(asyncio.ensure_future(self.drain()), stop)
+        except Stopped:
+            self.log.info("stopped mid-check; the verification is left to lapse")
+            raise
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Verify until ``stop`` is set. Waiting candidates are drained, then the
+        verifier idles until a ``ledger_attempted`` wake-up or its poll tick."""
+        # Acceptance runs in a cell: a host that cannot build one says so now.
+        await asyncio.to_thread(cells.check_available)
+        self.log.info("verifier started", classes=self.classes, lease_s=self.lease_s)
+        await super().run(stop)
+        self.log.info("verifier stopped", **self.verdicts)
