@@ -132,9 +132,13 @@ async def test_workers_skip_a_paused_class_finish_its_attempt_and_take_it_back(
         return any(r.role == "worker" and r.status == "live"
                    and [h["id"] for h in r.holds] == [first] for r in rows)
     await eventually(holder, timeout=30, what="the worker holding alpha's attempt in the registry")
+
+    async def everyone_live() -> bool:
+        # the second worker may still be starting when the first already holds
+        live = [r.role for r in await reads.processes() if r.status == "live"]
+        return live.count("worker") == 2 and live.count("reaper") == 2
+    await eventually(everyone_live, timeout=30, what="both workers and their reapers in the registry")
     rows = await reads.processes()
-    assert sorted(r.role for r in rows if r.status == "live").count("worker") == 2
-    assert sum(1 for r in rows if r.role == "reaper" and r.status == "live") == 2
     assert {r.pid for r in rows if r.role == "worker"} == {p.pid for p in workers}
     held_by = next(r for r in rows if r.role == "worker" and r.holds)
     lease_owner = admin.execute("SELECT lease_owner FROM ledger.campaign WHERE id = %s",
