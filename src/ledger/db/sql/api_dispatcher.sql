@@ -281,10 +281,7 @@ BEGIN
         RAISE EXCEPTION 'side effect % is no longer claimed by this dispatcher (state %)',
             p_side_effect_id, v_s.state USING ERRCODE = 'LG001';
     END IF;
-    IF v_s.purpose <> 'promotion' OR v_c.state <> 'verified' OR v_c.generation <> v_s.generation THEN
-        RAISE EXCEPTION 'side effect % is not the live promotion of campaign % (it is %, generation %)',
-            p_side_effect_id, v_c.id, v_c.state, v_c.generation USING ERRCODE = 'LG002';
-    END IF;
+    -- rebase_verified refuses anything but this campaign's live promotion (LG002)
     v_attempt_no := ledger.rebase_verified(v_c, v_s, v_s.claimed_by, p_base_sha, p_candidate_sha,
                                            p_bundle, p_bundle_digest, p_evidence_location, p_diff,
                                            p_candidate_ref,
