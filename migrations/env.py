@@ -1,30 +1,42 @@
-"""Alembic environment: one transaction, one advisory lock, every revision, then
-the privilege self-check."""
+"""Alembic environment: one session holding the advisory lock, each revision
+in a transaction of its own, then the privilege self-check
+(ledger.db.migrations says why)."""
+
+from typing import Any
 
 from alembic import context
 
-from ledger.db.migrations import engine_for, finish, prepare
+from ledger.db import migrations
 
 config = context.config
-url = config.attributes.get("ledger_url")
-role_prefix = config.attributes.get("ledger_role_prefix")
-if url is None:
+run = config.attributes.get("ledger_run")
+if run is None:
     # Plain `alembic upgrade head` from the repository: use Ledger's settings.
     from ledger.db.database import Database
     from ledger.settings import get_settings
 
     settings = get_settings()
-    url = Database.from_settings(settings).url
-    role_prefix = settings.role_prefix
+    run = migrations.Run(Database.from_settings(settings).url, settings.role_prefix)
 
 if context.is_offline_mode():
-    raise SystemExit("Ledger migrations run SQL files against a live database; offline mode is not supported")
+    raise SystemExit("Ledger migrations run SQL files against a live database; offline mode is not supported "
+                     "(`ledger migrate --dry-run` lists the SQL a migration would run)")
 
-engine = engine_for(url)
-with engine.connect() as connection:
-    with connection.begin():
-        prepare(connection, role_prefix)
-        context.configure(connection=connection, transaction_per_migration=False)
-        context.run_migrations()
-        finish(connection)
-engine.dispose()
+
+def applied(*, step: Any, **_: Any) -> None:
+    migrations.step_done(step.up_revision_id)  # applied, or undone
+
+
+engine = migrations.engine_for(run.url)
+migrations.active = run
+try:
+    with engine.connect() as connection:
+        migrations.prepare_session(connection, run)
+        context.configure(connection=connection, transaction_per_migration=True,
+                          on_version_apply=applied)
+        with context.begin_transaction():
+            context.run_migrations()
+        migrations.finish(connection)
+finally:
+    migrations.active = None
+    engine.dispose()

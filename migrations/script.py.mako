@@ -6,21 +6,23 @@ Revises: ${down_revision | comma,n}
 
 from alembic import op
 
-from ledger.migrations import apply_schema, run_sql
+from ledger.db.migrations import Step
 
 revision = ${repr(up_revision)}
 down_revision = ${repr(down_revision)}
 branch_labels = None
 depends_on = None
 
+# migrations/sql/${up_revision}/: before.sql (ALTERs on what exists), schema/
+# (this revision's copies of the schema files it changes, applied in this
+# order: `python -m ledger.db.revise freeze ${up_revision} FILE...`), after.sql,
+# down.sql. CONTRIBUTING.md, "Working on the schema".
+step = Step(revision, files=())
+
 
 def upgrade() -> None:
-    # Table changes first (migrations/sql/${up_revision}.up.sql, as the owner),
-    # then the schema files whose functions, triggers or views this revision
-    # changes, applied again; see CONTRIBUTING.md, "Working on the schema".
-    run_sql(op.get_bind(), "${up_revision}.up.sql", as_owner=True)
-    apply_schema(op.get_bind(), "grants.sql")
+    step.upgrade(op.get_bind())
 
 
 def downgrade() -> None:
-    run_sql(op.get_bind(), "${up_revision}.down.sql", as_owner=False)
+    step.downgrade(op.get_bind())

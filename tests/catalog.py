@@ -1,9 +1,12 @@
 """A full, comparable listing of Ledger's objects in one database, read from
 the catalogs: what two databases must agree on to be the same schema.
 
-Used by tests/test_schema.py to compare a database built by the migrations with
-one built from src/ledger/db/sql directly. Role names appear as they are (both
-databases use the same prefix), so grants compare exactly.
+Used by tests/test_schema.py and tests/test_upgrade.py to compare a database
+built by the migrations with one built from src/ledger/db/sql directly, and
+with one of an earlier release upgraded. Role names appear as they are (the
+databases use the same prefix), so grants compare exactly. A column's
+position is left out: a revision adds a column at the end of its table,
+where the schema file may list it among its neighbours.
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ QUERIES: dict[str, str] = {
           FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
          WHERE n.nspname IN {SCHEMAS}""",
     "column": f"""
-        SELECT format('%s.%s #%s %s %s%s%s default=%s', n.nspname, c.relname, a.attnum, a.attname,
+        SELECT format('%s.%s %s %s%s%s default=%s', n.nspname, c.relname, a.attname,
                       format_type(a.atttypid, a.atttypmod),
                       CASE WHEN a.attnotnull THEN ' not null' ELSE '' END,
                       CASE WHEN a.attidentity <> '' THEN ' identity ' || a.attidentity::text ELSE '' END,
@@ -62,7 +65,9 @@ QUERIES: dict[str, str] = {
           FROM pg_default_acl d LEFT JOIN pg_namespace n ON n.oid = d.defaclnamespace""",
     "state": "SELECT format('%s', s) FROM ledger.state s",
     "actor": "SELECT format('%s', a) FROM ledger.actor a",
-    "transition": "SELECT format('%s', t) FROM ledger.transition t",
+    "transition": """
+        SELECT format('%s: %s -> %s by %s charge=%s note=%s', name, from_state, to_state, owner_role,
+                      attempt_charge, note) FROM ledger.transition""",
     "meta": "SELECT format('%s', m) FROM ledger.meta m",
 }
 

@@ -18,7 +18,9 @@ import pytest
 
 from conftest import TEST_PREFIX
 from ledger import LedgerError
+from ledger.errors import MigrationFailed
 from ledger.db import migrations
+from catalog import catalog
 from ledger.db.embedded import create_database, drop_database
 
 SNAPSHOT = Path(__file__).parent / "schema.snapshot"
@@ -53,17 +55,48 @@ def test_upgrade_downgrade_upgrade(empty_db: str) -> None:
     assert snapshot(empty_db) == first
 
 
-def test_every_revision_steps_down_and_up(empty_db: str) -> None:
-    from alembic.script import ScriptDirectory
-
-    cfg = migrations.alembic_config(empty_db, TEST_PREFIX)
-    revisions = [r.revision for r in ScriptDirectory.from_config(cfg).walk_revisions()][::-1]
+def test_every_revision_with_a_down_sql_steps_down_to_what_its_predecessor_built(
+        empty_db: str, pg_admin_url: str) -> None:
+    """Down one revision at a time, for as long as each has a down.sql: each
+    step leaves exactly what a fresh migration to the revision before builds
+    (its ALTERs undone, the previous frozen copies of its files put back)."""
+    history = migrations.history()
     migrations.upgrade(empty_db, TEST_PREFIX)
-    for rev in reversed(revisions[:-1]):
-        migrations.downgrade(empty_db, TEST_PREFIX, rev)
-        assert migrations.current(empty_db) == rev
+    stepped = 0
+    for upper, lower in zip(history[::-1], history[::-1][1:]):
+        step = migrations.step_of(_module(upper))
+        if step is None or not (step.folder / "down.sql").exists():
+            break
+        migrations.downgrade(empty_db, TEST_PREFIX, lower)
+        assert migrations.current(empty_db) == lower
+        name = f"ledgertest_mig_{uuid.uuid4().hex[:8]}"
+        fresh = create_database(pg_admin_url, name)
+        try:
+            migrations.upgrade(fresh, TEST_PREFIX, lower)
+            assert catalog(empty_db) == catalog(fresh), f"down from {upper}"
+        finally:
+            drop_database(pg_admin_url, name)
+        stepped += 1
+    assert stepped >= 1  # 0004 has a down.sql
     migrations.upgrade(empty_db, TEST_PREFIX)
     assert migrations.current(empty_db) == migrations.head()
+
+
+def test_a_revision_without_a_down_sql_refuses_to_be_undone(empty_db: str) -> None:
+    migrations.upgrade(empty_db, TEST_PREFIX, "0003_trace_context")
+    with pytest.raises(LedgerError, match="0002_merge_queue cannot be undone.*roll forward"):
+        migrations.downgrade(empty_db, TEST_PREFIX, "0001_baseline")
+    # 0003 (nothing to undo) went down in a transaction of its own; 0002 stayed
+    assert migrations.current(empty_db) == "0002_merge_queue"
+
+
+def _module(revision: str):
+    from alembic.script import ScriptDirectory
+
+    cfg = migrations.alembic_config("unused", TEST_PREFIX)
+    script = ScriptDirectory.from_config(cfg).get_revision(revision)
+    assert script is not None
+    return script.module
 
 
 def test_two_processes_migrating_at_once(empty_db: str) -> None:
@@ -145,3 +178,108 @@ def test_a_database_at_an_unknown_revision_is_one_readable_error(db_url: str) ->
         conn.execute("UPDATE alembic_version SET version_num = '0007_lean_hot_path'")
     with pytest.raises(LedgerError, match="^cannot migrate: .*'0007_lean_hot_path'"):
         migrations.upgrade(db_url, TEST_PREFIX)
+
+
+def _history_with(tmp_path: Path, revision: str, before_sql: str) -> Path:
+    """A copy of the migrations with one more revision after head whose
+    before.sql is ``before_sql``."""
+    import shutil
+
+    copy = tmp_path / "migrations"
+    shutil.copytree(migrations.migrations_dir(), copy)
+    (copy / "sql" / revision).mkdir(parents=True)
+    (copy / "sql" / revision / "before.sql").write_text(before_sql)
+    (copy / "versions" / f"{revision}.py").write_text(
+        "from alembic import op\n"
+        "from ledger.db.migrations import Step\n"
+        f"revision = {revision!r}\ndown_revision = {migrations.head()!r}\n"
+        "branch_labels = None\ndepends_on = None\n"
+        "step = Step(revision)\n"
+        "def upgrade():\n    step.upgrade(op.get_bind())\n"
+        "def downgrade():\n    step.downgrade(op.get_bind())\n")
+    return copy
+
+
+def test_a_failing_revision_leaves_the_last_good_one_and_says_so_in_one_line(
+        empty_db: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    head = migrations.head()
+    copy = _history_with(tmp_path, "9001_broken",
+                         "ALTER TABLE ledger.campaign ADD COLUMN half_done integer;\n"
+                         "SELECT 1/0;\n")
+    monkeypatch.setattr(migrations, "migrations_dir", lambda: copy)
+    with pytest.raises(MigrationFailed) as caught:
+        migrations.upgrade(empty_db, TEST_PREFIX)
+    message = str(caught.value)
+    assert "\n" not in message
+    assert message.startswith("revision 9001_broken failed: division by zero")
+    assert f"the database stays at {head}" in message
+    # every earlier revision committed, nothing of the broken one did
+    assert migrations.current(empty_db) == head
+    with psycopg.connect(empty_db) as conn:
+        assert conn.execute("SELECT count(*) FROM pg_attribute WHERE attrelid = 'ledger.campaign'::regclass "
+                            "AND attname = 'half_done'").fetchone()[0] == 0
+
+
+def test_a_revision_gives_way_to_an_open_transaction_instead_of_blocking_everyone(
+        db_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A long transaction holds a lock the revision needs: the revision waits
+    at most its lock timeout (while it waits, the workers behind it wait
+    too), gives way, tries again, and finally fails naming the holder; a
+    worker's read is never held up longer than the lock timeout; once the
+    transaction ends, the same migration goes through."""
+    import threading
+    import time
+
+    head = migrations.head()
+    copy = _history_with(tmp_path, "9002_needs_a_lock",
+                         "ALTER TABLE ledger.campaign ADD COLUMN waited_for integer;\n")
+    monkeypatch.setattr(migrations, "migrations_dir", lambda: copy)
+    holder = psycopg.connect(db_url, application_name="ledgertest:long-report")
+    holder.execute("SELECT count(*) FROM ledger.campaign")  # an open transaction: ACCESS SHARE
+    waits: list[float] = []
+    stop = threading.Event()
+
+    def worker() -> None:  # a writer queued behind the ALTER while it waits
+        with psycopg.connect(db_url, autocommit=True) as conn:
+            while not stop.is_set():
+                started = time.monotonic()
+                conn.execute("SELECT count(*) FROM ledger.campaign")
+                waits.append(time.monotonic() - started)
+                time.sleep(0.02)
+
+    thread = threading.Thread(target=worker)
+    thread.start()
+    seen: list[str] = []
+    try:
+        with pytest.raises(MigrationFailed) as caught:
+            migrations.upgrade(db_url, TEST_PREFIX, lock_timeout_s=0.5, lock_retries=1,
+                               progress=lambda rev, what: seen.append(f"{rev} {what}"))
+    finally:
+        stop.set()
+        thread.join()
+    message = str(caught.value)
+    assert message.startswith("revision 9002_needs_a_lock waited 0.5s for a lock 2 time(s)")
+    assert f"pid {holder.info.backend_pid} (ledgertest:long-report, idle in transaction" in message
+    assert f"the database stays at {head}" in message
+    assert any("gave way" in line for line in seen)
+    assert migrations.current(db_url) == head
+    assert waits and max(waits) < 0.5 + 1.0, waits  # never queued behind it for long
+    holder.rollback()
+    holder.close()
+    assert migrations.upgrade(db_url, TEST_PREFIX, lock_timeout_s=0.5) == ["9002_needs_a_lock"]
+    assert migrations.current(db_url) == "9002_needs_a_lock"
+
+
+def test_dry_run_lists_the_revisions_and_their_sql_and_changes_nothing(empty_db: str) -> None:
+    migrations.upgrade(empty_db, TEST_PREFIX, "0001_baseline")
+    env = {**os.environ, "LEDGER_DATABASE_URL": empty_db, "LEDGER_ROLE_PREFIX": TEST_PREFIX,
+           "NO_COLOR": "1"}
+    proc = subprocess.run([sys.executable, "-m", "ledger", "migrate", "--dry-run"], env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    listed = [line.split(":")[0].strip() for line in proc.stderr.splitlines()[1:]]
+    assert listed == migrations.history()[1:]
+    assert "-- ===== 0002_merge_queue" in proc.stdout
+    assert "ALTER TABLE ledger.transition" in proc.stdout  # 0002's before.sql
+    assert "CREATE OR REPLACE FUNCTION ledger_api.hello" in proc.stdout  # 0004's frozen copy
+    assert migrations.current(empty_db) == "0001_baseline"

@@ -1,4 +1,9 @@
-"""trace context: campaign.trace_context, written by the open, in the campaigns view
+"""Ledger 0.2.0's head: the open's W3C trace context.
+
+As 0.2.0 shipped it, this revision re-applied the live schema files; when the
+history was frozen (0.3.0) its changes went into 0002, which builds 0.2.0's
+schema whole, so this revision has nothing left to do. A 0.2.0 database is
+at this revision already; a 0.1.0 database passes through it.
 
 Revision ID: 0003_trace_context
 Revises: 0002_merge_queue
@@ -6,21 +11,19 @@ Revises: 0002_merge_queue
 
 from alembic import op
 
-from ledger.db.migrations import apply_schema, run_sql
+from ledger.db.migrations import Step
 
 revision = '0003_trace_context'
 down_revision = '0002_merge_queue'
 branch_labels = None
 depends_on = None
 
+step = Step(revision)
+
 
 def upgrade() -> None:
-    # The column, and the old signatures of the functions that gained
-    # p_trace_context (migrations/sql/0003_trace_context.up.sql, as the owner);
-    # then the files that define the helper, the open and the view, and the grants.
-    run_sql(op.get_bind(), "0003_trace_context.up.sql", as_owner=True)
-    apply_schema(op.get_bind(), "api_helpers.sql", "api_sensor.sql", "views.sql", "grants.sql")
+    step.upgrade(op.get_bind())  # (nothing: see above)
 
 
 def downgrade() -> None:
-    run_sql(op.get_bind(), "0003_trace_context.down.sql", as_owner=False)
+    pass  # nothing to undo

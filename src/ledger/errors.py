@@ -146,6 +146,28 @@ class NotMigrated(Unavailable):
     exit_code = 14
 
 
+class SchemaMismatch(LedgerError):
+    """This code and the database's schema cannot work together: the schema
+    is older than the code needs (run ``ledger migrate`` with this code), or
+    the code is older than the schema still serves (upgrade Ledger here). The
+    database refuses the process's greeting (``ledger_api.hello``), so nothing
+    it would have written is."""
+
+    slug = "schema-mismatch"
+    http_status = 503
+    exit_code = 14
+
+
+class MigrationFailed(LedgerError):
+    """A revision could not be applied -- it failed, or could not get its
+    locks in time -- and was rolled back: the database stays at the revision
+    before it, which the message names."""
+
+    slug = "migration-failed"
+    http_status = 500
+    exit_code = 17
+
+
 class OutcomeUnknown(Unavailable):
     """The call was sent but its reply was lost (the connection dropped, or the
     call's deadline passed): it may or may not have taken effect. Idempotent
@@ -206,6 +228,7 @@ SQLSTATES: dict[str, type[LedgerError]] = {
     "LG009": ImmutableRecord,
     "LG010": IdempotencyConflict,
     "LG011": ObjectiveConflict,
+    "LG012": SchemaMismatch,
     "25006": ReadOnly,  # read_only_sql_transaction: connected to a standby
     "42501": Forbidden,  # insufficient_privilege: the role may not call this
     "22P02": InvalidInput,  # invalid_text_representation

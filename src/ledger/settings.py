@@ -257,6 +257,12 @@ class OptionKnobs:
     create_database: bool = knob(
         False, "Create the database the URL names if the server lacks it (the URL's user needs "
                "CREATEDB).", "--create-database")
+    migrate_lock_timeout_s: float = knob(
+        5.0, "How long one revision waits for a table lock before it gives way (rolled back, so "
+             "the work queued behind it goes on) and is tried again.", "--lock-timeout",
+        ge=0.1, le=3600)
+    migrate_lock_retries: int = knob(3, "How many times a revision that gave way is tried again.",
+                                     "--lock-retries", ge=0, le=100)
     # the HTTP API and the MCP server
     api_host: str = knob("127.0.0.1", "Address to listen on.", "--host")
     api_port: int = knob(8080, "Port to listen on.", "--port", ge=0, le=65535)

@@ -1,5 +1,5 @@
 """``/livez`` (the process answers) and ``/readyz`` (the database answers and its
-schema is at the revision this code expects). Neither needs a token: load
+schema serves this code: ledger.db.compatibility). Neither needs a token: load
 balancers and orchestrators probe them.
 
 A ready server may still be ``degraded`` (200, with the reasons): its hub does
@@ -13,7 +13,8 @@ import anyio
 from fastapi import APIRouter, Request
 from pydantic import BaseModel
 
-from ledger.db import migrations
+from ledger.db.compatibility import schema_state
+from ledger.release import SCHEMA
 from ledger.errors import LedgerError, Unavailable
 from ledger.db.hub import queue_alarm
 from ledger.db.reads import Reads
@@ -77,15 +78,14 @@ async def livez() -> Health:
 @router.get("/readyz", response_model=Health, response_model_exclude_none=True,
             responses=problems.responses(503))
 async def readyz(request: Request) -> Health:
-    """The database is reachable and migrated to this code's head (else 503);
+    """The database is reachable and its schema serves this code (else 503);
     ``degraded`` with the reasons if it works less well than it should."""
     api = request.app.state.ledger
-    head = migrations.head()
     try:
-        # Alembic's read is blocking: a worker thread, abandoned if it hangs.
+        # blocking reads: a worker thread, abandoned if it hangs
         with anyio.fail_after(api.options.ready_timeout_s):
-            revision = await anyio.to_thread.run_sync(migrations.current, api.database.url,
-                                                      abandon_on_cancel=True)
+            revision, problem = await anyio.to_thread.run_sync(schema_state, api.database.url,
+                                                               abandon_on_cancel=True)
     except TimeoutError as exc:
         raise Unavailable("the database did not answer in time") from exc
     except Exception as exc:  # any failure to read the revision means: not ready
@@ -94,9 +94,9 @@ async def readyz(request: Request) -> Health:
                      type(exc).__name__)
         log.warning("not ready", error=first)
         raise Unavailable("the database is not reachable") from exc
-    if revision != head:
-        raise Unavailable(f"the schema is at {revision or 'no revision'}, this code needs {head}; "
-                          "run `ledger migrate`")
+    if problem is not None:
+        raise Unavailable(problem.message + (f": {problem.hint}" if problem.hint else ""))
+    head = SCHEMA
     reasons = await degradations(api)
     if reasons:
         return Health(status="degraded", revision=revision, head=head, degraded=reasons)

@@ -48,12 +48,9 @@ app = typer.Typer(
 
 def _version(value: bool) -> None:
     if value:
-        from importlib.metadata import PackageNotFoundError, version
+        from ledger.release import RELEASE, SCHEMA
 
-        try:
-            typer.echo(f"ledger {version('ledger')}")
-        except PackageNotFoundError:  # run from a source tree without installing
-            typer.echo("ledger (not installed)")
+        typer.echo(f"ledger {RELEASE} (schema {SCHEMA})")
         raise typer.Exit()
 
 
@@ -64,7 +61,7 @@ def _global(
     data_dir: str = option("data_dir"),
     role_prefix: str = option("role_prefix"),
     _show_version: bool = typer.Option(
-        False, "--version", callback=_version, is_eager=True, help="Print the version and exit."),
+        False, "--version", callback=_version, is_eager=True, help="Print the release and the schema revision it needs, and exit."),
 ) -> None:
     ctx.obj = State.from_options(database_url=database_url, data_dir=data_dir,
                                  role_prefix=role_prefix)

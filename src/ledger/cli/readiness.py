@@ -23,6 +23,7 @@ import psycopg
 from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
+from ledger.db.compatibility import MIGRATE_HINT, compatibility, revision
 from ledger.errors import DatabaseMissing, LedgerError, LoginRefused, NotMigrated, Unavailable
 
 #: How long a probe may take to connect; a diagnosis must not hang.
@@ -30,7 +31,6 @@ PROBE_CONNECT_TIMEOUT_S = 5
 #: Databases that exist on every PostgreSQL server (tried in this order).
 MAINTENANCE_DATABASES = ("postgres", "template1")
 
-MIGRATE_HINT = "run `ledger migrate`"
 
 
 def describe_server(url: str) -> str:
@@ -198,8 +198,8 @@ def connection_problem(url: str, exc: BaseException) -> LedgerError:
 
 
 def schema_problem(conn: psycopg.Connection, role_prefix: str) -> LedgerError | None:
-    """Whether the connected database lacks Ledger's roles or schema, or has an
-    older schema than this code."""
+    """Whether the connected database lacks Ledger's roles or schema, or has a
+    schema this code cannot work with (``compatibility``)."""
     name = conn.info.dbname
     has_api = conn.execute("SELECT to_regnamespace('ledger_api') IS NOT NULL").fetchone()
     if not has_api or not has_api[0]:
@@ -213,18 +213,7 @@ def schema_problem(conn: psycopg.Connection, role_prefix: str) -> LedgerError | 
     has_version = conn.execute("SELECT to_regclass('alembic_version') IS NOT NULL").fetchone()
     if not has_version or not has_version[0]:
         return NotMigrated(f'database "{name}" has no migration record', hint=MIGRATE_HINT)
-    row = conn.execute(sql.SQL("SELECT version_num FROM alembic_version")).fetchone()
-    at = row[0] if row else None
-    from ledger.db.migrations import head, known_revisions
-
-    want = head()
-    if at == want:
-        return None
-    if at is not None and at not in known_revisions():
-        return Unavailable(f'database "{name}" has schema revision {at}, newer than this '
-                           f"Ledger knows", hint="upgrade Ledger")
-    return NotMigrated(f'database "{name}" has schema revision {at or "base"}, this Ledger '
-                       f"needs {want}", hint=MIGRATE_HINT)
+    return compatibility(conn, revision(conn))
 
 
 def diagnose(url: str, role_prefix: str) -> LedgerError | None:

@@ -25,15 +25,28 @@ def migrate(
     to: str = typer.Option("head", "--to", help="Target revision."),
     downgrade: bool = typer.Option(False, "--downgrade",
                                    help="Go down to --to (e.g. base) instead of up."),
+    dry_run: bool = typer.Option(False, "--dry-run",
+                                 help="List the revisions an upgrade would apply and the SQL "
+                                      "each would run; change nothing."),
     create_database: bool = option("create_database"),
+    lock_timeout_s: float = option("migrate_lock_timeout_s"),
+    lock_retries: int = option("migrate_lock_retries"),
 ) -> None:
-    """Create or update Ledger's schema and roles (idempotent; safe to run concurrently)."""
-    from ledger.db import migrations
+    """Create or update Ledger's schema and roles (idempotent; safe to run
+    concurrently). Each revision runs in a transaction of its own: one that
+    fails, or cannot get its locks within --lock-timeout after --lock-retries
+    tries, is rolled back and the database stays at the revision before it.
+    Processes of the previous release keep working meanwhile
+    (docs/upgrading.md)."""
+    import time
+
     from ledger.cli.readiness import connection_problem, create_missing_database, database_name
+    from ledger.db import migrations
+    from ledger.release import describe
 
     st = state(ctx)
     db = st.database()
-    if create_database:
+    if create_database and not dry_run:
         if create_missing_database(db.url):
             console_err.print(f"created database {database_name(db.url)}", highlight=False)
     else:
@@ -45,15 +58,42 @@ def migrate(
             # one line saying what is wrong (missing database or no server)
             raise connection_problem(db.url, exc) from None
     before = migrations.current(db.url)
+    if dry_run:
+        plan = migrations.pending(db.url, to)
+        if not plan:
+            console_err.print(f"schema already at {describe(before)}: nothing to apply", highlight=False)
+            return
+        console_err.print(f"at {describe(before)}; an upgrade would apply {len(plan)} revision(s), "
+                          "each in a transaction of its own:", highlight=False)
+        for item in plan:
+            console_err.print(f"  {item.revision}: {item.doc.splitlines()[0] if item.doc else ''}",
+                              highlight=False)
+        for item in plan:
+            typer.echo(f"-- ===== {item.revision}\n{item.sql}")
+        return
+    started: dict[str, float] = {}
+
+    def progress(revision: str, what: str) -> None:
+        if what in ("applying", "undoing"):
+            started[revision] = time.monotonic()
+            console_err.print(f"{what} {revision} ...", highlight=False)
+        elif what == "done":
+            took = time.monotonic() - started.get(revision, time.monotonic())
+            console_err.print(f"  {revision} done in {took:.2f}s", highlight=False)
+        else:
+            console_err.print(f"  {revision} {what}", highlight=False)
+
     if downgrade:
         migrations.downgrade(db.url, st.settings.role_prefix, to)
     else:
-        migrations.upgrade(db.url, st.settings.role_prefix, to)
+        migrations.upgrade(db.url, st.settings.role_prefix, to, lock_timeout_s=lock_timeout_s,
+                           lock_retries=lock_retries, progress=progress)
     after = migrations.current(db.url)
     if before == after:
-        console_err.print(f"schema already at {after or 'base'}")
+        console_err.print(f"schema already at {describe(after)}", highlight=False)
     else:
-        console_err.print(f"schema migrated: {before or 'base'} -> {after or 'base'}")
+        console_err.print(f"schema migrated: {describe(before)} -> {describe(after)}",
+                          highlight=False)
 
 
 def graph(

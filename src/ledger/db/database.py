@@ -49,6 +49,7 @@ from ledger.db import stored
 from ledger.logs import get_logger
 from ledger.db.named_queries import Query
 from ledger.backoff import backoff
+from ledger.release import RELEASE, SCHEMA
 from ledger.settings import Settings, get_settings
 
 Row = dict[str, Any]
@@ -96,6 +97,11 @@ DEFAULT_SESSION_LIMITS = ("30s", "60s")
 # made by `ledger logins create`; tests/test_pooler.py keeps the two equal.
 
 _admin_warned: set[str] = set()
+
+#: Every session (direct) or transaction (pooled) first says which release
+#: and schema this code is, and the database refuses code it cannot serve
+#: (compatibility.sql; ``errors.SchemaMismatch``) before anything else runs.
+GREETING = sql.SQL("ledger_api.hello({}, {})").format(sql.Literal(RELEASE), sql.Literal(SCHEMA))
 
 
 def with_connect_defaults(url: str) -> str:
@@ -877,14 +883,16 @@ class Database:
     def prelude(self, actor: str | None) -> bytes:
         """What every transaction of ``actor`` runs first: its role and its
         server-side limits (``SESSION_LIMITS``), for that transaction only
-        (``set_config(..., true)`` is ``SET LOCAL``), in one statement."""
+        (``set_config(..., true)`` is ``SET LOCAL``), and the greeting
+        (``GREETING``), in one statement."""
         statement, idle = SESSION_LIMITS.get(actor or "", DEFAULT_SESSION_LIMITS)
         settings = [("statement_timeout", statement), ("idle_in_transaction_session_timeout", idle)]
         if actor is not None:
             settings.insert(0, ("role", self.role(actor)))
-        return sql.SQL("SELECT {}").format(sql.SQL(", ").join(
+        # the greeting last: after the role, which it runs as
+        return sql.SQL("SELECT {}, {}").format(sql.SQL(", ").join(
             sql.SQL("pg_catalog.set_config({}, {}, true)").format(sql.Literal(name), sql.Literal(value))
-            for name, value in settings)).as_bytes(None)
+            for name, value in settings), GREETING).as_bytes(None)
 
     async def configure(self, conn: psycopg.AsyncConnection[Any]) -> bool:
         """Whether ``conn`` is pooled; if it is, turn off server-side prepared
@@ -931,13 +939,15 @@ class Database:
 
     def session_setup(self, actor: str | None) -> sql.Composed:
         """What a dedicated connection of ``actor`` (``connect``) runs once: its
-        role and its server-side limits (``SESSION_LIMITS``), in one round trip.
+        role, its server-side limits (``SESSION_LIMITS``) and the greeting
+        (``GREETING``), in one round trip.
         Session state: for direct connections only, never through a pooler."""
         statement, idle = SESSION_LIMITS.get(actor or "", DEFAULT_SESSION_LIMITS)
         parts = [sql.SQL("SET statement_timeout = {}").format(sql.Literal(statement)),
                  sql.SQL("SET idle_in_transaction_session_timeout = {}").format(sql.Literal(idle))]
         if actor is not None:
             parts.insert(0, self.set_role_statement(actor))
+        parts.append(sql.SQL("SELECT {}").format(GREETING))
         return sql.SQL("; ").join(parts)
 
     def session(self, actor: str | None, *, min_size: int = 1, max_size: int = 4) -> Session:
@@ -994,8 +1004,9 @@ class Database:
             )
             if actor is not None:
                 conn.execute(self.set_role_statement(actor))
-                if not autocommit:
-                    conn.commit()
+            conn.execute(sql.SQL("SELECT {}").format(GREETING))
+            if not autocommit:
+                conn.commit()
         except psycopg.Error as exc:
             raise _translate(exc, sent=False) from exc
         return conn

@@ -3,7 +3,7 @@
 -- Runtime roles hold no privilege on a table. They read ledger_api's views
 -- (through the reader role, which every runtime role is a member of) and call
 -- ledger_api's SECURITY DEFINER functions, each granted to exactly one role by
--- the table below. Nothing in schema ledger is theirs to call. This file is
+-- the table below (the greeting, ledger_api.hello, to the reader role: so to all). Nothing in schema ledger is theirs to call. This file is
 -- applied last, and again by any revision that adds or changes a function:
 -- it ends with ledger.check_privileges(), which fails the migration if any
 -- function escaped this table.
@@ -57,7 +57,10 @@ BEGIN
                 ('start_web_session', 'operator'), ('web_session', 'operator'),
                 ('end_web_sessions', 'operator'), ('start_bulk_job', 'operator'),
                 ('record_bulk_item', 'operator'), ('finish_bulk_job', 'operator'),
-                ('bulk_job', 'operator'), ('server_secret', 'operator')
+                ('bulk_job', 'operator'), ('server_secret', 'operator'),
+                -- every process's greeting (compatibility.sql): to the reader
+                -- role, of which every runtime role is a member
+                ('hello', 'reader')
                ) AS x(name, actor)
           LEFT JOIN (pg_catalog.pg_proc p
                      JOIN pg_catalog.pg_namespace n ON n.oid = p.pronamespace
@@ -114,7 +117,7 @@ BEGIN
                                                    WHERE a.grantee <> p.proowner), '{}')
                                         NOT IN (SELECT ARRAY[ledger.role_name(r)]
                                                   FROM unnest(ARRAY['sensor', 'worker', 'reaper', 'verifier',
-                                                                    'dispatcher', 'operator']) r)
+                                                                    'dispatcher', 'operator', 'reader']) r)
                                THEN 'not granted to exactly one runtime role'
                                WHEN n.nspname = 'ledger_api'
                                     AND (NOT p.prosecdef OR p.proconfig IS NULL

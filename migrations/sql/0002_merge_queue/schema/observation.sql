@@ -1,0 +1,35 @@
+-- Observations
+
+-- Sensors' observations of targets. (sensor, tick) is unique: two sensor
+-- processes on one schedule record one observation per tick.
+CREATE TABLE IF NOT EXISTS ledger.observation (
+    id              bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    sensor          text NOT NULL CHECK (length(sensor) BETWEEN 1 AND 200),
+    target          text NOT NULL CHECK (length(target) BETWEEN 1 AND 2000),
+    objective_key   text NOT NULL CHECK (length(objective_key) BETWEEN 1 AND 500),
+    class           text REFERENCES ledger.campaign_class (name),
+    status          text NOT NULL CHECK (status IN ('green', 'red')),
+    started_at      timestamptz NOT NULL,
+    finished_at     timestamptz NOT NULL,
+    tick            timestamptz,
+    details         jsonb NOT NULL DEFAULT '{}' CONSTRAINT observation_details_bounded
+                    CHECK (jsonb_typeof(details) = 'object' AND ledger.json_within(details, 32, 262144)),
+    campaign_id     bigint REFERENCES ledger.campaign (id),
+    effect          text NOT NULL CHECK (effect IN ('opened', 'regressed', 'confirmed',
+                                                    'dismissed', 'recorded')),
+    idempotency_key text UNIQUE,
+    request_digest  text,
+    recorded_at     timestamptz NOT NULL,
+    -- why it had no effect it could have had (a green one that could not
+    -- confirm: the opening baseline's tests not seen passing)
+    reason          text CHECK (length(reason) <= 4000),
+    CONSTRAINT observation_one_per_tick UNIQUE (sensor, tick),
+    CONSTRAINT observation_ordered CHECK (finished_at >= started_at),
+    -- Instants a sensor gives lie in a sane window (ledger.bounds): a BC
+    -- instant, or one past year 9999, is one no reader could render.
+    CONSTRAINT observation_instants_sane CHECK (
+        started_at >= '2000-01-01 00:00:00+00' AND finished_at < '2200-01-01 00:00:00+00'
+        AND (tick IS NULL OR (tick >= '2000-01-01 00:00:00+00' AND tick < '2200-01-01 00:00:00+00')))
+);
+CREATE INDEX IF NOT EXISTS observation_by_campaign ON ledger.observation (campaign_id, id);
+CREATE INDEX IF NOT EXISTS observation_by_sensor ON ledger.observation (sensor, id DESC);
