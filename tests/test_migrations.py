@@ -151,7 +151,8 @@ def snapshot(url: str) -> str:
                           CASE WHEN p.proconfig IS NOT NULL
                                THEN ' set ' || array_to_string(p.proconfig, ' ') ELSE '' END,
                           (SELECT coalesce(' to ' || string_agg(
-                                      replace(pg_get_userbyid(a.grantee), m.value, ''), ',' ORDER BY 1), '')
+                                      replace(pg_get_userbyid(a.grantee), m.value, ''), ','
+                                      ORDER BY pg_get_userbyid(a.grantee)), '')
                              FROM aclexplode(p.proacl) a, ledger.meta m
                             WHERE a.grantee <> p.proowner AND m.key = 'role_prefix')),
                    p.prosrc

@@ -458,8 +458,10 @@ class Step:
                 _execute(raw, previous.read_text(), as_owner=name not in ADMIN_FILES)
 
     def digest(self) -> str:
-        """A digest of every file of the revision (``migrations/released.txt``)."""
+        """A digest of the revision's module and every file of its folder
+        (``migrations/released.txt``)."""
         h = hashlib.sha256()
+        h.update((migrations_dir() / "versions" / f"{self.revision}.py").read_bytes() + b"\0")
         for path in sorted(p for p in self.folder.rglob("*") if p.is_file()):
             h.update(path.relative_to(self.folder).as_posix().encode() + b"\0")
             h.update(path.read_bytes() + b"\0")
