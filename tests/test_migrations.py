@@ -18,7 +18,7 @@ import pytest
 
 from conftest import TEST_PREFIX
 from ledger import LedgerError
-from ledger.errors import MigrationFailed
+from ledger.errors import MigrationFailed, SchemaMismatch
 from ledger.db import migrations
 from catalog import catalog
 from ledger.db.embedded import create_database, drop_database
@@ -177,8 +177,10 @@ def test_a_database_at_an_unknown_revision_is_one_readable_error(db_url: str) ->
     """E.g. a database migrated before 0001-0007 were folded into the baseline."""
     with psycopg.connect(db_url, autocommit=True) as conn:
         conn.execute("UPDATE alembic_version SET version_num = '0007_lean_hot_path'")
-    with pytest.raises(LedgerError, match="^cannot migrate: .*'0007_lean_hot_path'"):
+    with pytest.raises(SchemaMismatch, match="^cannot migrate: the database is at schema "
+                       "0007_lean_hot_path, which Ledger .* does not know") as caught:
         migrations.upgrade(db_url, TEST_PREFIX)
+    assert caught.value.exit_code == 14 and caught.value.hint
 
 
 def _history_with(tmp_path: Path, revision: str, before_sql: str) -> Path:

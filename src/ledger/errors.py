@@ -262,10 +262,11 @@ CONNECTION_REFUSED_SQLSTATES = frozenset({"08001", "08004", "57P03", "53300"})
 
 
 def from_sqlstate(sqlstate: str | None, message: str, detail: str | None = None, *,
-                  sent: bool = True) -> LedgerError:
+                  sent: bool = True, hint: str | None = None) -> LedgerError:
     """Build the Ledger error for a database error's SQLSTATE. ``sent`` says
     whether a call had been sent when the error arrived (a lost connection is
-    then ``OutcomeUnknown``, else ``Unavailable``)."""
+    then ``OutcomeUnknown``, else ``Unavailable``); ``hint`` is the server's
+    (``ledger_api.hello`` says what to do)."""
     code = sqlstate or ""
     cls: type[LedgerError]
     if code in CONNECTION_LOST_SQLSTATES:
@@ -276,4 +277,7 @@ def from_sqlstate(sqlstate: str | None, message: str, detail: str | None = None,
         cls = SQLSTATES.get(code, LedgerError)
         if cls is LedgerError and code.startswith("08"):
             cls = OutcomeUnknown if sent else Unavailable
-    return cls(message, sqlstate=sqlstate, detail=detail)
+    error = cls(message, sqlstate=sqlstate, detail=detail)
+    if hint:
+        error.hint = hint
+    return error

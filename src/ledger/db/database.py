@@ -288,7 +288,8 @@ def _translate(exc: psycopg.Error, *, sent: bool = True) -> errors.LedgerError:
             return cls(f"{what}: {_first_line(exc)}")
     diag = exc.diag
     message = diag.message_primary or str(exc).strip() or type(exc).__name__
-    return errors.from_sqlstate(exc.sqlstate, message, diag.message_detail, sent=sent)
+    return errors.from_sqlstate(exc.sqlstate, message, diag.message_detail, sent=sent,
+                                hint=diag.message_hint)
 
 
 def _first_value(row: Any) -> Any:

@@ -45,8 +45,8 @@ from sqlalchemy import create_engine
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.pool import NullPool
 
-from ledger.errors import LedgerError, MigrationFailed, Unavailable, from_sqlstate
-from ledger.release import describe
+from ledger.errors import LedgerError, MigrationFailed, SchemaMismatch, Unavailable, from_sqlstate
+from ledger.release import RELEASE, SCHEMA, describe
 
 #: Key of the advisory lock that serialises migrations of one database.
 MIGRATION_LOCK = 0x4C45444745520001  # "LEDGER" 0001
@@ -244,7 +244,12 @@ def _run(fn: Callable[..., Any], run: Run, revision: str) -> None:
     except psycopg.Error as exc:
         raise _failed(run, exc) from exc
     except CommandError as exc:
-        # e.g. a database at a revision this code does not know
+        at = current(run.url)
+        if at is not None and at not in known_revisions():
+            raise SchemaMismatch(
+                f"cannot migrate: the database is at schema {at}, which Ledger {RELEASE} "
+                f"(schema {SCHEMA}) does not know", hint="migrate with the Ledger that made it, "
+                "or a newer one") from None
         raise LedgerError(f"cannot migrate: {exc}") from exc
 
 
