@@ -27,7 +27,7 @@ from psycopg.conninfo import make_conninfo
 
 from ledger.cli import app
 from ledger.cli.failures import EXIT_CODES
-from ledger.errors import DatabaseMissing, InvalidInput, NotMigrated, Unavailable
+from ledger.errors import DatabaseMissing, InvalidInput, NotMigrated, SchemaMismatch, Unavailable
 from ledger.ops.gitserver import bare_repository
 
 #: Sample values for every required argument or option, by parameter name.
@@ -200,10 +200,14 @@ def test_readiness_tells_the_schema_revision_apart(db_url: str, admin: psycopg.C
     assert diagnose(db_url, TEST_PREFIX) is None  # migrated to head: ready
     missing_roles = diagnose(db_url, "nosuchprefix_")
     assert isinstance(missing_roles, NotMigrated) and "nosuchprefix_" in missing_roles.message
-    admin.execute("UPDATE alembic_version SET version_num = 'ffff_from_the_future'")
+    admin.execute("UPDATE alembic_version SET version_num = '9999_from_the_future'")
+    # a newer schema that still serves this code (expand): ready
+    assert diagnose(db_url, TEST_PREFIX) is None
+    admin.execute("SET ledger.migrating = on")
+    admin.execute("UPDATE ledger.meta SET value = '9998_contracted' WHERE key = 'oldest_client'")
     newer = diagnose(db_url, TEST_PREFIX)
-    assert type(newer) is Unavailable and "newer than this Ledger" in newer.message
-    assert newer.hint == "upgrade Ledger"
+    assert type(newer) is SchemaMismatch and "older than this database serves" in newer.message
+    assert newer.hint == "upgrade Ledger on this machine" and newer.exit_code == 14
     admin.execute("DELETE FROM alembic_version")
     never = diagnose(db_url, TEST_PREFIX)
     assert isinstance(never, NotMigrated) and never.hint == "run `ledger migrate`"

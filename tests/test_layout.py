@@ -22,7 +22,7 @@ SRC = Path(ledger.__file__).parent
 #: settings, configuration, identity, logging, the state machine, the attempt
 #: protocol) or one entry point each (the demo, reports, tails, bulk actions,
 #: the MCP server).
-TOP_LEVEL = {"__init__", "__main__", "backoff", "bulk", "config", "demo", "errors", "identity",
+TOP_LEVEL = {"__init__", "__main__", "backoff", "bulk", "config", "demo", "errors", "identity", "release",
              "logs", "machine", "mcp_server", "protocol", "report", "settings", "tail",
              "tracing"}
 SUBPACKAGES = {"api", "cli", "db", "git", "ops", "roles", "runtime", "sandbox"}

@@ -202,7 +202,11 @@ async def test_every_call_runs_as_its_own_role(actors: Actors, admin: psycopg.Co
     assert {"open_campaign", "claim_campaign", "heartbeat", "append_events", "record_attempt",
             "claim_verification", "accept", "expire_leases", "claim_side_effect",
             "register_class", "request_side_effect", "abandon"} <= called
-    wrong = [c for c in calls if c["ran_as"] != granted[c["fn"]]]
+    # (the greeting is granted to the reader role, of which every role is a member: it
+    # runs as whichever role greets)
+    assert {c["ran_as"] for c in calls if c["fn"] == "hello"} >= {
+        f"{TEST_PREFIX}{r}" for r in ("sensor", "worker", "reaper", "verifier", "dispatcher", "operator")}
+    wrong = [c for c in calls if c["fn"] != "hello" and c["ran_as"] != granted[c["fn"]]]
     assert wrong == [], f"{len(wrong)} of {len(calls)} calls ran as another role: {wrong[:5]}"
 
 

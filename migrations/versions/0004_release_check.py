@@ -1,6 +1,7 @@
 """Ledger 0.3.0: every process greets the database with its release and
 schema (ledger_api.hello), and the database refuses code it cannot serve;
-the oldest code it serves in ledger.meta.
+the oldest code it serves in ledger.meta; the reaper role a member of the
+reader role (as every runtime role), so that it may greet.
 
 Revision ID: 0004_release_check
 Revises: 0003_trace_context
@@ -16,6 +17,7 @@ branch_labels = None
 depends_on = None
 
 step = Step(revision, files=(
+    'roles.sql',
     'compatibility.sql',
     'grants.sql',
 ))

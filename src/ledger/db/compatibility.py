@@ -28,6 +28,8 @@ def compatibility(conn: psycopg.Connection, at: str | None) -> LedgerError | Non
     name = conn.info.dbname
     if at == SCHEMA:
         return None
+    if at is None:
+        return NotMigrated(f'database "{name}" has no migration record', hint=MIGRATE_HINT)
     try:
         with conn.transaction():
             conn.execute("SELECT ledger_api.hello(%s, %s)", (RELEASE, SCHEMA))

@@ -36,6 +36,10 @@ BEGIN
     -- (the migration grants the owner SELECT on the record: ledger.db.migrations.finish)
     SELECT version_num INTO v_at FROM public.alembic_version;
     SELECT value INTO v_oldest FROM ledger.meta WHERE key = 'oldest_client';
+    IF v_at IS NULL THEN
+        RAISE EXCEPTION 'this database has no migration record' USING ERRCODE = 'LG012',
+            HINT = format('run `ledger migrate` with Ledger %s', p_release);
+    END IF;
     IF left(p_schema, 4) > left(v_at, 4) OR (left(p_schema, 4) = left(v_at, 4) AND p_schema <> v_at) THEN
         RAISE EXCEPTION 'Ledger % needs schema revision %; this database is at %', p_release, p_schema, v_at
             USING ERRCODE = 'LG012', DETAIL = format('code=%s database=%s oldest=%s', p_schema, v_at, v_oldest),

@@ -3,7 +3,8 @@
 -- Runtime roles hold no privilege on a table. They read ledger_api's views
 -- (through the reader role, which every runtime role is a member of) and call
 -- ledger_api's SECURITY DEFINER functions, each granted to exactly one role by
--- the table below (the greeting, ledger_api.hello, to the reader role: so to all). Nothing in schema ledger is theirs to call. This file is
+-- the table below (the greeting, ledger_api.hello, to the reader role: so to
+-- every role). Nothing in schema ledger is theirs to call. This file is
 -- applied last, and again by any revision that adds or changes a function:
 -- it ends with ledger.check_privileges(), which fails the migration if any
 -- function escaped this table.
@@ -20,7 +21,6 @@ REVOKE ALL ON ALL FUNCTIONS IN SCHEMA ledger, ledger_api FROM PUBLIC;
 DO $$
 DECLARE
     g record;
-    v_seen regprocedure[] := '{}';
 BEGIN
     FOR g IN
         SELECT x.name, p.oid::regprocedure AS fn, x.actor
@@ -60,8 +60,8 @@ BEGIN
                 ('record_bulk_item', 'operator'), ('finish_bulk_job', 'operator'),
                 ('bulk_job', 'operator'), ('server_secret', 'operator'),
                 -- every process's greeting (compatibility.sql): to the reader
-                -- role, of which every runtime role but the reaper is a member
-                ('hello', 'reader'), ('hello', 'reaper')
+                -- role, of which every runtime role is a member
+                ('hello', 'reader')
                ) AS x(name, actor)
           LEFT JOIN (pg_catalog.pg_proc p
                      JOIN pg_catalog.pg_namespace n ON n.oid = p.pronamespace
@@ -72,15 +72,11 @@ BEGIN
             RAISE EXCEPTION 'grants.sql grants ledger_api.%, which does not exist', g.name
                 USING ERRCODE = 'LG009';
         END IF;
-        -- (a function's first row revokes; a second row for it only adds a grant)
-        IF NOT g.fn = ANY (v_seen) THEN
-            v_seen := v_seen || g.fn;
-            EXECUTE format('REVOKE ALL ON FUNCTION %s FROM %I, %I, %I, %I, %I, %I, %I', g.fn,
-                           ledger.role_name('reader'), ledger.role_name('sensor'),
-                           ledger.role_name('worker'), ledger.role_name('reaper'),
-                           ledger.role_name('verifier'), ledger.role_name('dispatcher'),
-                           ledger.role_name('operator'));
-        END IF;
+        EXECUTE format('REVOKE ALL ON FUNCTION %s FROM %I, %I, %I, %I, %I, %I, %I', g.fn,
+                       ledger.role_name('reader'), ledger.role_name('sensor'),
+                       ledger.role_name('worker'), ledger.role_name('reaper'),
+                       ledger.role_name('verifier'), ledger.role_name('dispatcher'),
+                       ledger.role_name('operator'));
         EXECUTE format('GRANT EXECUTE ON FUNCTION %s TO %I', g.fn, ledger.role_name(g.actor));
     END LOOP;
 
@@ -117,17 +113,12 @@ BEGIN
                                                  WHERE a.grantee <> p.proowner)
                                THEN 'internal, yet executable by a role other than the owner'
                                WHEN n.nspname = 'ledger_api'
-                                    AND coalesce((SELECT array_agg(pg_get_userbyid(a.grantee)::text
-                                                                   ORDER BY pg_get_userbyid(a.grantee)::text)
+                                    AND coalesce((SELECT array_agg(pg_get_userbyid(a.grantee)::text)
                                                     FROM aclexplode(p.proacl) a
                                                    WHERE a.grantee <> p.proowner), '{}')
                                         NOT IN (SELECT ARRAY[ledger.role_name(r)]
                                                   FROM unnest(ARRAY['sensor', 'worker', 'reaper', 'verifier',
-                                                                    'dispatcher', 'operator']) r
-                                                -- the greeting: every runtime role (reader's members, and the reaper)
-                                                UNION ALL
-                                                SELECT ARRAY[ledger.role_name('reader'), ledger.role_name('reaper')]
-                                                 WHERE p.proname = 'hello')
+                                                                    'dispatcher', 'operator', 'reader']) r)
                                THEN 'not granted to exactly one runtime role'
                                WHEN n.nspname = 'ledger_api'
                                     AND (NOT p.prosecdef OR p.proconfig IS NULL

@@ -31,8 +31,8 @@ BEGIN
         END IF;
     END LOOP;
 
-    -- Memberships: every runtime role may read; workers may reap.
-    FOREACH suffix IN ARRAY ARRAY['sensor', 'worker', 'verifier', 'dispatcher', 'operator'] LOOP
+    -- Memberships: every runtime role may read (and greet: ledger_api.hello); workers may reap.
+    FOREACH suffix IN ARRAY ARRAY['sensor', 'worker', 'reaper', 'verifier', 'dispatcher', 'operator'] LOOP
         IF NOT pg_catalog.pg_has_role(prefix || suffix, prefix || 'reader', 'MEMBER') THEN
             BEGIN
                 EXECUTE format('GRANT %I TO %I', prefix || 'reader', prefix || suffix);
