@@ -25,6 +25,7 @@ from .merge_queue import MergeQueue
 from .partition import Partition
 from .patroni import Patroni
 from .second_attempt_differs import SecondAttemptDiffers
+from .upgrade import Upgrade
 from .stop_mid_attempt import StopMidAttempt
 from .verifier_crash import VerifierCrash
 from .zombie_worker import ZombieWorker
@@ -33,4 +34,4 @@ from .zombie_worker import ZombieWorker
 ALL = [Intake(), SecondAttemptDiffers(), KillWorker(), ZombieWorker(), FrozenWorker(), HeartbeatRace(), BadPatch(),
        ForbiddenWrite(), LostDoorbell(), DatabaseRestart(), DispatcherCrash(), StopMidAttempt(),
        Drain(), VerifierCrash(), Partition(), GamingAgent(), HostileAgent(), Load(), Failover(), Patroni(),
-       Machines(), MergeQueue(), Chaos()]
+       Machines(), MergeQueue(), Chaos(), Upgrade()]

@@ -196,6 +196,9 @@ class SettingKnobs:
                             pattern=r"^[a-z][a-z0-9_]{0,30}$")
     config: Path = knob(Path("ledger.toml"), "Campaign classes and sensors (default "
                                              "./ledger.toml).", "--config")
+    releases_dir: Path | None = knob(
+        None, "Where earlier releases are installed to run beside this one (the upgrade "
+              "drill); unset: .venv-releases in the clone")
     hub_ping_s: float = knob(
         10.0, "How often the hub proves it hears (a NOTIFY to itself); a miss reconnects it",
         gt=0, le=3600)
