@@ -11,6 +11,7 @@ campaigns, journals, classes, the dashboard's and the metrics' figures -- is
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any, TypeVar
@@ -67,6 +68,42 @@ def _attempted_hints(campaign_ids: Sequence[int]) -> list[tuple[str, str]]:
     # Recorded attempts wake verifiers (ledger_attempted) and tails
     # (ledger_event); the kernel function leaves these two to the caller.
     return [(channel, str(cid)) for cid in campaign_ids for channel in ("ledger_attempted", "ledger_event")]
+
+
+class Leases:
+    """The leases this process was granted, as far as their replies said:
+    each (kind, id, generation) with the local monotonic time it ends by the
+    database's clock (the reply's remaining length from just before the call
+    was sent: never later than the database's own expiry). A lease holder's
+    call made without a deadline of its own is bounded by its lease -- it
+    cannot count after the lease is over -- instead of ``CALL_TIMEOUT_S``."""
+
+    LIMIT = 10_000
+
+    def __init__(self) -> None:
+        self._ends: dict[tuple[str, int, int], float] = {}
+
+    def granted(self, key: tuple[str, int, int], sent: float, remaining_s: float) -> None:
+        self._ends.pop(key, None)
+        self._ends[key] = sent + max(remaining_s, 0.0)
+        while len(self._ends) > self.LIMIT:  # oldest first
+            del self._ends[next(iter(self._ends))]
+
+    def ended(self, key: tuple[str, int, int]) -> None:
+        self._ends.pop(key, None)
+
+    def bound(self, key: tuple[str, int, int], timeout_s: float | None) -> float | None:
+        """``timeout_s`` if given, else the time the lease has left (at least
+        a millisecond: the call then fails at once), else ``None`` (unknown
+        here: the executor's own default)."""
+        if timeout_s is not None:
+            return timeout_s
+        end = self._ends.get(key)
+        return None if end is None else max(end - time.monotonic(), 0.001)
+
+
+#: This process's leases (``Leases``), shared by every Kernel of the process.
+LEASES = Leases()
 
 
 class Kernel:
@@ -167,25 +204,40 @@ class Kernel:
 
     async def claim_campaign(self, worker: str, classes: Sequence[str] | None = None) -> Claim | None:
         """Lease the next eligible campaign, or ``None`` if there is none."""
+        sent = time.monotonic()
         rows = await self._call("claim_campaign", worker=worker,
                                 classes=list(classes) if classes is not None else None)
-        return Claim.model_validate(rows[0]) if rows else None
+        if not rows:
+            return None
+        claim = Claim.model_validate(rows[0])
+        LEASES.granted(("campaign", claim.campaign_id, claim.generation), sent, claim.lease_remaining_s)
+        return claim
 
     async def claim_campaigns(self, worker: str, classes: Sequence[str] | None = None, *,
                               limit: int = 10) -> list[Claim]:
         """Lease up to ``limit`` eligible campaigns in one statement, each with
         its own generation, lease and attempt; an empty list if none is ready."""
+        sent = time.monotonic()
         rows = await self._call("claim_campaigns", worker=worker, limit=limit,
                                 classes=list(classes) if classes is not None else None)
-        return [Claim.model_validate(r) for r in rows]
+        claims = [Claim.model_validate(r) for r in rows]
+        for claim in claims:
+            LEASES.granted(("campaign", claim.campaign_id, claim.generation), sent, claim.lease_remaining_s)
+        return claims
 
     async def heartbeat(self, campaign_id: int, generation: int, *,
                         timeout_s: float | None = None) -> Lease:
         """Roll the lease forward; ``StaleLease`` means stand down (the lease
-        was reaped, abandoned, re-claimed, or had already expired)."""
-        rows = await self._call("heartbeat", _timeout_s=timeout_s, campaign_id=campaign_id,
-                                generation=generation)
-        return Lease.model_validate(rows[0])
+        was reaped, abandoned, re-claimed, or had already expired). Without
+        ``timeout_s``, bounded by the lease as far as this process knows it
+        (``Leases``)."""
+        key = ("campaign", campaign_id, generation)
+        sent = time.monotonic()
+        rows = await self._call("heartbeat", _timeout_s=LEASES.bound(key, timeout_s),
+                                campaign_id=campaign_id, generation=generation)
+        lease = Lease.model_validate(rows[0])
+        LEASES.granted(key, sent, lease.lease_remaining_s)
+        return lease
 
     async def record_attempt(
         self,
@@ -208,7 +260,8 @@ class Kernel:
         attempt number. Retrying the identical record returns the same number;
         verifiers and tails are hinted after the commit (``Session.hint``)."""
         attempt_no = await self._scalar_as(
-            int, "record_attempt", _timeout_s=timeout_s, campaign_id=campaign_id, generation=generation,
+            int, "record_attempt", _timeout_s=LEASES.bound(("campaign", campaign_id, generation), timeout_s),
+            campaign_id=campaign_id, generation=generation,
             base_sha=base_sha, candidate_sha=candidate_sha, fingerprint=fingerprint,
             bundle=bundle, bundle_digest=bundle_digest, evidence_location=evidence_location,
             log_tail=log_tail, diff=diff, candidate_ref=candidate_ref,
@@ -240,8 +293,9 @@ class Kernel:
     ) -> str:
         """Record a failed (or drained) attempt; returns the new state.
         Retrying the identical ending returns the same state."""
-        return await self._scalar_as(str, 
-            "fail_attempt", _timeout_s=timeout_s, campaign_id=campaign_id, generation=generation,
+        return await self._scalar_as(
+            str, "fail_attempt", _timeout_s=LEASES.bound(("campaign", campaign_id, generation), timeout_s),
+            campaign_id=campaign_id, generation=generation,
             reason=reason, fingerprint=fingerprint, retry_after_s=retry_after_s, drained=drained,
         )
 
@@ -252,7 +306,8 @@ class Kernel:
         the release transition): nothing charged, no approach refused; the
         campaign waits (``waiting_on = system_fault``) and is retried after
         a pause. Returns the new state; an identical retry returns it again."""
-        return await self._scalar_as(str, "release_attempt", _timeout_s=timeout_s,
+        return await self._scalar_as(str, "release_attempt",
+                                     _timeout_s=LEASES.bound(("campaign", campaign_id, generation), timeout_s),
                                      campaign_id=campaign_id, generation=generation, reason=reason,
                                      retry_after_s=retry_after_s)
 
@@ -284,7 +339,8 @@ class Kernel:
         """Append events to the journal, fenced by generation and lease; returns
         the last seq. With ``key`` (unique per batch) a retry of the same batch
         returns the first try's seq instead of appending twice."""
-        return await self._scalar_as(int, "append_events", _timeout_s=timeout_s,
+        return await self._scalar_as(int, "append_events",
+                                  _timeout_s=LEASES.bound(("campaign", campaign_id, generation), timeout_s),
                                   _idempotent=key is not None, campaign_id=campaign_id,
                                   generation=generation, events=list(events), key=key)
 
@@ -325,18 +381,28 @@ class Kernel:
                                  kinds: Sequence[str] | None = None) -> VerificationClaim | None:
         """Claim an attempted campaign to verify, or ``None``: the next verdict
         its class's quorum needs, of one of ``kinds`` (default: any)."""
+        sent = time.monotonic()
         rows = await self._call("claim_verification", verifier=verifier,
                                 model_family=model_family, lease_s=lease_s,
                                 classes=list(classes) if classes is not None else None,
                                 kinds=list(kinds) if kinds is not None else None)
-        return VerificationClaim.model_validate(rows[0]) if rows else None
+        if not rows:
+            return None
+        claim = VerificationClaim.model_validate(rows[0])
+        LEASES.granted(("verification", claim.verification_id, 0), sent, claim.lease_remaining_s)
+        return claim
 
     async def heartbeat_verification(self, verification_id: int, lease_s: float = 120.0, *,
                                      timeout_s: float | None = None) -> Lease:
-        """Extend a verification's lease; ``StaleLease`` if it is no longer current."""
-        rows = await self._call("heartbeat_verification", _timeout_s=timeout_s,
+        """Extend a verification's lease; ``StaleLease`` if it is no longer
+        current. Without ``timeout_s``, bounded by the lease (``Leases``)."""
+        key = ("verification", verification_id, 0)
+        sent = time.monotonic()
+        rows = await self._call("heartbeat_verification", _timeout_s=LEASES.bound(key, timeout_s),
                                 verification_id=verification_id, lease_s=lease_s)
-        return Lease.model_validate(rows[0])
+        lease = Lease.model_validate(rows[0])
+        LEASES.granted(key, sent, lease.lease_remaining_s)
+        return lease
 
     async def accept(self, verification_id: int, evidence: dict[str, Any] | None = None, *,
                      timeout_s: float | None = None) -> int | None:
@@ -344,7 +410,8 @@ class Kernel:
         the class's quorum has); returns the promotion intent id (the same one
         when an accept is retried), ``None`` while the quorum is incomplete or
         when the class does not promote."""
-        intent: int | None = await self._scalar("accept", _timeout_s=timeout_s,
+        intent: int | None = await self._scalar("accept", _timeout_s=LEASES.bound(
+                                                    ("verification", verification_id, 0), timeout_s),
                                                 verification_id=verification_id,
                                                 evidence=evidence or {})
         return intent
@@ -353,7 +420,9 @@ class Kernel:
                      evidence: dict[str, Any] | None = None, *, timeout_s: float | None = None) -> str:
         """Reject the candidate (attempted -> ready/exhausted); returns the new
         state (the same one when a reject with the same reason is retried)."""
-        return await self._scalar_as(str, "reject", _timeout_s=timeout_s, verification_id=verification_id,
+        return await self._scalar_as(str, "reject", _timeout_s=LEASES.bound(
+                                         ("verification", verification_id, 0), timeout_s),
+                                     verification_id=verification_id,
                                   reason=reason, evidence=evidence or {})
 
     async def release_verification(self, verification_id: int, reason: str, *,
@@ -362,7 +431,8 @@ class Kernel:
         """The check could not be made for a reason that is not the
         candidate's: no verdict, nothing charged; the campaign stays
         attempted, says why it waits, and is verified again after a pause."""
-        return await self._scalar_as(str, "release_verification", _timeout_s=timeout_s,
+        return await self._scalar_as(str, "release_verification", _timeout_s=LEASES.bound(
+                                         ("verification", verification_id, 0), timeout_s),
                                      verification_id=verification_id, reason=reason,
                                      retry_after_s=retry_after_s)
 

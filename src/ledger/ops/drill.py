@@ -185,7 +185,7 @@ class DrillContext:
         """Look underneath as the administrator (drills verify the rows themselves;
         without the greeting: the upgrade drill looks at a previous release's schema)."""
         with psycopg.connect(self.db.url, row_factory=dict_row) as conn:
-            return conn.execute(query, params).fetchall()  # type: ignore[arg-type]
+            return conn.execute(query, params).fetchall()
 
     async def close(self) -> None:
         for session in self._sessions.values():

@@ -57,6 +57,7 @@ import shutil
 import socket
 import stat
 import tempfile
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -84,6 +85,7 @@ from ledger.db.reads import Reads
 from ledger.sandbox.redaction import redactor
 from ledger.git.repository import GitError, Identity, Repository
 from ledger.settings import inherited_environment
+from ledger.backoff import backoff
 
 _LOG_TAIL = 16 * 1024
 OWNER_FILE = "owner.json"
@@ -247,6 +249,14 @@ class StoodDown(Exception):
 
 #: How soon a failed heartbeat is tried again (the lease's own deadline bounds it).
 HEARTBEAT_RETRY_S = 0.5
+#: How long past its lease's local deadline a lease's one ending (or its hand
+#: back) is still tried while the database does not answer: the database's
+#: own fence decides whether it counts, and a database that restarted gives
+#: every lease in flight its length again (ledger.restart_grace).
+ENDING_PATIENCE_S = 300.0
+#: How long one try of an ending may wait for its reply once the lease's own
+#: time is up.
+ENDING_TRY_S = 5.0
 
 
 class AttemptRun:
@@ -366,14 +376,21 @@ class AttemptRun:
             repo = Repository(self.cls.repository, cache_dir=self.data_dir / "repos")
             self.outcome = await self._attempt(repo, workspace)
         except (StoodDown, StaleLease):
-            self.outcome = "drained" if self.drained else "stood_down"
+            if self.self_fenced and not self.drained:
+                # stopped by its own clock, the database out of reach: not the
+                # attempt's fault -- handed back once the database answers
+                self.outcome = await self._hand_back("the database was out of reach until the lease's "
+                                                     "local deadline: the attempt was stopped")
+            else:
+                self.outcome = "drained" if self.drained else "stood_down"
         except Unavailable as exc:
             # Every call is bounded by the lease's remaining time: the
-            # database stayed out of reach until the lease's local deadline.
+            # database stayed out of reach until the lease's local deadline
+            # (a start, an event or a read that could not be written).
             self.log.warning("the database stayed unreachable for the rest of the lease",
                              error=exc.message)
             self._fence_self()
-            self.outcome = "stood_down"
+            self.outcome = await self._hand_back(f"the database was out of reach: {exc.message}")
         except asyncio.CancelledError:
             self._kill()
             raise
@@ -541,13 +558,10 @@ class AttemptRun:
         await self.journal.close()
         self._check()
         self.ending = True
-        try:
-            await self.kernel.refuse_candidate(self.claim.campaign_id, self.claim.generation, reason,
-                                               fingerprint=fingerprint, paths=[str(t) for t in touched],
-                                               timeout_s=self._budget())
-        except Unavailable as exc:
-            return await self._resolve(exc)
-        return "failed"
+        c = self.claim
+        return await self._ending("failed", lambda t: self.kernel.refuse_candidate(
+            c.campaign_id, c.generation, reason, fingerprint=fingerprint, paths=[str(t) for t in touched],
+            timeout_s=t))
 
     async def _refuse_insecure(self, fingerprint: str | None) -> str:
         """Record each thing the attempt was seen to try outside its cell, and
@@ -557,11 +571,14 @@ class AttemptRun:
         c = self.claim
         for action, reason, details in self.security:
             self.log.warning("security event", action=action, reason=reason)
-            try:
-                await self.kernel.report_security_event(c.campaign_id, c.generation, action, reason,
-                                                        details=details, timeout_s=self._budget())
-            except Unavailable as exc:
-                return await self._resolve(exc)
+
+            async def report(timeout_s: float, a: str = action, r: str = reason,
+                             d: dict[str, Any] = details) -> int:
+                return await self.kernel.report_security_event(c.campaign_id, c.generation, a, r,
+                                                               details=d, timeout_s=timeout_s)
+            written = await self._ending("reported", report)
+            if written != "reported":
+                return written
         kinds = ", ".join(a for a, _, _ in self.security)
         return await self._fail(f"refused: the attempt tried what its cell does not allow ({kinds}); "
                                 + self.security[0][1], fingerprint)
@@ -659,12 +676,9 @@ class AttemptRun:
         await self.journal.close()
         self._check()
         self.ending = True
-        try:
-            await self.kernel.fail_attempt(self.claim.campaign_id, self.claim.generation, reason,
-                                           fingerprint=fingerprint, timeout_s=self._budget())
-        except Unavailable as exc:
-            return await self._resolve(exc)
-        return "failed"
+        c = self.claim
+        return await self._ending("failed", lambda t: self.kernel.fail_attempt(
+            c.campaign_id, c.generation, reason, fingerprint=fingerprint, timeout_s=t))
 
     async def _release(self, reason: str) -> str:
         """A fault that is not the attempt's own: hand the campaign back,
@@ -673,15 +687,32 @@ class AttemptRun:
         await self.journal.close()
         if self.stood_down.is_set() or self.journal.fenced:
             return "stood_down"
+        return await self._release_now(reason)
+
+    async def _release_now(self, reason: str) -> str:
         self.ending = True
+        c = self.claim
         try:
-            await self.kernel.release_attempt(self.claim.campaign_id, self.claim.generation,
-                                              reason[:4000], timeout_s=self._budget())
-        except StaleLease:
+            return await self._ending("released", lambda t: self.kernel.release_attempt(
+                c.campaign_id, c.generation, reason[:4000], timeout_s=t))
+        except StaleLease as exc:
+            self.log.info("the lease is gone: nothing to hand back", error=exc.message)
             return "stood_down"
-        except Unavailable as exc:
-            return await self._resolve(exc)
-        return "released"
+
+    async def _hand_back(self, reason: str) -> str:
+        """The lease's holder was stopped by a fault of the system's (the
+        database out of reach until the lease's local deadline): hand the
+        campaign back, uncharged, once the database answers -- it gave the
+        lease its length again if it restarted -- or stand down if it says the
+        lease is gone (reaped, abandoned)."""
+        self._kill()
+        if self.ending:
+            return "stood_down"  # an ending was under way: _ending has settled it
+        self.log.warning("handing the lease back once the database answers", reason=reason)
+        outcome = await self._release_now(reason)
+        if outcome == "released":
+            self.log.info("lease handed back, nothing charged")
+        return outcome
 
     async def _record(self, base: str, candidate: str, diff: bytes, fingerprint: str, ref: str) -> str:
         c = self.claim
@@ -697,18 +728,44 @@ class AttemptRun:
         self._check()
         self.ending = True
         try:
-            await self.kernel.record_attempt(
+            outcome = await self._ending("attempted", lambda t: self.kernel.record_attempt(
                 c.campaign_id, c.generation, base_sha=base, candidate_sha=candidate,
                 fingerprint=fingerprint, bundle=frozen.model_dump(mode="json", by_alias=True),
                 bundle_digest=digest, log_tail=self.log_tail, diff=diff, candidate_ref=ref,
-                timeout_s=self._budget())
+                timeout_s=t))
         except RepeatedApproach as exc:
             self.ending = False
             return await self._fail(exc.message, fingerprint)
-        except Unavailable as exc:
-            return await self._resolve(exc)
-        self.log.info("attempt recorded", candidate=candidate, fingerprint=fingerprint, ref=ref)
-        return "attempted"
+        if outcome == "attempted":
+            self.log.info("attempt recorded", candidate=candidate, fingerprint=fingerprint, ref=ref)
+        return outcome
+
+    async def _ending(self, outcome: str, write: Callable[[float], Awaitable[object]]) -> str:
+        """Write this lease's one ending (``write(timeout_s)``, idempotent),
+        tried again until the database answers: ``outcome`` once it is in.
+        The database's fence (generation and liveness) decides whether it
+        counts, so the tries go on past the lease's local deadline, for up to
+        ``ENDING_PATIENCE_S`` -- a database that restarted meanwhile has given
+        the lease its length again (ledger.restart_grace), and an ending
+        written then costs nothing a lost lease would. ``StaleLease`` and the
+        other refusals are raised; a database that never answers is read back
+        (``_resolve``)."""
+        loop = asyncio.get_running_loop()
+        give_up = loop.time() + max(self.lease.remaining(), 0.0) + ENDING_PATIENCE_S
+        tries = 0
+        while True:
+            tries += 1
+            try:
+                await write(max(self.lease.remaining(), ENDING_TRY_S))
+                return outcome
+            except Unavailable as exc:
+                if loop.time() >= give_up:
+                    return await self._resolve(exc)
+                if tries == 1 or tries % 20 == 0:
+                    self.log.warning("the lease's ending could not be written; trying again until the "
+                                     "database answers", ending=outcome, error=exc.message,
+                                     error_type=type(exc).__name__, tries=tries)
+                await asyncio.sleep(backoff(tries, base_s=0.25, cap_s=2.0))
 
     async def _resolve(self, exc: Unavailable) -> str:
         """The ending's reply never came, even retried within the lease: read
@@ -735,12 +792,9 @@ class AttemptRun:
             return
         self.drained = True
         self.stood_down.set()
+        c = self.claim
         try:
-            await self.kernel.fail_attempt(self.claim.campaign_id, self.claim.generation,
-                                           "drained: the worker shut down", drained=True,
-                                           timeout_s=max(self.lease.remaining(), 0.001))
-            self.outcome = "drained"
+            self.outcome = await self._ending("drained", lambda t: self.kernel.fail_attempt(
+                c.campaign_id, c.generation, "drained: the worker shut down", drained=True, timeout_s=t))
         except StaleLease:
             self.outcome = "stood_down"
-        except Unavailable as exc:
-            self.outcome = await self._resolve(exc)

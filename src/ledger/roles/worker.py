@@ -25,7 +25,7 @@ from typing import Any
 
 from ledger.sandbox import cell as cells
 from ledger import tracing
-from ledger.roles.attempt import AttemptRun, sweep_orphans
+from ledger.roles.attempt import ENDING_PATIENCE_S, ENDING_TRY_S, AttemptRun, sweep_orphans
 from ledger.config import LedgerConfig
 from ledger.db.database import Database
 from ledger.errors import ConfigError, LedgerError, OutcomeUnknown, StaleLease, Unavailable
@@ -83,6 +83,9 @@ class Worker:
         self.attempts: dict[int, tuple[AttemptRun, asyncio.Task[str]]] = {}
         self.claimed = 0
         self.since: dict[int, datetime] = {}  # when each attempt in flight was claimed
+        #: the leases (campaign, generation) whose attempt this process has run:
+        #: one lease runs its agent at most once, whatever a read-back finds
+        self.ran: dict[tuple[int, int], None] = {}
         self.log = get_logger("worker", worker=self.identity)
 
     def stop(self) -> None:
@@ -230,6 +233,13 @@ class Worker:
             await self._idle(asyncio.sleep(backoff(1, base_s=1.0, cap_s=1.0)))
             return False
         slot = True  # the one held by the caller
+        for claim in [c for c in held if (c.campaign_id, c.generation) in self.ran]:
+            # its attempt ran here already and ended without its ending written:
+            # never a second run of the agent on one lease
+            await self._hand_back(kernel, claim, None, RuntimeError(
+                "this lease's attempt already ran on this worker and its ending was not written "
+                "(the database was out of reach); it is not run a second time"))
+        held = [c for c in held if (c.campaign_id, c.generation) not in self.ran]
         for claim in held:
             if not slot and not await self._try_slot():
                 self.log.warning("no free slot for a lease found on read-back; it will expire",
@@ -299,6 +309,9 @@ class Worker:
             back = asyncio.create_task(self._hand_back(kernel, claim, lease, exc))
             back.add_done_callback(lambda _: self.slots.release())
             return
+        self.ran[(claim.campaign_id, claim.generation)] = None
+        while len(self.ran) > 10_000:  # oldest first: long ended
+            del self.ran[next(iter(self.ran))]
         task = asyncio.create_task(
             tracing.attempt(kernel.executor, claim, run.run(), claimed=claimed,
                             worker=self.identity),
@@ -318,16 +331,35 @@ class Worker:
 
         task.add_done_callback(finished)
 
-    async def _hand_back(self, kernel: Kernel, claim: Claim, lease: LeaseClock, exc: Exception) -> None:
-        """Release a claim whose attempt could not be started: a fault of
-        this worker's, never charged to the campaign."""
-        try:
-            await kernel.release_attempt(claim.campaign_id, claim.generation,
-                                         f"the worker could not start the attempt: {type(exc).__name__}: {exc}"[:4000],
-                                         timeout_s=max(lease.remaining(), 0.001))
-        except LedgerError as error:
-            self.log.warning("could not hand the claim back; its lease will expire",
-                             campaign=claim.campaign_id, error=error.message)
+    async def _hand_back(self, kernel: Kernel, claim: Claim, lease: LeaseClock | None,
+                         exc: Exception) -> None:
+        """Release a claim whose attempt could not be started (or must not
+        run again): a fault of this worker's, never charged to the campaign.
+        Tried again until the database answers (it gives a lease its length
+        again after a restart), for up to ``ENDING_PATIENCE_S``."""
+        reason = f"the worker could not start the attempt: {type(exc).__name__}: {exc}"[:4000]
+        loop = asyncio.get_running_loop()
+        give_up = loop.time() + (max(lease.remaining(), 0.0) if lease else 0.0) + ENDING_PATIENCE_S
+        tries = 0
+        while True:
+            tries += 1
+            try:
+                await kernel.release_attempt(claim.campaign_id, claim.generation, reason,
+                                             timeout_s=max(lease.remaining() if lease else 0.0,
+                                                           ENDING_TRY_S))
+                self.log.info("claim handed back, nothing charged", campaign=claim.campaign_id,
+                              reason=reason)
+                return
+            except Unavailable as error:
+                if loop.time() >= give_up:
+                    self.log.warning("could not hand the claim back; its lease will expire",
+                                     campaign=claim.campaign_id, error=error.message)
+                    return
+                await asyncio.sleep(backoff(tries, base_s=0.25, cap_s=2.0))
+            except LedgerError as error:
+                self.log.warning("could not hand the claim back", campaign=claim.campaign_id,
+                                 error=error.message, stale=isinstance(error, StaleLease))
+                return
 
     def _holds(self) -> list[dict[str, Any]]:
         """The leases this worker holds now, for the registry of processes."""

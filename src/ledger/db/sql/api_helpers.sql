@@ -128,13 +128,91 @@ BEGIN
 END
 $$;
 
+-- The server this database runs on, as it is now: when its postmaster
+-- started and its WAL timeline (a restart changes the first, a failover the
+-- second). Cheap: two built-ins, no I/O.
+CREATE OR REPLACE FUNCTION ledger.server_incarnation() RETURNS text
+    LANGUAGE sql
+    STABLE
+AS $$
+    SELECT pg_catalog.pg_postmaster_start_time()::text || ' timeline '
+           || pg_catalog.substr(pg_catalog.pg_walfile_name(pg_catalog.pg_current_wal_lsn()), 1, 8)
+$$;
+
+-- A database restart or failover costs no lease (docs/running/faults.md): a
+-- holder whose heartbeats failed while the server was down is no lost worker.
+-- The first caller to meet a new incarnation of the server (ledger.meta
+-- server_incarnation) gives every lease in flight -- each campaign's, and each
+-- verification's -- its whole length again, counted from now, the moment the
+-- server is back as far as Ledger can tell, and journals it; once per
+-- incarnation, under the meta row's lock. Called on the slow paths only:
+-- before the reaper reaps, before a verifier's claim marks lapsed
+-- verifications lost, and where a holder's write finds its lease expired.
+-- Returns whether this call (or one it waited for) renewed them. A holder
+-- that never comes back (killed) is reaped one lease later, charged as
+-- before.
+CREATE OR REPLACE FUNCTION ledger.restart_grace() RETURNS boolean
+    LANGUAGE plpgsql
+    SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_now timestamptz := ledger.now();
+    v_key text := ledger.server_incarnation();
+    v_seen text;
+BEGIN
+    SELECT m.value INTO v_seen FROM ledger.meta m WHERE m.key = 'server_incarnation';
+    IF v_seen = v_key THEN
+        RETURN false;
+    ELSIF v_seen IS NULL THEN
+        -- the first look at this server (a new database): nothing to forgive yet
+        INSERT INTO ledger.meta (key, value) VALUES ('server_incarnation', v_key) ON CONFLICT (key) DO NOTHING;
+        RETURN false;
+    END IF;
+    SELECT m.value INTO v_seen FROM ledger.meta m WHERE m.key = 'server_incarnation' FOR UPDATE;
+    IF v_seen = v_key THEN
+        RETURN true;  -- another caller renewed them while this one waited for the lock
+    END IF;
+    UPDATE ledger.meta SET value = v_key WHERE key = 'server_incarnation';
+    WITH renewed AS (
+        UPDATE ledger.campaign c
+           SET lease_expires_at = v_now + make_interval(secs => cc.lease_seconds),
+               event_seq = c.event_seq + 1
+          FROM ledger.campaign_class cc
+         WHERE c.state = 'leased' AND cc.name = c.class
+           AND c.lease_expires_at < v_now + make_interval(secs => cc.lease_seconds)
+        RETURNING c.id, c.generation, c.event_seq, c.lease_expires_at
+    ), mirrored AS (
+        UPDATE ledger.attempt a SET lease_expires_at = r.lease_expires_at
+          FROM renewed r
+         WHERE a.campaign_id = r.id AND a.generation = r.generation AND a.outcome = 'running'
+    )
+    INSERT INTO ledger.campaign_event (campaign_id, seq, type, actor, generation, payload, created_at,
+                                       actor_role)
+    SELECT r.id, r.event_seq, 'lease.renewed', 'system', r.generation,
+           jsonb_build_object('reason', 'the database restarted or failed over during the lease: '
+                                        || 'its whole length again, from when it was back',
+                              'lease_expires_at', r.lease_expires_at, 'server', v_key),
+           v_now, 'system'
+      FROM renewed r;
+    UPDATE ledger.verification v
+       SET lease_expires_at = v_now + make_interval(secs => coalesce(v.lease_s, 120))
+     WHERE v.status = 'running'
+       AND v.lease_expires_at < v_now + make_interval(secs => coalesce(v.lease_s, 120));
+    RETURN true;
+END
+$$;
+
 -- Refuse unless generation p_generation holds the live lease of campaign
 -- p_c now: the right generation, leased, and not expired by the database's
--- clock -- whether or not a reaper has run.
+-- clock -- whether or not a reaper has run. An expired one is first given
+-- its restart grace (ledger.restart_grace): live again if the server came
+-- back since.
 CREATE OR REPLACE FUNCTION ledger.check_live(p_c ledger.campaign, p_generation bigint)
     RETURNS void
     LANGUAGE plpgsql
 AS $$
+DECLARE
+    v_expires timestamptz;
 BEGIN
     IF p_c.generation <> p_generation OR p_c.state <> 'leased' THEN
         RAISE EXCEPTION 'stale lease on campaign %: generation % is not current (generation %, state %)',
@@ -143,6 +221,14 @@ BEGIN
                   DETAIL = json_build_object('generation', p_c.generation, 'state', p_c.state)::text;
     END IF;
     IF p_c.lease_expires_at <= ledger.now() THEN
+        -- (looked for only when the lease has lapsed; read back by a statement
+        -- of its own, which sees what the grace just wrote)
+        IF ledger.restart_grace() THEN
+            SELECT c.lease_expires_at INTO v_expires FROM ledger.campaign c WHERE c.id = p_c.id;
+            IF v_expires > ledger.now() THEN
+                RETURN;
+            END IF;
+        END IF;
         RAISE EXCEPTION 'stale lease on campaign %: generation % expired at % (not yet reaped)',
             p_c.id, p_generation, p_c.lease_expires_at
             USING ERRCODE = 'LG001',

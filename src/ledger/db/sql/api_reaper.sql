@@ -8,7 +8,8 @@
 -- re-tested by the UPDATE itself: a lease renewed after the candidate list
 -- was read (or while this statement waited for the row lock) is not reaped.
 -- The lost attempt counts; the generation's pending intents are cancelled
--- (by the journal trigger).
+-- (by the journal trigger). A restart of the database is first forgiven
+-- (ledger.restart_grace): what lapsed while the server was down is not reaped.
 CREATE OR REPLACE FUNCTION ledger_api.expire_leases(p_grace_s double precision DEFAULT 0,
                                                     p_limit integer DEFAULT 100)
     RETURNS TABLE (campaign_id bigint, generation bigint, worker text, state text)
@@ -24,6 +25,9 @@ DECLARE
 BEGIN
     PERFORM ledger.check_range('grace_s', p_grace_s, 0, 86400);
     PERFORM ledger.check_range('limit', p_limit, 1, 10000);
+    -- a lease that lapsed while the server itself was down is no lost worker:
+    -- after a restart, every lease in flight first gets its length again
+    PERFORM ledger.restart_grace();
     v_cutoff := v_now - make_interval(secs => p_grace_s);
     PERFORM ledger.begin_batch_transition('expire_lease', 'reaper', 'reaper',
                 jsonb_build_object('reason', 'lease expired', 'grace_s', p_grace_s));

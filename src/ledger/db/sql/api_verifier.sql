@@ -62,6 +62,7 @@ BEGIN
         RAISE EXCEPTION 'verifier identity must be 1 to 200 characters' USING ERRCODE = 'LG007';
     END IF;
     PERFORM ledger.check_range('lease_s', p_lease_s, 0.001, 86400);
+    PERFORM ledger.restart_grace();  -- what lapsed while the server was down is not lost
     UPDATE ledger.verification v
        SET status = 'lost', finished_at = v_now, reason = 'verifier lease expired'
      WHERE v.status = 'running' AND v.lease_expires_at <= v_now;
@@ -101,8 +102,8 @@ BEGIN
     END IF;
     v_expires := v_now + make_interval(secs => p_lease_s);
     INSERT INTO ledger.verification (campaign_id, attempt_id, generation, verifier, kind, model_family,
-                                     claimed_at, lease_expires_at)
-    VALUES (v_c.id, v_a.id, v_c.generation, p_verifier, v_kind, p_model_family, v_now, v_expires)
+                                     claimed_at, lease_expires_at, lease_s)
+    VALUES (v_c.id, v_a.id, v_c.generation, p_verifier, v_kind, p_model_family, v_now, v_expires, p_lease_s)
     RETURNING id INTO v_id;
     PERFORM ledger.append_event(v_c.id, 'verification.started', p_verifier,
                 jsonb_build_object('verification_id', v_id, 'attempt_no', v_a.attempt_no,
@@ -134,13 +135,17 @@ BEGIN
         RAISE EXCEPTION 'a verification id is required' USING ERRCODE = 'LG007';
     END IF;
     PERFORM ledger.check_range('lease_s', p_lease_s, 0.001, 86400);
-    UPDATE ledger.verification v
-       SET lease_expires_at = v_now + make_interval(secs => p_lease_s)
-      FROM ledger.campaign c
-     WHERE v.id = p_verification_id AND v.status = 'running' AND v.lease_expires_at > v_now
-       AND c.id = v.campaign_id AND c.generation = v.generation AND c.state = 'attempted'
-    RETURNING v.lease_expires_at INTO v_expires;
-    IF NOT FOUND THEN
+    FOR i IN 1..2 LOOP
+        UPDATE ledger.verification v
+           SET lease_expires_at = v_now + make_interval(secs => p_lease_s), lease_s = p_lease_s
+          FROM ledger.campaign c
+         WHERE v.id = p_verification_id AND v.status = 'running' AND v.lease_expires_at > v_now
+           AND c.id = v.campaign_id AND c.generation = v.generation AND c.state = 'attempted'
+        RETURNING v.lease_expires_at INTO v_expires;
+        -- not live: once more if the server just came back (ledger.restart_grace)
+        EXIT WHEN FOUND OR i = 2 OR NOT ledger.restart_grace();
+    END LOOP;
+    IF v_expires IS NULL THEN
         RAISE EXCEPTION 'verification % is no longer current (lapsed, ended, or its campaign moved)',
             p_verification_id USING ERRCODE = 'LG001';
     END IF;
@@ -180,6 +185,7 @@ AS $$
 DECLARE
     v_c ledger.campaign;
     v_worker text;
+    v_expires timestamptz;
 BEGIN
     SELECT * INTO v_c FROM ledger.campaign c WHERE c.id = p_v.campaign_id;
     IF p_v.status <> 'running' OR v_c.generation <> p_v.generation OR v_c.state <> 'attempted' THEN
@@ -188,8 +194,15 @@ BEGIN
             USING ERRCODE = 'LG001';
     END IF;
     IF p_v.lease_expires_at <= ledger.now() THEN
-        RAISE EXCEPTION 'verification % is no longer current: its lease expired at %',
-            p_v.id, p_v.lease_expires_at USING ERRCODE = 'LG001';
+        -- live again if the server just came back (ledger.restart_grace; read
+        -- back by a statement of its own, which sees what the grace wrote)
+        IF ledger.restart_grace() THEN
+            SELECT v.lease_expires_at INTO v_expires FROM ledger.verification v WHERE v.id = p_v.id;
+        END IF;
+        IF v_expires IS NULL OR v_expires <= ledger.now() THEN
+            RAISE EXCEPTION 'verification % is no longer current: its lease expired at %',
+                p_v.id, p_v.lease_expires_at USING ERRCODE = 'LG001';
+        END IF;
     END IF;
     SELECT a.worker INTO v_worker FROM ledger.attempt a WHERE a.id = p_v.attempt_id;
     IF v_worker = p_v.verifier THEN

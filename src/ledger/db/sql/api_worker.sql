@@ -257,14 +257,18 @@ DECLARE
     v_lease double precision;
 BEGIN
     PERFORM ledger.check_lease_args(p_campaign_id, p_generation);
-    UPDATE ledger.campaign c
-       SET lease_expires_at = v_now + make_interval(secs => cc.lease_seconds)
-      FROM ledger.campaign_class cc
-     WHERE c.id = p_campaign_id AND c.generation = p_generation AND c.state = 'leased'
-       AND c.lease_expires_at > v_now
-       AND cc.name = c.class
-    RETURNING c.lease_expires_at, cc.lease_seconds INTO v_expires, v_lease;
-    IF NOT FOUND THEN
+    FOR i IN 1..2 LOOP
+        UPDATE ledger.campaign c
+           SET lease_expires_at = v_now + make_interval(secs => cc.lease_seconds)
+          FROM ledger.campaign_class cc
+         WHERE c.id = p_campaign_id AND c.generation = p_generation AND c.state = 'leased'
+           AND c.lease_expires_at > v_now
+           AND cc.name = c.class
+        RETURNING c.lease_expires_at, cc.lease_seconds INTO v_expires, v_lease;
+        -- not live: once more if the server just came back (ledger.restart_grace)
+        EXIT WHEN FOUND OR i = 2 OR NOT ledger.restart_grace();
+    END LOOP;
+    IF v_expires IS NULL THEN
         PERFORM ledger.raise_stale(p_campaign_id, p_generation);
     END IF;
     UPDATE ledger.attempt a
@@ -726,6 +730,10 @@ BEGIN
             IF FOUND THEN
                 RETURN v_last;  -- this very batch, retried: it is in
             END IF;
+        END IF;
+        IF ledger.restart_grace() THEN
+            -- the server just came back and the lease has its length again: once more
+            RETURN ledger_api.append_events(p_campaign_id, p_generation, p_events, p_key);
         END IF;
         PERFORM ledger.raise_stale(p_campaign_id, p_generation);
     END IF;

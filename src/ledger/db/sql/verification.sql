@@ -14,6 +14,9 @@ CREATE TABLE IF NOT EXISTS ledger.verification (
                      CHECK (status IN ('running', 'accepted', 'rejected', 'lost', 'released', 'abandoned')),
     claimed_at       timestamptz NOT NULL,
     lease_expires_at timestamptz NOT NULL,
+    -- the length its holder asks for at each claim and heartbeat (restart_grace
+    -- gives it again after a restart of the database)
+    lease_s          double precision,
     finished_at      timestamptz,
     reason           text,
     evidence         jsonb NOT NULL DEFAULT '{}',
