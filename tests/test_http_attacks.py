@@ -589,6 +589,7 @@ async def test_wrong_tokens_are_throttled_and_a_valid_one_from_the_same_address_
         assert r.status_code == 429 and int(r.headers["retry-after"]) >= 1
         r = await client.post("/ui/login", data={"token": "guess"})
         assert r.status_code == 429 and int(r.headers["retry-after"]) >= 1
+        assert 'id="sign-in"' in r.text  # the form again: a valid token still signs in
         # No proxy is trusted here: a made-up X-Forwarded-For changes nothing.
         assert_limit(await client.get("/campaigns", headers={**wrong(), **via("198.51.100.9")}),
                      "auth-failures-per-address")
