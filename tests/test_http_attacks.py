@@ -10,7 +10,11 @@ renders for every reader; ``ledger serve`` honours the cookie settings; the
 cookie names a session the database keeps (sign-out and token rotation end
 it); metrics labels stay bounded; bulk tokens are keyed, bound, expiring and
 single use, and large bulk actions run as jobs; Unicode digits are refused,
-not a 500; failed authentication is throttled; half-sent requests are dropped;
+not a 500; wrong credentials are throttled per address and per credential
+prefix while a valid one from the same address is always served (directly, on
+`ledger serve`, and as the client a trusted proxy names; an untrusted peer's
+proxy headers are ignored), and each token has its own request limit;
+half-sent requests are dropped;
 every HTML page has frame protection and a CSP."""
 
 from __future__ import annotations
