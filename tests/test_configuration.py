@@ -211,6 +211,30 @@ def test_a_setting_out_of_its_range_is_one_line_and_exit_78(
         assert "input_value" not in lines[0]  # never the value (a setting may be a secret)
 
 
+@pytest.mark.parametrize("value", ["10.0.0.1/8", "proxy.example", "*, 10.0.0.1", "127.0.0.1;::1"])
+def test_an_untrusted_proxy_list_is_refused_naming_the_variable(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], value: str) -> None:
+    """``LEDGER_FORWARDED_ALLOW_IPS`` is read as uvicorn reads it, but a
+    value uvicorn would take as a host name (trusting, silently, nobody) or a
+    network with host bits is refused: one line, exit 78."""
+    code, lines = run_main(monkeypatch, capsys, ["list"], {"LEDGER_FORWARDED_ALLOW_IPS": value})
+    assert code == ConfigError.exit_code == 78, (value, lines)
+    assert len(lines) == 1 and lines[0].startswith("ledger: LEDGER_FORWARDED_ALLOW_IPS"), lines
+
+
+def test_a_trusted_proxy_list_is_what_uvicorn_trusts() -> None:
+    from uvicorn.middleware.proxy_headers import _TrustedHosts
+
+    from ledger.settings import forwarded_hosts
+
+    hosts = forwarded_hosts(" 10.0.0.0/8, 192.0.2.7 ,::1,")
+    assert hosts == ("10.0.0.0/8", "192.0.2.7", "::1")
+    trusted = _TrustedHosts(list(hosts))
+    assert {h: h in trusted for h in ("10.1.2.3", "192.0.2.7", "::1", "192.0.2.8", "11.0.0.1")} \
+        == {"10.1.2.3": True, "192.0.2.7": True, "::1": True, "192.0.2.8": False, "11.0.0.1": False}
+    assert forwarded_hosts(None) == () and forwarded_hosts("*") == ("*",)
+
+
 def test_a_variable_out_of_range_in_a_real_process(tmp_path: Path) -> None:
     """The same through the environment, in a real process: the variable
     alone is refused like the option (one line, exit 2), before any database

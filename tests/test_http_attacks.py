@@ -10,7 +10,11 @@ renders for every reader; ``ledger serve`` honours the cookie settings; the
 cookie names a session the database keeps (sign-out and token rotation end
 it); metrics labels stay bounded; bulk tokens are keyed, bound, expiring and
 single use, and large bulk actions run as jobs; Unicode digits are refused,
-not a 500; failed authentication is throttled; half-sent requests are dropped;
+not a 500; wrong credentials are throttled per address and per credential
+prefix while a valid one from the same address is always served (directly, on
+`ledger serve`, and as the client a trusted proxy names; an untrusted peer's
+proxy headers are ignored), and each token has its own request limit;
+half-sent requests are dropped;
 every HTML page has frame protection and a CSP."""
 
 from __future__ import annotations
@@ -545,19 +549,54 @@ async def test_unicode_digits_are_refused_not_a_500(live: Live, actors: Actors, 
 # --- throttling, slow clients, frame protection --------------------------------
 
 
-async def test_failed_bearer_checks_and_sign_ins_are_throttled(live: Live) -> None:
-    async with live.client() as client:
+def wrong(prefix: str = "") -> dict[str, str]:
+    """A bearer header with a token nobody configured (starting with ``prefix``)."""
+    return {"Authorization": f"Bearer {prefix}{new_token()[len(prefix):]}"}
+
+
+def via(address: str) -> dict[str, str]:
+    """What a reverse proxy adds for a client at ``address``."""
+    return {"X-Forwarded-For": address}
+
+
+def assert_limit(r: httpx.Response, limit: str) -> dict[str, Any]:
+    """A 429 problem naming ``limit``, with a Retry-After."""
+    body = assert_problem(r, 429)
+    assert body.get("limit") == limit, body
+    assert 1 <= int(r.headers["retry-after"]) <= 60 and body["retry_after_s"] >= 1, r.headers
+    return body
+
+
+async def test_wrong_tokens_are_throttled_and_a_valid_one_from_the_same_address_is_served(live: Live) -> None:
+    """Finding: after enough wrong tokens from one address, a valid token (and
+    a valid sign-in, and a valid session) from that address was refused too --
+    behind a NAT or a proxy, by anyone's doing."""
+    async with live.client() as client, live.client() as browser:
+        r = await browser.post("/ui/login", data={"token": live.tokens["operator"]})
+        assert r.status_code == 303  # signed in before the storm
         for _ in range(5):
-            assert_problem(await client.get("/campaigns", headers={"Authorization": "Bearer nope"}),
-                           401)
-        r = await client.get("/campaigns", headers={"Authorization": "Bearer nope"})
-        assert_problem(r, 429)
-        assert 1 <= int(r.headers["retry-after"]) <= 60
-        # Every attempt from the client is refused meanwhile: a right token too,
-        # so the answer tells a guesser nothing.
-        assert (await client.get("/campaigns", headers=live.bearer("reader"))).status_code == 429
-        r = await client.post("/ui/login", data={"token": live.tokens["reader"]})
+            assert_problem(await client.get("/campaigns", headers=wrong()), 401)
+        throttled = await client.get("/campaigns", headers=wrong())
+        assert throttled.status_code == 429
+        # Every valid credential from the same address is served all the same.
+        assert (await client.get("/campaigns", headers=live.bearer("reader"))).status_code == 200
+        assert (await client.get("/ui/", headers=live.bearer("operator"))).status_code == 200
+        assert (await browser.get("/campaigns")).status_code == 200
+        assert (await browser.get("/ui/")).status_code == 200
+        r = await client.post("/ui/login", data={"token": live.tokens["sensor"]})
+        assert r.status_code == 303, r.status_code
+        # ... while wrong ones stay throttled, by the API, the dashboard and the form.
+        body = assert_limit(throttled, "auth-failures-per-address")
+        assert "LEDGER_API_AUTH_FAILURES_PER_MINUTE" in body["detail"]
+        assert_limit(await client.get("/campaigns", headers=wrong()), "auth-failures-per-address")
+        r = await client.get("/ui/", headers=wrong())
         assert r.status_code == 429 and int(r.headers["retry-after"]) >= 1
+        r = await client.post("/ui/login", data={"token": "guess"})
+        assert r.status_code == 429 and int(r.headers["retry-after"]) >= 1
+        assert 'id="sign-in"' in r.text  # the form again: a valid token still signs in
+        # No proxy is trusted here: a made-up X-Forwarded-For changes nothing.
+        assert_limit(await client.get("/campaigns", headers={**wrong(), **via("198.51.100.9")}),
+                     "auth-failures-per-address")
         # The probes need no token and are never throttled.
         assert (await client.get("/livez")).status_code == 200
 
@@ -568,7 +607,157 @@ async def test_the_sign_in_form_is_throttled(db: Database) -> None:
         async with served.client() as client:
             codes = [(await client.post("/ui/login", data={"token": "guess-" + str(i)})).status_code
                      for i in range(5)]
+            valid = await client.post("/ui/login", data={"token": tokens["reader"]})
     assert codes == [401, 401, 401, 429, 429], codes
+    assert valid.status_code == 303, valid.status_code
+
+
+async def test_guesses_at_one_credential_are_throttled_without_locking_out_others(db: Database) -> None:
+    """Guesses sharing a token's first characters are throttled together,
+    whatever address each comes from; a token starting otherwise, from a
+    fresh address, is not, and valid tokens never are."""
+    tokens = {role: new_token() for role in ROLES}
+    guess = "ldg_Guess000"
+    async for served in serve(db, tokens, options(auth_failures_per_minute=5,
+                                                  forwarded_allow_ips=("127.0.0.1",))):
+        async with served.client() as client:
+            for i in range(5):
+                r = await client.get("/campaigns", headers={**wrong(guess), **via(f"203.0.113.{i}")})
+                assert_problem(r, 401)
+            r = await client.get("/campaigns", headers={**wrong(guess), **via("203.0.113.10")})
+            body = assert_limit(r, "auth-failures-per-credential")
+            assert guess not in body["detail"]  # what was guessed is not echoed
+            r = await client.post("/ui/login", data={"token": wrong(guess)["Authorization"][7:]},
+                                  headers=via("203.0.113.11"))
+            assert r.status_code == 429
+            # Another credential's holder, from a fresh address: not throttled.
+            assert_problem(await client.get("/campaigns", headers={**wrong("ldg_Other000"),
+                                                                    **via("203.0.113.12")}), 401)
+            for i in range(5):
+                r = await client.get("/campaigns", headers={**served.bearer("operator"),
+                                                            **via(f"203.0.113.{i}")})
+                assert r.status_code == 200, r.text
+
+
+async def test_a_trusted_proxy_names_the_client_and_an_untrusted_peers_header_is_ignored(db: Database) -> None:
+    tokens = {role: new_token() for role in ROLES}
+    # Trusted: each client the proxy names has its own count (and its https counts).
+    async for served in serve(db, tokens, options(auth_failures_per_minute=3,
+                                                  forwarded_allow_ips=("127.0.0.0/8", "::1"))):
+        async with served.client() as client:
+            codes = [(await client.get("/campaigns", headers={**wrong(), **via("198.51.100.7")}))
+                     .status_code for _ in range(4)]
+            assert codes == [401, 401, 401, 429], codes
+            r = await client.get("/campaigns", headers={**served.bearer("sensor"),
+                                                        **via("198.51.100.7")})
+            assert r.status_code == 200, r.text
+            # Neither another client behind the proxy nor the proxy itself is throttled.
+            assert_problem(await client.get("/campaigns", headers={**wrong(), **via("198.51.100.8")}),
+                           401)
+            assert_problem(await client.get("/campaigns", headers=wrong()), 401)
+            r = await client.post("/ui/login", data={"token": tokens["reader"]},
+                                  headers={**via("198.51.100.7"), "X-Forwarded-Proto": "https"})
+            assert r.status_code == 303 and "; secure" in r.headers["set-cookie"].lower()
+    # Untrusted (only 192.0.2.1 is: an address that is no peer here): the
+    # headers of 127.0.0.1 mean nothing, so a made-up client escapes nothing.
+    async for served in serve(db, tokens, options(auth_failures_per_minute=3,
+                                                  forwarded_allow_ips=("192.0.2.1",))):
+        async with served.client() as client:
+            codes = [(await client.get("/campaigns", headers={**wrong(), **via(f"198.51.100.{i}")}))
+                     .status_code for i in range(4)]
+            assert codes == [401, 401, 401, 429], codes
+            assert (await client.get("/campaigns", headers={**served.bearer("reader"),
+                                                            **via("198.51.100.1")})).status_code == 200
+            r = await client.post("/ui/login", data={"token": tokens["reader"]},
+                                  headers={"X-Forwarded-Proto": "https"})
+            assert r.status_code == 303 and "; secure" not in r.headers["set-cookie"].lower()
+
+
+async def test_ledger_serve_serves_a_valid_token_after_wrong_ones_directly_and_through_a_trusted_proxy(db_url: str, tmp_path: Path) -> None:
+    """The finding as reported, on `ledger serve` itself: wrong tokens, then a
+    valid operator token from the same address -- directly, and as a client
+    named by a trusted proxy (LEDGER_FORWARDED_ALLOW_IPS)."""
+    tokens = {role: new_token() for role in ROLES}
+    proc, url = _start_serve(db_url, tokens, tmp_path / "serve.log",
+                             LEDGER_API_AUTH_FAILURES_PER_MINUTE="3",
+                             LEDGER_FORWARDED_ALLOW_IPS="127.0.0.1")
+    operator = {"Authorization": f"Bearer {tokens['operator']}"}
+    try:
+        async with httpx.AsyncClient(base_url=url, timeout=30) as client:
+            for client_headers in ({}, via("203.0.113.50")):
+                codes = [(await client.get("/campaigns", headers={**wrong(), **client_headers}))
+                         .status_code for _ in range(4)]
+                assert codes == [401, 401, 401, 429], (client_headers, codes)
+                r = await client.get("/campaigns", headers={**operator, **client_headers})
+                assert r.status_code == 200, (client_headers, r.text)
+                r = await client.post("/campaigns/abandon", json={"filter": {"label": "none"}},
+                                      headers={**operator, **client_headers})
+                assert r.status_code == 200, (client_headers, r.text)  # a preview: nothing matched
+            # The anonymous ones stay throttled; another client behind the proxy is not.
+            assert_limit(await client.get("/campaigns", headers={**wrong(), **via("203.0.113.50")}),
+                         "auth-failures-per-address")
+            assert_problem(await client.get("/campaigns", headers={**wrong(), **via("203.0.113.51")}),
+                           401)
+    finally:
+        _stop(proc)
+    assert "Traceback" not in (tmp_path / "serve.log").read_text()
+
+
+async def test_each_token_has_its_own_request_limit(db: Database) -> None:
+    tokens = {role: new_token() for role in ROLES}
+    async for served in serve(db, tokens, options(requests_per_minute=3)):
+        async with served.client() as client, served.client() as browser:
+            codes = [(await client.get("/campaigns", headers=served.bearer("reader"))).status_code
+                     for _ in range(3)]
+            assert codes == [200, 200, 200], codes
+            body = assert_limit(await client.get("/campaigns", headers=served.bearer("reader")),
+                                "requests-per-credential")
+            assert "reader-tok" in body["detail"] and "LEDGER_API_REQUESTS_PER_MINUTE" in body["detail"]
+            # Its pages and sign-ins are the same token's requests.
+            r = await client.get("/ui/", headers=served.bearer("reader"))
+            assert r.status_code == 429 and int(r.headers["retry-after"]) >= 1
+            assert (await browser.post("/ui/login", data={"token": tokens["reader"]})).status_code == 429
+            # Another token, from the same address, has its own.
+            assert (await client.get("/campaigns", headers=served.bearer("operator"))).status_code == 200
+            assert (await browser.post("/ui/login", data={"token": tokens["operator"]})).status_code == 303
+            assert (await browser.get("/campaigns")).status_code == 200
+            # And it is no failure: wrong tokens are still answered 401.
+            assert_problem(await client.get("/campaigns", headers=wrong()), 401)
+
+
+async def test_an_ipv6_client_counts_by_its_64(db: Database) -> None:
+    """A host holds a whole /64: its addresses are one client to the throttle."""
+    tokens = {role: new_token() for role in ROLES}
+    app = create_app(db, table(tokens), options(auth_failures_per_minute=3))
+
+    def client(address: str) -> httpx.AsyncClient:
+        return httpx.AsyncClient(transport=httpx.ASGITransport(app=app, client=(address, 4000)),
+                                 base_url="http://ledger.test")
+
+    async with app.router.lifespan_context(app):
+        codes = []
+        for i in range(4):
+            async with client(f"2001:db8:1:2::{i + 1}") as c:
+                codes.append((await c.get("/campaigns", headers=wrong())).status_code)
+        async with client("2001:db8:1:3::1") as other, client("2001:db8:1:2::99") as same:
+            elsewhere = (await other.get("/campaigns", headers=wrong())).status_code
+            valid = (await same.get("/campaigns", headers={"Authorization": f"Bearer {tokens['reader']}"})).status_code
+    assert codes == [401, 401, 401, 429], codes
+    assert (elsewhere, valid) == (401, 200)
+
+
+def test_the_throttles_memory_is_bounded_and_made_up_prefixes_do_not_free_an_address() -> None:
+    from ledger.api.throttle import AuthThrottle
+    from ledger.api.problems import TooManyRequests
+
+    # An hour's window: the loops below take far less than one failure's share of it.
+    throttle = AuthThrottle(failures=1000, requests=10, window_s=3600, max_keys=100)
+    for i in range(1000):
+        throttle.failed("198.51.100.1", f"ldg_{i:08d}")
+    assert len(throttle.prefixes) == 100 and len(throttle.addresses) == 1
+    with pytest.raises(TooManyRequests) as refused:
+        throttle.failed("198.51.100.1", "ldg_fresh000")
+    assert refused.value.limit == "auth-failures-per-address"
 
 
 async def test_half_sent_requests_are_dropped_and_connections_bounded(db: Database) -> None:

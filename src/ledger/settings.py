@@ -82,6 +82,35 @@ def check_database_url(value: str) -> str:
     return value
 
 
+def forwarded_hosts(value: str | None) -> tuple[str, ...]:
+    """The trusted proxies ``value`` names (``forwarded_allow_ips``), one entry
+    each, as uvicorn's proxy-headers middleware takes them; ``ValueError``
+    naming an entry that is neither an address, a network nor ``*``. (uvicorn
+    itself takes any other text as a literal host name, which never matches a
+    peer's address: a typo would trust nobody, silently.)"""
+    import ipaddress
+
+    hosts = tuple(item.strip() for item in (value or "").split(",") if item.strip())
+    for host in hosts:
+        if host == "*":
+            if len(hosts) > 1:
+                raise ValueError("* (any peer) stands alone, not in a list")
+            continue
+        try:
+            # strict, as uvicorn reads it: 10.0.0.1/8 (host bits set) would trust nobody there
+            ipaddress.ip_network(host) if "/" in host else ipaddress.ip_address(host)
+        except ValueError:
+            raise ValueError(f"{host!r} is neither an IP address nor a network "
+                             "(its first address/prefix length, e.g. 10.0.0.0/8)") from None
+    return hosts
+
+
+def check_forwarded_allow_ips(value: str) -> str:
+    """``value`` if ``forwarded_hosts`` can read it (else its ``ValueError``)."""
+    forwarded_hosts(value)
+    return value
+
+
 def _user_data_dir() -> Path:
     import platformdirs
 
@@ -210,8 +239,20 @@ class SettingKnobs:
         None, "Signs dashboard sessions (unset: derived from the tokens)")
     secure_cookies: bool = knob(False, "Send the dashboard's session cookie over HTTPS only")
     api_auth_failures_per_minute: int = knob(
-        30, "Failed sign-ins or bearer checks one client may make per minute (then 429)",
+        30, "Failed sign-ins or bearer checks per minute from one client address, and with one "
+            "credential prefix (a burst of this many, then 429 for wrong credentials only: a "
+            "valid token or session is always served)",
         ge=1, le=100_000)
+    api_requests_per_minute: int = knob(
+        6000, "Requests per minute one token may make, its dashboard sessions included (a "
+              "burst of this many, then 429 naming the limit)",
+        ge=1, le=10_000_000)
+    forwarded_allow_ips: str | None = knob(
+        None, "Reverse proxies trusted to say who the client is: addresses or networks "
+              "(10.0.0.0/8), comma-separated, or * for any peer. A request from one of them "
+              "is taken to come from its X-Forwarded-For client (and X-Forwarded-Proto "
+              "scheme); from any other peer these headers are ignored. Unset: none trusted",
+        check=check_forwarded_allow_ips)
     api_bulk_token_ttl_s: float = knob(900.0, "How long a bulk preview may be confirmed",
                                        ge=1, le=86_400)
     api_request_timeout_s: float = knob(

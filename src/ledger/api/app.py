@@ -11,7 +11,12 @@ Maintained libraries do what they do well here: Starlette's
 (``ledger.api.cookies``), asgi-correlation-id gives every request an id,
 fastapi-offline ships the Swagger UI and ReDoc assets that ``/docs`` and
 ``/redoc`` serve from this server (no CDN: the docs work offline), and
-prometheus-client keeps the request-duration histogram. The body limit stays
+prometheus-client keeps the request-duration histogram, and uvicorn's
+proxy-headers middleware takes the client's address and scheme from
+``X-Forwarded-For`` and ``X-Forwarded-Proto`` -- from the proxies
+``forwarded_allow_ips`` trusts only, so a header any other peer sends is
+ignored (it is here, not in ``ledger serve``'s uvicorn configuration, so that
+every way of serving the app honours the one setting). The body limit stays
 ours (``ledger.api.middleware``): neither Starlette nor uvicorn limits a
 request body.
 """
@@ -31,13 +36,14 @@ from fastapi.responses import RedirectResponse
 from fastapi.routing import APIRoute
 from fastapi_offline import FastAPIOffline
 from starlette.middleware.sessions import SessionMiddleware
+from uvicorn.middleware.proxy_headers import ProxyHeadersMiddleware
 
 from ledger.config import LedgerConfig, load_config
 from ledger.db.database import Database
 from ledger.errors import ConfigError
 from ledger.db.hub import NOTIFY_QUEUE_ALARM, Hub
 from ledger.logs import get_logger
-from ledger.settings import Settings, default, get_settings
+from ledger.settings import Settings, default, forwarded_hosts, get_settings
 from ledger.api import (
     bulk_jobs,
     campaigns,
@@ -56,7 +62,7 @@ from ledger.api.metrics import ProcessCounters
 from ledger.api.cookies import SecureOverHttps
 from ledger.api.middleware import BodyLimit, HtmlHeaders, RequestLog
 from ledger.api.roles import RolePools
-from ledger.api.throttle import Throttle
+from ledger.api.throttle import AuthThrottle
 
 log = get_logger("api")
 
@@ -83,8 +89,14 @@ class ApiOptions:
     session_secret: str | None = default("session_secret")
     secure_cookies: bool = default("secure_cookies")  # the session cookie only over HTTPS (always, not only on https)
     session_ttl_s: float = 12 * 3600  # a browser signs in again after this long
-    #: Failed sign-ins or bearer checks a client may make per minute (then 429).
+    #: Failed sign-ins or bearer checks per minute from one address, and with
+    #: one credential prefix (then 429 for wrong credentials, never a valid one).
     auth_failures_per_minute: int = default("api_auth_failures_per_minute")
+    #: Requests per minute of one valid token, its sessions' included (then 429).
+    requests_per_minute: int = default("api_requests_per_minute")
+    #: Proxies whose X-Forwarded-For / X-Forwarded-Proto are believed
+    #: (``forwarded_hosts``: addresses, networks, or "*"); empty: none.
+    forwarded_allow_ips: tuple[str, ...] = ()
     #: How long a bulk preview may be confirmed.
     bulk_token_ttl_s: float = default("api_bulk_token_ttl_s")
     #: A confirmed bulk action on more campaigns than this runs in the background.
@@ -97,6 +109,8 @@ class ApiOptions:
         configured: dict[str, Any] = {
             "session_secret": settings.session_secret, "secure_cookies": settings.secure_cookies,
             "auth_failures_per_minute": settings.api_auth_failures_per_minute,
+            "requests_per_minute": settings.api_requests_per_minute,
+            "forwarded_allow_ips": forwarded_hosts(settings.forwarded_allow_ips),
             "bulk_token_ttl_s": settings.api_bulk_token_ttl_s,
         }
         return cls(**{**configured, **overrides})
@@ -109,9 +123,10 @@ class ApiOptions:
         if self.max_body_bytes < 1 or self.pool_max_size < 1:
             raise ValueError("max_body_bytes and pool_max_size must be positive")
         if self.session_ttl_s < 60 or self.bulk_token_ttl_s < 1 or self.bulk_inline_max < 1 \
-                or self.auth_failures_per_minute < 1:
-            raise ValueError("session_ttl_s (>= 60), bulk_token_ttl_s, bulk_inline_max and "
-                             "auth_failures_per_minute must be positive")
+                or self.auth_failures_per_minute < 1 or self.requests_per_minute < 1:
+            raise ValueError("session_ttl_s (>= 60), bulk_token_ttl_s, bulk_inline_max, "
+                             "auth_failures_per_minute and requests_per_minute must be positive")
+        forwarded_hosts(",".join(self.forwarded_allow_ips))  # ValueError naming a bad entry
 
 
 @dataclass
@@ -126,7 +141,8 @@ class ApiState:
     hub: Hub | None = None
     queue_alarmed: bool = False  # the notification queue was over the alarm at the last look
     query_names: dict[tuple[str, str], frozenset[str]] | None = None
-    throttle: Throttle = field(default_factory=Throttle)
+    throttle: AuthThrottle = field(default_factory=lambda: AuthThrottle(
+        default("api_auth_failures_per_minute"), default("api_requests_per_minute")))
     #: The key of bulk selection tokens (``ledger.bulk``), once known.
     bulk_key: bytes | None = None
     #: Bulk jobs running in this process, by id (``ledger.api.bulk_jobs``).
@@ -140,7 +156,8 @@ def create_app(database: Database, tokens: TokenTable,
     options = options or ApiOptions()
     state = ApiState(database=database, tokens=tokens, options=options,
                      pools=RolePools(database, max_size=options.pool_max_size),
-                     throttle=Throttle(options.auth_failures_per_minute, 60.0))
+                     throttle=AuthThrottle(options.auth_failures_per_minute,
+                                           options.requests_per_minute))
     if options.session_secret:
         state.bulk_key = options.session_secret.encode()
 
@@ -202,6 +219,10 @@ def create_app(database: Database, tokens: TokenTable,
     app.add_middleware(CorrelationIdMiddleware, header_name="X-Request-ID",
                        generator=lambda: uuid.uuid4().hex,
                        validator=lambda value: bool(_REQUEST_ID.match(value)))
+    if options.forwarded_allow_ips:
+        # Outermost: the log, the throttle and the cookie's Secure flag all see
+        # the client the trusted proxy names (and its https).
+        app.add_middleware(ProxyHeadersMiddleware, trusted_hosts=list(options.forwarded_allow_ips))
     return app
 
 

@@ -12,8 +12,12 @@ Only a SHA-256 digest of each token is configured, never the token itself:
 A browser signed in on the dashboard sends a session cookie instead
 (``ledger.api.cookies``: it names a session the database keeps, never the
 token); a state-changing request authenticated that way must also carry the
-session's CSRF token in ``X-CSRF-Token``. Failed bearer checks are throttled
-per client (``ledger.api.throttle``).
+session's CSRF token in ``X-CSRF-Token``.
+
+A credential is checked before any throttle: a valid one is served whatever
+others sent from its address (then counted against its token's own request
+limit); only a wrong one counts against, and is refused by, the failure
+throttle of its address and prefix (``ledger.api.throttle``).
 """
 
 from __future__ import annotations
@@ -139,8 +143,30 @@ bearer = HTTPBearer(auto_error=False, description="A token from `ledger token cr
 
 
 def client_of(request: Request) -> str:
-    """The client's address, as the throttle counts it."""
+    """The client's address: the peer's, or the client a trusted proxy names
+    (``forwarded_allow_ips``: uvicorn's proxy-headers middleware has already
+    put it in the request's scope)."""
     return request.client.host if request.client else "unknown"
+
+
+def check_token(request: Request, token: str) -> Principal | None:
+    """The principal of a presented ``token`` (compared in constant time with
+    every configured one, before any throttle); ``None`` if it is not
+    configured, counted as a failure of this address and prefix --
+    ``TooManyRequests`` instead while they failed too often."""
+    api = request.app.state.ledger
+    principal: Principal | None = api.tokens.authenticate(token)
+    if principal is None:
+        api.throttle.failed(client_of(request), token)
+    return principal
+
+
+def admit(request: Request, principal: Principal) -> Principal:
+    """``principal``, counted against its token's request limit
+    (``TooManyRequests`` over it); recorded for the request log."""
+    request.app.state.ledger.throttle.admit(principal.name)
+    request.state.principal = principal  # for the request log
+    return principal
 
 
 async def authenticate(
@@ -149,19 +175,19 @@ async def authenticate(
 ) -> Principal:
     """The request's principal; ``Unauthenticated`` (401) without a valid token
     (a bearer token, or a dashboard sign-in's cookie); ``TooManyRequests``
-    (429) while this client has failed too many bearer checks."""
+    (429) for a wrong token while its address or prefix has failed too often,
+    and for a valid one over its token's request limit."""
     api = request.app.state.ledger
     tokens: TokenTable = api.tokens
     if credentials is not None:
-        client = client_of(request)
-        api.throttle.check(client)
-        principal = tokens.authenticate(credentials.credentials)
+        principal = check_token(request, credentials.credentials)
         if principal is None:
-            api.throttle.fail(client)
             raise Unauthenticated("the bearer token is not valid")
     else:
         if not cookies.has_session_cookie(request):
             raise Unauthenticated("a bearer token is required (Authorization: Bearer <token>)")
+        # Not a failure to throttle when it is stale: the cookie is signed, so
+        # nobody makes one up; a browser whose session ended just signs in again.
         session = await cookies.session_of(request, await api.pools.kernel("operator"))
         principal = tokens.session_principal(session) if session else None
         if session is None or principal is None:
@@ -172,5 +198,4 @@ async def authenticate(
                 and not session.csrf_matches(request.headers.get(cookies.CSRF_HEADER))):
             raise Forbidden(f"a change authenticated by the session cookie needs the "
                             f"session's {cookies.CSRF_HEADER} header")
-    request.state.principal = principal  # for the request log
-    return principal
+    return admit(request, principal)

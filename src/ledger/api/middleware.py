@@ -64,8 +64,9 @@ class BodyLimit:
 
 
 class RequestLog:
-    """One structured log line per request: method, route, status, duration, caller;
-    and the request's duration in this process's histogram.
+    """One structured log line per request: method, route, status, duration,
+    client address, caller; and the request's duration in this process's
+    histogram.
 
     The ``request_id`` (asgi-correlation-id's: the client's ``X-Request-ID`` if
     it is sane, else a new one, returned in the response's ``X-Request-ID``) is
@@ -100,9 +101,11 @@ class RequestLog:
                 self.counters.count_request(scope["method"], template, status, elapsed)
                 principal = scope.get("state", {}).get("principal")
                 level = "debug" if scope["path"] in _QUIET and status < 400 else "info"
+                peer = scope.get("client")  # behind a trusted proxy: the client it names
                 getattr(self.log, level)(
                     "request", method=scope["method"], path=scope["path"], route=template,
                     status=status, duration_ms=round(elapsed * 1000, 2),
+                    client=peer[0] if peer else None,
                     caller=principal.identity if principal else None,
                     role=principal.role if principal else None)
 

@@ -70,16 +70,21 @@ class PayloadTooLarge(LedgerError):
 
 
 class TooManyRequests(LedgerError):
-    """Too many failed sign-ins or bearer checks from this client: wait for
-    ``Retry-After`` seconds (every attempt is refused until then)."""
+    """A limit of ``ledger.api.throttle`` was reached: too many failed
+    authentications from this address or with this credential's prefix (a
+    wrong credential is refused, a valid one still served), or too many
+    requests by this token. The problem's ``limit`` names which; wait for
+    ``Retry-After`` seconds."""
 
     slug = "too-many-requests"
     http_status = 429
     exit_code = 75  # EX_TEMPFAIL
 
-    def __init__(self, message: str, *, retry_after_s: int = 60):
+    def __init__(self, message: str, *, retry_after_s: int = 60, limit: str | None = None):
         super().__init__(message)
         self.retry_after_s = max(1, retry_after_s)
+        #: which limit it was (``ledger.api.throttle``: ADDRESS_LIMIT ...)
+        self.limit = limit
 
 
 class CursorBeyondEnd(InvalidInput):
@@ -112,10 +117,13 @@ def problem_response(
 def problem_for(exc: LedgerError, request: Request | None = None) -> JSONResponse:
     """The problem response of one of Ledger's errors."""
     headers = {"WWW-Authenticate": 'Bearer realm="ledger"'} if exc.http_status == 401 else None
+    extensions: dict[str, Any] = {}
     if isinstance(exc, TooManyRequests):
         headers = {"Retry-After": str(exc.retry_after_s)}
+        extensions = {"limit": exc.limit, "retry_after_s": exc.retry_after_s}
     detail = exc.message if not exc.detail else f"{exc.message} ({exc.detail})"
-    return problem_response(exc.http_status, exc.slug, detail, request, headers=headers)
+    return problem_response(exc.http_status, exc.slug, detail, request, headers=headers,
+                            **extensions)
 
 
 def _validation_errors(exc: RequestValidationError) -> list[dict[str, Any]]:

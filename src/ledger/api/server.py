@@ -110,7 +110,10 @@ def uvicorn_config(app: FastAPI, *, host: str, port: int, limits: ServerLimits |
     """The uvicorn configuration every Ledger server runs with."""
     limits = limits or ServerLimits()
     # uvicorn's own loggers go through the structured root logger; the API
-    # writes its own request log, so uvicorn's access log stays off.
+    # writes its own request log, so uvicorn's access log stays off. Its
+    # proxy headers stay off too: the app applies LEDGER_FORWARDED_ALLOW_IPS
+    # with the same middleware itself (ledger.api.app), and uvicorn's default
+    # would trust 127.0.0.1 besides.
     return uvicorn.Config(
         app, host=host, port=port, log_config=None, access_log=False, log_level=log_level,
         timeout_graceful_shutdown=graceful_s, lifespan="on" if lifespan else "off", proxy_headers=False,

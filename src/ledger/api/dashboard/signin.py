@@ -9,6 +9,7 @@ from fastapi.responses import HTMLResponse, Response
 from ledger.logs import get_logger
 from ledger.api import cookies
 from ledger.api.auth import client_of
+from ledger.api.problems import TooManyRequests
 from ledger.api.dashboard.render import THEME_COOKIE, THEMES, pages_of, redirect
 from ledger.api.dashboard.viewer import local_path, read_form, viewer_of
 
@@ -27,19 +28,29 @@ async def login_page(request: Request) -> Response:
 
 @router.post("/login", response_class=HTMLResponse)
 async def login(request: Request) -> Response:
-    """Sign in with a configured token (throttled per client: 429 while it
-    has failed too often)."""
+    """Sign in with a configured token. The token is checked first: a valid
+    one signs in whatever others sent from this address (counted against its
+    own request limit); a wrong one is answered 429 while this address or
+    the token's prefix has failed too often."""
     state = request.app.state.ledger
-    client = client_of(request)
-    state.throttle.check(client)  # before the form is even read
     form = await read_form(request, None)
     token, target = (form.get("token") or "").strip(), local_path(form.get("next"))
-    entry = state.tokens.entry_of(token) if token else None
+    entry = state.tokens.entry_of(token)
     if entry is None:
-        state.throttle.fail(client)
-        return pages_of(request).page(request, "login.html", status=401, next=target,
-                                      error="That token is not configured on this server.",
-                                      configured=len(state.tokens) > 0)
+        error, status, wait = "That token is not configured on this server.", 401, None
+        try:
+            state.throttle.failed(client_of(request), token)
+        except TooManyRequests as exc:
+            # The form again, not an error page: a valid token still signs in.
+            status, wait = 429, exc.retry_after_s
+            error += (f" Too many wrong tokens came from here: the next is checked in {wait} s"
+                      " (a configured token signs in at once).")
+        page = pages_of(request).page(request, "login.html", status=status, next=target,
+                                      error=error, configured=len(state.tokens) > 0)
+        if wait is not None:
+            page.headers["Retry-After"] = str(wait)
+        return page
+    state.throttle.admit(entry.name)
     await cookies.sign_in(request, entry, await state.pools.kernel("operator"),
                           state.options.session_ttl_s)
     log.info("signed in", caller=f"http:{entry.name}", role=entry.role)

@@ -11,7 +11,7 @@ from ledger.errors import Forbidden, InvalidInput
 from ledger.db.kernel import Kernel
 from ledger.db.reads import Reads
 from ledger.api import cookies
-from ledger.api.auth import Principal, TokenTable, client_of
+from ledger.api.auth import Principal, TokenTable, admit, check_token
 
 
 class SignInRequired(Exception):
@@ -47,13 +47,10 @@ async def _authenticate(request: Request) -> tuple[Principal, cookies.BrowserSes
     tokens: TokenTable = api.tokens
     header = request.headers.get("authorization", "")
     if header[:7].lower() == "bearer ":
-        client = client_of(request)
-        api.throttle.check(client)
-        principal = tokens.authenticate(header[7:].strip())
-        if principal is not None:
-            return principal, None
-        api.throttle.fail(client)
-        raise SignInRequired()
+        principal = check_token(request, header[7:].strip())  # 429 if wrong and throttled
+        if principal is None:
+            raise SignInRequired()
+        return principal, None
     if not cookies.has_session_cookie(request):
         raise SignInRequired()
     session = await cookies.session_of(request, await api.pools.kernel("operator"))
@@ -66,7 +63,7 @@ async def _authenticate(request: Request) -> tuple[Principal, cookies.BrowserSes
 async def viewer_of(request: Request) -> Viewer:
     """The caller of a page; ``SignInRequired`` if none."""
     principal, session = await _authenticate(request)
-    request.state.principal = principal  # for the request log
+    admit(request, principal)  # the token's own request limit
     kernel = await request.app.state.ledger.pools.kernel(principal.role)
     return Viewer(principal, session, kernel)
 
