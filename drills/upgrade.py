@@ -50,7 +50,7 @@ class Upgrade(Drill):
     migrated = False  # the previous release makes its database
 
     def timeout_s(self, scale: float, minutes: float | None) -> float:
-        return 240.0 + 4.0 * max(12, round(120 * scale))
+        return 240.0 + 8.0 * max(12, round(120 * scale))
 
     async def run(self, ctx: DrillContext) -> None:
         previous = RELEASES[-1]
@@ -91,13 +91,14 @@ class Upgrade(Drill):
         ctx.step(f"the previous release's sensor opens {n} campaigns at {rate:g}/s and confirms each promoted one")
         old_roles = [spawn_old("old-worker", [*old, "worker", "--concurrency", "3", "--poll", "0.3"]),
                      spawn_old("old-verifier", [*old, "verifier", "--poll", "0.3"]),
+                     spawn_old("old-verifier-2", [*old, "verifier", "--poll", "0.3"]),
                      spawn_old("old-dispatcher", [*old, "dispatcher", "--poll", "0.3"])]
 
         def confirmed() -> int:
             return int(ctx.sql("SELECT count(*) AS n FROM ledger.campaign WHERE state = 'confirmed'")[0]["n"])
 
         if not await ctx.until(lambda: confirmed() >= max(3, n // 4), "the old fleet to confirm a quarter",
-                               timeout=120):
+                               timeout=60 + 2.0 * n):
             raise RuntimeError("the previous release's fleet did not get going")
         ctx.step(f"the old fleet works: {confirmed()} confirmed so far")
 
@@ -139,7 +140,7 @@ class Upgrade(Drill):
         for p in old_roles:
             p.send_signal(signal.SIGTERM)
         codes = [p.wait(60) for p in old_roles]
-        ctx.expect(codes == [0, 0, 0], "the old roles stop cleanly", str(codes))
+        ctx.expect(codes == [0] * len(old_roles), "the old roles stop cleanly", str(codes))
         stop_file.write_text("stop")
         load.wait(120)
         ctx.step(f"old roles stopped; this release's roles and sensor go on ({confirmed()} confirmed)")
