@@ -91,6 +91,34 @@ async def test_a_heartbeat_at_the_expiry_loses_and_one_before_renews(actors: Act
         await at(actors, "worker", renewed.lease_expires_at, lambda k: k.heartbeat(cid, gen))
 
 
+@pytest.mark.rollback  # only SQL: a transaction rolled back after the test
+async def test_a_lease_that_lapsed_while_the_server_was_down_gets_its_length_again_once(
+        actors: Actors, admin: Admin, test_class: str) -> None:
+    """After a restart of the database (a server incarnation not seen before:
+    here, the one on record made an earlier one), the first slow path gives
+    every lease in flight its whole length again from that moment, journaled;
+    the holder's late heartbeat is then its right. Once per incarnation: a
+    lease that lapses again is stale as ever."""
+    cid, gen = await Driver(actors, test_class).leased()
+    expires = admin.execute("SELECT lease_expires_at FROM ledger.campaign WHERE id = %s", (cid,)).fetchone()[
+        "lease_expires_at"]
+    admin.execute("INSERT INTO ledger.meta (key, value) VALUES ('server_incarnation', 'an earlier server') "
+                  "ON CONFLICT (key) DO UPDATE SET value = 'an earlier server'")
+    back = expires + timedelta(seconds=10)  # the server was down past the lease
+    renewed = await at(actors, "worker", back, lambda k: k.heartbeat(cid, gen))
+    assert renewed.lease_remaining_s == 30
+    events = admin.execute("SELECT type, payload FROM ledger.campaign_event WHERE campaign_id = %s "
+                           "AND type = 'lease.renewed'", (cid,)).fetchall()
+    assert len(events) == 1 and "restarted" in events[0]["payload"]["reason"]
+    assert admin.execute("SELECT attempt_count, state FROM ledger.campaign WHERE id = %s", (cid,)).fetchone() == \
+        {"attempt_count": 0, "state": "leased"}
+    with pytest.raises(StaleLease):  # the same incarnation: no second grace
+        await at(actors, "worker", renewed.lease_expires_at + timedelta(seconds=1), lambda k: k.heartbeat(cid, gen))
+    reaped = await at(actors, "reaper", renewed.lease_expires_at + timedelta(seconds=1),
+                      lambda k: k.expire_leases())
+    assert [r.campaign_id for r in reaped] == [cid]
+
+
 # --- 2. no NULL loophole, for every function that takes a generation ----------------
 
 def _fenced_functions(admin: Admin) -> dict[str, list[tuple[str, str, bool]]]:
