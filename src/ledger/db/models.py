@@ -126,7 +126,9 @@ class Observation(_Row):
     target: str
     objective_key: str
     class_: str | None = Field(alias="class")
-    status: Literal["green", "red"]
+    #: green or red: what the target is; error: the check itself failed
+    #: (the reason says how), which moves no campaign
+    status: Literal["green", "red", "error"]
     started_at: datetime
     finished_at: datetime
     tick: datetime | None
@@ -135,7 +137,9 @@ class Observation(_Row):
     effect: Literal["opened", "regressed", "confirmed", "dismissed", "recorded"]
     idempotency_key: str | None
     recorded_at: datetime
-    #: why a green observation did not confirm (the opening baseline not shown passing)
+    #: why it had no effect it could have had: a green one that did not confirm
+    #: (the opening baseline not shown passing), one of a streak still too
+    #: short (open_after, confirm_after), an error (what went wrong with the check)
     reason: str | None = None
 
 
@@ -332,7 +336,17 @@ class ObservationRecorded(_Row):
     campaign_id: int | None
     effect: Literal["opened", "regressed", "confirmed", "dismissed", "recorded"]
     duplicate: bool
-    #: why a green observation did not confirm the promoted campaign
+    #: why it had no effect it could have had (see ``Observation.reason``)
+    reason: str | None = None
+
+
+class Reobserved(_Row):
+    """Result of ``reobserve``: the worker's own observation of its target."""
+
+    observation_id: int
+    #: dismissed (it was green: the campaign is closed, nothing charged) or recorded
+    effect: Literal["dismissed", "recorded"]
+    #: why the campaign was dismissed, or what went wrong with the check
     reason: str | None = None
 
 
