@@ -25,6 +25,7 @@ from ledger.api.dashboard import board_changes, sensor_rows
 from ledger.api.timeline import GUTTER, RIGHT, WIDTH, campaign_timeline
 from ledger.config import parse_config
 from ledger.db.hub import NullHub
+from ledger.db.models import SensorSummary
 from ledger.report import Day, Report
 
 pytestmark = pytest.mark.anyio
@@ -271,8 +272,7 @@ async def test_the_board_honours_the_apis_search_parameter(ui: Ui, actors: Actor
 
 
 async def test_sensor_rows_without_a_config_have_no_next_tick() -> None:
-    seen = [{"sensor": "ext", "observation_id": 7, "target": "t", "status": "red",
-             "last_tick": None}]
+    seen = [SensorSummary(sensor="ext", observation_id=7, target="t", status="red", last_tick=None)]
     config = parse_config({"sensors": {"nightly": {"target": "repo", "cron": "0 3 * * *",
                                                    "command": ["true"], "class": "c"}}})
     at = now()

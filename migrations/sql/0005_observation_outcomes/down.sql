@@ -11,6 +11,7 @@ DROP FUNCTION IF EXISTS ledger.error_reason(jsonb);
 DELETE FROM ledger.transition WHERE name = 'dismiss' AND from_state = 'leased';
 DROP INDEX IF EXISTS ledger.observation_streak;
 DROP INDEX IF EXISTS ledger.observation_last_verdict;
+DROP INDEX IF EXISTS ledger.observation_errors;
 DELETE FROM ledger.observation WHERE status = 'error';
 ALTER TABLE ledger.observation DROP CONSTRAINT observation_status_check;
 ALTER TABLE ledger.observation ADD CONSTRAINT observation_status_check CHECK (status IN ('green', 'red'));

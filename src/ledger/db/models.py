@@ -340,6 +340,34 @@ class ObservationRecorded(_Row):
     reason: str | None = None
 
 
+class SensorSummary(_Row):
+    """A sensor as ``ledger status``, the dashboard and ``GET /sensors`` show it:
+    its latest observation and tick, and how it is failing, if it is."""
+
+    sensor: str
+    #: the latest observation (None: it has claimed ticks but recorded nothing)
+    observation_id: int | None = None
+    target: str | None = None
+    objective_key: str | None = None
+    #: the latest outcome: green, red or error
+    status: Literal["green", "red", "error"] | None = None
+    effect: Literal["opened", "regressed", "confirmed", "dismissed", "recorded"] | None = None
+    campaign_id: int | None = None
+    started_at: datetime | None = None
+    finished_at: datetime | None = None
+    recorded_at: datetime | None = None
+    last_tick: datetime | None = None
+    tick_claimed_by: str | None = None
+    tick_claimed_at: datetime | None = None
+    #: errors recorded in a row since its latest green or red observation
+    #: (counted up to 10000): the check itself keeps failing
+    consecutive_errors: int = 0
+    #: its latest error's reason, start and id, however long ago
+    last_error: str | None = None
+    last_error_at: datetime | None = None
+    last_error_id: int | None = None
+
+
 class Reobserved(_Row):
     """Result of ``reobserve``: the worker's own observation of its target."""
 

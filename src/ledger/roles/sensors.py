@@ -499,3 +499,49 @@ class Sensors:
             holds=lambda: [held("sensor", s.config.name, since) for s in self.sensors])
         async with registration.kept(stop):
             await asyncio.gather(*(sensor.run(stop) for sensor in self.sensors))
+
+
+# --- the worker's second look ------------------------------------------------------
+
+
+def sensor_of(config: LedgerConfig, class_: str, objective_key: str, target: str) -> SensorConfig | None:
+    """The sensor a campaign of ``class_`` came from: the one of that class
+    whose objective key is the campaign's (else the only one of that class on
+    its target); ``None`` when no sensor of the config watches it."""
+    of_class = [s for s in config.sensors.values() if s.campaign_class == class_]
+    by_key = [s for s in of_class if s.objective_key() == objective_key]
+    if by_key:
+        return by_key[0]
+    on_target = [s for s in of_class if s.target == target]
+    return on_target[0] if len(on_target) == 1 else None
+
+
+@dataclass(frozen=True)
+class Reobservation:
+    """How a worker looks at its campaign's target once more (the class's
+    sensor, run once, in its cell, on this machine): before it starts an
+    agent on a campaign opened a while ago, and before it charges an attempt
+    that changed nothing (``ledger.roles.attempt``)."""
+
+    sensor: SensorConfig
+    observes: tuple[str, str] | None = None
+    cache_dir: Path | None = None
+    judge: JudgeSettings | None = None
+
+    @classmethod
+    def of(cls, config: LedgerConfig, class_: str, objective_key: str, target: str,
+           cache_dir: Path | None) -> Reobservation | None:
+        """The re-observation of a campaign (``None``: no sensor watches it)."""
+        sensor = sensor_of(config, class_, objective_key, target)
+        if sensor is None:
+            return None
+        campaign_class = config.classes.get(class_)
+        judge = (JudgeSettings.from_spec(campaign_class.acceptance.pytest.model_dump())
+                 if campaign_class else None)
+        return cls(sensor, observed_ref(sensor, campaign_class), cache_dir, judge)
+
+    async def read(self) -> Reading:
+        """Run the sensor's check once, as its own process would."""
+        repository, ref = self.observes or (None, None)
+        return await check(self.sensor, repository=repository, ref=ref, cache_dir=self.cache_dir,
+                           judge=self.judge)

@@ -51,3 +51,6 @@ CREATE INDEX IF NOT EXISTS observation_streak ON ledger.observation (objective_k
 -- consecutive errors (sensor_summaries), however long it has been failing.
 CREATE INDEX IF NOT EXISTS observation_last_verdict ON ledger.observation (sensor, id DESC)
     WHERE status <> 'error';
+-- A sensor's latest error, whenever it was (the reason a status shows).
+CREATE INDEX IF NOT EXISTS observation_errors ON ledger.observation (sensor, id DESC)
+    WHERE status = 'error';
