@@ -95,7 +95,7 @@ def _campaigns(admin: Admin) -> list[dict[str, Any]]:
 
 # --- 1. the check's own failure is an error, and opens nothing -------------------------
 
-FAILURES = {
+FAILURES: dict[str, tuple[dict[str, Any], str]] = {
     # the issue's case: a check that cannot reach its remote (git's own words, exit 2)
     "exit-2": ({"command": ["sh", "-c", "echo 'fatal: unable to connect to 127.0.0.1: Connection "
                                         "refused' >&2; exit 2"]},
@@ -143,11 +143,11 @@ async def test_declared_red_exit_codes_are_red_and_exit_1_then_is_an_error(
         actors: Actors, admin: Admin, test_class: str) -> None:
     sensor = Sensor(await actors("sensor"), _sensor({"command": ["sh", "-c", "exit 1"],
                                                     "red_exit_codes": [3]}), "sensor-1")
-    assert (await sensor.observe(None)).effect == "recorded"  # type: ignore[union-attr]
+    assert (await sensor.observe(None)).effect == "recorded"
     assert _campaigns(admin) == []
     sensor = Sensor(await actors("sensor"), _sensor({"command": ["sh", "-c", "exit 3"],
                                                     "red_exit_codes": [3]}, name="t"), "sensor-1")
-    assert (await sensor.observe(None)).effect == "opened"  # type: ignore[union-attr]
+    assert (await sensor.observe(None)).effect == "opened"
 
 
 @pytest.mark.rollback
@@ -257,7 +257,7 @@ def _closed_port() -> int:
 async def test_an_http_sensor_is_green_red_or_an_error() -> None:
     async with Http() as http:
         base = f"http://127.0.0.1:{http.port}"
-        cases = [
+        cases: list[tuple[dict[str, Any], str, str | None]] = [
             ({"url": f"{base}/200"}, "green", None),
             ({"url": f"{base}/404"}, "red", None),  # by default any other status below 500
             ({"url": f"{base}/503"}, "error", "the server answered 503"),
@@ -357,6 +357,7 @@ async def test_an_error_moves_no_campaign_and_is_journaled_once_per_streak(
     sensor = await actors("sensor")
     opened = await sensor.record_observation("s", "k", "t", "red", _now(), class_=test_class)
     cid = opened.campaign_id
+    assert cid is not None
     for _ in range(3):
         error = await sensor.record_observation("s", "k", "t", "error", _now(),
                                                 details={"error": "the check exited 2"})
