@@ -148,11 +148,13 @@ def command_outcome(sensor: SensorConfig, details: dict[str, Any]) -> str:
     else is the check's own failure: another exit code (2 of a check that
     cannot reach its remote, 127 of a program not found), a kill (by a
     signal: the cell's limits, the timeout), a check that could not start or
-    be set up (its checkout, its cell). A pytest run by the judge is green or
-    red only when the judge can trust it; then red also for collection
+    be set up (its checkout, its cell). A pytest run by the judge is green
+    only when the judge can trust it; red for failed tests and for collection
     errors (pytest's exit 2 naming the modules that failed to import), and
-    an error for pytest's other codes: 2 interrupted, 3 internal error, 4
-    usage error, 5 no tests collected."""
+    for a run that exited 0 or red but that the judge cannot trust (code of
+    the tree got in its way); an error for pytest's own codes (2 interrupted,
+    3 internal error, 4 usage error, 5 no tests collected) and a judge that
+    never started."""
     if details.get("error"):
         return "error"
     code = details.get("exit_code")
@@ -161,8 +163,13 @@ def command_outcome(sensor: SensorConfig, details: dict[str, Any]) -> str:
     if judged:
         assert isinstance(tests, dict)
         if tests["judged"] is not True:
+            if code == 0 or code in sensor.red_exit_codes:
+                # pytest ran and reported, but not as the judge saw it: code
+                # of the observed tree (a plugin, an exit at import) got in
+                # the way -- the target's doing, so red, never green
+                return "red"
             problems = "; ".join(str(p) for p in tests.get("problems", [])[:3])
-            details["error"] = ("the judge cannot trust this pytest run"
+            details["error"] = (f"pytest exited {code} and the judge cannot trust the run"
                                 + (f": {problems}" if problems else ""))
             return "error"
         if code == 0:
