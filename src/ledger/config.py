@@ -292,11 +292,14 @@ class CampaignClassConfig(_Strict):
                              description="the sandbox the attempt command runs in")
     max_candidate_mb: int = Field(64, ge=1, le=64,
                                   description="largest candidate (its commits, and its diff) recorded")
-    reobserve_after_s: float | None = Field(
-        600.0, ge=0, description="a campaign whose opening observation is older than this is "
-                                 "re-observed (its sensor run once, in a cell) before an agent starts "
-                                 "on it: green dismisses it, nothing charged (none: only before "
-                                 "charging an attempt that changed nothing)")
+    reobserve_after_s: float = Field(
+        600.0, ge=0, le=31_536_000,
+        description="a campaign whose opening observation is older than this is re-observed (its "
+                    "sensor run once, in a cell) before an agent starts on it: green dismisses it, "
+                    "nothing charged (0: before every start)")
+    reobserve_before_start: bool = Field(
+        True, description="re-observe an old campaign's target before starting an agent on it "
+                          "(false: only before charging an attempt that changed nothing)")
 
     _attempt_environment = field_validator("attempt_environment")(_extras)
 

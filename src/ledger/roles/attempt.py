@@ -484,7 +484,7 @@ class AttemptRun:
         start)."""
         after = self.cls.reobserve_after_s
         started = self.claim.opening_observation.get("started_at")
-        if self.reobservation is None or after is None or not isinstance(started, str):
+        if self.reobservation is None or not self.cls.reobserve_before_start or not isinstance(started, str):
             return False
         try:
             opened = datetime.fromisoformat(started)
