@@ -217,6 +217,18 @@ async def test_a_pytest_run_is_red_only_for_failing_tests_and_an_error_for_pytes
         assert reading.details["exit_code"] == 2 and reading.details["tests"]["failed"] == ["tests/test_a.py"]
 
 
+async def test_the_shipped_wrapper_that_cannot_read_its_ref_is_an_error_not_red(tmp_path: Path) -> None:
+    """examples/run_tests_at.py used to die on a traceback (exit 1, red) when
+    its repository or ref was out of reach."""
+    from ledger.demo import examples_dir
+    sensor = _sensor({"cell": {"sandbox": False},
+                      "command": [sys.executable, str(examples_dir() / "run_tests_at.py"),
+                                  str(tmp_path / "gone.git"), "main", "--pytest"]})
+    reading = await check(sensor)
+    assert reading.status == "error" and reading.details["exit_code"] == 2
+    assert str(reading.error).endswith(f"run_tests_at: cannot read main of {tmp_path / 'gone.git'}")
+
+
 # --- 3. an HTTP sensor ------------------------------------------------------------------
 
 class Http:
