@@ -540,6 +540,8 @@ async def test_a_sensor_that_keeps_failing_is_seen_in_status_the_api_and_the_met
     assert by_name["broken"]["status"] == "error" and by_name["broken"]["consecutive_errors"] == 3
     assert by_name["broken"]["last_error"] == "fatal: unable to connect (2)"
     assert (by_name["healthy"]["consecutive_errors"], by_name["healthy"]["last_error"]) == (0, None)
+    in_status = {s["sensor"]: s for s in (await api.get("/status")).json()["sensors"]}
+    assert in_status["broken"] == by_name["broken"]
 
     env = {**os.environ, "LEDGER_DATABASE_URL": db_url, "LEDGER_ROLE_PREFIX": TEST_PREFIX}
     done = subprocess.run([sys.executable, "-m", "ledger", "status", "--json"], env=env, capture_output=True,
