@@ -332,9 +332,9 @@ class Machines(Drill):
         return cid
 
     async def _check_unreachable(self, ctx: DrillContext, transport: str, name: str, cls: str) -> None:
-        """The issue-36 fleet: a sensor whose check cannot reach its remote
-        recorded a red, opened a campaign on a green main and had the agent
-        paid three times for changing nothing, until it was exhausted."""
+        """A sensor whose check cannot reach its remote used to record a red,
+        open a campaign on a green main and have the agent paid three times
+        for changing nothing, until the campaign was exhausted."""
         sensor = f"{REACH}{name}"
 
         def errors() -> list[dict[str, Any]]:

@@ -1,4 +1,4 @@
-"""Sensors that tell a broken check from a red one (issue 36).
+"""Sensors that tell a broken check from a red one.
 
 Three outcomes, on real check processes in real cells: exit 0 is green, an
 exit code the sensor declares red (``red_exit_codes``, default 1) is red, and
