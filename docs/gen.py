@@ -480,7 +480,8 @@ def metric_families() -> list[tuple[str, str, list[str], str]]:
         states={"ready": 0}, class_states={("c", "ready"): 0}, oldest_ready_age_s=None,
         transitions={"claim": 0}, attempts={"failed": 0}, verifications={},
         side_effects={("git.update_ref", "pending"): 0}, attempt_durations=one,
-        verification_durations=one, waiting={("c", "target"): 0})
+        verification_durations=one, waiting={("c", "target"): 0},
+        sensor_outcomes={("s", "error"): 0}, sensor_errors={"s": 0})
     hub = SimpleNamespace(reconnects=0, connected=True, deaf=False, misses=0, dropped=0)
     process = metrics.ProcessCounters()
     process.count_request("GET", "/status", 200, 0.01)
@@ -512,7 +513,9 @@ def metrics_page() -> str:
         + ", ".join(f"{b:g}" for b in metrics.DURATION_BUCKETS) + "; HTTP requests "
         + ", ".join(f"{b:g}" for b in metrics.REQUEST_BUCKETS) + " (event streams are not "
         "timed). `ledger_campaigns_waiting` has one series per class and reason ("
-        + ", ".join(code(r) for r in metrics.WAITING_REASONS) + ").",
+        + ", ".join(code(r) for r in metrics.WAITING_REASONS) + "); "
+        "`ledger_sensor_observations_total` one per sensor and outcome ("
+        + ", ".join(code(o) for o in metrics.OUTCOMES) + "; see [sensors](../sensors.md)).",
         "## Health",
         "`GET /livez` answers when the process does. `GET /readyz` answers `200` when the "
         "database answers and is migrated to this code's head (else `503`), with "

@@ -4,6 +4,8 @@ them), sharing nothing but PostgreSQL and a git remote -> a regression pushed
 to the remote is opened, fixed, verified, promoted onto the remote and
 confirmed; the remote then goes down while a candidate awaits its verdict:
 the campaign waits, charged nothing, and closes when the remote returns.
+Meanwhile a second sensor's check tries to reach the remote itself from its
+cell (no network) and never can: it records errors, and opens nothing.
 
 Each machine has its own ``LEDGER_DATA_DIR``, ``HOME``, ``TMPDIR``, copy of
 ``ledger.toml`` and (for the authenticated transport) credential file; no
@@ -45,6 +47,8 @@ from ledger.db.reads import Reads
 from .workshop import content_check
 
 ROLES = ("worker", "verifier", "dispatcher", "sensor")
+#: The name prefix of the sensor whose check reaches for the remote itself.
+REACH = "reach-"
 GOOD = "good\n"
 
 
@@ -191,6 +195,12 @@ class Machines(Drill):
             f"[sensors.{name}]",
             f'target = "{name}#main"', "every_s = 1",
             f"command = {json.dumps(content_check('value.txt', GOOD))}",
+            f'class = "{cls}"',
+            # a check that fetches the remote itself, from a cell without a
+            # network: it can never reach it (git's "fatal: unable to ...")
+            f"[sensors.{REACH}{name}]",
+            f'target = "{name}#main"', "every_s = 1", "checkout = false",
+            f"command = {json.dumps(['git', 'ls-remote', url, 'refs/heads/main'])}",
             f'class = "{cls}"', "",
         ])
         for h in hosts.values():  # each machine its own copy: no path is shared
@@ -226,6 +236,7 @@ class Machines(Drill):
             if not confirmed:
                 raise RuntimeError(f"campaign {first} never closed: {ctx.attempts(first)}")
             self._check_closed(ctx, transport, first, bare, hosts, markers)
+            await self._check_unreachable(ctx, transport, name, cls)
 
             # -- the remote down while the candidate awaits its verdict --------------------
             procs["verifier"].signal(signal.SIGSTOP)
@@ -319,6 +330,24 @@ class Machines(Drill):
         assert cid is not None
         ctx.step(f"the sensor opened campaign {cid}")
         return cid
+
+    async def _check_unreachable(self, ctx: DrillContext, transport: str, name: str, cls: str) -> None:
+        """A sensor whose check cannot reach its remote used to record a red,
+        open a campaign on a green main and have the agent paid three times
+        for changing nothing, until the campaign was exhausted."""
+        sensor = f"{REACH}{name}"
+
+        def errors() -> list[dict[str, Any]]:
+            return ctx.sql("SELECT status, reason FROM ledger.observation WHERE sensor = %s ORDER BY id", sensor)
+        await ctx.until(lambda: len(errors()) >= 3, f"[{transport}] three observations of {sensor}", timeout=30)
+        seen = errors()
+        opened = ctx.sql("SELECT id, state FROM ledger.campaign WHERE objective_key = %s", f"{sensor}:{name}#main")
+        exhausted = ctx.sql("SELECT id FROM ledger.campaign WHERE class = %s AND state = 'exhausted'", cls)
+        ctx.expect(len(seen) >= 3 and {r["status"] for r in seen} == {"error"} and not opened and not exhausted,
+                   f"[{transport}] a check that cannot reach its remote records errors and opens nothing: "
+                   "no campaign, no agent paid, nothing exhausted",
+                   f"{len(seen)} error(s), the last: {(seen[-1]['reason'] or '')[:160] if seen else '-'}; "
+                   f"campaigns {opened}")
 
     def _campaign(self, ctx: DrillContext, cid: int) -> dict[str, Any]:
         return ctx.sql("SELECT state, attempt_count, waiting_on, waiting_reason, fault_count "

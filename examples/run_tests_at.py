@@ -1,4 +1,6 @@
-"""A sensor check: run a repository's tests at a ref (exit 0: green).
+"""A sensor check: run a repository's tests at a ref (exit 0: green; 1: tests
+failed, red; anything else -- the ref cannot be read, the runner's own exit
+codes -- is the check's own failure, which a sensor records as an error).
 
 usage: run_tests_at.py REPOSITORY REF [--pytest]
 The tree at REF is exported to a temporary directory (the repository itself is
@@ -20,8 +22,14 @@ import tempfile
 
 repository, ref = sys.argv[1], sys.argv[2]
 use_pytest = "--pytest" in sys.argv[3:]
-archive = subprocess.run(["git", "-C", repository, "archive", "--format=tar", ref],
-                         check=True, capture_output=True).stdout
+read = subprocess.run(["git", "-C", repository, "archive", "--format=tar", ref], capture_output=True)
+if read.returncode != 0:
+    # the tree could not be read (the repository or its ref is out of
+    # reach): not a verdict on the tests, so not exit 1
+    sys.stderr.write(read.stderr.decode("utf-8", "replace"))
+    sys.stderr.write(f"run_tests_at: cannot read {ref} of {repository}\n")
+    sys.exit(2)
+archive = read.stdout
 with tempfile.TemporaryDirectory(prefix="ledger-sensor-") as tree:
     with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
         tar.extractall(tree, filter="data")

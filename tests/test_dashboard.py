@@ -25,6 +25,7 @@ from ledger.api.dashboard import board_changes, sensor_rows
 from ledger.api.timeline import GUTTER, RIGHT, WIDTH, campaign_timeline
 from ledger.config import parse_config
 from ledger.db.hub import NullHub
+from ledger.db.models import SensorSummary
 from ledger.report import Day, Report
 
 pytestmark = pytest.mark.anyio
@@ -270,9 +271,25 @@ async def test_the_board_honours_the_apis_search_parameter(ui: Ui, actors: Actor
     assert too_long.status_code == 422  # refused as q is, not ignored
 
 
+async def test_the_sensor_panel_shows_a_check_that_keeps_failing(ui: Ui, actors: Actors) -> None:
+    sensor = await actors("sensor")
+    await sensor.record_observation("unit-tests", "k", "repo#main", "green", now())
+    for n in range(2):
+        await sensor.record_observation("unit-tests", "k", "repo#main", "error", now(),
+                                        details={"error": f"fatal: unable to connect <{n}>"})
+    await ui.sign_in("reader")
+    page = (await ui.client.get("/ui/")).text
+    panel = page[page.index('data-sensor="unit-tests"'):]
+    assert 'dot error' in panel[:400] and 'data-consecutive-errors="2"' in panel
+    assert "2 errors in a row" in panel and "fatal: unable to connect &lt;1&gt;" in panel  # escaped
+    await sensor.record_observation("unit-tests", "k", "repo#main", "green", now())
+    page = (await ui.client.get("/ui/")).text
+    panel = page[page.index('data-sensor="unit-tests"'):]
+    assert "data-consecutive-errors" not in panel and "last error" in panel
+
+
 async def test_sensor_rows_without_a_config_have_no_next_tick() -> None:
-    seen = [{"sensor": "ext", "observation_id": 7, "target": "t", "status": "red",
-             "last_tick": None}]
+    seen = [SensorSummary(sensor="ext", observation_id=7, target="t", status="red", last_tick=None)]
     config = parse_config({"sensors": {"nightly": {"target": "repo", "cron": "0 3 * * *",
                                                    "command": ["true"], "class": "c"}}})
     at = now()

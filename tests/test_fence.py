@@ -146,6 +146,7 @@ _ARGUMENTS: dict[str, Any] = {
     "p_kind": "git.update_ref", "p_target": "refs/heads/ledger/x",
     "p_precondition": psycopg.types.json.Jsonb({"old": None}), "p_idempotency_key": "k-null",
     "p_paths": ["tests/test_calc.py"], "p_action": "cell.leftover_processes",
+    "p_sensor": "sensor-1", "p_status": "green", "p_started_at": datetime.now(timezone.utc),
 }
 
 
@@ -363,6 +364,11 @@ async def test_every_numeric_argument_refuses_nan_infinity_and_out_of_range(acto
         ("reopen", "p_extra_attempts"): lambda x: op.reopen(cid, extra_attempts=_int(x)),
         ("open_campaign", "p_priority"): lambda x: sensor.open_campaign(test_class, "prio", "t", priority=_int(x)),
         ("claim_campaigns", "p_limit"): lambda x: worker.claim_campaigns("w", limit=_int(x)),
+        ("record_observation", "p_open_after"): lambda x: sensor.record_observation(
+            "s", "hysteresis", "t", "red", datetime.now(timezone.utc), class_=test_class,
+            open_after=_int(x)),
+        ("record_observation", "p_confirm_after"): lambda x: sensor.record_observation(
+            "s", "hysteresis", "t", "green", datetime.now(timezone.utc), confirm_after=_int(x)),
         ("start_web_session", "p_ttl_s"): lambda x: op.start_web_session(
             "0" * 64, "t", "reader", "0" * 64, "0" * 64, ttl_s=x),
         ("register_class", "p_heartbeat_seconds"): lambda x: op.register_class(

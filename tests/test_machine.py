@@ -31,7 +31,8 @@ async def test_machine_follows_the_table(actors: Actors) -> None:
             assert machine.next_state(t.name, t.from_state) == t.to_state
     assert machine.next_state("claim", "leased") is None
     assert machine.allowed("confirmed") == []
-    assert machine.allowed("leased") == ["abandon", "expire_lease", "fail_attempt", "record_attempt", "release"]
+    assert machine.allowed("leased") == ["abandon", "dismiss", "expire_lease", "fail_attempt", "record_attempt",
+                                         "release"]
     assert machine.terminal == {"confirmed", "dismissed", "abandoned"}
 
 

@@ -28,6 +28,7 @@ import subprocess
 import sys
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -74,6 +75,12 @@ def scraped(db_url: str, actors: Actors, tmp_path: Path) -> Iterator[Scraped]:
     async def make_state() -> None:
         operator, sensor, worker = await actors("operator"), await actors("sensor"), await actors("worker")
         await operator.register_class("ops", max_attempts=1, lease_seconds=30, backoff_base_s=0, backoff_jitter=0)
+        # a sensor whose check keeps failing by itself (three errors in a row), and a healthy one
+        now = datetime.now(timezone.utc)
+        await sensor.record_observation("healthy", "objective-healthy", "repo", "green", now)
+        for _ in range(3):
+            await sensor.record_observation("unreachable", "objective-unreachable", "repo", "error", now,
+                                            details={"error": "fatal: unable to connect"})
         cid = (await sensor.open_campaign("ops", "objective-exhausted", "repo")).campaign_id
         claim = await worker.claim_campaign("w", ["ops"])
         assert claim is not None and claim.campaign_id == cid
@@ -163,7 +170,7 @@ def expect(alert: str, at: str, *fired: tuple[dict[str, str], float]) -> dict[st
 
 
 ALERTS = ("LedgerHubDeaf", "LedgerNotifyQueueFilling", "LedgerNotifyQueueNearlyFull", "LedgerOutboxStalled",
-          "LedgerCampaignsExhausted", "LedgerSystemFaultsWaiting")
+          "LedgerCampaignsExhausted", "LedgerSystemFaultsWaiting", "LedgerSensorErroring")
 
 
 @needs_promtool
@@ -184,10 +191,13 @@ async def test_the_alerts_fire_on_series_from_a_real_metrics_endpoint(scraped: S
     carried_out = ("ledger_side_effects_by_state", (("kind", "http.request"), ("state", "done")))
     deaf = ("ledger_hub_deaf", ())
     queue = ("ledger_notify_queue_usage", ())
+    erroring = ("ledger_sensor_consecutive_errors", (("sensor", "unreachable"),))
+    healthy = ("ledger_sensor_consecutive_errors", (("sensor", "healthy"),))
     present = {(n, tuple(sorted(l.items()))): v for n, l, v in samples}
     # the real state the alarms are about, as /metrics reports it
     assert present[exhausted] == 1 and present[pending] == 1 and present[carried_out] == 1
     assert present[waiting] == 0 and present[deaf] == 0 and present[queue] < 0.5
+    assert present[erroring] == 3 and present[healthy] == 0
 
     as_scraped = {
         "interval": "1m", "name": "as scraped: an exhausted campaign, a side effect no dispatcher carries out",
@@ -197,13 +207,16 @@ async def test_the_alerts_fire_on_series_from_a_real_metrics_endpoint(scraped: S
             expect("LedgerCampaignsExhausted", "40m", ({**job, "class": "ops"}, 1)),
             expect("LedgerOutboxStalled", "10m"),  # waited less than 15 minutes
             expect("LedgerOutboxStalled", "40m", ({**job, "kind": "http.request"}, 1)),
+            expect("LedgerSensorErroring", "3m"),  # for 5m
+            expect("LedgerSensorErroring", "40m", ({**job, "sensor": "unreachable"}, 3)),
             *(expect(a, "40m") for a in ("LedgerHubDeaf", "LedgerNotifyQueueFilling",
                                          "LedgerNotifyQueueNearlyFull", "LedgerSystemFaultsWaiting")),
         ],
     }
     faults = {
         "interval": "1m", "name": "a deaf hub, a filling queue, campaigns held by a system fault",
-        "input_series": series(samples, instance, {deaf: 1, queue: 0.7, waiting: 2, exhausted: 0, pending: 0}),
+        "input_series": series(samples, instance, {deaf: 1, queue: 0.7, waiting: 2, exhausted: 0, pending: 0,
+                                                   erroring: 2}),  # two errors in a row: not yet
         "alert_rule_test": [
             expect("LedgerHubDeaf", "3m"),  # for 5m
             expect("LedgerHubDeaf", "10m", ({**job, "instance": instance}, 1)),
@@ -213,7 +226,14 @@ async def test_the_alerts_fire_on_series_from_a_real_metrics_endpoint(scraped: S
             expect("LedgerSystemFaultsWaiting", "20m", ({**job, "class": "ops", "reason": "system_fault"}, 2)),
             expect("LedgerCampaignsExhausted", "40m"),
             expect("LedgerOutboxStalled", "40m"),
+            expect("LedgerSensorErroring", "40m"),
         ],
+    }
+    recovered = {
+        "interval": "1m", "name": "a sensor that errs three times, then observes again",
+        "input_series": series(samples, instance, {erroring: "3+0x10 0+0x50"}),
+        "alert_rule_test": [expect("LedgerSensorErroring", "8m", ({**job, "sensor": "unreachable"}, 3)),
+                            expect("LedgerSensorErroring", "20m")],
     }
     working = {
         "interval": "1m", "name": "the dispatcher carries one out now and then: not stalled",
@@ -228,7 +248,7 @@ async def test_the_alerts_fire_on_series_from_a_real_metrics_endpoint(scraped: S
     shutil.copy(RULES, tmp_path / RULES.name)
     spec = tmp_path / "ledger-rules.test.yml"
     spec.write_text(json.dumps({"rule_files": [RULES.name], "evaluation_interval": "1m",
-                                "tests": [as_scraped, faults, working, full]}, indent=1))  # JSON is YAML
+                                "tests": [as_scraped, faults, working, full, recovered]}, indent=1))  # JSON is YAML
     done = promtool("test", "rules", spec)
     assert done.returncode == 0, done.stdout + done.stderr
 

@@ -172,9 +172,9 @@ async def test_gc_deletes_ledgers_refs_on_the_remote_with_compare_and_swap(remot
 @pytest.mark.rollback
 async def test_a_sensor_that_cannot_reach_the_remote_observes_nothing(remote: Remote, actors: Any) -> None:
     """A sensor observing ``REPOSITORY#REF`` on a remote that is down records
-    no observation: a red one would send the promoted campaign back to be
-    attempted again, charged (or open a campaign on a fault). Once the remote
-    is back, the same sensor confirms the promotion."""
+    an error, which moves nothing: a red one would send the promoted campaign
+    back to be attempted again, charged (or open a campaign on a fault).
+    Once the remote is back, the same sensor confirms the promotion."""
     import sys
 
     from drive import Driver
@@ -197,8 +197,11 @@ async def test_a_sensor_that_cannot_reach_the_remote_observes_nothing(remote: Re
                                                          **{"class": "fix"}),
                     "sensor-1", observes=(remote.url, "main"), cache_dir=remote.tmp / "sensor" / "repos")
     remote.server.stop()
-    assert await sensor.observe(None) is None
+    error = await sensor.observe(None)
+    assert error is not None and (error.effect, error.campaign_id) == ("recorded", None)
+    assert error.reason is not None and error.reason.startswith("cannot check out main of")
     reads = await actors.reads()
+    assert (await reads.observation(error.observation_id)).status == "error"
     assert (await reads.campaign(cid)).state == "verified"
     assert (await reads.recent_observations(cid)) == []
     remote.server.start()

@@ -46,6 +46,7 @@ TRANSITIONS = {
     ("regress", "verified", "ready", "sensor"),
     ("dismiss", "ready", "dismissed", "sensor"),
     ("dismiss", "exhausted", "dismissed", "sensor"),
+    ("dismiss", "leased", "dismissed", "worker"),  # its lease holder re-observed the target green
     ("exhaust", "ready", "exhausted", "system"),
     ("reopen", "exhausted", "ready", "operator"),
     *{("abandon", s, "abandoned", "operator")
@@ -220,6 +221,13 @@ def _observe(status: str):
     return act
 
 
+async def act_reobserve_green(d: Driver, s: dict, role: str) -> int:
+    result = await (await _as(d, role)).reobserve(s["cid"], s["gen"], "sensor-1", "green", now(),
+                                                  moment="changed_nothing")
+    assert result.effect == "dismissed"
+    return s["cid"]
+
+
 async def act_reopen(d: Driver, s: dict, role: str) -> int:
     await (await _as(d, role)).reopen(s["cid"])
     return s["cid"]
@@ -247,6 +255,7 @@ CASES = [
     Case("regress", "verified", "sensor", PROMOTING_CLASS, _promoted, _observe("red")),
     Case("dismiss", "ready", "sensor", "test", _ready, _observe("green")),
     Case("dismiss", "exhausted", "sensor", "single", _exhausted, _observe("green")),
+    Case("dismiss", "leased", "worker", "test", _leased, act_reobserve_green),
     Case("reopen", "exhausted", "operator", "single", _exhausted, act_reopen),
     Case("abandon", "ready", "operator", "test", _ready, act_abandon),
     Case("abandon", "leased", "operator", "test", _leased, act_abandon),

@@ -47,7 +47,10 @@ REASON_LIMIT = 10
 # A JUnit report larger than this is not parsed (the candidate's code wrote it).
 _REPORT_LIMIT = 64 * 1024 * 1024
 
-_EXIT_MEANING = {2: "interrupted", 3: "internal error", 4: "usage error", 5: "no tests were collected"}
+#: What pytest's exit codes other than 0 (passed) and 1 (tests failed) mean:
+#: each says the run itself went wrong (sensors record it as an error).
+PYTEST_EXIT_MEANING = {2: "interrupted", 3: "internal error", 4: "usage error", 5: "no tests were collected"}
+_EXIT_MEANING = PYTEST_EXIT_MEANING
 
 
 @dataclass(frozen=True)

@@ -292,6 +292,14 @@ class CampaignClassConfig(_Strict):
                              description="the sandbox the attempt command runs in")
     max_candidate_mb: int = Field(64, ge=1, le=64,
                                   description="largest candidate (its commits, and its diff) recorded")
+    reobserve_after_s: float = Field(
+        600.0, ge=0, le=31_536_000,
+        description="a campaign whose opening observation is older than this is re-observed (its "
+                    "sensor run once, in a cell) before an agent starts on it: green dismisses it, "
+                    "nothing charged (0: before every start)")
+    reobserve_before_start: bool = Field(
+        True, description="re-observe an old campaign's target before starting an agent on it "
+                          "(false: only before charging an attempt that changed nothing)")
 
     _attempt_environment = field_validator("attempt_environment")(_extras)
 
@@ -412,9 +420,25 @@ class SensorConfig(_Strict):
     every_s: float | None = Field(None, gt=0, description="interval schedule")
     cron: str | None = Field(None, description="cron schedule (5 fields)")
     command: list[str] | None = Field(None, min_length=1,
-                                      description="a check command: exit 0 is green")
+                                      description="a check command: exit 0 is green, red_exit_codes "
+                                                  "red, any other ending an error")
+    red_exit_codes: list[int] = Field(
+        [1], min_length=1, max_length=64,
+        description="the command's exit codes that mean red (the target is broken); any other "
+                    "non-zero exit, a timeout, a kill, a cell that cannot be built is an error "
+                    "(the check's own failure), which opens and closes nothing")
     url: str | None = Field(None, description="a check URL: expect_status is green")
-    expect_status: int = Field(200, description="the HTTP status that is green")
+    expect_status: int = Field(200, ge=100, le=599, description="the HTTP status that is green")
+    red_statuses: list[int] | None = Field(
+        None, max_length=100,
+        description="the HTTP statuses that mean red (default: any but expect_status below 500); "
+                    "any other status, a connection failure or a timeout is an error")
+    open_after: int = Field(1, ge=1, le=100,
+                            description="red observations in a row before one opens a campaign "
+                                        "(or regresses a promoted one)")
+    confirm_after: int = Field(1, ge=1, le=100,
+                               description="green observations in a row before one confirms a "
+                                           "promoted campaign (or dismisses an open one)")
     timeout_s: float = Field(300.0, gt=0, description="seconds a check may take")
     cwd: str | None = Field(None, description="the check command's working directory")
     objective: str = Field("{sensor}:{target}", description="objective key template")
@@ -443,6 +467,17 @@ class SensorConfig(_Strict):
             raise ValueError("give exactly one of every_s or cron")
         if (self.command is None) == (self.url is None):
             raise ValueError("give exactly one check: command or url")
+        if any(not 1 <= code <= 255 for code in self.red_exit_codes):
+            raise ValueError("red_exit_codes are exit codes from 1 to 255 (0 is green)")
+        if self.red_statuses is not None:
+            if self.url is None:
+                raise ValueError("red_statuses are for a url check; a command check has red_exit_codes")
+            if any(not 100 <= code <= 599 for code in self.red_statuses):
+                raise ValueError("red_statuses are HTTP statuses from 100 to 599")
+            if self.expect_status in self.red_statuses:
+                raise ValueError(f"expect_status {self.expect_status} is green: it cannot be red too")
+        if "red_exit_codes" in self.model_fields_set and self.command is None:
+            raise ValueError("red_exit_codes are for a command check; a url check has red_statuses")
         if self.cwd is not None and self.cell.sandbox:
             raise ValueError("cwd: a sandboxed check runs in an export of its target's ref (or an "
                              "empty directory), never in a directory of the host; remove cwd, or "

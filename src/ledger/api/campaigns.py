@@ -22,7 +22,7 @@ from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
 from ledger import bulk
 from ledger.db.cursors import BIGINT_MAX, decode_cursor, encode_position
 from ledger.errors import InvalidInput
-from ledger.db.models import Campaign, CampaignDetail, State
+from ledger.db.models import Campaign, CampaignDetail, SensorSummary, State
 from ledger.api import bulk_jobs, problems
 from ledger.api.roles import CallerDep
 
@@ -64,11 +64,13 @@ class LeaseSummary(BaseModel):
 
 
 class Status(BaseModel):
-    """Campaigns per state, the oldest ready one and leases about to expire."""
+    """Campaigns per state, the oldest ready one, leases about to expire, and
+    each sensor's last outcome with its errors in a row (``GET /sensors``)."""
 
     states: dict[str, int]
     oldest_ready: datetime | None
     leases_expiring: list[LeaseSummary]
+    sensors: list[SensorSummary] = Field(default_factory=list)
 
 
 class CampaignFilter(BaseModel):
@@ -229,7 +231,8 @@ async def show_status(
     caller: CallerDep,
     expiring_within_s: Annotated[float, Query(ge=0, le=86_400)] = 60.0,
 ) -> Status:
-    """Campaigns per state, the oldest ready one, leases that end within the window."""
+    """Campaigns per state, the oldest ready one, leases that end within the window, and
+    every sensor's last outcome and errors in a row."""
     reads = caller.reads
     expiring = await reads.leases_expiring(expiring_within_s)
     return Status(
@@ -237,6 +240,7 @@ async def show_status(
         oldest_ready=await reads.oldest_ready(),
         leases_expiring=[LeaseSummary(campaign_id=c.id, lease_owner=c.lease_owner,
                                       lease_expires_at=c.lease_expires_at) for c in expiring],
+        sensors=await reads.sensor_summaries(1000),
     )
 
 

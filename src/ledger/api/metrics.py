@@ -41,6 +41,10 @@ STANDARD_METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "
                               "TRACE", "CONNECT"})
 #: Why a campaign waits (``campaign.waiting_on``), each a label of the waiting gauge.
 WAITING_REASONS = ("system_fault", "target")
+#: The sensors whose streak of errors a scrape reports (by name).
+SENSOR_LIMIT = 1000
+#: An observation's outcomes, each a label of the sensors' counter.
+OUTCOMES = ("green", "red", "error")
 REQUEST_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 
 
@@ -61,6 +65,10 @@ class Snapshot:
     #: (class, reason) -> campaigns held back by what is not their attempt's
     #: own: a system fault, or their target (a dirty checkout)
     waiting: dict[tuple[str, str], int] = field(default_factory=dict)
+    #: (sensor, outcome) -> observations recorded: green, red, error
+    sensor_outcomes: dict[tuple[str, str], int] = field(default_factory=dict)
+    #: sensor -> errors recorded in a row since its latest green or red
+    sensor_errors: dict[str, int] = field(default_factory=dict)
     read_s: float = 0.0
 
 
@@ -110,6 +118,9 @@ async def read_snapshot(reads: Reads) -> Snapshot:
         verification_durations=await reads.verification_durations(DURATION_BUCKETS),
         notify_queue_usage=await reads.notify_queue_usage(),
         waiting={key: count for key, (count, _) in (await reads.waiting_counts()).items()},
+        sensor_outcomes=await reads.sensor_outcome_counts(),
+        sensor_errors={s.sensor: s.consecutive_errors
+                       for s in await reads.sensor_summaries(SENSOR_LIMIT)},
     )
     snapshot.read_s = time.perf_counter() - started
     return snapshot
@@ -190,6 +201,23 @@ class LedgerCollector(Collector):
             requested.add_metric([kind], count)
         yield requested
         yield by_state
+
+        observations = CounterMetricFamily(
+            "ledger_sensor_observations", "Observations recorded per sensor and outcome (green, "
+            "red; error: the check itself failed, which opens and closes nothing)",
+            labels=["sensor", "outcome"])
+        sensors = sorted({name for name, _ in s.sensor_outcomes} | set(s.sensor_errors))
+        for name in sensors:  # every outcome of every sensor, zero included
+            for outcome in OUTCOMES:
+                observations.add_metric([name, outcome], s.sensor_outcomes.get((name, outcome), 0))
+        yield observations
+        errors = GaugeMetricFamily(
+            "ledger_sensor_consecutive_errors", "Errors a sensor recorded in a row since its "
+            "latest green or red observation: its check keeps failing, so its target is not seen",
+            labels=["sensor"])
+        for name in sensors:
+            errors.add_metric([name], s.sensor_errors.get(name, 0))
+        yield errors
 
         yield _histogram("ledger_attempt_duration_seconds",
                          "Claim to end of finished attempts", s.attempt_durations)

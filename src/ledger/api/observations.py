@@ -1,4 +1,4 @@
-"""Sensor intake for external sensors: ``POST /observations``.
+"""Sensor intake for external sensors: ``POST /observations``; ``GET /sensors``.
 
 An observation is recorded and applied (open, regress, confirm, dismiss) by one
 kernel call as the caller's role -- only a sensor token's role may. With an
@@ -16,12 +16,12 @@ import json
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, Header, Path, Response
+from fastapi import APIRouter, Header, Path, Query, Response
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
 from ledger.db import bounds
 from ledger.errors import InvalidInput, NotFound
-from ledger.db.models import Observation, ObservationRecorded
+from ledger.db.models import Observation, ObservationRecorded, SensorSummary
 from ledger.api import problems
 from ledger.api.campaigns import Name, Text
 from ledger.db.cursors import BIGINT_MAX
@@ -38,7 +38,9 @@ class ObservationIn(BaseModel):
         default=None, description="The sensor's name (default: http:<token name>)")
     objective_key: Text
     target: Text
-    status: Literal["green", "red"]
+    status: Literal["green", "red", "error"] = Field(
+        description="green or red: what the target is; error: the check itself failed (say why in "
+                    "details.error), which opens and closes nothing")
     started_at: AwareDatetime
     finished_at: AwareDatetime | None = None
     details: dict[str, Any] = Field(default_factory=dict)
@@ -49,6 +51,10 @@ class ObservationIn(BaseModel):
     desired_state: dict[str, Any] = Field(default_factory=dict)
     labels: list[Name] = Field(
         default_factory=list, max_length=50)
+    open_after: int = Field(1, ge=1, le=100, description="Red observations in a row of this "
+                                                         "objective before one opens a campaign")
+    confirm_after: int = Field(1, ge=1, le=100, description="Green observations in a row before "
+                                                            "one confirms or dismisses a campaign")
 
     @field_validator("details", "desired_state")
     @classmethod
@@ -117,6 +123,7 @@ async def _record(body: ObservationIn, caller: Caller,
         class_=body.class_, tick=body.tick, idempotency_key=idempotency_key,
         request_digest=body.digest() if idempotency_key else None,
         desired_state=body.desired_state, labels=body.labels,
+        open_after=body.open_after, confirm_after=body.confirm_after,
     )
 
 
@@ -127,3 +134,14 @@ async def show_observation(
 ) -> Observation:
     """One recorded observation."""
     return await caller.reads.observation(observation_id)
+
+
+@router.get("/sensors", response_model=list[SensorSummary],
+            responses=problems.responses(401, 422, 503))
+async def list_sensors(
+    caller: CallerDep, limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+) -> list[SensorSummary]:
+    """Every sensor that recorded or claimed anything (by name, at most
+    ``limit``): its latest outcome (green, red or error), its errors in a row
+    and its latest error's reason."""
+    return await caller.reads.sensor_summaries(limit)

@@ -19,7 +19,7 @@ from ledger.cli.output import table
 
 if TYPE_CHECKING:
     from ledger.db.kernel import Kernel
-    from ledger.db.models import Campaign, CampaignDetail, Opened
+    from ledger.db.models import Campaign, CampaignDetail, Opened, SensorSummary
     from ledger.report import Report
 
 JSON_OPTION = option("json")
@@ -215,20 +215,27 @@ def status(
     expiring_within: float = option("status_expiring_within"),
     as_json: bool = JSON_OPTION,
 ) -> None:
-    """Campaigns per state, the age of the oldest ready one and leases about to expire."""
+    """Campaigns per state, the age of the oldest ready one, leases about to
+    expire, and each sensor's last outcome (green, red, or error: how many in
+    a row, and why)."""
     from ledger.db.reads import Reads
 
-    async def go() -> tuple[dict[str, int], datetime | None, list[Campaign]]:
+    async def go() -> tuple[dict[str, int], datetime | None, list[Campaign], list[SensorSummary]]:
         async with state(ctx).database().session("reader") as s:
             reads = Reads(s)
             return (await reads.state_counts(), await reads.oldest_ready(),
-                    await reads.leases_expiring(expiring_within))
-    counts, oldest, expiring = run(go())
+                    await reads.leases_expiring(expiring_within), await reads.sensor_summaries(1000))
+    counts, oldest, expiring, sensors = run(go())
     if as_json:
         emit_json({"states": counts, "oldest_ready": oldest,
                    "leases_expiring": [{"campaign_id": c.id, "lease_owner": c.lease_owner,
                                         "lease_expires_at": c.lease_expires_at}
-                                       for c in expiring]})
+                                       for c in expiring],
+                   "sensors": [{"sensor": x.sensor, "last_outcome": x.status, "effect": x.effect,
+                                "observed_at": x.started_at, "campaign_id": x.campaign_id,
+                                "consecutive_errors": x.consecutive_errors,
+                                "last_error": x.last_error, "last_error_at": x.last_error_at}
+                               for x in sensors]})
         return
     t = table("state", "campaigns")
     for name, n in counts.items():
@@ -241,6 +248,14 @@ def status(
             leases.add_row(str(c.id), c.lease_owner or "-",
                            iso_z(c.lease_expires_at) if c.lease_expires_at else "-")
         leases.print()
+    if sensors:
+        t = table("sensor", "last", "observed", "errors in a row", "last error", title="sensors")
+        for x in sensors:
+            t.add_row(x.sensor, x.status or "-", _ago(x.started_at) if x.started_at else "-",
+                      str(x.consecutive_errors),
+                      f"{_ago(x.last_error_at)}: {x.last_error}" if x.last_error_at else "-",
+                      style="red" if x.consecutive_errors else "")
+        t.print()
 
 
 def _act_on_each(ctx: typer.Context, campaign_ids: list[int], done: str, as_json: bool,

@@ -49,10 +49,13 @@ class table:
             out.flush()
             return
         from rich.table import Table
+        from rich.text import Text
 
         from ledger.cli.context import console
 
         drawn = Table(*self.headers, title=self.title)
         for cells, style in self.rows:
-            drawn.add_row(*cells, style=style or None)
+            # cells are data (a check's error, a target), never markup: a
+            # "[/x]" in one would otherwise stop the table with a MarkupError
+            drawn.add_row(*(Text(str(c)) for c in cells), style=style or None)
         console.print(drawn)

@@ -32,6 +32,7 @@ from ledger.db.models import (
     Opened,
     ProcessReport,
     Reaped,
+    Reobserved,
     SideEffectClaim,
     SideEffectRequested,
     VerificationClaim,
@@ -49,6 +50,7 @@ IDEMPOTENT = frozenset({
     "report_sensor_process", "report_worker_process", "report_reaper_process",
     "report_verifier_process", "report_dispatcher_process", "report_operator_process",
     "merge_queue_view", "merge_queue_freeze", "merge_queue_landed", "merge_queue_dissolve",
+    "reobserve",
 })
 # (rebase_promotion is not: a retry after its commit finds the promotion
 # no longer claimed; the dispatcher then reads the campaign back.)
@@ -177,9 +179,13 @@ class Kernel:
         desired_state: dict[str, Any] | None = None,
         labels: Sequence[str] = (),
         trace_context: Mapping[str, str] | None = None,
+        open_after: int = 1,
+        confirm_after: int = 1,
     ) -> ObservationRecorded:
-        """Record an observation and apply what it implies (open, regress,
-        confirm, dismiss); a campaign it opens keeps ``trace_context``."""
+        """Record an observation (``status``: green, red or error) and apply
+        what it implies (open, regress, confirm, dismiss; an error implies
+        nothing); a red counts only as the ``open_after``-th in a row, a green
+        as the ``confirm_after``-th. A campaign it opens keeps ``trace_context``."""
         rows = await self._call(
             "record_observation", _idempotent=tick is not None or idempotency_key is not None,
             sensor=sensor, objective_key=objective_key, target=target,
@@ -187,6 +193,7 @@ class Kernel:
             details=details or {}, **_class(class_), tick=tick,
             idempotency_key=idempotency_key, request_digest=request_digest,
             desired_state=desired_state or {}, labels=list(labels), **_traced(trace_context),
+            open_after=open_after, confirm_after=confirm_after,
         )
         return ObservationRecorded.model_validate(rows[0])
 
@@ -310,6 +317,21 @@ class Kernel:
                                      _timeout_s=LEASES.bound(("campaign", campaign_id, generation), timeout_s),
                                      campaign_id=campaign_id, generation=generation, reason=reason,
                                      retry_after_s=retry_after_s)
+
+    async def reobserve(self, campaign_id: int, generation: int, sensor: str, status: str,
+                        started_at: datetime, *, finished_at: datetime | None = None,
+                        details: dict[str, Any] | None = None, moment: str = "before_start",
+                        timeout_s: float | None = None) -> Reobserved:
+        """Record the lease holder's own observation of its campaign's target
+        (the class's sensor, run once in a cell) ``before_start`` or when the
+        attempt ``changed_nothing``: green dismisses the campaign (leased ->
+        dismissed, nothing charged); red or error changes nothing. An
+        identical retry returns the first result."""
+        rows = await self._call("reobserve", _timeout_s=timeout_s, campaign_id=campaign_id,
+                                generation=generation, sensor=sensor, status=status,
+                                started_at=started_at, finished_at=finished_at,
+                                details=details or {}, moment=moment)
+        return Reobserved.model_validate(rows[0])
 
     async def report_security_event(self, campaign_id: int, generation: int, action: str,
                                     reason: str, *, details: dict[str, Any] | None = None,

@@ -126,7 +126,9 @@ class Observation(_Row):
     target: str
     objective_key: str
     class_: str | None = Field(alias="class")
-    status: Literal["green", "red"]
+    #: green or red: what the target is; error: the check itself failed
+    #: (the reason says how), which moves no campaign
+    status: Literal["green", "red", "error"]
     started_at: datetime
     finished_at: datetime
     tick: datetime | None
@@ -135,7 +137,9 @@ class Observation(_Row):
     effect: Literal["opened", "regressed", "confirmed", "dismissed", "recorded"]
     idempotency_key: str | None
     recorded_at: datetime
-    #: why a green observation did not confirm (the opening baseline not shown passing)
+    #: why it had no effect it could have had: a green one that did not confirm
+    #: (the opening baseline not shown passing), one of a streak still too
+    #: short (open_after, confirm_after), an error (what went wrong with the check)
     reason: str | None = None
 
 
@@ -332,7 +336,45 @@ class ObservationRecorded(_Row):
     campaign_id: int | None
     effect: Literal["opened", "regressed", "confirmed", "dismissed", "recorded"]
     duplicate: bool
-    #: why a green observation did not confirm the promoted campaign
+    #: why it had no effect it could have had (see ``Observation.reason``)
+    reason: str | None = None
+
+
+class SensorSummary(_Row):
+    """A sensor as ``ledger status``, the dashboard and ``GET /sensors`` show it:
+    its latest observation and tick, and how it is failing, if it is."""
+
+    sensor: str
+    #: the latest observation (None: it has claimed ticks but recorded nothing)
+    observation_id: int | None = None
+    target: str | None = None
+    objective_key: str | None = None
+    #: the latest outcome: green, red or error
+    status: Literal["green", "red", "error"] | None = None
+    effect: Literal["opened", "regressed", "confirmed", "dismissed", "recorded"] | None = None
+    campaign_id: int | None = None
+    started_at: datetime | None = None
+    finished_at: datetime | None = None
+    recorded_at: datetime | None = None
+    last_tick: datetime | None = None
+    tick_claimed_by: str | None = None
+    tick_claimed_at: datetime | None = None
+    #: errors recorded in a row since its latest green or red observation
+    #: (counted up to 10000): the check itself keeps failing
+    consecutive_errors: int = 0
+    #: its latest error's reason, start and id, however long ago
+    last_error: str | None = None
+    last_error_at: datetime | None = None
+    last_error_id: int | None = None
+
+
+class Reobserved(_Row):
+    """Result of ``reobserve``: the worker's own observation of its target."""
+
+    observation_id: int
+    #: dismissed (it was green: the campaign is closed, nothing charged) or recorded
+    effect: Literal["dismissed", "recorded"]
+    #: why the campaign was dismissed, or what went wrong with the check
     reason: str | None = None
 
 

@@ -31,6 +31,7 @@ from ledger.db.models import (
     Observation,
     ProcessRow,
     SecurityEvent,
+    SensorSummary,
     SideEffect,
     StateRow,
     TransitionRow,
@@ -257,12 +258,18 @@ class Reads:
         rows = await self.executor.fetch(Q["matching_state_counts"], **params)
         return {r["state"]: r["count"] for r in rows}
 
-    async def sensor_summaries(self, limit: int = 50) -> list[dict[str, Any]]:
+    async def sensor_summaries(self, limit: int = 50) -> list[SensorSummary]:
         """Per sensor (by name, at most ``limit``): its latest observation and its
-        latest claimed tick; the columns are those of the query (observations.sql)."""
+        latest claimed tick, its errors in a row and its latest error."""
         if not 1 <= limit <= 1000:
             raise InvalidInput("between 1 and 1000 sensors")
-        return await self.executor.fetch(Q["sensor_summaries"], limit=limit)
+        rows = await self.executor.fetch(Q["sensor_summaries"], limit=limit)
+        return [SensorSummary.model_validate(r) for r in rows]
+
+    async def sensor_outcome_counts(self) -> dict[tuple[str, str], int]:
+        """Observations recorded per (sensor, outcome): green, red or error."""
+        rows = await self.executor.fetch(Q["sensor_outcome_counts"])
+        return {(r["sensor"], r["outcome"]): r["count"] for r in rows}
 
     async def transitions_of(self, campaign_id: int, limit: int = 1000) -> list[Event]:
         """A campaign's state changes, oldest first."""

@@ -70,6 +70,7 @@ from ledger.config import ATTEMPT_PLACEHOLDERS, CampaignClassConfig
 from ledger.errors import ConfigError, LedgerError, RepeatedApproach, StaleLease, Unavailable
 from ledger.db.hub import NullHub, WakeSource
 from ledger.roles.journal import JournalWriter
+from ledger.roles.sensors import Reobservation
 from ledger.db.kernel import Kernel
 from ledger.roles.lease import LeaseClock
 from ledger.logs import get_logger
@@ -264,7 +265,7 @@ class AttemptRun:
 
     def __init__(self, kernel: Kernel, claim: Claim, cls: CampaignClassConfig, *, identity: str,
                  data_dir: Path, hub: WakeSource | None = None, lease: LeaseClock | None = None,
-                 config_file: Path | None = None):
+                 config_file: Path | None = None, reobservation: Reobservation | None = None):
         self.kernel = kernel
         self.reads = Reads(kernel.executor)
         self.claim = claim
@@ -288,6 +289,8 @@ class AttemptRun:
         self.drained = False
         self.workspace: Workspace | None = None
         self.config_file = config_file
+        #: the class's sensor, to look at the target again (None: no sensor watches it)
+        self.reobservation = reobservation
         self.log_tail = ""
         self.sandboxed = cls.cell.sandbox
         #: what the attempt was seen to try outside its cell: (action, reason, details)
@@ -419,6 +422,12 @@ class AttemptRun:
                 await asyncio.to_thread(cells.check_available)
             except cells.SandboxUnavailable as exc:
                 return await self._release(f"{exc.message} ({exc.hint})")
+        if self._opened_a_while_ago():
+            # No agent paid to fix what is not broken: the target, observed
+            # once more before anything starts.
+            dismissed = await self._reobserve("before_start")
+            if dismissed is not None:
+                return dismissed
         before = await asyncio.to_thread(surfaces_digest, self.cls.repository, self.config_file)
         try:
             base = await asyncio.to_thread(repo.resolve, self.cls.base_ref)
@@ -461,6 +470,11 @@ class AttemptRun:
         if self.security:
             return await self._refuse_insecure(fingerprint)
         if reason is None and not diff:
+            # Nothing changed: perhaps because nothing is broken. Look before
+            # charging the attempt for it.
+            dismissed = await self._reobserve("changed_nothing")
+            if dismissed is not None:
+                return dismissed
             reason = "the attempt command succeeded but changed nothing"
         if reason is not None:
             return await self._fail(reason, fingerprint)
@@ -479,6 +493,67 @@ class AttemptRun:
             self._check()
             return await self._release(f"could not publish the candidate: {exc.message}")
         return await self._record(base, candidate, diff, fingerprint, ref)
+
+    def _opened_a_while_ago(self) -> bool:
+        """Whether the campaign's opening observation started longer ago than
+        the class's ``reobserve_after_s`` (a campaign opened without an
+        observation has no age to judge: it is not re-observed before the
+        start)."""
+        after = self.cls.reobserve_after_s
+        started = self.claim.opening_observation.get("started_at")
+        if self.reobservation is None or not self.cls.reobserve_before_start or not isinstance(started, str):
+            return False
+        try:
+            opened = datetime.fromisoformat(started)
+        except ValueError:
+            return False
+        if opened.tzinfo is None:
+            opened = opened.replace(tzinfo=timezone.utc)
+        return (datetime.now(timezone.utc) - opened).total_seconds() >= after
+
+    async def _reobserve(self, moment: str) -> str | None:
+        """Run the class's sensor once (in its cell) and record what it saw
+        (``reobserve``): ``"dismissed"`` when the target is green -- the
+        campaign is closed, nothing charged, the agent not (or no longer)
+        paid for -- else ``None`` and the attempt goes on as before (red, or
+        an error: the check could not tell). Standing down meanwhile kills
+        the check."""
+        r = self.reobservation
+        if r is None:
+            return None
+        self._check()
+        c = self.claim
+        reading_task = asyncio.create_task(r.read(), name=f"reobserve-{c.campaign_id}")
+        stood_down = asyncio.create_task(self.stood_down.wait())
+        try:
+            await asyncio.wait({reading_task, stood_down}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            stood_down.cancel()
+            if not reading_task.done():
+                reading_task.cancel()  # its command's process group is killed with it
+                await asyncio.gather(reading_task, return_exceptions=True)
+        self._check()
+        try:
+            reading = reading_task.result()
+        except (LedgerError, OSError) as exc:
+            self.log.warning("could not re-observe the target; the attempt goes on as before",
+                             moment=moment, error=str(exc))
+            return None
+        if reading.status == "green":
+            # the lease ends with this call: a heartbeat refused meanwhile is expected
+            await self.journal.close()
+            self._check()
+            self.ending = True
+        try:
+            result = await self.kernel.reobserve(
+                c.campaign_id, c.generation, r.sensor.name, reading.status, reading.started_at,
+                finished_at=reading.finished_at, details=reading.details, moment=moment,
+                timeout_s=self._budget())
+        except StaleLease:
+            raise StoodDown from None
+        self.log.info("re-observed the target", moment=moment, status=reading.status,
+                      effect=result.effect, observation=result.observation_id, reason=result.reason)
+        return "dismissed" if result.effect == "dismissed" else None
 
     @property
     def acceptance(self) -> dict[str, Any]:

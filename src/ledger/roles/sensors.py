@@ -11,6 +11,15 @@ missed runs are coalesced, never replayed in a burst, and a new sensor's first
 tick is the next one. Each observation is one kernel call
 (``record_observation``) that opens, regresses, confirms or dismisses.
 
+An observation has one of three outcomes (docs/sensors.md): green, red, or
+error -- the check's own failure (an exit code the sensor does not declare in
+``red_exit_codes``, a timeout, a kill, a checkout or a cell that could not be
+made, a pytest run the judge cannot trust; for a URL, a connection failure, a
+timeout or an undeclared 5xx). An error is recorded with its evidence and
+moves no campaign. ``open_after`` and ``confirm_after`` ask for that many reds
+(greens) in a row before one opens (closes) anything; the database counts
+them (``record_observation``).
+
 A command check runs like every command Ledger does not trust
 (``ledger.sandbox.processes``): its own process group, killed at the timeout, and an
 allow-listed environment (plus the sensor's ``environment`` extras), since
@@ -27,6 +36,7 @@ only if the tests that failed at opening are among the passed ones
 from __future__ import annotations
 
 import asyncio
+import signal
 import tempfile
 import time
 from collections.abc import Sequence
@@ -41,7 +51,7 @@ from apscheduler.triggers.cron import CronTrigger
 from apscheduler.triggers.interval import IntervalTrigger
 
 from verifiers.judge import INSIDE_JUDGE, Judge, JudgeSettings, files_of, read_stream, remove_bytecode
-from verifiers.pytest_report import pytest_command, read_report
+from verifiers.pytest_report import PYTEST_EXIT_MEANING, pytest_command, read_report
 
 from ledger.sandbox import cell as cells
 from ledger import tracing
@@ -88,37 +98,143 @@ def latest_due_tick(trigger: BaseTrigger, now: datetime, horizon: timedelta = ti
     return last
 
 
+#: The outcomes of an observation: green and red say what the target is;
+#: error says the check itself failed, and moves no campaign.
+OUTCOMES = ("green", "red", "error")
+
+
 @dataclass(frozen=True)
 class Reading:
     """What a check saw."""
 
-    status: str  # green or red
+    status: str  # green, red or error (details["error"] says why)
     started_at: datetime
     finished_at: datetime
     details: dict[str, Any]
 
+    @property
+    def error(self) -> str | None:
+        """Why the check could not tell (an error reading), else ``None``."""
+        return str(self.details.get("error") or "the check failed") if self.status == "error" else None
+
 
 async def check(sensor: SensorConfig, *, repository: str | None = None, ref: str | None = None,
                 cache_dir: Path | None = None, judge: JudgeSettings | None = None) -> Reading:
-    """Run the sensor's check once: a command (exit 0 is green) or an HTTP
-    probe. A command whose sensor observes a repository (``repository`` and
-    ``ref``: its target names its class's repository) runs in a fresh export
-    of that ref's tree, fetched from the remote for a URL. A pytest command
-    runs by the fixed judge (``judge``: its class's ``acceptance.pytest``),
-    as the verifier's do: green needs exit 0 *and* a complete, consistent
-    report from the judge, and ``details["tests"]`` is what the judge saw."""
+    """Run the sensor's check once: a command or an HTTP probe, and tell its
+    outcome (``command_outcome``, ``http_outcome``). A command whose sensor
+    observes a repository (``repository`` and ``ref``: its target names its
+    class's repository) runs in a fresh export of that ref's tree, fetched
+    from the remote for a URL. A pytest command runs by the fixed judge
+    (``judge``: its class's ``acceptance.pytest``), as the verifier's do:
+    green needs exit 0 *and* a complete, consistent report from the judge,
+    and ``details["tests"]`` is what the judge saw."""
     started = datetime.now(timezone.utc)
     t0 = time.monotonic()
     if sensor.command is not None:
         details = await _run_command(sensor, repository, ref, cache_dir, judge or JudgeSettings())
-        tests = details.get("tests")
-        judged = not isinstance(tests, dict) or "judged" not in tests or tests["judged"] is True
-        green = details.get("exit_code") == 0 and judged
+        status = command_outcome(sensor, details)
     else:
         details = await _probe(sensor)
-        green = details.get("status_code") == sensor.expect_status
+        status = http_outcome(sensor, details)
     details["duration_s"] = round(time.monotonic() - t0, 3)
-    return Reading("green" if green else "red", started, datetime.now(timezone.utc), details)
+    return Reading(status, started, datetime.now(timezone.utc), details)
+
+
+def command_outcome(sensor: SensorConfig, details: dict[str, Any]) -> str:
+    """green, red or error for a command check's ``details`` (an error's
+    reason goes to ``details["error"]``).
+
+    Exit 0 is green and an exit code of ``red_exit_codes`` red; anything
+    else is the check's own failure: another exit code (2 of a check that
+    cannot reach its remote, 127 of a program not found), a kill (by a
+    signal: the cell's limits, the timeout), a check that could not start or
+    be set up (its checkout, its cell). A pytest run by the judge is green
+    only when the judge can trust it; red for failed tests and for collection
+    errors (pytest's exit 2 naming the modules that failed to import), and
+    for a run that exited 0 or red but that the judge cannot trust (code of
+    the tree got in its way); an error for pytest's own codes (2 interrupted,
+    3 internal error, 4 usage error, 5 no tests collected) and a judge that
+    never started."""
+    if details.get("error"):
+        return "error"
+    code = details.get("exit_code")
+    tests = details.get("tests")
+    judged = isinstance(tests, dict) and "judged" in tests
+    if judged:
+        assert isinstance(tests, dict)
+        if tests["judged"] is not True:
+            if code == 0 or code in sensor.red_exit_codes:
+                # pytest ran and reported, but not as the judge saw it: code
+                # of the observed tree (a plugin, an exit at import) got in
+                # the way -- the target's doing, so red, never green
+                return "red"
+            problems = "; ".join(str(p) for p in tests.get("problems", [])[:3])
+            details["error"] = (f"pytest exited {code} and the judge cannot trust the run"
+                                + (f": {problems}" if problems else ""))
+            return "error"
+        if code == 0:
+            return "green"
+        collection_errors = [t for t in tests.get("failed", []) if "::" not in str(t)]
+        if code in sensor.red_exit_codes or (code == 2 and collection_errors):
+            return "red"
+        meaning = PYTEST_EXIT_MEANING.get(code) if isinstance(code, int) else None
+        details["error"] = (f"pytest exited {code}" + (f" ({meaning})" if meaning else "")
+                            + ": a run that says nothing of the tests' outcome")
+        return "error"
+    if code == 0:
+        return "green"
+    if code in sensor.red_exit_codes:
+        return "red"
+    details["error"] = describe_exit(code, sensor.red_exit_codes, str(details.get("output", "")))
+    return "error"
+
+
+def describe_exit(code: int | None, red: Sequence[int], output: str = "") -> str:
+    """Why an exit code is the check's own failure, in words, with the last
+    line the check wrote (``fatal: unable to connect ...``)."""
+    if code is None:
+        said = "the check ended without an exit code"
+    elif code < 0:
+        try:
+            name = signal.Signals(-code).name
+        except ValueError:
+            name = f"signal {-code}"
+        said = f"the check was killed by {name}"
+        if -code == signal.SIGXFSZ:
+            said += " (it wrote past its cell's file_size_mb)"
+    elif code == 127:
+        said = "the check's program was not found (exit 127)"
+    elif code == 126:
+        said = "the check's program could not be run (exit 126)"
+    elif code > 128 and code - 128 in {s.value for s in signal.Signals}:
+        said = f"the check was killed by {signal.Signals(code - 128).name} (exit {code})"
+    else:
+        said = (f"the check exited {code}, not 0 (green) nor one of its red_exit_codes "
+                f"({', '.join(map(str, red))})")
+    lines = [line.strip() for line in output.strip().splitlines() if line.strip()]
+    return said + (f": {lines[-1][:300]}" if lines else "")
+
+
+def http_outcome(sensor: SensorConfig, details: dict[str, Any]) -> str:
+    """green, red or error for an HTTP probe's ``details``: ``expect_status``
+    is green; a status of ``red_statuses`` red (by default any other status
+    below 500); a connection failure, a timeout, a 5xx not declared red and
+    any other status an error."""
+    if details.get("error"):
+        return "error"
+    code = details.get("status_code")
+    if code == sensor.expect_status:
+        return "green"
+    red = sensor.red_statuses
+    if (code in red) if red is not None else (isinstance(code, int) and code < 500):
+        return "red"
+    if isinstance(code, int) and code >= 500 and (red is None or code not in red):
+        details["error"] = (f"the server answered {code}: its own failure, not a verdict on the "
+                            "target (declare it in red_statuses to count it red)")
+    else:
+        details["error"] = (f"HTTP {code} is neither expect_status ({sensor.expect_status}) nor "
+                            "one of red_statuses")
+    return "error"
 
 
 async def _run_command(sensor: SensorConfig, repository: str | None, ref: str | None,
@@ -223,8 +339,11 @@ async def _probe(sensor: SensorConfig) -> dict[str, Any]:
             response = await client.get(sensor.url)  # type: ignore[arg-type]
         return {"url": sensor.url, "status_code": response.status_code,
                 "body": response.text[:_OUTPUT_LIMIT]}
+    except httpx.TimeoutException as exc:
+        return {"url": sensor.url, "error": f"no answer within {sensor.timeout_s:g}s "
+                                            f"({str(exc) or type(exc).__name__})"}
     except httpx.HTTPError as exc:
-        return {"url": sensor.url, "error": str(exc) or type(exc).__name__}
+        return {"url": sensor.url, "error": f"cannot reach {sensor.url}: {str(exc) or type(exc).__name__}"}
 
 
 def observed_ref(sensor: SensorConfig, cls: CampaignClassConfig | None) -> tuple[str, str] | None:
@@ -262,32 +381,36 @@ class Sensor:
         self.waiting_for: datetime | None = None
 
     async def observe(self, tick: datetime | None) -> ObservationRecorded | None:
-        """Claim ``tick`` (if given), check, and record; ``None`` if another
-        process owns the tick, or the check could not look at the target."""
+        """Claim ``tick`` (if given), check, and record (green, red or
+        error); ``None`` if another process owns the tick."""
         if tick is not None and not await self.kernel.claim_sensor_tick(self.config.name, tick, self.identity):
             self.log.info("tick owned by another sensor process", tick=tick.isoformat())
             return None
         repository, ref = self.observes or (None, None)
         reading = await check(self.config, repository=repository, ref=ref, cache_dir=self.cache_dir,
                               judge=self.judge)
-        if reading.details.get("system_fault"):
-            # The target was never looked at (its remote out of reach, no
-            # sandbox here): no observation, so no red that would open a
-            # campaign or send a promoted one back. The next tick looks again.
-            self.log.warning("not observed: a fault that is not the target's",
-                             error=reading.details.get("error"), tick=tick.isoformat() if tick else None)
-            return None
+        # An error (the check's own failure: its remote out of reach, no
+        # sandbox here, an exit code it does not declare red) is recorded with
+        # its evidence and moves nothing: no red that would open a campaign or
+        # send a promoted one back, no green that would close one.
+        c = self.config
         result = await tracing.observation(
-            self.kernel.executor, self.config.objective_key(), reading.status,
-            {tracing.CAMPAIGN_CLASS: self.config.campaign_class, "ledger.sensor": self.config.name},
+            self.kernel.executor, c.objective_key(), reading.status,
+            {tracing.CAMPAIGN_CLASS: c.campaign_class, "ledger.sensor": c.name},
             lambda context: self.kernel.record_observation(
-                self.config.name, self.config.objective_key(), self.config.target, reading.status,
+                c.name, c.objective_key(), c.target, reading.status,
                 reading.started_at, finished_at=reading.finished_at, details=reading.details,
-                class_=self.config.campaign_class, tick=tick, trace_context=context),
+                class_=c.campaign_class, tick=tick, trace_context=context,
+                open_after=c.open_after, confirm_after=c.confirm_after),
             start_ns=int(reading.started_at.timestamp() * 1e9))
         self.observed += 1
-        self.log.info("observed", status=reading.status, effect=result.effect,
-                      campaign=result.campaign_id, tick=tick.isoformat() if tick else None)
+        when = tick.isoformat() if tick else None
+        if reading.status == "error":
+            self.log.warning("observed an error: the check itself failed; nothing opened or closed",
+                             error=reading.error, tick=when)
+        else:
+            self.log.info("observed", status=reading.status, effect=result.effect,
+                          campaign=result.campaign_id, reason=result.reason, tick=when)
         return result
 
     async def first_tick(self, now: datetime) -> datetime:
@@ -383,3 +506,49 @@ class Sensors:
             holds=lambda: [held("sensor", s.config.name, since) for s in self.sensors])
         async with registration.kept(stop):
             await asyncio.gather(*(sensor.run(stop) for sensor in self.sensors))
+
+
+# --- the worker's second look ------------------------------------------------------
+
+
+def sensor_of(config: LedgerConfig, class_: str, objective_key: str, target: str) -> SensorConfig | None:
+    """The sensor a campaign of ``class_`` came from: the one of that class
+    whose objective key is the campaign's (else the only one of that class on
+    its target); ``None`` when no sensor of the config watches it."""
+    of_class = [s for s in config.sensors.values() if s.campaign_class == class_]
+    by_key = [s for s in of_class if s.objective_key() == objective_key]
+    if by_key:
+        return by_key[0]
+    on_target = [s for s in of_class if s.target == target]
+    return on_target[0] if len(on_target) == 1 else None
+
+
+@dataclass(frozen=True)
+class Reobservation:
+    """How a worker looks at its campaign's target once more (the class's
+    sensor, run once, in its cell, on this machine): before it starts an
+    agent on a campaign opened a while ago, and before it charges an attempt
+    that changed nothing (``ledger.roles.attempt``)."""
+
+    sensor: SensorConfig
+    observes: tuple[str, str] | None = None
+    cache_dir: Path | None = None
+    judge: JudgeSettings | None = None
+
+    @classmethod
+    def of(cls, config: LedgerConfig, class_: str, objective_key: str, target: str,
+           cache_dir: Path | None) -> Reobservation | None:
+        """The re-observation of a campaign (``None``: no sensor watches it)."""
+        sensor = sensor_of(config, class_, objective_key, target)
+        if sensor is None:
+            return None
+        campaign_class = config.classes.get(class_)
+        judge = (JudgeSettings.from_spec(campaign_class.acceptance.pytest.model_dump())
+                 if campaign_class else None)
+        return cls(sensor, observed_ref(sensor, campaign_class), cache_dir, judge)
+
+    async def read(self) -> Reading:
+        """Run the sensor's check once, as its own process would."""
+        repository, ref = self.observes or (None, None)
+        return await check(self.sensor, repository=repository, ref=ref, cache_dir=self.cache_dir,
+                           judge=self.judge)

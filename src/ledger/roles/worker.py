@@ -26,6 +26,7 @@ from typing import Any
 from ledger.sandbox import cell as cells
 from ledger import tracing
 from ledger.roles.attempt import ENDING_PATIENCE_S, ENDING_TRY_S, AttemptRun, sweep_orphans
+from ledger.roles.sensors import Reobservation
 from ledger.config import LedgerConfig
 from ledger.db.database import Database
 from ledger.errors import ConfigError, LedgerError, OutcomeUnknown, StaleLease, Unavailable
@@ -300,9 +301,11 @@ class Worker:
         and answered (ns since the epoch; a span's times when tracing)."""
         try:
             cls = self.config.campaign_class(claim.class_)
+            reobservation = Reobservation.of(self.config, claim.class_, claim.objective_key,
+                                             claim.target, self.options.data_dir / "repos")
             run = AttemptRun(kernel, claim, cls, identity=self.identity,
                              data_dir=self.options.data_dir, hub=self.hub, lease=lease,
-                             config_file=self.options.config_file)
+                             config_file=self.options.config_file, reobservation=reobservation)
         except Exception as exc:  # noqa: BLE001 -- a recorded claim starts or is handed back
             self.log.exception("cannot start the attempt of a claim; handing it back",
                                campaign=claim.campaign_id)

@@ -112,7 +112,12 @@ def main() -> int:
     if pid == 0:
         try:
             os.closerange(3, 65536)
+            # Python ignores these two, and an ignored signal stays ignored
+            # across exec: the command gets the defaults any shell would give
+            # it, so a write past the cell's file_size_mb kills it (SIGXFSZ)
+            # as the limit means, instead of failing like a full disk.
             signal.signal(signal.SIGPIPE, signal.SIG_DFL)
+            signal.signal(signal.SIGXFSZ, signal.SIG_DFL)
             os.execvp(argv[0], argv)
         except OSError as exc:
             os.write(2, f"cannot run {argv[0]}: {exc.strerror}\n".encode())

@@ -20,7 +20,7 @@ from ledger.config import LedgerConfig, SensorConfig
 from ledger.errors import InvalidInput, LedgerError
 from ledger.db.hub import NullHub, Subscription
 from ledger.db.reads import Reads
-from ledger.db.models import Campaign, HourActivity
+from ledger.db.models import Campaign, HourActivity, SensorSummary
 from ledger.report import autonomy_report
 from ledger.roles.sensors import next_tick, trigger_for
 from ledger.api.campaigns import encode_cursor
@@ -90,25 +90,31 @@ class SensorRow:
 
     name: str
     target: str | None = None
-    last: dict[str, Any] | None = None  # the latest observation's columns
+    last: SensorSummary | None = None  # with its latest observation
     last_tick: datetime | None = None
     schedule: str | None = None
     next_tick: datetime | None = None
+    #: errors in a row (the check itself failing) and the latest one's reason
+    consecutive_errors: int = 0
+    last_error: str | None = None
+    last_error_at: datetime | None = None
 
 
 def _schedule(sensor: SensorConfig) -> str:
     return f"every {sensor.every_s:g}s" if sensor.every_s is not None else f"cron {sensor.cron}"
 
 
-def sensor_rows(summaries: Sequence[dict[str, Any]], config: LedgerConfig | None,
+def sensor_rows(summaries: Sequence[SensorSummary], config: LedgerConfig | None,
                 now: datetime) -> list[SensorRow]:
     """Sensors seen in the database and declared in the config, with the next
     tick where the config gives a schedule."""
     rows: dict[str, SensorRow] = {}
     for s in summaries:
-        rows[s["sensor"]] = SensorRow(
-            name=s["sensor"], target=s["target"],
-            last=s if s["observation_id"] is not None else None, last_tick=s["last_tick"])
+        rows[s.sensor] = SensorRow(
+            name=s.sensor, target=s.target,
+            last=s if s.observation_id is not None else None, last_tick=s.last_tick,
+            consecutive_errors=s.consecutive_errors, last_error=s.last_error,
+            last_error_at=s.last_error_at)
     for name, sensor in (config.sensors.items() if config else ()):
         row = rows.setdefault(name, SensorRow(name=name))
         row.target = row.target or sensor.target

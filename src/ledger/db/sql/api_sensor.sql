@@ -169,16 +169,58 @@ BEGIN
 END
 $$;
 
--- (unchanged but for the open: a campaign opened meanwhile by another sensor
--- is no conflict; and a green observation confirms only what it shows: the
--- opening baseline's tests passing, ledger.baseline_unmet)
+-- Serialises the observations of one objective (record_observation and the
+-- worker's reobserve): the streak an observation counts in is then read with
+-- every earlier one committed -- two sensors' reds recorded at once would
+-- otherwise each see a streak of one.
+CREATE OR REPLACE FUNCTION ledger.lock_objective(p_objective_key text)
+    RETURNS void
+    LANGUAGE sql
+AS $$
+    SELECT pg_catalog.pg_advisory_xact_lock(
+               pg_catalog.hashtextextended('ledger.objective ' || coalesce(p_objective_key, ''), 0))
+$$;
+
+-- Why an error observation is one, for its reason column: what the check
+-- said went wrong (details.error), bounded.
+CREATE OR REPLACE FUNCTION ledger.error_reason(p_details jsonb)
+    RETURNS text
+    LANGUAGE sql
+    IMMUTABLE
+AS $$
+    SELECT left(coalesce(nullif(p_details ->> 'error', ''),
+                         'the check failed without saying why'), 4000)
+$$;
+
+-- Records an observation and applies what it implies: open, regress,
+-- confirm or dismiss.
+--
+-- Three outcomes (p_status). green and red say what the target is. error
+-- says the check itself failed (an exit code it does not declare red, a
+-- timeout, a check killed by its cell, a cell that could not be built, a
+-- pytest run the judge cannot trust): it is kept with its evidence and its
+-- reason (details.error), links to no campaign and moves none; the open
+-- campaign's journal hears of it once per streak of the sensor's errors.
+--
+-- Hysteresis: a red opens a campaign, or regresses a promoted one, only as
+-- the p_open_after-th red in a row of its objective; a green confirms, or
+-- dismisses, only as the p_confirm_after-th green in a row (for a
+-- confirmation, each one started after the promotion and showing the
+-- opening baseline's tests pass, ledger.baseline_unmet). Errors neither
+-- break a streak nor lengthen it. The transition's journal event names the
+-- observations that counted ("counted", newest first); one of a streak still
+-- too short says so in its reason (and in the campaign's journal, if one is
+-- open). Both default to 1: every green or red counts at once.
+--
+-- (Also: a campaign opened meanwhile by another sensor is no conflict.)
 CREATE OR REPLACE FUNCTION ledger_api.record_observation(
         p_sensor text, p_objective_key text, p_target text, p_status text,
         p_started_at timestamptz, p_finished_at timestamptz DEFAULT NULL,
         p_details jsonb DEFAULT '{}', p_class text DEFAULT NULL, p_tick timestamptz DEFAULT NULL,
         p_idempotency_key text DEFAULT NULL, p_request_digest text DEFAULT NULL,
         p_desired_state jsonb DEFAULT '{}', p_labels text[] DEFAULT '{}',
-        p_trace_context jsonb DEFAULT NULL)
+        p_trace_context jsonb DEFAULT NULL,
+        p_open_after integer DEFAULT 1, p_confirm_after integer DEFAULT 1)
     RETURNS TABLE (observation_id bigint, campaign_id bigint, effect text, duplicate boolean,
                    reason text)
     LANGUAGE plpgsql
@@ -195,22 +237,30 @@ DECLARE
     v_campaign bigint;
     v_transition text;
     v_to text;
+    v_promoted boolean;
+    v_need integer;
+    v_streak bigint[] := '{}';
+    v_row record;
 BEGIN
-    IF p_status IS NULL OR p_status NOT IN ('green', 'red') THEN
-        RAISE EXCEPTION 'observation status must be green or red, not %', coalesce(p_status, 'null')
+    IF p_status IS NULL OR p_status NOT IN ('green', 'red', 'error') THEN
+        RAISE EXCEPTION 'observation status must be green, red or error, not %', coalesce(p_status, 'null')
             USING ERRCODE = 'LG007';
     END IF;
+    PERFORM ledger.check_range('open_after', p_open_after, 1, 100);
+    PERFORM ledger.check_range('confirm_after', p_confirm_after, 1, 100);
     IF p_started_at IS NULL OR p_started_at > v_now OR p_started_at < '2000-01-01 00:00:00+00' THEN
         RAISE EXCEPTION 'observation start % must be given, not in the future and not before 2000',
             p_started_at USING ERRCODE = 'LG007';
     END IF;
+    PERFORM ledger.lock_objective(p_objective_key);
 
     INSERT INTO ledger.observation AS o
            (sensor, target, objective_key, class, status, started_at, finished_at, tick, details,
-            effect, idempotency_key, request_digest, recorded_at)
+            effect, idempotency_key, request_digest, recorded_at, reason)
     VALUES (p_sensor, p_target, p_objective_key, p_class, p_status, p_started_at,
             coalesce(p_finished_at, v_now), p_tick, coalesce(p_details, '{}'), 'recorded',
-            p_idempotency_key, p_request_digest, v_now)
+            p_idempotency_key, p_request_digest, v_now,
+            CASE WHEN p_status = 'error' THEN ledger.error_reason(p_details) END)
     ON CONFLICT DO NOTHING
     RETURNING * INTO v_obs;
     IF v_obs.id IS NULL THEN
@@ -233,45 +283,86 @@ BEGIN
        AND c.state NOT IN ('confirmed', 'dismissed', 'abandoned')
        FOR UPDATE;
 
+    IF p_status = 'error' THEN
+        -- The check's own failure says nothing of the target.
+        IF v_c.id IS NOT NULL AND NOT EXISTS (
+               SELECT 1 FROM (SELECT o.status FROM ledger.observation o
+                               WHERE o.sensor = p_sensor AND o.id < v_obs.id
+                               ORDER BY o.id DESC LIMIT 1) previous
+                WHERE previous.status = 'error') THEN
+            PERFORM ledger.append_event(v_c.id, 'observation.error', p_sensor,
+                        jsonb_build_object('observation_id', v_obs.id, 'reason', v_obs.reason));
+        END IF;
+        RETURN QUERY SELECT v_obs.id, NULL::bigint, v_obs.effect, false, v_obs.reason;
+        RETURN;
+    END IF;
+
+    -- Only an observation that started after the promotion can confirm or
+    -- regress it; a green one confirms only what it shows: the opening's
+    -- failures passing.
+    v_promoted := v_c.state = 'verified' AND v_c.promoted_at IS NOT NULL
+                  AND p_started_at > v_c.promoted_at;
     IF p_status = 'red' THEN
         IF v_c.id IS NULL THEN
             IF p_class IS NULL THEN
                 RAISE EXCEPTION 'a red observation of % opens a campaign, so it needs a class',
                     p_objective_key USING ERRCODE = 'LG007';
             END IF;
-            SELECT o.campaign_id, CASE WHEN o.created THEN 'opened' ELSE 'recorded' END
-              INTO v_campaign, v_effect
-              FROM ledger.open_campaign(p_class, p_objective_key, p_target, p_desired_state,
-                                        jsonb_build_object('observation_id', v_obs.id,
-                                                           'status', p_status,
-                                                           'started_at', p_started_at,
-                                                           'details', coalesce(p_details, '{}')),
-                                        0, NULL, p_labels, NULL, p_sensor, false,
-                                        p_trace_context) o;
-        ELSIF v_c.state = 'verified' AND v_c.promoted_at IS NOT NULL
-              AND p_started_at > v_c.promoted_at THEN
-            v_transition := 'regress'; v_to := 'ready'; v_effect := 'regressed';
+            v_transition := 'open';
+        ELSIF v_promoted THEN
+            v_transition := 'regress'; v_to := 'ready';
         END IF;
-    ELSE
-        IF v_c.state = 'verified' AND v_c.promoted_at IS NOT NULL
-           AND p_started_at > v_c.promoted_at THEN
-            -- only an observation that started after the promotion can
-            -- confirm it, and only one that shows the opening's failures pass
-            v_reason := ledger.baseline_unmet(v_c.opening_observation, p_details);
-            IF v_reason IS NULL THEN
-                v_transition := 'confirm'; v_to := 'confirmed'; v_effect := 'confirmed';
-            END IF;
-        ELSIF v_c.state IN ('ready', 'exhausted') AND NOT EXISTS (
-                  SELECT 1 FROM ledger.side_effect s
-                   WHERE s.campaign_id = v_c.id AND s.state IN ('pending', 'claimed')) THEN
-            v_transition := 'dismiss'; v_to := 'dismissed'; v_effect := 'dismissed';
+    ELSIF v_promoted THEN
+        v_reason := ledger.baseline_unmet(v_c.opening_observation, p_details);
+        IF v_reason IS NULL THEN
+            v_transition := 'confirm'; v_to := 'confirmed';
         END IF;
+    ELSIF v_c.state IN ('ready', 'exhausted') AND NOT EXISTS (
+              SELECT 1 FROM ledger.side_effect s
+               WHERE s.campaign_id = v_c.id AND s.state IN ('pending', 'claimed')) THEN
+        v_transition := 'dismiss'; v_to := 'dismissed';
     END IF;
 
     IF v_transition IS NOT NULL THEN
+        -- The streak: this observation and the green and red ones of the
+        -- objective before it (errors left out), newest first, for as long
+        -- as each could have made this same move.
+        v_need := CASE p_status WHEN 'red' THEN p_open_after ELSE p_confirm_after END;
+        FOR v_row IN SELECT o.id, o.status, o.started_at, o.details FROM ledger.observation o
+                      WHERE o.objective_key = p_objective_key AND o.status <> 'error'
+                        AND o.id <= v_obs.id
+                      ORDER BY o.id DESC LIMIT v_need
+        LOOP
+            EXIT WHEN v_row.status <> p_status
+                   OR (v_transition IN ('regress', 'confirm') AND v_row.started_at <= v_c.promoted_at)
+                   OR (v_transition = 'confirm' AND v_row.id <> v_obs.id
+                       AND ledger.baseline_unmet(v_c.opening_observation, v_row.details) IS NOT NULL);
+            v_streak := v_streak || v_row.id;
+        END LOOP;
+        IF cardinality(v_streak) < v_need THEN
+            v_reason := format('%s of the %s %s observations in a row needed to %s', cardinality(v_streak),
+                               v_need, p_status, CASE v_transition WHEN 'open' THEN 'open a campaign'
+                                                                    ELSE v_transition END);
+            v_transition := NULL;
+        END IF;
+    END IF;
+
+    IF v_transition = 'open' THEN
+        SELECT o.campaign_id, CASE WHEN o.created THEN 'opened' ELSE 'recorded' END
+          INTO v_campaign, v_effect
+          FROM ledger.open_campaign(p_class, p_objective_key, p_target, p_desired_state,
+                                    jsonb_build_object('observation_id', v_obs.id,
+                                                       'status', p_status,
+                                                       'started_at', p_started_at,
+                                                       'details', coalesce(p_details, '{}'),
+                                                       'counted', to_jsonb(v_streak)),
+                                    0, NULL, p_labels, NULL, p_sensor, false,
+                                    p_trace_context) o;
+    ELSIF v_transition IS NOT NULL THEN
+        v_effect := CASE v_transition WHEN 'regress' THEN 'regressed' ELSE v_to END;
         PERFORM ledger.begin_transition(v_transition, 'sensor', p_sensor,
                     jsonb_build_object('observation_id', v_obs.id, 'status', p_status,
-                                       'started_at', p_started_at));
+                                       'started_at', p_started_at, 'counted', to_jsonb(v_streak)));
         UPDATE ledger.campaign c
            SET state = v_to,
                promoted_at = CASE WHEN v_to = 'ready' THEN NULL ELSE c.promoted_at END,
@@ -292,9 +383,12 @@ BEGIN
     v_campaign := coalesce(v_campaign, v_c.id);
     UPDATE ledger.observation o SET effect = v_effect, campaign_id = v_campaign, reason = v_reason
      WHERE o.id = v_obs.id;
-    IF v_reason IS NOT NULL THEN
-        PERFORM ledger.append_event(v_c.id, 'observation.not_confirming', p_sensor,
-                    jsonb_build_object('observation_id', v_obs.id, 'reason', v_reason));
+    IF v_reason IS NOT NULL AND v_c.id IS NOT NULL THEN
+        PERFORM ledger.append_event(v_c.id, CASE WHEN v_need IS NULL THEN 'observation.not_confirming'
+                                                 ELSE 'observation.streak' END, p_sensor,
+                    jsonb_build_object('observation_id', v_obs.id, 'status', p_status, 'reason', v_reason)
+                    || CASE WHEN v_need IS NULL THEN '{}'::jsonb
+                            ELSE jsonb_build_object('streak', to_jsonb(v_streak), 'needed', v_need) END);
     END IF;
     RETURN QUERY SELECT v_obs.id, v_campaign, v_effect, false, v_reason;
 END

@@ -557,6 +557,114 @@ BEGIN
 END
 $$;
 
+-- The worker's look at its campaign's target (the class's sensor run once,
+-- in a cell): before it starts an agent on a campaign opened a while ago
+-- (p_moment 'before_start'), or before it charges an attempt that succeeded
+-- but changed nothing ('changed_nothing'). The observation is recorded, saying
+-- who re-observed, for which generation and when (details.reobserved). A
+-- green one dismisses the campaign -- the observation its reason, nothing
+-- charged -- and ends the attempt as released; a red one or an error changes
+-- nothing (the attempt goes on and counts as before) and is journaled as
+-- observation.reobserved. Fenced by generation and liveness; the same
+-- re-observation retried returns its first result (its key: campaign,
+-- generation, moment), a different one is refused (LG010).
+CREATE OR REPLACE FUNCTION ledger_api.reobserve(
+        p_campaign_id bigint, p_generation bigint, p_sensor text, p_status text,
+        p_started_at timestamptz, p_finished_at timestamptz DEFAULT NULL,
+        p_details jsonb DEFAULT '{}', p_moment text DEFAULT 'before_start')
+    RETURNS TABLE (observation_id bigint, effect text, reason text)
+    LANGUAGE plpgsql
+    SECURITY DEFINER
+    SET search_path = pg_catalog, pg_temp
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_now timestamptz := ledger.now();
+    v_c ledger.campaign;
+    v_obs ledger.observation;
+    v_key text;
+    v_reason text;
+    v_attempt_no integer;
+BEGIN
+    IF p_campaign_id IS NULL OR p_generation IS NULL THEN
+        PERFORM ledger.check_lease_args(p_campaign_id, p_generation);  -- raises, saying what is missing
+    END IF;
+    IF p_status IS NULL OR p_status NOT IN ('green', 'red', 'error') THEN
+        RAISE EXCEPTION 'observation status must be green, red or error, not %', coalesce(p_status, 'null')
+            USING ERRCODE = 'LG007';
+    END IF;
+    IF p_moment IS NULL OR p_moment NOT IN ('before_start', 'changed_nothing') THEN
+        RAISE EXCEPTION 'a re-observation is made before_start or changed_nothing, not %',
+            coalesce(p_moment, 'null') USING ERRCODE = 'LG007';
+    END IF;
+    PERFORM ledger.check_length('sensor', p_sensor, 1, 200);
+    IF p_started_at IS NULL OR p_started_at > v_now OR p_started_at < '2000-01-01 00:00:00+00' THEN
+        RAISE EXCEPTION 'observation start % must be given, not in the future and not before 2000',
+            p_started_at USING ERRCODE = 'LG007';
+    END IF;
+    -- The objective's lock before the campaign's row, in record_observation's
+    -- order (the key of a campaign never changes).
+    PERFORM ledger.lock_objective((SELECT c.objective_key FROM ledger.campaign c WHERE c.id = p_campaign_id));
+    v_c := ledger.lease_row(p_campaign_id, p_generation);
+    v_key := format('reobserve:%s:%s:%s', p_campaign_id, p_generation, p_moment);
+    SELECT * INTO v_obs FROM ledger.observation o WHERE o.idempotency_key = v_key;
+    IF FOUND THEN
+        IF v_obs.request_digest IS DISTINCT FROM p_status THEN
+            RAISE EXCEPTION 'campaign % generation % was re-observed % already (%), not %',
+                p_campaign_id, p_generation, p_moment, v_obs.request_digest, p_status
+                USING ERRCODE = 'LG010';
+        END IF;
+        RETURN QUERY SELECT v_obs.id, v_obs.effect, v_obs.reason;  -- this very one, retried
+        RETURN;
+    END IF;
+    PERFORM ledger.check_live(v_c, p_generation);
+    SELECT a.attempt_no INTO v_attempt_no FROM ledger.attempt a
+     WHERE a.campaign_id = p_campaign_id AND a.generation = p_generation;
+    IF p_status = 'error' THEN
+        v_reason := ledger.error_reason(p_details);
+    END IF;
+    INSERT INTO ledger.observation AS o
+           (sensor, target, objective_key, class, status, started_at, finished_at, tick, details,
+            campaign_id, effect, idempotency_key, request_digest, recorded_at, reason)
+    VALUES (p_sensor, v_c.target, v_c.objective_key, v_c.class, p_status, p_started_at,
+            coalesce(p_finished_at, v_now), NULL,
+            coalesce(p_details, '{}') || jsonb_build_object('reobserved', jsonb_build_object(
+                'by', v_c.lease_owner, 'campaign_id', p_campaign_id, 'generation', p_generation,
+                'attempt_no', v_attempt_no, 'moment', p_moment)),
+            -- an error links to no campaign (record_observation's rule)
+            CASE WHEN p_status <> 'error' THEN p_campaign_id END,
+            CASE WHEN p_status = 'green' THEN 'dismissed' ELSE 'recorded' END,
+            v_key, p_status, v_now, v_reason)
+    RETURNING * INTO v_obs;
+    IF p_status = 'green' THEN
+        v_reason := format('dismissed: the target was re-observed green (observation %s of sensor %s) %s; '
+                           'nothing charged', v_obs.id, p_sensor,
+                           CASE p_moment WHEN 'before_start' THEN 'before the agent started'
+                                         ELSE 'after an attempt that changed nothing' END);
+        UPDATE ledger.observation o SET reason = v_reason WHERE o.id = v_obs.id;
+        UPDATE ledger.attempt a
+           SET outcome = 'released', ended_at = v_now, failure_reason = v_reason
+         WHERE a.campaign_id = p_campaign_id AND a.generation = p_generation;
+        PERFORM ledger.begin_transition('dismiss', 'worker', v_c.lease_owner,
+                    jsonb_build_object('observation_id', v_obs.id, 'status', p_status,
+                                       'started_at', p_started_at, 'counted', jsonb_build_array(v_obs.id),
+                                       'attempt_no', v_attempt_no, 'reobserved', p_moment,
+                                       'reason', v_reason));
+        UPDATE ledger.campaign c
+           SET state = 'dismissed', lease_owner = NULL, leased_at = NULL, lease_expires_at = NULL
+         WHERE c.id = p_campaign_id;
+        PERFORM ledger.end_transition();
+    ELSE
+        PERFORM ledger.append_event(p_campaign_id, 'observation.reobserved', v_c.lease_owner,
+                    jsonb_build_object('observation_id', v_obs.id, 'status', p_status,
+                                       'moment', p_moment, 'attempt_no', v_attempt_no)
+                    || CASE WHEN v_reason IS NOT NULL THEN jsonb_build_object('reason', v_reason)
+                            ELSE '{}'::jsonb END);
+    END IF;
+    RETURN QUERY SELECT v_obs.id, v_obs.effect, v_reason;
+END
+$$;
+
 -- What the worker saw its attempt try outside its cell (a process left
 -- running, the cell's monitor killed, a secret of Ledger's in its output, the
 -- user's repository or Ledger's configuration changed meanwhile): kept in

@@ -33,7 +33,7 @@ BEGIN
                 ('record_attempt', 'worker'), ('record_attempts', 'worker'), ('fail_attempt', 'worker'),
                 ('append_events', 'worker'), ('request_side_effect', 'worker'),
                 ('refuse_candidate', 'worker'), ('release_attempt', 'worker'),
-                ('report_security_event', 'worker'),
+                ('report_security_event', 'worker'), ('reobserve', 'worker'),
                 -- reaper (api_reaper.sql)
                 ('expire_leases', 'reaper'),
                 -- verifier (api_verifier.sql)

@@ -79,6 +79,7 @@ INSERT INTO ledger.transition (name, from_state, to_state, owner_role, attempt_c
     ('regress',        'verified',  'ready',     'sensor', 0,     'red observation after promotion'),
     ('dismiss',        'ready',     'dismissed', 'sensor', 0,     'target green with nothing of ours in flight'),
     ('dismiss',        'exhausted', 'dismissed', 'sensor', 0,     'target green while exhausted: nothing left to decide'),
+    ('dismiss',        'leased',    'dismissed', 'worker', 0,     'fenced; the worker re-observed the target green (the class''s sensor, once, in a cell) before its agent ran or before charging an attempt that changed nothing: nothing charged'),
     ('exhaust',        'ready',     'exhausted', 'system', 0,     'attempts used up'),
     ('reopen',         'exhausted', 'ready',     'operator', 0,   'a human grants more attempts'),
     ('abandon',        'ready',     'abandoned', 'operator', 0,   'bumps generation'),
