@@ -3,6 +3,7 @@ follows the plan for its attempt number (from a JSON file next to which it
 leaves markers). Steps:
   ["write", path, text]   write a file in the worktree
   ["delete", path]        delete a file in the worktree
+  ["link", path, target]  make a symbolic link in the worktree
   ["message", text]       leave a commit message in $LEDGER_COMMIT_MESSAGE_FILE
   ["context", name]       save the campaign it was given as <name>-<campaign>-<attempt>.json
   ["environment", name]   save the names of its environment variables as <name>-<campaign>-<attempt>.json
@@ -15,6 +16,7 @@ leaves markers). Steps:
   ["own", dir]            write <dir>/<objective key>.txt (a change only this
                           campaign makes, named for its objective)
   ["print", text]         write text to stdout as is
+  ["print-env", name]     write the value of an environment variable to stdout
   ["random", p]           write a random change; exit 0 with probability p, else 1
   ["random-own", p]       the same in a file of the campaign's own (change-<campaign>.txt),
                           so candidates of different campaigns never conflict
@@ -47,6 +49,9 @@ for step in steps:
         Path(step[1]).write_text(step[2])
     elif kind == "delete":
         Path(step[1]).unlink()
+    elif kind == "link":
+        Path(step[1]).parent.mkdir(parents=True, exist_ok=True)
+        os.symlink(step[2], step[1])
     elif kind == "message":
         Path(os.environ["LEDGER_COMMIT_MESSAGE_FILE"]).write_text(step[1])
     elif kind == "context":
@@ -79,6 +84,9 @@ for step in steps:
         Path(step[1], f"{context['objective_key']}.txt").write_text(context["objective_key"] + "\n")
     elif kind == "print":
         sys.stdout.write(step[1])
+        sys.stdout.flush()
+    elif kind == "print-env":
+        sys.stdout.write(f"{step[1]}={os.environ.get(step[1], '')}\n")
         sys.stdout.flush()
     elif kind == "probe-remote":
         seen = {}
