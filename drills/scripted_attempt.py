@@ -24,6 +24,11 @@ leaves markers). Steps:
                           try to reach the git remote itself (ls-remote, push) and to
                           read a credential file of the worker's; what happened in
                           remote-<campaign>-<attempt>.json
+  ["scan", name, needles, skip]
+                          look for each of ``needles`` in every byte it can see -- the
+                          campaign it was given, its environment, every file and file
+                          name of its cell but those under ``skip`` (and /proc, /sys,
+                          /dev) -- and write what it found to <name>-<campaign>-<attempt>.json
   ["exit", code]          exit with code
 """
 
@@ -103,5 +108,28 @@ for step in steps:
         except OSError as exc:
             seen["secret"] = f"{type(exc).__name__}: {exc}"
         (markers / f"remote-{tag}.json").write_text(json.dumps(seen))
+    elif kind == "scan":
+        needles = [n.encode() for n in step[2]]
+        skip = ("/proc", "/sys", "/dev", *step[3])
+        found, files = [], 0
+        told = json.dumps(context).encode() + b"\0".join(f"{k}={v}".encode() for k, v in os.environ.items())
+        found += [f"campaign or environment: {n.decode()}" for n in needles if n in told]
+        for root, dirs, names in os.walk("/"):
+            dirs[:] = [d for d in dirs if not os.path.join(root, d).startswith(skip)]
+            for name in names + dirs:
+                path = os.path.join(root, name)
+                found += [f"name {path}: {n.decode()}" for n in needles if n in path.encode()]
+            for name in names:
+                path = os.path.join(root, name)
+                try:
+                    if os.path.islink(path) or not os.path.isfile(path):
+                        continue
+                    with open(path, "rb") as f:
+                        data = f.read(64 << 20)
+                except OSError:
+                    continue
+                files += 1
+                found += [f"{path}: {n.decode()}" for n in needles if n in data]
+        (markers / f"{step[1]}-{tag}.json").write_text(json.dumps({"found": found, "files": files}))
     elif kind == "exit":
         sys.exit(step[1])

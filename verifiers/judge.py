@@ -12,10 +12,16 @@ run as written. Its arguments are kept; everything else is Ledger's:
   the checkout first (``remove_bytecode``), so only its sources are loaded. In
   a cell, its installation is read-only.
 * **The plugins**: auto-loading off (``PYTEST_DISABLE_PLUGIN_AUTOLOAD=1``,
-  ``PYTEST_PLUGINS`` and ``PYTEST_ADDOPTS`` dropped), so no entry point -- an
+  set by the launcher for pytest's start only and taken away before the
+  first conftest; ``PYTEST_PLUGINS`` and ``PYTEST_ADDOPTS`` dropped), so no entry point -- an
   installed one, or a ``*.dist-info`` the candidate added -- is honoured; only
   the class's ``acceptance.pytest.plugins`` are loaded, by ``-p``, and Ledger's
   own judge plugin.
+* **Nothing named for Ledger**: the launcher, the plugin and the run's
+  directory have names that say nothing, ``sys.argv`` reads as
+  ``python -m pytest`` would have it, and the launcher's directory leaves
+  ``sys.path`` before the first conftest (a fix must not recognise its
+  judge: ``ledger.sandbox.guise``).
 * **The configuration** is a file Ledger writes outside the checkout, read-only
   in the cell, passed with ``-c``: the pytest section of the *base* commit's
   configuration file (``acceptance.pytest.config = "base"``, the default; the

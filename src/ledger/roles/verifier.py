@@ -33,8 +33,11 @@ even if its worker failed to refuse it.
 Before anything runs, the candidate's diff (as the repository has it) is
 screened for reaching into the test machinery (``ledger.git.screen``); pytest
 runs by the fixed judge on the base commit's configuration
-(``verifiers.judge``); the class's held-out tests are copied into the
-checkout and must pass too. A class may require a quorum of verifier kinds
+(``verifiers.judge``), each command in a cell with a face of its own
+(``ledger.sandbox.guise``); the class's held-out tests are staged outside
+the checkout, put there (read-only) for their own runs only, and must pass
+too -- a rejection by them names nothing of them (a count; the evidence
+has the rest). A class may require a quorum of verifier kinds
 (``verifiers``): each claim is for the next kind the quorum needs
 (``kinds`` says which this verifier gives), each verdict its own row, and the
 campaign is verified when all have accepted.
