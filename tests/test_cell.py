@@ -717,3 +717,42 @@ def test_cgroup_mounts_and_memberships_are_read_as_the_kernel_writes_them() -> N
     assert cgroups._within("/sys/fs/cgroup/memory", "/", member["memory"]) == Path("/sys/fs/cgroup/memory/process/x")
     none = cgroups.detect("33 25 0:29 / /proc rw - proc proc rw\n", "0::/\n")
     assert none.mode == "rlimits" and "no cgroup2" in none.reason and "memory" in none.reason
+
+
+def test_a_delegated_cgroup2_is_used_from_the_services_parent(tmp_path: Path) -> None:
+    """systemd's Delegate=yes with DelegateSubgroup=: the service runs in a
+    leaf below the delegated cgroup, which can give its children memory and
+    pids; cells go beside the leaf. (A fake hierarchy of plain files: this
+    host has no cgroup2 controllers to delegate.)"""
+    from ledger.sandbox import cgroups
+    root = tmp_path / "unified"
+    service = root / "system.slice" / "ledger.service"
+    leaf = service / "supervisor"
+    leaf.mkdir(parents=True)
+    (service / "cgroup.controllers").write_text("cpu memory pids\n")
+    (service / "cgroup.subtree_control").write_text("")
+    (leaf / "cgroup.controllers").write_text("\n")  # a leaf with processes: nothing for children
+    mountinfo = f"40 25 0:30 / {root} rw,nosuid - cgroup2 cgroup2 rw\n"
+    found = cgroups.detect(mountinfo, "0::/system.slice/ledger.service/supervisor\n")
+    assert (found.mode, found.parents.get("memory")) == ("cgroup2", service), found
+    assert (service / "cgroup.subtree_control").read_text() == "+memory +pids"
+    # the same without the controllers: no cgroup, and the reason says why
+    (service / "cgroup.controllers").write_text("cpu\n")
+    none = cgroups.detect(mountinfo, "0::/system.slice/ledger.service/supervisor\n")
+    assert none.mode == "rlimits" and "memory and pids not available" in none.reason
+
+
+def test_a_spec_this_release_stores_is_one_the_previous_release_reads() -> None:
+    """Rolling upgrades: 0.2.0's verifiers (their CellPolicy forbids unknown
+    keys) keep judging campaigns this release registers, as long as the new
+    limits are left at their defaults."""
+    from ledger.config import parse_config
+    previous = {"sandbox", "network", "allow", "memory_mb", "processes", "file_size_mb", "tmp_mb",
+                "read_only", "writable"}  # 0.2.0's cell settings
+    config = parse_config({"classes": {"c": {"repository": "/x", "attempt_command": ["true"],
+                                             "acceptance": {"commands": [["true"]]}}}})
+    assert set(config.classes["c"].registration()["acceptance"]["cell"]) <= previous
+    tightened = parse_config({"classes": {"c": {"repository": "/x", "attempt_command": ["true"],
+                                                "acceptance": {"commands": [["true"]],
+                                                               "cell": {"workspace_mb": 512}}}}})
+    assert tightened.classes["c"].registration()["acceptance"]["cell"]["workspace_mb"] == 512

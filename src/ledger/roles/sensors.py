@@ -218,6 +218,8 @@ async def _run_command(sensor: SensorConfig, repository: str | None, ref: str | 
     if result.leftovers:
         details["leftovers"] = list(result.leftovers)
     details["sandboxed"] = result.sandboxed
+    if result.limits:  # how its cell was limited (cgroup2, cgroup1 or rlimits), what it used
+        details["limits"] = result.limits
     if judged is not None:
         if judged.connected or result.exit_code == 0:
             details["tests"] = judged.summary()

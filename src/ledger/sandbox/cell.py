@@ -71,7 +71,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -143,6 +143,19 @@ class CellPolicy(BaseModel):
                                 description="host directories visible read-write at the same path "
                                             "(a cache shared by every attempt of the class; never a "
                                             "repository, a data dir or anything secret)")
+
+    #: Settings the previous release does not know (and, with ``extra =
+    #: forbid``, refuses): left out of a stored spec while they are their
+    #: defaults, so its verifiers still read what this release registers.
+    NEWER: ClassVar[tuple[str, ...]] = ("cpu_s", "workspace_mb")
+
+    def stored(self) -> dict[str, Any]:
+        """The policy as stored in a spec (see ``NEWER``)."""
+        dumped = self.model_dump()
+        for name in self.NEWER:
+            if dumped[name] == type(self).model_fields[name].default:
+                del dumped[name]
+        return dumped
 
     @field_validator("read_only", "writable")
     @classmethod
