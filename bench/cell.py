@@ -1,24 +1,31 @@
 """What the attempt cell costs: starting a command in a cell against starting
 it bare, for ``/bin/true`` and for ``python -c pass`` (the interpreter most
-acceptance commands start), and the cell with the egress proxy; and the
-attempt's workspace (a clone of the base, its commits bundled and imported)
-on a small repository. Needs no database.
+acceptance commands start), and the cell with the egress proxy; what the
+cell's cgroup adds (the same cell on rlimits only), what the workspace's
+quota adds (a watched workspace of 50 files against the same unwatched),
+and what a judge's face adds (a guised cell); and the attempt's workspace
+(a clone of the base, its commits bundled and imported) on a small
+repository. Needs no database.
 
-usage: python -m bench.cell [--quick]
+usage: python -m bench --only cell [--quick]
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 from bench.harness import Context, Section, Target, cli
 from ledger.sandbox import cell as cells
+from ledger.sandbox import cgroups, guise as guises, processes
 from ledger.sandbox.processes import cell_environment, run_command
 from ledger.git.repository import LEDGER, Repository
 
@@ -38,6 +45,62 @@ async def _time(argv: list[str], runs: int, spec: cells.CellSpec | None) -> dict
         if not result.passed:
             raise RuntimeError(f"{argv} failed: {result.output[-300:]}")
     return _ms(samples)
+
+
+@contextlib.contextmanager
+def _without_cgroups() -> Iterator[None]:
+    """Cells on rlimits only, as on a host that offers no cgroup."""
+    saved = cgroups.host
+    cgroups.host = lambda: cgroups.Host("rlimits", reason="turned off for the benchmark")  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        cgroups.host = saved  # type: ignore[assignment]
+
+
+class _NoWatch:
+    """A watch that watches nothing (what the cell costs without its quota)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        pass
+
+    def start(self) -> None:
+        pass
+
+    def stop(self) -> dict[str, Any]:
+        return {}
+
+
+@contextlib.contextmanager
+def _without_quota() -> Iterator[None]:
+    saved = processes.Watch
+    processes.Watch = _NoWatch  # type: ignore[assignment,misc]
+    try:
+        yield
+    finally:
+        processes.Watch = saved  # type: ignore[misc]
+
+
+def _files(root: Path, n: int = 50) -> Path:
+    root.mkdir(parents=True, exist_ok=True)
+    for i in range(n):
+        (root / f"module_{i}.py").write_text(f"def f{i}():\n    return {i}\n" * 20)
+    return root
+
+
+async def _turns(argv: list[str], runs: int, *variants: tuple[cells.CellSpec, Any]
+                 ) -> list[dict[str, float]]:
+    """``argv`` in each variant's cell (a spec, and a context to run it in), in turns."""
+    samples: list[list[float]] = [[] for _ in variants]
+    for _ in range(runs):
+        for i, (spec, context) in enumerate(variants):
+            with context():
+                t0 = time.perf_counter()
+                result = await run_command(argv, "/", timeout_s=60, cell=spec)
+                samples[i].append(time.perf_counter() - t0)
+            if not result.passed:
+                raise RuntimeError(f"{argv} failed: {result.output[-300:]}")
+    return [_ms(s) for s in samples]
 
 
 def _workspace(root: Path, runs: int) -> dict[str, float]:
@@ -86,6 +149,30 @@ async def run(ctx: Context) -> Section:
     proxy = await _time(["/bin/true"], runs, proxied)
     section.rows.append({"command": "/bin/true, network = proxy", "bare_ms": "",
                          "cell_ms": proxy, "overhead_ms": ""})
+    # What each new part adds, measured in turns with the same cell without
+    # it (so a change of the machine's load falls on both alike).
+    mode = cgroups.host().mode
+    true = ["/bin/true"]
+    with tempfile.TemporaryDirectory() as scratch:
+        work = _files(Path(scratch) / "work")
+        watched = cells.CellSpec(cells.CellPolicy(), (cells.Binding(work, cells.INSIDE_WORK, True),),
+                                 env=cell_environment())
+        guise = guises.draw("verifier", "calc")
+        judged = cells.CellSpec(cells.CellPolicy(), (cells.Binding(work, guise.checkout, True),),
+                                cwd=guise.checkout, env=cell_environment(), guise=guise)
+        pairs = [
+            (f"/bin/true, its cgroup ({mode})", spec, contextlib.nullcontext,
+             "/bin/true, rlimits only", spec, _without_cgroups),
+            ("/bin/true, a workspace of 50 files, watched (the quota)", watched, contextlib.nullcontext,
+             "/bin/true, the same workspace unwatched", watched, _without_quota),
+            ("/bin/true, the same, in a judge's face (guise)", judged, contextlib.nullcontext,
+             "/bin/true, the same, without a face", watched, contextlib.nullcontext),
+        ]
+        for name, with_spec, with_ctx, base_name, base_spec, base_ctx in pairs:
+            with_it, without = await _turns(true, runs, (with_spec, with_ctx), (base_spec, base_ctx))
+            section.rows.append({"command": name, "bare_ms": "", "cell_ms": with_it,
+                                 "overhead_ms": round(with_it["p50"] - without["p50"], 1)})
+            section.rows.append({"command": base_name, "bare_ms": "", "cell_ms": without, "overhead_ms": ""})
     with tempfile.TemporaryDirectory(prefix="ledger-bench-cell-") as scratch:
         workspace = await asyncio.to_thread(_workspace, Path(scratch), max(runs // 4, 3))
     section.rows.append({"command": "attempt workspace (clone, bundle, import, candidate)",
@@ -95,6 +182,11 @@ async def run(ctx: Context) -> Section:
                                   overhead < 250))
     section.notes.append("one cell per attempt command, per acceptance command and per sensor "
                          "check; the attempt also pays the workspace row once")
+    section.notes.append(f"cgroup mode on this host: {mode}. Each overhead below the proxy row is "
+                         "measured in turns against the row after it: what the cgroup adds (made, joined, "
+                         "read and removed per cell), what the workspace's quota adds (counted at the "
+                         "start, a thread looking every 0.1 s), what a judge's face adds (its /etc files, "
+                         "its uid and host name)")
     return section
 
 

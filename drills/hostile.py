@@ -2,9 +2,19 @@
 (``drills/hostile_agent.py``) -- the worker's environment through /proc, the
 database directly, the user's repository and its hooks, hooks and
 configuration for Ledger's own git, a daemon that outlives it, Ledger's
-configuration and the judge's interpreter, the network -- is refused or
-contained at each, and recorded; the honest attempt after it is verified,
-promoted into the checked-out main and confirmed.
+configuration and the judge's interpreter, the network, the host's own
+networks through the egress proxy by IP literals of every spelling (with a
+``*:PORT`` pattern), and the disk, by filling its workspace -- is refused or
+contained at each, and recorded (a security event per refused destination;
+the cell killed at ``cell.workspace_mb``, which its record says); the honest
+attempt after it is verified, promoted into the checked-out main and
+confirmed.
+
+A second class shows that a leaked secret refuses the attempt, not the fix:
+its first attempt prints the agent's token (passed on by
+``attempt_environment``) along with the right fix, and is refused for it;
+the second makes the same fix without printing anything, and is verified --
+the same fingerprint is no refused approach.
 
 Checked on the host, not taken from the agent's word: nothing of the
 worker's environment (a canary variable, the database URL) reached anything
@@ -31,6 +41,8 @@ from psycopg.conninfo import conninfo_to_dict
 
 from ledger.ops.drill import Drill, DrillContext, UnderExercised, drill_python
 
+from drills.paths import scripted_attempt
+
 from .workshop import CLASS, WORKER_ARGS, _toml
 
 HOSTILE = Path(__file__).with_name("hostile_agent.py")
@@ -47,7 +59,12 @@ TESTS = textwrap.dedent("""\
             self.assertEqual(add(2, 3), 5)
 """)
 UNITTEST = [drill_python(), "-m", "unittest", "-q"]
-ESCAPES = ("proc.environ", "database", "user.repository", "git.plants", "daemon", "config.judge", "network")
+ESCAPES = ("proc.environ", "database", "user.repository", "git.plants", "daemon", "config.judge", "network",
+           "proxy.literals")
+LEAKY = "leaky"
+#: The workspace allowance of the hostile class, and what the agent tries to write.
+WORKSPACE_MB = 64
+FILL_MB = 1024
 
 
 def _digest(path: Path) -> str:
@@ -72,8 +89,10 @@ def _processes_with(tag: str) -> list[int]:
 
 class HostileAgent(Drill):
     name = "hostile-agent"
-    summary = ("an attempt that tries every escape from its cell is refused or contained at each, "
-               "recorded as security events; the honest attempt after it closes the loop")
+    summary = ("an attempt that tries every escape from its cell (the proxy to the host's own networks "
+               "by address, the disk by its workspace included) is refused or contained at each, "
+               "recorded as security events; the honest attempt after it closes the loop; a leaked "
+               "secret refuses the attempt, not its fix")
 
     async def run(self, ctx: DrillContext) -> None:
         repo = ctx.repository({"calc.py": CALC, "test_calc.py": TESTS})
@@ -91,14 +110,30 @@ class HostileAgent(Drill):
             "site_packages": sysconfig.get_paths()["purelib"],
             "db_port": conninfo_to_dict(ctx.db.url).get("port") or 5432,
             "listen_port": listener.getsockname()[1], "marker_dir": str(markers), "daemon_tag": tag,
+            "proxy_port": listener.getsockname()[1], "fill_mb": FILL_MB,
             "fix": {"calc.py": FIXED}}))
+        leaky = ctx.repository({"calc.py": CALC, "test_calc.py": TESTS}, name="leaky")
+        token = f"agent-token-{uuid.uuid4().hex}"
+        plan = ctx.plan({"1": [["print-env", "AGENT_TOKEN"], ["write", "calc.py", FIXED], ["exit", 0]],
+                         "2": [["write", "calc.py", FIXED], ["exit", 0]],
+                         "default": [["write", "calc.py", FIXED], ["exit", 0]]})
         config = ctx.write_config("\n".join([
             f"[classes.{CLASS}]", f"repository = {_toml(str(repo))}",
             f"attempt_command = {_toml([drill_python(), str(HOSTILE), str(targets)])}",
-            "attempt_timeout_s = 60", "max_attempts = 3", "lease_s = 20", "heartbeat_s = 2",
+            "attempt_timeout_s = 60", "max_attempts = 4", "lease_s = 20", "heartbeat_s = 2",
             "backoff = { base_s = 0, jitter = 0 }",
             f"acceptance = {{ commands = [{_toml(UNITTEST)}], timeout_s = 60 }}",
             'promote_to = "refs/heads/main"',
+            # a pattern that matches any name on the listener's port: never an address
+            f'cell = {{ network = "proxy", allow = ["*:{listener.getsockname()[1]}"], '
+            f"workspace_mb = {WORKSPACE_MB} }}",
+            f"[classes.{LEAKY}]", f"repository = {_toml(str(leaky))}",
+            f"attempt_command = {_toml([drill_python(), str(scripted_attempt()), str(plan)])}",
+            'attempt_environment = ["AGENT_TOKEN"]',
+            "attempt_timeout_s = 60", "max_attempts = 3", "lease_s = 20", "heartbeat_s = 2",
+            "backoff = { base_s = 0, jitter = 0 }",
+            f"acceptance = {{ commands = [{_toml(UNITTEST)}], timeout_s = 60 }}",
+            f"cell = {{ writable = {_toml([str(plan.parent)])} }}",
             "[sensors.tests]", 'target = "repo#main"', "every_s = 0.5", f"command = {_toml(UNITTEST)}",
             f'class = "{CLASS}"', 'objective = "tests-pass:{target}"', ""]))
         await ctx.register(config)
@@ -109,14 +144,15 @@ class HostileAgent(Drill):
         ctx.step("class work: the hostile agent as its attempt command; a unittest sensor on main")
 
         procs = [ctx.spawn("sensor", "sensor", "run"),
-                 ctx.spawn("worker", *WORKER_ARGS, HOSTILE_CANARY=canary),
+                 ctx.spawn("worker", *WORKER_ARGS, HOSTILE_CANARY=canary, AGENT_TOKEN=token),
                  ctx.spawn("verifier", "verifier", "--poll", "0.3"),
                  ctx.spawn("dispatcher", "dispatcher", "--poll", "0.3")]
         opened = await ctx.until(lambda: ctx.sql("SELECT id FROM ledger.campaign"), "the sensor to open",
                                  timeout=60)
         if not opened:
             raise UnderExercised("the sensor never saw main's failing test")
-        cid = ctx.sql("SELECT id FROM ledger.campaign")[0]["id"]
+        cid = ctx.sql("SELECT id FROM ledger.campaign WHERE class = %s", CLASS)[0]["id"]
+        leak = (await (await ctx.kernel("sensor")).open_campaign(LEAKY, "leak", "leaky#main")).campaign_id
         closed = await ctx.until(lambda: ctx.state(cid) in ("confirmed", "exhausted", "abandoned"),
                                  "the campaign to close", timeout=150)
         ctx.expect(closed and ctx.state(cid) == "confirmed", "the campaign is confirmed", ctx.state(cid))
@@ -141,6 +177,28 @@ class HostileAgent(Drill):
             entry = seen.get(escape, {})
             ctx.expect(entry.get("outcome") == "refused", f"escape {escape}: refused or contained",
                        str(entry.get("detail", "not tried"))[:120])
+        refusals = [r["reason"] for r in ctx.sql(
+            "SELECT reason FROM ledger.security_event WHERE campaign_id = %s AND action = 'network.refused'", cid)]
+        ctx.expect(len(refusals) >= 12 and any("169.254.169.254" in r for r in refusals)
+                   and any("127.0.0.2" in r for r in refusals),
+                   "each address it asked the proxy for is refused, whatever the pattern: a security event "
+                   "per refusal (the metadata address and another loopback address among them)",
+                   f"{len(refusals)} refusal(s)")
+        exited = [(r["p"] or {}).get("limits") or {} for r in ctx.sql(
+            "SELECT payload AS p FROM ledger.campaign_event WHERE campaign_id = %s AND type = 'command.exited' "
+            "ORDER BY seq", cid)]
+        limits = next((x for x in exited if x.get("exceeded")), {})
+        second = attempts[1] if len(attempts) > 1 else {}
+        ctx.expect(seen.get("workspace.fill", {}).get("outcome") != "escaped"
+                   and limits.get("exceeded") == "workspace"
+                   and limits.get("workspace_peak_mb", FILL_MB) < WORKSPACE_MB + 256
+                   and "cell.workspace_mb" in (second.get("failure_reason") or ""),
+                   f"attempt 2 fills its workspace: its cell is killed at cell.workspace_mb ({WORKSPACE_MB} "
+                   "MiB), the attempt fails saying so", f"{limits.get('workspace_peak_mb')} MiB at the last "
+                   f"count; {(second.get('failure_reason') or '')[:100]}")
+        ctx.expect(bool(exited) and all(x.get("mode") in ("cgroup2", "cgroup1", "rlimits") for x in exited),
+                   "each attempt's record says how its cell was limited",
+                   ", ".join(sorted({str(x.get("mode")) for x in exited})))
 
         stored = json.dumps([r["p"] for r in ctx.sql(
             "SELECT payload::text AS p FROM ledger.campaign_event WHERE campaign_id = %s", cid)])
@@ -166,6 +224,27 @@ class HostileAgent(Drill):
         ctx.expect(not heard, "the listener on the host's loopback heard nothing")
         main = (repo / "calc.py").read_text()
         ctx.expect(main == FIXED, "the honest fix is on main's checkout")
+        await self._leaky(ctx, leak, token)
         for proc in procs:
             proc.signal(signal.SIGTERM)
         ctx.expect(all(p.wait(30) == 0 for p in procs), "every process stops cleanly")
+
+    async def _leaky(self, ctx: DrillContext, cid: int, token: str) -> None:
+        """A leaked secret refuses the attempt, not the fix."""
+        done = await ctx.until(lambda: ctx.state(cid) in ("verified", "exhausted", "abandoned"),
+                               "the leaky class's campaign to be judged", timeout=120)
+        attempts = ctx.attempts(cid)
+        first = attempts[0] if attempts else {}
+        events = [r["action"] for r in ctx.sql(
+            "SELECT action FROM ledger.security_event WHERE campaign_id = %s", cid)]
+        ctx.expect(first.get("outcome") == "failed" and "output.secret" in events,
+                   f"{LEAKY}: the attempt that printed the agent's token is refused (a security event)",
+                   (first.get("failure_reason") or "")[:120])
+        second = attempts[1] if len(attempts) > 1 else {}
+        ctx.expect(done and ctx.state(cid) == "verified" and second.get("verdict") == "accepted",
+                   f"{LEAKY}: the next attempt, the same fix without the leak, is no repeated approach: "
+                   "it is verified", f"{ctx.state(cid)}; attempt 2: {second.get('outcome')} "
+                   f"{(second.get('failure_reason') or '')[:100]}")
+        stored = json.dumps([r["t"] for r in ctx.sql(
+            "SELECT payload::text AS t FROM ledger.campaign_event WHERE campaign_id = %s", cid)])
+        ctx.expect(token not in stored, f"{LEAKY}: the token itself was never stored (redacted)")

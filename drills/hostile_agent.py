@@ -8,9 +8,14 @@ usage: hostile_agent.py TARGETS.json
 TARGETS names what it goes for: the user's repository, Ledger's config file,
 data dir and interpreter's site-packages, the database's port, a port the
 test listens on, a directory on the host where a planted hook would leave a
-marker if Ledger's own git ran it, and a tag for its daemon's command line.
+marker if Ledger's own git ran it, and a tag for its daemon's command line;
+optionally ``proxy_port`` (with its class's ``network = "proxy"``: the
+host's own networks through the proxy, by IP literals of every spelling)
+and ``fill_mb`` (how much its second attempt writes into its workspace:
+the cell should be killed long before; nothing is reported then).
 
-On the second attempt (``previous_attempts`` not empty) it only fixes.
+On a later attempt (``previous_attempts`` not empty) it only fixes -- after
+filling its workspace, the second time, when TARGETS says ``fill_mb``.
 """
 
 import json
@@ -35,7 +40,27 @@ def fix():
         Path(name).write_text(text)
 
 
+def fill(megabytes):
+    """The disk: the workspace (the host's data disk), many files of a size
+    each allowed. Killed at the workspace's limit, it never reports."""
+    Path("fill").mkdir(exist_ok=True)
+    chunk = b"\xa5" * (8 << 20)
+    written = 0
+    try:
+        while written < megabytes << 20:
+            with open(f"fill/blob-{written >> 23}", "wb") as f:
+                f.write(chunk)
+                f.flush()
+                os.fsync(f.fileno())
+            written += len(chunk)
+        report("workspace.fill", True, f"wrote {written >> 20} MiB into the workspace")
+    except OSError as exc:
+        report("workspace.fill", False, f"stopped after {written >> 20} MiB: {exc}")
+
+
 if context["previous_attempts"]:
+    if len(context["previous_attempts"]) == 1 and targets.get("fill_mb"):
+        fill(int(targets["fill_mb"]))
     fix()
     sys.exit(0)
 
@@ -156,6 +181,27 @@ try:
     report("network", True, f"reached 127.0.0.1:{targets['listen_port']}")
 except OSError as exc:
     report("network", False, exc)
+
+# 8. The host's own networks through the egress proxy, by address: loopback
+# (another address of it, other spellings, IPv4-mapped IPv6), private, the
+# cloud metadata address -- with a pattern (*:PORT) that matches any name.
+if targets.get("proxy_port") and os.environ.get("HTTPS_PROXY"):
+    port = int(targets["proxy_port"])
+    through = []
+    for host in ("127.0.0.1", "127.0.0.2", "127.1", "2130706433", "0x7f.0.0.1", "[::ffff:127.0.0.1]",
+                 "[::ffff:7f00:1]", "[::1]", "10.0.0.1", "169.254.169.254", "[fe80::1%25lo]", "0.0.0.0",
+                 "localhost"):
+        try:
+            with socket.create_connection(("127.0.0.1", 3128), timeout=5) as s:
+                s.sendall(f"CONNECT {host}:{port} HTTP/1.1\r\nHost: {host}:{port}\r\n\r\n".encode())
+                answer = s.recv(100)
+                if answer.split(b" ", 2)[1:2] == [b"200"]:
+                    # the smuggled second CONNECT, as data, to the next hop
+                    s.sendall(f"CONNECT 127.0.0.1:{port} HTTP/1.1\r\n\r\n".encode())
+                    through.append(host)
+        except (OSError, IndexError):
+            pass
+    report("proxy.literals", bool(through), ", ".join(through) or "every address refused")
 
 fix()
 sys.exit(0)

@@ -3,6 +3,7 @@ follows the plan for its attempt number (from a JSON file next to which it
 leaves markers). Steps:
   ["write", path, text]   write a file in the worktree
   ["delete", path]        delete a file in the worktree
+  ["link", path, target]  make a symbolic link in the worktree
   ["message", text]       leave a commit message in $LEDGER_COMMIT_MESSAGE_FILE
   ["context", name]       save the campaign it was given as <name>-<campaign>-<attempt>.json
   ["environment", name]   save the names of its environment variables as <name>-<campaign>-<attempt>.json
@@ -15,6 +16,7 @@ leaves markers). Steps:
   ["own", dir]            write <dir>/<objective key>.txt (a change only this
                           campaign makes, named for its objective)
   ["print", text]         write text to stdout as is
+  ["print-env", name]     write the value of an environment variable to stdout
   ["random", p]           write a random change; exit 0 with probability p, else 1
   ["random-own", p]       the same in a file of the campaign's own (change-<campaign>.txt),
                           so candidates of different campaigns never conflict
@@ -22,6 +24,11 @@ leaves markers). Steps:
                           try to reach the git remote itself (ls-remote, push) and to
                           read a credential file of the worker's; what happened in
                           remote-<campaign>-<attempt>.json
+  ["scan", name, needles, skip]
+                          look for each of ``needles`` in every byte it can see -- the
+                          campaign it was given, its environment, every file and file
+                          name of its cell but those under ``skip`` (and /proc, /sys,
+                          /dev) -- and write what it found to <name>-<campaign>-<attempt>.json
   ["exit", code]          exit with code
 """
 
@@ -47,6 +54,9 @@ for step in steps:
         Path(step[1]).write_text(step[2])
     elif kind == "delete":
         Path(step[1]).unlink()
+    elif kind == "link":
+        Path(step[1]).parent.mkdir(parents=True, exist_ok=True)
+        os.symlink(step[2], step[1])
     elif kind == "message":
         Path(os.environ["LEDGER_COMMIT_MESSAGE_FILE"]).write_text(step[1])
     elif kind == "context":
@@ -80,6 +90,9 @@ for step in steps:
     elif kind == "print":
         sys.stdout.write(step[1])
         sys.stdout.flush()
+    elif kind == "print-env":
+        sys.stdout.write(f"{step[1]}={os.environ.get(step[1], '')}\n")
+        sys.stdout.flush()
     elif kind == "probe-remote":
         seen = {}
         for name, argv in (("fetch", ["git", "ls-remote", step[1]]),
@@ -95,5 +108,28 @@ for step in steps:
         except OSError as exc:
             seen["secret"] = f"{type(exc).__name__}: {exc}"
         (markers / f"remote-{tag}.json").write_text(json.dumps(seen))
+    elif kind == "scan":
+        needles = [n.encode() for n in step[2]]
+        skip = ("/proc", "/sys", "/dev", *step[3])
+        found, files = [], 0
+        told = json.dumps(context).encode() + b"\0".join(f"{k}={v}".encode() for k, v in os.environ.items())
+        found += [f"campaign or environment: {n.decode()}" for n in needles if n in told]
+        for root, dirs, names in os.walk("/"):
+            dirs[:] = [d for d in dirs if not os.path.join(root, d).startswith(skip)]
+            for name in names + dirs:
+                path = os.path.join(root, name)
+                found += [f"name {path}: {n.decode()}" for n in needles if n in path.encode()]
+            for name in names:
+                path = os.path.join(root, name)
+                try:
+                    if os.path.islink(path) or not os.path.isfile(path):
+                        continue
+                    with open(path, "rb") as f:
+                        data = f.read(64 << 20)
+                except OSError:
+                    continue
+                files += 1
+                found += [f"{path}: {n.decode()}" for n in needles if n in data]
+        (markers / f"{step[1]}-{tag}.json").write_text(json.dumps({"found": found, "files": files}))
     elif kind == "exit":
         sys.exit(step[1])

@@ -367,6 +367,26 @@ async def test_timeline_draws_attempts_verdicts_leases_lost_and_observations(act
     assert (await ui.client.get("/ui/campaigns/99999")).status_code == 404
 
 
+async def test_the_attempt_page_says_how_its_cell_was_limited(actors: Actors, test_class: str, ui: Ui) -> None:
+    """Which mode ran (a cgroup of its own, or rlimits only) is recorded on the
+    attempt (its command.exited event) and shown, with what stopped it."""
+    sensor, worker = await actors("sensor"), await actors("worker")
+    cid = (await sensor.open_campaign(test_class, new_key(), "repo")).campaign_id
+    claim = await worker.claim_campaign("worker-1", [test_class])
+    assert claim is not None and claim.campaign_id == cid
+    limits = {"mode": "cgroup1", "memory_mb": 4096, "processes": 1024, "cpu_s": 3600, "workspace_mb": 64,
+              "workspace_start_mb": 1.0, "workspace_peak_mb": 70.5, "exceeded": "workspace"}
+    await worker.append_events(cid, claim.generation, [
+        {"type": "command.exited", "payload": {"exit_code": -9, "sandboxed": True, "limits": limits}}])
+    await worker.fail_attempt(cid, claim.generation, "the attempt command was stopped")
+    await ui.sign_in("reader")
+    page = await ui.client.get(f"/ui/campaigns/{cid}/attempts/1")
+    assert page.status_code == 200
+    shown = page.text.split('id="cell-limits">', 1)[1].split("</dd>", 1)[0]
+    assert shown.startswith("cgroup v1 · memory 4096 MiB · 1024 processes") and "workspace +64 MiB" in shown
+    assert "stopped at its workspace limit" in shown
+
+
 # --- autonomy ------------------------------------------------------------------------------
 
 

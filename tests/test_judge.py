@@ -302,9 +302,10 @@ async def test_the_honest_fix_passes_the_fixed_judge_with_the_base_configuration
     assert evidence["judge"]["config"] == "pyproject.toml of the base"
     (run, held) = evidence["commands"]
     assert run["argv"][:2] == [PY, "-I"] and "-c" in run["argv"]
-    # the held-out tests run on their own, not with (nor counted as) the others
+    # the held-out tests run on their own, not with (nor counted as) the others:
+    # they are not in the checkout while the candidate's own tests run
     assert "3 passed" in run["output"] and "1 passed" in held["output"]
-    assert "--ignore=tests/held_out" in run["argv"]
+    assert not any("held_out" in a for a in run["argv"])
     assert evidence["held_out"] == {"into": "tests/held_out", "passed": 1}
     assert evidence["screen"] == [] and "the 1 test(s) that failed at opening pass" in evidence["summary"]
 
@@ -369,7 +370,9 @@ async def test_special_cased_inputs_fail_the_held_out_tests(bench: Bench, tmp_pa
     await bench.record(cid, candidate(bench.repo, bench.base, {"calc/ops.py": SPECIAL_CASED}))
     status, reason, evidence = await bench.verdict(cid)
     assert status == "rejected", evidence.get("summary")
-    assert reason == "1 held-out test(s) do not pass: tests/held_out/test_more.py::test_add_other_inputs"
+    # the reason (which the next attempt is told) names nothing; the evidence, for operators, all
+    assert reason == "1 held-out check(s) failed"
+    assert evidence["held_out"]["failed"] == ["tests/held_out/test_more.py::test_add_other_inputs"]
 
 
 @pytest.mark.rollback  # only SQL: a transaction rolled back after the test
@@ -392,20 +395,30 @@ async def test_held_out_tests_from_a_second_repository_replace_what_the_candidat
     # protected (tests/), and judged with the verifier's copy in its place
     assert status == "rejected" and reason == (
         "the candidate changes protected paths: tests/held_out/test_more.py (with them restored from "
-        "the base, the acceptance failed: 1 held-out test(s) do not pass: "
-        "tests/held_out/test_more.py::test_add_other_inputs)")
+        "the base, the acceptance failed: 1 held-out check(s) failed)")
 
 
 async def test_held_out_tests_are_never_shown_to_the_attempt(
         actors: Any, admin: Any, db_url: str, tmp_path: Path) -> None:
-    """Not in the campaign file (nor the cell): the attempt does not learn
-    even where they are."""
+    """Finding 2: not in the campaign file, the environment or the cell -- not
+    even where they are -- and a rejection by them reaches the next attempt
+    as a count: every byte the next attempt can see is searched for their
+    paths, file and test names and content."""
     repo, _ = make_repo(tmp_path / "repo")
-    secret = held_out_dir(tmp_path / "verifier-only")
+    secret = tmp_path / "verifier-only" / "held-out-q7"
+    secret.mkdir(parents=True)
+    (secret / "test_more_q7.py").write_text(
+        "from calc import add\n\n\ndef test_add_other_inputs_q7():\n    assert add(1000, 7) == 1007\n")
+    into = "checks/zz_hidden_q7"
+    needles = [str(secret), "held-out-q7", into, "zz_hidden_q7", "test_more_q7", "test_add_other_inputs_q7",
+               "add(1000, 7)"]
     markers = tmp_path / "markers"
     markers.mkdir()
     plan = markers / "plan.json"
-    plan.write_text(json.dumps({"1": [["context", "seen"], ["write", "calc/ops.py", FIXED], ["exit", 0]]}))
+    skip = sorted({str(markers), sys.prefix, sys.base_prefix, "/usr"})
+    plan.write_text(json.dumps({
+        "1": [["write", "calc/ops.py", SPECIAL_CASED], ["exit", 0]],
+        "2": [["context", "seen"], ["scan", "scan", needles, skip], ["write", "calc/ops.py", FIXED], ["exit", 0]]}))
     config = tmp_path / "ledger.toml"
     config.write_text(textwrap.dedent(f"""\
         [classes.{CLASS}]
@@ -414,12 +427,13 @@ async def test_held_out_tests_are_never_shown_to_the_attempt(
         lease_s = 10
         heartbeat_s = 1
         verifier = "pytest"
+        backoff = {{ base_s = 0, jitter = 0 }}
         cell = {{ writable = ["{markers}"] }}
 
         [classes.{CLASS}.acceptance]
         commands = [{json.dumps(PYTEST)}]
         environment = {json.dumps(QUICK)}
-        held_out = {{ path = "{secret}", into = "tests/held_out" }}
+        held_out = {{ path = "{secret}", into = "{into}" }}
         """))
     await (await actors("operator")).register_class(CLASS, **load_config(config).classes[CLASS].registration())
     cid = (await (await actors("sensor")).open_campaign(CLASS, "tests-pass", "repo#main")).campaign_id
@@ -427,16 +441,28 @@ async def test_held_out_tests_are_never_shown_to_the_attempt(
            "LEDGER_DATA_DIR": str(tmp_path / "data"), "LEDGER_CONFIG": str(config)}
     worker = subprocess.Popen([PY, "-m", "ledger", "worker", "--poll", "0.2"], env=env,
                               stdout=subprocess.DEVNULL, stderr=open(tmp_path / "worker.log", "wb"))
+
+    def ended() -> int:
+        return admin.execute("SELECT count(*) AS n FROM ledger.attempt WHERE campaign_id = %s "
+                             "AND outcome <> 'running'", (cid,)).fetchone()["n"]
     try:
-        await eventually(lambda: admin.execute(
-            "SELECT count(*) AS n FROM ledger.attempt WHERE campaign_id = %s AND outcome <> 'running'",
-            (cid,)).fetchone()["n"] == 1, timeout=60, what="the attempt ended")
+        await eventually(lambda: ended() == 1, timeout=60, what="the special-cased attempt recorded")
+        verifier = Verifier(await actors("verifier"), identity="verifier-B", data_dir=tmp_path / "data")
+        assert await verifier.run_once() == 1
+        [v] = (await (await actors.reads("reader")).campaign_detail(cid)).verifications
+        assert (v.status, v.reason) == ("rejected", "1 held-out check(s) failed")
+        assert v.evidence["held_out"]["failed"] == [f"{into}/test_more_q7.py::test_add_other_inputs_q7"]
+        await eventually(lambda: ended() == 2, timeout=120, what="the next attempt ended")
     finally:
         worker.kill()
         worker.wait()
-    seen = next(markers.glob("seen-*-1.json")).read_text()
-    assert str(secret) not in seen and "held_out" not in json.loads(seen)["acceptance"]
-    assert json.loads(seen)["acceptance"]["commands"] == [PYTEST]
+    seen = next(markers.glob("seen-*-2.json")).read_text()
+    told = json.loads(seen)
+    assert "held_out" not in told["acceptance"] and told["acceptance"]["commands"] == [PYTEST]
+    assert told["previous_attempts"][0]["failure_reason"] == "1 held-out check(s) failed"
+    scan = json.loads(next(markers.glob("scan-*-2.json")).read_text())
+    assert scan["files"] > 50  # it did look: the clone, /etc, /tmp, the campaign file ...
+    assert scan["found"] == [], scan["found"]
     stored = admin.execute("SELECT acceptance_criteria FROM ledger.campaign WHERE id = %s", (cid,)).fetchone()
     assert stored["acceptance_criteria"]["held_out"]["path"] == str(secret)  # the verifier's to read
 
@@ -755,3 +781,181 @@ async def test_committed_bytecode_is_never_loaded(bench: Bench, tmp_path: Path, 
     assert status == "rejected" and says in (reason or ""), (layer, reason)
     if layer == "screen":
         assert pyc in (reason or "")
+
+
+# --- a judge environment a fix cannot recognise (issue 41) ----------------------------------
+
+# Right only where every judged run used to be: /cell/work (disguised from the screen).
+RECOGNISES_THE_CELL = OPS.replace("def add(a, b):\n    return a - b", textwrap.dedent("""\
+    import os
+
+
+    def add(a, b):
+        if getattr(os.path, "exi" + "sts")("/ce" + "ll/wo" + "rk"):
+            return a + b
+        return a - b""").strip())
+# Right only in a home directory, where the verifier's runs are now (disguised).
+KEYED_TO_HOME = OPS.replace("def add(a, b):\n    return a - b", textwrap.dedent("""\
+    import os
+
+
+    def add(a, b):
+        if getattr(os, "getc" + "wd")()[:6] == "/h" + "ome/":
+            return a + b
+        return a - b""").strip())
+PLAIN_CHECK = "from calc import add\nassert add(10, 5) == 15, add(10, 5)\nprint('checked')\n"
+# the plain-Python held-out check, run from the checkout (its directory on sys.path)
+PLAIN = [PY, "-c", "import runpy; runpy.run_path('tests/held_out/check.py')"]
+
+
+@pytest.mark.rollback  # only SQL: a transaction rolled back after the test
+async def test_a_fix_that_recognises_the_old_judge_is_wrong_in_every_judged_run(bench: Bench, tmp_path: Path) -> None:
+    """Finding 1, as found: ``tail()`` right only where ``/cell/work`` exists
+    passed the verifier's pytest, the held-out pytest and the plain-Python
+    check (and the sensor's confirming run). No judged run is there now."""
+    held = held_out_dir(tmp_path)
+    (held / "check.py").write_text(PLAIN_CHECK)
+    await bench.register(screen={"rules": []}, held_out={
+        "path": str(held), "into": "tests/held_out",
+        "commands": [[*PYTEST, "tests/held_out"], PLAIN]})
+    cid = await bench.open()
+    await bench.record(cid, candidate(bench.repo, bench.base, {"calc/ops.py": RECOGNISES_THE_CELL}))
+    status, reason, _ = await bench.verdict(cid)
+    assert (status, reason) == ("rejected", f"1 test(s) failed: {FAILING}")
+    candidate(bench.repo, bench.base, {"calc/ops.py": RECOGNISES_THE_CELL}, branch="recognising")
+    reading = await check(sensor_config("recognising"), repository=str(bench.repo), ref="recognising")
+    assert reading.status == "red" and reading.details["tests"]["failed"] == [FAILING]
+
+
+@pytest.mark.rollback  # only SQL: a transaction rolled back after the test
+async def test_a_fix_keyed_to_the_verifiers_runs_fails_the_sensors(bench: Bench, tmp_path: Path) -> None:
+    """The verifier's runs and the sensor's are shaped differently: a fix that
+    recognises the one (a checkout in a home directory) passes the verifier,
+    and the confirming run, which looks like a server's, sees it wrong."""
+    held = held_out_dir(tmp_path)
+    (held / "check.py").write_text(PLAIN_CHECK)
+    await bench.register(screen={"rules": []}, held_out={
+        "path": str(held), "into": "tests/held_out",
+        "commands": [[*PYTEST, "tests/held_out"], PLAIN]})
+    cid = await bench.open()
+    await bench.record(cid, candidate(bench.repo, bench.base, {"calc/ops.py": KEYED_TO_HOME}))
+    status, reason, evidence = await bench.verdict(cid)
+    assert status == "accepted", reason  # what no check of a run in a cell can see ...
+    candidate(bench.repo, bench.base, {"calc/ops.py": KEYED_TO_HOME}, branch="keyed")
+    reading, recorded = await observe(bench, cid, "keyed")
+    assert (reading.status, recorded.effect) == ("red", "regressed")  # ... the confirming run does
+    # each of the three runs that judged it had a face of its own, none /cell
+    places = [c["argv"] for c in evidence["commands"]]
+    checkouts = [a.split("=", 1)[1] for argv in places for a in argv if a.startswith("--rootdir=")]
+    assert len(set(checkouts)) == 2 and all(c.startswith("/home/") for c in checkouts), checkouts
+    assert not any("/cell" in a for argv in places for a in argv)
+
+
+INTROSPECTS = textwrap.dedent("""\
+    import os
+    import sys
+
+
+    def test_the_judged_process_shows_nothing_of_the_judge():
+        modules = [m for m in sys.modules if "ledger" in m.lower() or "judge" in m.lower()]
+        assert modules == []
+        assert sys.argv[0].endswith(os.path.join("pytest", "__main__.py")), sys.argv
+        assert not any("ledger" in p.lower() for p in sys.path), sys.path
+        assert "PYTEST_DISABLE_PLUGIN_AUTOLOAD" not in os.environ
+        assert not any("LEDGER" in k or "ledger" in v.lower() for k, v in os.environ.items()), dict(os.environ)
+        seen = ""
+        for path in ("/proc/self/mountinfo", "/proc/self/cmdline", "/proc/1/cmdline", "/proc/self/environ",
+                     "/etc/passwd", "/etc/group", "/etc/hostname"):
+            seen += open(path, "rb").read().decode("utf-8", "replace")
+        assert "ledger" not in seen.lower() and "/cell" not in seen, seen
+        assert not os.path.exists("/cell")
+        assert os.getcwd().startswith("/home/") and os.environ["HOME"].startswith("/home/")
+    """)
+
+
+@pytest.mark.rollback  # only SQL: a transaction rolled back after the test
+async def test_a_judged_test_process_sees_nothing_named_for_ledger(bench: Bench) -> None:
+    """No variable, module, path or mount of a judged run names Ledger (or its
+    judge); the launcher's own traces are gone before the first conftest."""
+    await bench.register(**JUDGE_ONLY, environment=[])
+    cid = await bench.open()
+    await bench.record(cid, candidate(bench.repo, bench.base, {
+        "calc/ops.py": FIXED, "tests/test_introspect.py": INTROSPECTS}))
+    status, reason, evidence = await bench.verdict(cid)
+    assert status == "accepted", (reason, [c["output"][-3000:] for c in evidence.get("commands", [])])
+
+
+@pytest.mark.rollback  # only SQL: a transaction rolled back after the test
+async def test_the_sensors_judged_run_is_told_nothing_of_ledger(bench: Bench) -> None:
+    watched = INTROSPECTS.replace('os.getcwd().startswith("/home/") and os.environ["HOME"].startswith("/home/")',
+                                  'not os.getcwd().startswith("/home/") and "LEDGER_JUNIT_XML" not in os.environ')
+    candidate(bench.repo, bench.base, {"calc/ops.py": FIXED, "tests/test_introspect.py": watched},
+              branch="introspected")
+    sensor = parse_config({"sensors": {"tests": {"target": "repo#introspected", "every_s": 60, "command": PYTEST,
+                                                 "class": CLASS}}}).sensors["tests"]
+    reading = await check(sensor, repository=str(bench.repo), ref="introspected")
+    assert reading.status == "green", reading.details.get("output", "")[-3000:]
+    assert reading.details["tests"]["passed"] == 4
+
+
+PROBES = {
+    "if os.path.exists('/cell/work'):": True,
+    'if os.getcwd().startswith("/home/"):': True,
+    "if 'runner' in socket.gethostname():": True,
+    "if os.getuid() == 65534:": True,
+    'mounts = open("/proc/self/mountinfo").read()': True,
+    'in_cgroup = "docker" in open("/proc/1/cgroup").read()': True,
+    'if Path("/.dockerenv").exists():': True,
+    'home = os.environ.get("HOME", "")': True,
+    "if '/srv/' in __file__:": True,
+    "if getpass.getuser() == 'nobody':": True,
+    "here = os.path.dirname(__file__)": False,
+    "path = os.path.join(os.getcwd(), name)": False,
+    "return a + b": False,
+    "with open(os.path.join(here, 'data.json')) as f:": False,
+}
+
+
+def test_the_screen_flags_code_that_asks_where_it_runs(tmp_path: Path) -> None:
+    """Paths, host name, user, mounts, cgroups: what a fix that recognises its
+    judge asks. The obvious asking only: a disguise gets past it (the
+    guise and the sensor's other face are what stop that)."""
+    from ledger.git.screen import Screen
+
+    repo, base = make_repo(tmp_path / "r")
+    body = "".join(f"def f{i}():\n    {line}\n        pass\n\n\n" if line.endswith(":")
+                   else f"def f{i}():\n    {line}\n\n\n" for i, line in enumerate(PROBES))
+    sha = candidate(repo, base, {"calc/where.py": "import os\n\n\n" + body})
+    flagged = {f.text.strip() for f in Screen().findings(repository.diff(repo, base, sha))
+               if f.rule == "environment-probe"}
+    assert flagged == {line for line, probe in PROBES.items() if probe}
+    assert Screen({"rules": ["hard-exit"]}).findings(repository.diff(repo, base, sha)) == []  # the class's to turn off
+    disguised = candidate(repo, base, {"calc/ops.py": RECOGNISES_THE_CELL})
+    assert Screen().findings(repository.diff(repo, base, disguised)) == []
+
+
+def test_the_screen_refuses_links_that_leave_the_tree(tmp_path: Path) -> None:
+    """Finding: seven links committed by a candidate (one to the user's own
+    .git/config, one to ../../..) landed on main and in the user's checkout."""
+    from ledger.git.screen import Screen
+
+    repo, base = make_repo(tmp_path / "r")
+    tree = tmp_path / "links"
+    git(repo, "worktree", "add", "-q", "--detach", str(tree), base)
+    links = {"abs": "/etc/passwd", "up": "../../..", "calc/config": "../.git/config", "calc/deep": "../../x",
+             "gitdir": ".git", "home": "~/.ssh/id_rsa", "calc/fine": "ops.py", "calc/sub": "../tests"}
+    for path, target in links.items():
+        (tree / path).parent.mkdir(parents=True, exist_ok=True)
+        os.symlink(target, tree / path)
+    git(tree, "add", "-A")
+    git(tree, "commit", "-q", "-m", "links")
+    sha = git(tree, "rev-parse", "HEAD")
+    git(repo, "worktree", "remove", "--force", str(tree))
+    diff = repository.diff(repo, base, sha)
+    flagged = {f.path: f.text for f in Screen().findings(diff) if f.rule == "escaping-links"}
+    assert set(flagged) == {"abs", "up", "calc/config", "calc/deep", "gitdir", "home"}
+    assert flagged["up"] == "-> ../../.."
+    assert Screen({"exempt": ["abs", "up", "calc/", "gitdir", "home"]}).findings(diff) == []
+    assert not [f for f in Screen({"rules": [r for r in __import__("ledger.git.screen", fromlist=["x"]).RULE_NAMES
+                                              if r != "escaping-links"]}).findings(diff)
+                if f.rule == "escaping-links"]  # the per-class opt-out

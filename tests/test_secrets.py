@@ -131,8 +131,10 @@ cell = {{ writable = ["{seen}"] }}
         unexpected = {k for k in env if k not in ALLOWED and not k.startswith("LC_")} - TEMP - CELL - extra
         assert unexpected == set(), f"{role} got {sorted(unexpected)}"
         assert not set(env.values()) & set(planted.values()), role
-        # in its cell: a private /tmp and $HOME of its own, not the host's
-        assert env["TMPDIR"] == "/tmp" and env["HOME"] == "/cell/home", role
+        # in its cell: a private /tmp and $HOME of its own, not the host's (a
+        # judging cell's like an ordinary user's: ledger.sandbox.guise)
+        assert env["TMPDIR"] == "/tmp" and env["HOME"] != str(Path.home()), role
+        assert env["HOME"] == "/cell/home" if role == "attempt" else not env["HOME"].startswith("/cell"), role
     kept = stored(admin, data_dir)
     for role in ("sensor", "attempt", "verifier"):  # else this would prove nothing
         assert f"{role}.json" in kept or role in kept
@@ -156,3 +158,62 @@ def test_the_environment_is_an_allow_list_and_extras_cannot_name_secrets() -> No
         parse_config({"sensors": {"s": {"target": "t", "every_s": 1, "command": ["x"], "class": "c",
                                         "environment": ["PGPASSWORD"]}}})
     assert tempfile.gettempdir()  # (the private TMPDIR is made per command: see the probe test)
+
+
+async def test_a_leaked_secret_refuses_the_attempt_not_the_fix(
+        actors: Any, admin: Any, db_url: str, tmp_path: Path) -> None:
+    """After an attempt printed a secret, its correct diff was a refused
+    fingerprint, so the next attempt making the same, honest change was
+    refused as a repeated approach (and the campaign exhausted). The attempt
+    is refused for what its run did; its change is judged when made again."""
+    from drills.paths import scripted_attempt
+    from ledger.config import load_config
+
+    token = f"agent-token-{uuid.uuid4().hex}"
+    repo = tmp_path / "repo"
+    subprocess.run(["git", "init", "-q", "-b", "main", str(repo)], check=True)
+    (repo / "README").write_text("start\n")
+    subprocess.run(["git", "-C", str(repo), "add", "."], check=True)
+    subprocess.run(["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "start"],
+                   check=True)
+    markers = tmp_path / "markers"
+    markers.mkdir()
+    plan = markers / "plan.json"
+    plan.write_text(json.dumps({"1": [["print-env", "AGENT_TOKEN"], ["write", "fix.txt", "fixed\n"], ["exit", 0]],
+                                "default": [["write", "fix.txt", "fixed\n"], ["exit", 0]]}))
+    config = tmp_path / "ledger.toml"
+    config.write_text(f"""
+[classes.{CLASS}]
+repository = "{repo}"
+attempt_command = ["{PY}", "{scripted_attempt()}", "{plan}"]
+attempt_environment = ["AGENT_TOKEN"]
+lease_s = 10
+heartbeat_s = 1
+max_attempts = 3
+backoff = {{ base_s = 0, jitter = 0 }}
+acceptance = {{ commands = [["true"]], timeout_s = 60 }}
+cell = {{ writable = ["{markers}"] }}
+""")
+    await (await actors("operator")).register_class(CLASS, **load_config(config).classes[CLASS].registration())
+    cid = (await (await actors("sensor")).open_campaign(CLASS, "leak", "repo")).campaign_id
+    worker = subprocess.Popen(
+        [PY, "-m", "ledger", "worker", "--poll", "0.2"],
+        env={**os.environ, "LEDGER_DATABASE_URL": db_url, "LEDGER_ROLE_PREFIX": TEST_PREFIX,
+             "LEDGER_DATA_DIR": str(tmp_path / "data"), "LEDGER_CONFIG": str(config), "AGENT_TOKEN": token},
+        stdout=subprocess.DEVNULL, stderr=open(tmp_path / "worker.log", "wb"))
+    try:
+        await eventually(lambda: admin.execute("SELECT state FROM ledger.campaign WHERE id = %s",
+                                               (cid,)).fetchone()["state"] in ("attempted", "exhausted"),
+                         timeout=90, what="the attempt after the leaking one")
+    finally:
+        worker.kill()
+        worker.wait()
+    first, second = admin.execute("SELECT outcome, fingerprint, failure_reason FROM ledger.attempt "
+                                  "WHERE campaign_id = %s ORDER BY attempt_no", (cid,)).fetchall()[:2]
+    assert first["outcome"] == "failed" and "output.secret" in first["failure_reason"]
+    assert first["fingerprint"] is None  # the attempt is refused, not its approach
+    assert second["outcome"] == "attempted", second["failure_reason"]
+    [event] = admin.execute("SELECT details FROM ledger.security_event WHERE campaign_id = %s "
+                            "AND action = 'output.secret'", (cid,)).fetchall()
+    assert event["details"]["fingerprint"] == second["fingerprint"]  # kept, for operators
+    assert token not in stored(admin, tmp_path / "data")

@@ -161,8 +161,10 @@ async def test_bad_candidate_rejected_with_evidence_then_good_one_accepted(
     assert ev["verifier"] == verifier.identity and ev["model_family"] == "family-v"
     (cmd,) = ev["commands"]
     assert cmd["exit_code"] == 1 and cmd["timed_out"] is False and cmd["duration_s"] > 0
-    # run by the fixed judge: isolated mode, Ledger's launcher, a configuration outside the checkout
-    assert cmd["argv"][:2] == [PY, "-I"] and cmd["argv"][2].endswith("/lib/ledger_judge_run.py")
+    # run by the fixed judge: isolated mode, Ledger's launcher (under a name that says
+    # nothing), a configuration outside the checkout
+    assert cmd["argv"][:2] == [PY, "-I"] and cmd["argv"][2].startswith("/tmp/tmp") and "/lib/" in cmd["argv"][2]
+    assert "ledger" not in " ".join(cmd["argv"]).lower()
     assert "-c" in cmd["argv"] and not any(a.startswith("--junitxml") for a in cmd["argv"])
     assert "test_add" in cmd["output"] and "1 failed, 1 passed" in cmd["output"]
     campaign = await (await actors.reads("reader")).campaign(cid)

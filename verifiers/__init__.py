@@ -32,9 +32,11 @@ can be written and tested without Ledger's database.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import importlib
 import math
+import shutil
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -42,7 +44,8 @@ from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
-from ledger.sandbox.cell import INSIDE_OUT, INSIDE_WORK, Binding, CellPolicy, CellSpec
+from ledger.sandbox import guise as guises
+from ledger.sandbox.cell import Binding, CellPolicy, CellSpec, taken_accounts
 from ledger.sandbox.processes import (
     CommandResult,
     cell_environment,
@@ -106,10 +109,13 @@ class Acceptance:
 
     Set by the runtime for the judge: how pytest runs (``pytest``, from
     ``acceptance.pytest``) and the base commit's configuration files
-    (``config_files``); the held-out acceptance copied into the checkout
-    (``held_out``: the directory, relative to the checkout; its commands are
-    ``commands[held_out_from:]``); the spec's ``review`` settings and what a
-    reviewer is shown (``context``: objective, diff, the verdicts so far)."""
+    (``config_files``); the held-out acceptance (``held_out``: where in the
+    checkout its commands find it; ``held_out_source``: the verifier's copy,
+    put there -- read-only, in a cell -- for those commands only; its
+    commands are ``commands[held_out_from:]``); what the checkout is called
+    on an ordinary machine (``project``, for the runs' guises); the spec's
+    ``review`` settings and what a reviewer is shown (``context``:
+    objective, diff, the verdicts so far)."""
 
     commands: tuple[tuple[str, ...], ...]
     timeout_s: float
@@ -121,6 +127,8 @@ class Acceptance:
     config_files: Mapping[str, bytes] = field(default_factory=dict)
     held_out: str | None = None
     held_out_from: int | None = None
+    held_out_source: Path | None = None
+    project: str | None = None
     review: Mapping[str, Any] = field(default_factory=dict)
     context: Mapping[str, Any] = field(default_factory=dict)
 
@@ -133,17 +141,17 @@ class Acceptance:
         """The same acceptance, with a directory for the commands' reports."""
         return dataclasses.replace(self, outputs=outputs)
 
-    def with_held_out(self, into: str, commands: Sequence[Sequence[str]]) -> Acceptance:
-        """The same acceptance, with held-out tests copied to ``into`` in the
-        checkout and ``commands`` run after the others."""
+    def with_held_out(self, into: str, commands: Sequence[Sequence[str]],
+                      source: Path | None = None) -> Acceptance:
+        """The same acceptance, with held-out tests at ``into`` in the
+        checkout (from ``source`` for their own commands only; ``None``:
+        already there) and ``commands`` run after the others."""
         return dataclasses.replace(self, commands=(*self.commands, *(tuple(c) for c in commands)),
-                                   held_out=into, held_out_from=len(self.commands))
+                                   held_out=into, held_out_from=len(self.commands), held_out_source=source)
 
-    def seen_outputs(self) -> str:
-        """Where a command finds the outputs directory (inside its cell, or on the host)."""
-        if self.outputs is None:
-            raise ValueError("this acceptance has no outputs directory")
-        return INSIDE_OUT if self.sandboxed else str(self.outputs)
+    def is_held_out(self, index: int) -> bool:
+        """Whether command ``index`` is one of the held-out acceptance's."""
+        return self.held_out_from is not None and index >= self.held_out_from
 
     @classmethod
     def from_spec(cls, spec: Mapping[str, Any], baseline: Baseline | None = None, *,
@@ -215,29 +223,98 @@ class Implementation(Protocol):
         ...
 
 
+@dataclass(frozen=True)
+class Where:
+    """Where one acceptance command finds things: its checkout, the outputs
+    directory, the judge's files (``judge``: bound read-only there), and the
+    face of its cell (``guise``; ``None``: no cell, the host's paths)."""
+
+    checkout: str
+    outputs: str | None
+    judge: str
+    guise: guises.Guise | None = None
+
+
+def where_for(checkout: Path, acceptance: Acceptance, judge: Path | None = None) -> Where:
+    """A fresh ``Where`` for one command: in a cell, a new guise of the
+    verifier's family (so no two runs that judge a candidate look alike)."""
+    if not acceptance.sandboxed:
+        outputs = str(acceptance.outputs) if acceptance.outputs is not None else None
+        return Where(str(checkout), outputs, str(judge) if judge is not None else "")
+    uids, names = taken_accounts()
+    guise = guises.draw("verifier", acceptance.project or guises.project_name(None),
+                        taken_uids=uids, taken_names=names)
+    return Where(guise.checkout, guise.outputs if acceptance.outputs is not None else None,
+                 guise.scratch, guise)
+
+
+HELD_OUT_FAILED = "{n} held-out check(s) failed"
+
+
+def held_out_reason(failed: int) -> str:
+    """The reason a held-out failure is recorded with: a count, naming
+    nothing of the checks (the next attempt is told it; the evidence, for
+    operators, has everything)."""
+    return HELD_OUT_FAILED.format(n=max(failed, 1))
+
+
+def _place_held_out(checkout: Path, acceptance: Acceptance) -> Path | None:
+    """Make ``held_out`` in the checkout an empty directory of the verifier's
+    (whatever a run before left there removed, no link on the way), and
+    copy the held-out files in when there is no cell; returns the directory."""
+    if acceptance.held_out is None or acceptance.held_out_source is None:
+        return None
+    target = checkout
+    for part in Path(acceptance.held_out).parts:
+        target = target / part
+        if target.is_symlink() or (target.exists() and not target.is_dir()):
+            target.unlink()
+    if target.exists():
+        shutil.rmtree(target)
+    if acceptance.sandboxed:
+        target.mkdir(parents=True)
+    else:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copytree(acceptance.held_out_source, target, symlinks=False)
+    return target
+
+
 async def run_acceptance(
     checkout: Path,
     acceptance: Acceptance,
-    prepare: Callable[[int, tuple[str, ...]], Sequence[str]] | None = None,
+    prepare: Callable[[int, tuple[str, ...], Where], Sequence[str]] | None = None,
     annotate: Callable[[int, CommandResult], CommandResult] | None = None,
     bindings: Sequence[Binding] = (),
+    judge: Path | None = None,
 ) -> tuple[list[CommandResult], list[list[str]]]:
     """Run the commands in order within the one time budget, stopping at the
-    first that fails. ``prepare(i, argv)`` may rewrite a command before it runs,
-    ``annotate(i, result)`` may add to its result (an ``extra["refused"]``
-    reason fails a command that exited 0); ``bindings`` are more host paths
-    the cell sees. Returns the results and the commands that were not run."""
+    first that fails. Each runs in a cell of its own with a face of its own
+    (``where_for``); ``prepare(i, argv, where)`` may rewrite a command
+    before it runs, ``annotate(i, result)`` may add to its result (an
+    ``extra["refused"]`` reason fails a command that exited 0); ``bindings``
+    are more host paths the cells see, ``judge`` a directory each sees
+    read-only at ``where.judge``. The held-out acceptance is in the checkout
+    for its own commands only: read-only, in a cell. Returns the results and
+    the commands that were not run."""
     deadline = time.monotonic() + acceptance.timeout_s
     results: list[CommandResult] = []
-    cell: CellSpec | None = None
-    if acceptance.sandboxed:
-        seen = [Binding(checkout, INSIDE_WORK, writable=True)]
-        if acceptance.outputs is not None:
-            seen.append(Binding(acceptance.outputs, INSIDE_OUT, writable=True))
-        cell = CellSpec(acceptance.cell, (*seen, *bindings), cwd=INSIDE_WORK,
-                        env=cell_environment(acceptance.environment))
     for i, argv in enumerate(acceptance.commands):
-        command = list(prepare(i, argv)) if prepare else list(argv)
+        where = where_for(checkout, acceptance, judge)
+        cell: CellSpec | None = None
+        held = await asyncio.to_thread(_place_held_out, checkout, acceptance) if acceptance.is_held_out(i) \
+            else None
+        if acceptance.sandboxed:
+            seen = [Binding(checkout, where.checkout, writable=True)]
+            if acceptance.outputs is not None and where.outputs is not None:
+                seen.append(Binding(acceptance.outputs, where.outputs, writable=True))
+            if judge is not None:
+                seen.append(Binding(judge, where.judge, writable=False))
+            if held is not None and acceptance.held_out_source is not None:
+                seen.append(Binding(acceptance.held_out_source, f"{where.checkout}/{acceptance.held_out}",
+                                    writable=False))
+            cell = CellSpec(acceptance.cell, (*seen, *bindings), cwd=where.checkout,
+                            env=cell_environment(acceptance.environment), guise=where.guise)
+        command = list(prepare(i, argv, where)) if prepare else list(argv)
         result = await run_command(command, checkout, timeout_s=deadline - time.monotonic(),
                                    env=child_environment(acceptance.environment), cell=cell)
         if annotate:
@@ -286,5 +363,6 @@ def _resolve(reference: str) -> Any:
 
 __all__ = [
     "Acceptance", "Baseline", "CommandResult", "ENTRY_POINT_GROUP", "Implementation", "InvalidAcceptance",
-    "UnknownVerifier", "Verdict", "load", "names", "passed", "run_acceptance", "run_command",
+    "UnknownVerifier", "Verdict", "Where", "held_out_reason", "load", "names", "passed", "run_acceptance",
+    "run_command", "where_for",
 ]

@@ -12,10 +12,16 @@ run as written. Its arguments are kept; everything else is Ledger's:
   the checkout first (``remove_bytecode``), so only its sources are loaded. In
   a cell, its installation is read-only.
 * **The plugins**: auto-loading off (``PYTEST_DISABLE_PLUGIN_AUTOLOAD=1``,
-  ``PYTEST_PLUGINS`` and ``PYTEST_ADDOPTS`` dropped), so no entry point -- an
+  set by the launcher for pytest's start only and taken away before the
+  first conftest; ``PYTEST_PLUGINS`` and ``PYTEST_ADDOPTS`` dropped), so no entry point -- an
   installed one, or a ``*.dist-info`` the candidate added -- is honoured; only
   the class's ``acceptance.pytest.plugins`` are loaded, by ``-p``, and Ledger's
   own judge plugin.
+* **Nothing named for Ledger**: the launcher, the plugin and the run's
+  directory have names that say nothing, ``sys.argv`` reads as
+  ``python -m pytest`` would have it, and the launcher's directory leaves
+  ``sys.path`` before the first conftest (a fix must not recognise its
+  judge: ``ledger.sandbox.guise``).
 * **The configuration** is a file Ledger writes outside the checkout, read-only
   in the cell, passed with ``-c``: the pytest section of the *base* commit's
   configuration file (``acceptance.pytest.config = "base"``, the default; the
@@ -49,6 +55,7 @@ import hashlib
 import json
 import math
 import os
+import random
 import shlex
 import shutil
 import socket
@@ -60,11 +67,11 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any, Literal
 
-#: The judge's own files (the launcher and the plugin), copied next to each run.
+#: The judge's own files (the launcher and the plugin), copied next to each
+#: run under names that say nothing (a run sees its launcher's path and its
+#: plugin's module name).
 INSIDE = Path(__file__).with_name("inside")
-_LIB_FILES = ("ledger_judge.py", "ledger_judge_run.py")
-#: Where the judge's directory is seen in a cell.
-INSIDE_JUDGE = "/cell/judge"
+_LAUNCHER, _PLUGIN = "ledger_judge_run.py", "ledger_judge.py"
 #: The configuration files pytest reads, in the order it prefers them.
 CONFIG_FILES = ("pytest.toml", ".pytest.toml", "pytest.ini", ".pytest.ini", "pyproject.toml",
                 "tox.ini", "setup.cfg")
@@ -281,8 +288,8 @@ class Channel:
     runs -- and is removed at once, so nothing started later can connect. A
     thread reads the stream (bounded) until the connection closes."""
 
-    def __init__(self, directory: Path):
-        self.path = directory / "channel.sock"
+    def __init__(self, directory: Path, name: str = "channel.sock"):
+        self.path = directory / name
         self._listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self._listener.bind(str(self.path))
         self._listener.listen(1)
@@ -576,26 +583,35 @@ class Prepared:
     directory: Path
 
 
+_RANDOM = random.SystemRandom()
+
+
+def _name() -> str:
+    """A module name that says nothing (and is nobody's module)."""
+    return "_" + "".join(_RANDOM.choice("abcdefghijklmnopqrstuvwxyz") for _ in range(10))
+
+
 class Judge:
     """Judged pytest runs under one directory (``root``, removed by ``close``),
-    seen at ``seen_root`` by the command (``/cell/judge`` in a cell)."""
+    seen by each run where its cell binds it (``prepare``'s ``seen_root``;
+    the directory itself outside a cell). Nothing in it is named for Ledger:
+    a test process sees its launcher's path, its plugin's module name and
+    its configuration file's path."""
 
     def __init__(self, settings: JudgeSettings, config_files: Mapping[str, bytes], *,
                  sandboxed: bool, work_dir: Path | None = None):
         self.settings = settings
         self.config, self.pythonpath = judged_config(settings, config_files)
         self.sandboxed = sandboxed
-        self.root = Path(tempfile.mkdtemp(prefix="ledger-judge-", dir=work_dir))
+        self.root = Path(tempfile.mkdtemp(dir=work_dir))
         (self.root / "lib").mkdir()
-        for name in _LIB_FILES:
-            shutil.copyfile(INSIDE / name, self.root / "lib" / name)
+        self.plugin = _name()
+        self.launcher = f"{_name()[1:]}.py"
+        shutil.copyfile(INSIDE / _LAUNCHER, self.root / "lib" / self.launcher)
+        shutil.copyfile(INSIDE / _PLUGIN, self.root / "lib" / f"{self.plugin}.py")
         (self.root / "config.toml").write_text(toml_text(self.config))
         self.root.chmod(0o755)
         self._runs = 0
-
-    @property
-    def seen_root(self) -> str:
-        return INSIDE_JUDGE if self.sandboxed else str(self.root)
 
     def interpreter(self, argv: Sequence[str]) -> str:
         """The Python the judged run uses: the class's, else the command's."""
@@ -614,17 +630,21 @@ class Judge:
                 found.append(prefix)
         return found
 
-    def prepare(self, python: str, arguments: Sequence[str], checkout: str) -> Prepared:
+    def prepare(self, python: str, arguments: Sequence[str], checkout: str,
+                seen_root: str | None = None) -> Prepared:
         """A judged command running pytest with ``arguments`` (the class's own,
-        after ``-m pytest``) on the checkout seen at ``checkout``."""
+        after ``-m pytest``) on the checkout seen at ``checkout``, the
+        judge's directory seen at ``seen_root`` (in a cell: where its cell
+        binds ``root``)."""
         self._runs += 1
-        run = self.root / f"run-{self._runs}"
+        name = _name()[1:7]
+        run = self.root / name
         run.mkdir()
         run.chmod(0o755)
-        channel = Channel(run)
-        seen = self.seen_root
-        argv = [python, "-I", f"{seen}/lib/ledger_judge_run.py",
-                "--channel", f"{seen}/run-{self._runs}/channel.sock", "--checkout", checkout]
+        channel = Channel(run, f"{_name()[1:9]}.sock")
+        seen = seen_root or str(self.root)
+        argv = [python, "-I", f"{seen}/lib/{self.launcher}", "--plugin", self.plugin,
+                "--channel", f"{seen}/{name}/{channel.path.name}", "--checkout", checkout]
         for entry in self.pythonpath:
             argv += ["--pythonpath", entry]
         argv += ["--", "-c", f"{seen}/config.toml", f"--rootdir={checkout}", f"--confcutdir={checkout}"]
@@ -636,9 +656,10 @@ class Judge:
     @staticmethod
     def environment(extras: Sequence[str]) -> list[str]:
         """The environment extras of a judged run: the class's, without what
-        would load plugins or options behind the judge's back."""
-        kept = [e for e in extras if e.partition("=")[0] not in _DROPPED_ENV]
-        return [*kept, "PYTEST_DISABLE_PLUGIN_AUTOLOAD=1"]
+        would load plugins or options behind the judge's back. (Plugin
+        auto-loading is turned off by the launcher itself, for pytest only:
+        the test process's environment does not say so.)"""
+        return [e for e in extras if e.partition("=")[0] not in _DROPPED_ENV]
 
     def close(self) -> None:
         shutil.rmtree(self.root, ignore_errors=True)

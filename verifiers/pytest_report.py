@@ -36,9 +36,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from . import Acceptance, Baseline, Verdict, passed, run_acceptance
-from .judge import INSIDE_JUDGE, Judge, Judged, Prepared, read_stream, remove_bytecode
-from ledger.sandbox.cell import INSIDE_WORK, Binding
+from . import Acceptance, Baseline, Verdict, Where, held_out_reason, passed, run_acceptance
+from .judge import Judge, Judged, Prepared, read_stream, remove_bytecode
 from ledger.sandbox.processes import CommandResult
 
 #: Failed node ids listed in a reject reason (all of them go to the evidence).
@@ -228,7 +227,6 @@ class PytestVerifier:
         ran_pytest = False
         remove_bytecode(checkout)
         judge = Judge(acceptance.pytest, acceptance.config_files, sandboxed=acceptance.sandboxed)
-        seen_checkout = INSIDE_WORK if acceptance.sandboxed else str(checkout)
         prepared: dict[int, Prepared] = {}
         problems: list[str] = []
         held_out: list[Judged] = []
@@ -239,17 +237,20 @@ class PytestVerifier:
             acceptance = dataclasses.replace(
                 acceptance, environment=tuple(Judge.environment(acceptance.environment)), cell=cell)
 
-            def prepare(i: int, argv: tuple[str, ...]) -> list[str]:
+            def prepare(i: int, argv: tuple[str, ...], where: Where) -> list[str]:
                 command = pytest_command(argv)
                 if command is None:
                     return list(argv)
                 arguments = command[3:]
-                if acceptance.held_out is not None and (acceptance.held_out_from is None
-                                                        or i < acceptance.held_out_from):
-                    # the held-out tests run on their own, after: never counted
-                    # with (nor compared like) the candidate's own
+                if acceptance.held_out is not None and acceptance.held_out_source is None \
+                        and not acceptance.is_held_out(i):
+                    # held-out tests already in the checkout run on their own,
+                    # after: never counted with (nor compared like) the
+                    # candidate's own (placed by the runtime, they are not
+                    # there before their own commands run)
                     arguments = [*arguments, f"--ignore={acceptance.held_out}"]
-                run = judge.prepare(judge.interpreter(command), arguments, seen_checkout)
+                run = judge.prepare(judge.interpreter(command), arguments, where.checkout,
+                                    seen_root=where.judge if acceptance.sandboxed else None)
                 prepared[i] = run
                 return run.argv
 
@@ -272,18 +273,17 @@ class PytestVerifier:
                                          "skipped": report.skipped, "config": judge.config.source}
                 if judged.problems:
                     extra["judge_problems"] = judged.problems[:20]
+                if acceptance.is_held_out(i):
+                    held_out.append(judged)
+                    extra["held_out"] = True
                 if result.passed and not judged.trusted:
                     shown = "; ".join(judged.problems[:3])
                     extra["refused"] = f"pytest exited 0, but the judge's report cannot be trusted: {shown}"
-                    problems.append(extra["refused"])
-                if acceptance.held_out_from is not None and i >= acceptance.held_out_from:
-                    held_out.append(judged)
-                    extra["held_out"] = True
+                    if not acceptance.is_held_out(i):  # a held-out one is a held-out failure, below
+                        problems.append(extra["refused"])
                 return dataclasses.replace(result, extra=extra)
 
-            results, skipped = await run_acceptance(
-                checkout, acceptance, prepare, annotate,
-                bindings=[Binding(judge.root, INSIDE_JUDGE, writable=False)])
+            results, skipped = await run_acceptance(checkout, acceptance, prepare, annotate, judge=judge.root)
         finally:
             for run in prepared.values():
                 run.channel.close(0.1)
@@ -297,11 +297,16 @@ class PytestVerifier:
         if problems:
             evidence["judge"]["problems"] = problems
             return Verdict(accepted=False, reason=problems[0], evidence=evidence)
-        failed = next((r for r in results if not passed(r)), None)
-        if failed is not None and failed.extra.get("held_out") and failed.extra.get("failed_tests"):
-            short = failed.extra["failed_tests"]
-            return Verdict(accepted=False, evidence=evidence,
-                           reason=f"{len(short)} held-out test(s) do not pass: " + ", ".join(short[:REASON_LIMIT]))
+        failed_at = next((i for i, r in enumerate(results) if not passed(r)), None)
+        failed = results[failed_at] if failed_at is not None else None
+        if failed_at is not None and failed is not None and acceptance.is_held_out(failed_at):
+            # the reason names nothing of the held-out checks (the next
+            # attempt is told it); the evidence, for operators, has it all
+            short = list(failed.extra.get("failed_tests") or [])
+            evidence["held_out"] = {"into": acceptance.held_out, "failed": short[:200],
+                                    "reason": _reason(failed) if not failed.extra.get("refused")
+                                    else failed.extra["refused"]}
+            return Verdict(accepted=False, evidence=evidence, reason=held_out_reason(len(short) or 1))
         if failed is not None:
             return Verdict(accepted=False, reason=_reason(failed), evidence=evidence)
         baseline = acceptance.baseline
@@ -344,6 +349,8 @@ class PytestVerifier:
         evidence["held_out"] = {"into": acceptance.held_out, "passed": sum(len(j.passed) for j in held_out)}
         short = [t for j in held_out for t, o in j.outcomes.items() if o != "passed"]
         if short:
-            return Verdict(accepted=False, evidence=evidence,
-                           reason=f"{len(short)} held-out test(s) do not pass: " + ", ".join(short[:REASON_LIMIT]))
+            evidence["held_out"].update(failed=short[:200],
+                                        reason=f"{len(short)} held-out test(s) do not pass: "
+                                        + ", ".join(short[:REASON_LIMIT]))
+            return Verdict(accepted=False, evidence=evidence, reason=held_out_reason(len(short)))
         return None

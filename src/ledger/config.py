@@ -206,10 +206,12 @@ class Acceptance(_Strict):
 
     def effective(self) -> dict[str, Any]:
         """The spec as stored with campaigns and bundles: the protected
-        patterns resolved (the defaults written out)."""
+        patterns resolved (the defaults written out), the cell as the
+        previous release can still read it (``CellPolicy.stored``)."""
         spec = self.model_dump()
         spec["protected"] = (self.protected if self.protected is not None
                              else protection.default_patterns(self.commands))
+        spec["cell"] = self.cell.stored()
         return spec
 
 

@@ -1,8 +1,8 @@
 """Ledger's judge plugin: runs inside the test process, before any of the
 candidate's code, and tells the verifier what happened on a channel of its own.
 
-Loaded by ``ledger_judge_run.py`` (the launcher) from a read-only directory
-outside the checkout, and registered with pytest as a plugin object before
+Loaded by ``ledger_judge_run.py`` (the launcher; both copied under names
+that say nothing) from a read-only directory outside the checkout, and registered with pytest as a plugin object before
 pytest parses its arguments. At import -- before pytest has imported a
 single conftest or test module -- it
 
@@ -56,7 +56,7 @@ _XFailed = _pytest.outcomes.XFailed
 
 _state = {"fd": None, "seq": 0, "broken": None, "checkout": None, "pythonpath": (),
           "allowed_roots": (), "snapshot": None, "meta_path": None, "path_hooks": None,
-          "tests": {}, "functions": {}, "collected": 0, "problems": []}
+          "tests": {}, "functions": {}, "collected": 0, "problems": [], "tidy": None}
 
 
 # --- what must not change ------------------------------------------------------------------
@@ -87,7 +87,7 @@ _WATCHED = {
     "_pytest.main module": _module("_pytest.main"),
     "_pytest.skipping module": _module("_pytest.skipping"),
     "pluggy._callers module": _module("pluggy._callers"),
-    "ledger_judge module": _module(__name__),
+    "the judge's module": _module(__name__),
     "os._exit": _module_attr("os", "_exit"),
     "os.write": _module_attr("os", "write"),
 }
@@ -134,7 +134,7 @@ def _changed():
     module = sys.modules.get(__name__)
     for name, function in _OWN_HOOKS.items():
         if module is None or module.__dict__.get(name) is not function:
-            found.append(f"ledger_judge.{name}")
+            found.append(f"the judge's {name}")
     return found
 
 
@@ -204,6 +204,24 @@ def connect(path, checkout, pythonpath):
           pytest=pytest.__version__, watched=len(_SAVED))
 
 
+def tidy_before_conftests(directory, variable):
+    """What the launcher set up for pytest's start and the tests must not
+    see: its directory on ``sys.path``, the variable that turned plugin
+    auto-loading off (``None``: the class set it, it stays)."""
+    _state["tidy"] = (directory, variable)
+
+
+def _tidy():
+    tidy = _state["tidy"]
+    if tidy is None:
+        return
+    directory, variable = tidy
+    while directory in sys.path:
+        sys.path.remove(directory)
+    if variable is not None:
+        os.environ.pop(variable, None)
+
+
 def finish(exit_code):
     """The last record: the exit status pytest returned and the integrity check."""
     problems = list(_state["problems"])
@@ -256,7 +274,7 @@ def _allowed(function):
 def _check_hooks(config):
     found = []
     manager = config.pluginmanager
-    if manager.get_plugin("ledger_judge") is not sys.modules.get(__name__):
+    if manager.get_plugin(__name__) is not sys.modules.get(__name__):
         found.append("the judge plugin is no longer registered")
     if getattr(manager, "_inner_hookexec", None) is not _WATCHED["pluggy._callers._multicall"]():
         found.append("the hook caller was replaced (pluggy's _inner_hookexec)")
@@ -298,6 +316,7 @@ def pytest_load_initial_conftests(early_config):
     _state["allowed_roots"] = _roots(files, [])
     _state["meta_path"] = list(sys.meta_path)
     _state["path_hooks"] = list(sys.path_hooks)
+    _tidy()  # plugins are loaded: nothing of the launcher's stays for the tests to see
     problems = _changed()
     if problems:
         _state["problems"].append("changed before collection: " + ", ".join(problems[:20]))

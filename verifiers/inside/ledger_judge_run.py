@@ -1,22 +1,31 @@
-"""Ledger's pytest launcher: ``python -I ledger_judge_run.py --channel SOCKET
---checkout DIR [--pythonpath P]... -- PYTEST-ARGS...``.
+"""Ledger's pytest launcher: ``python -I LAUNCHER.py --plugin NAME --channel
+SOCKET --checkout DIR [--pythonpath P]... -- PYTEST-ARGS...`` (copied next
+to each run under a name that says nothing, as is the plugin, ``NAME.py``).
 
-Run in isolated mode (``-I``: no user site, no ``PYTHON*`` variables, neither
-the current directory nor this script's on ``sys.path``), so that nothing of
-the checkout can be imported before pytest and the judge are: this directory
-(read-only, outside the checkout) goes first on ``sys.path``, the judge plugin
-connects to the verifier, then pytest runs with the judge registered as a
-plugin object -- before pytest reads its arguments, and without looking for it
-among entry points. The checkout itself goes on ``sys.path`` only when the
-judge's ``pytest_load_initial_conftests`` runs, after every plugin is loaded.
+Run in isolated mode (``-I``: no user site, no ``PYTHON*`` variables,
+neither the current directory nor this script's on ``sys.path``), so that
+nothing of the checkout can be imported before pytest and the judge are:
+this directory (read-only, outside the checkout) goes first on ``sys.path``,
+the judge plugin connects to the verifier, then pytest runs with the judge
+registered as a plugin object -- before pytest reads its arguments, and
+without looking for it among entry points. Plugin auto-loading is turned
+off here, for pytest's start only (the plugin takes the variable away again
+before the first conftest, and this directory off ``sys.path``), and
+``sys.argv`` reads as ``python -m pytest`` would have it: the test process
+sees nothing of the launcher. The checkout itself goes on ``sys.path`` only
+when the judge's ``pytest_load_initial_conftests`` runs, after every plugin
+is loaded.
 """
 
+import importlib
 import os
 import sys
 
+_AUTOLOAD = "PYTEST_DISABLE_PLUGIN_AUTOLOAD"
+
 
 def main(argv):
-    channel, checkout, pythonpath = None, None, []
+    channel, checkout, plugin, pythonpath = None, None, None, []
     rest = list(argv)
     while rest and rest[0] != "--":
         option = rest.pop(0)
@@ -27,21 +36,28 @@ def main(argv):
             channel = value
         elif option == "--checkout":
             checkout = value
+        elif option == "--plugin":
+            plugin = value
         elif option == "--pythonpath":
             pythonpath.append(value)
     args = rest[1:]
-    if channel is None or checkout is None:
-        sys.stderr.write("ledger_judge_run: --channel and --checkout are required\n")
+    if channel is None or checkout is None or plugin is None:
+        sys.stderr.write("usage: --plugin, --channel and --checkout are required\n")
         return 4
     here = os.path.dirname(os.path.abspath(__file__))
     sys.path.insert(0, here)
-    import ledger_judge
+    judge = importlib.import_module(plugin)
 
-    ledger_judge.connect(channel, checkout, pythonpath)
+    judge.connect(channel, checkout, pythonpath)
     import pytest
 
-    code = int(pytest.main(args, plugins=[ledger_judge]))
-    ledger_judge.finish(code)
+    ours = _AUTOLOAD not in os.environ
+    if ours:
+        os.environ[_AUTOLOAD] = "1"
+    judge.tidy_before_conftests(here, _AUTOLOAD if ours else None)
+    sys.argv = [os.path.join(os.path.dirname(pytest.__file__), "__main__.py"), *args]
+    code = int(pytest.main(args, plugins=[judge]))
+    judge.finish(code)
     return code
 
 

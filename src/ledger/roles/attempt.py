@@ -89,6 +89,8 @@ from ledger.settings import inherited_environment
 from ledger.backoff import backoff
 
 _LOG_TAIL = 16 * 1024
+#: Refused destinations recorded one security event each (the rest with the last).
+_REFUSALS_KEPT = 20
 OWNER_FILE = "owner.json"
 MESSAGE_FILE = "commit-message.txt"
 BUNDLE_FILE = "candidate.bundle"
@@ -573,10 +575,15 @@ class AttemptRun:
         if result.monitor_lost:
             self.security.append(("cell.monitor_killed", "the cell's monitor was killed from inside "
                                   "the cell (the attempt command killed it)", {}))
-        if result.egress_refused:
+        # one event per refusal (per destination it tried, the first 20; the
+        # rest counted in the last)
+        refused = list(dict.fromkeys(result.egress_refused))
+        for n, destination in enumerate(refused[:_REFUSALS_KEPT]):
+            rest = len(refused) - _REFUSALS_KEPT if n == _REFUSALS_KEPT - 1 else 0
             self.security.append(("network.refused", "the attempt tried to reach what its class does "
-                                  "not allow: " + ", ".join(result.egress_refused[:5]),
-                                  {"destinations": list(result.egress_refused[:100])}))
+                                  f"not allow: {destination}" + (f" (and {rest} more)" if rest > 0 else ""),
+                                  {"destination": destination, **({"more": refused[n + 1:100]} if rest > 0
+                                                                  else {})}))
         if self.redactor.redacted:
             self.security.append(("output.secret", f"the attempt's output held {self.redactor.redacted} "
                                   "value(s) of Ledger's secrets (redacted before storage)", {}))
@@ -646,6 +653,8 @@ class AttemptRun:
         c = self.claim
         for action, reason, details in self.security:
             self.log.warning("security event", action=action, reason=reason)
+            if fingerprint is not None:
+                details = {**details, "fingerprint": fingerprint}
 
             async def report(timeout_s: float, a: str = action, r: str = reason,
                              d: dict[str, Any] = details) -> int:
@@ -654,9 +663,13 @@ class AttemptRun:
             written = await self._ending("reported", report)
             if written != "reported":
                 return written
-        kinds = ", ".join(a for a, _, _ in self.security)
+        kinds = ", ".join(dict.fromkeys(a for a, _, _ in self.security))
+        # The attempt is refused, not its fix: a candidate refused for what its
+        # run did (a daemon, a secret printed) is no approach refused -- an
+        # attempt that makes the same change without doing so is judged on it.
+        # (The fingerprint stays in the journal and the security events.)
         return await self._fail(f"refused: the attempt tried what its cell does not allow ({kinds}); "
-                                + self.security[0][1], fingerprint)
+                                + self.security[0][1], None)
 
     async def _context(self, base: str, workspace: Workspace) -> dict[str, Any]:
         """What the attempt command is told: the campaign and what failed before."""
@@ -729,15 +742,21 @@ class AttemptRun:
             raise
         self.log_tail = result.output
         self._check()
-        await self.journal.event("command.exited", {
+        exited: dict[str, Any] = {
             "exit_code": result.exit_code, "duration_s": round(result.duration_s, 3),
             "timed_out": result.timed_out, "output_bytes": result.output_bytes,
-            "sandboxed": result.sandboxed, "leftovers": len(result.leftovers)})
+            "sandboxed": result.sandboxed, "leftovers": len(result.leftovers)}
+        if result.limits:  # how the cell was limited (cgroup2, cgroup1 or rlimits) and what it used
+            exited["limits"] = result.limits
+        await self.journal.event("command.exited", exited)
         if result.error:
             return None, f"could not start the attempt command {argv[0]!r}: {result.error}", result
         if result.timed_out:
             return (result.exit_code,
                     f"the attempt command timed out after {self.cls.attempt_timeout_s:g}s", result)
+        stopped = result.stopped_by()
+        if stopped:
+            return result.exit_code, f"the attempt command was stopped: {stopped}", result
         if result.exit_code != 0:
             tail = result.output.strip().splitlines()[-3:]
             return result.exit_code, (f"the attempt command exited with {result.exit_code}"

@@ -50,10 +50,11 @@ from apscheduler.triggers.base import BaseTrigger
 from apscheduler.triggers.cron import CronTrigger
 from apscheduler.triggers.interval import IntervalTrigger
 
-from verifiers.judge import INSIDE_JUDGE, Judge, JudgeSettings, files_of, read_stream, remove_bytecode
+from verifiers.judge import Judge, JudgeSettings, files_of, read_stream, remove_bytecode
 from verifiers.pytest_report import PYTEST_EXIT_MEANING, pytest_command, read_report
 
 from ledger.sandbox import cell as cells
+from ledger.sandbox import guise as guises
 from ledger import tracing
 from ledger.config import CampaignClassConfig, LedgerConfig, SensorConfig
 from ledger.errors import ConfigError, LedgerError
@@ -242,7 +243,12 @@ async def _run_command(sensor: SensorConfig, repository: str | None, ref: str | 
     assert sensor.command is not None
     details: dict[str, Any] = {"command": sensor.command}
     sandboxed = sensor.cell.sandbox
-    with tempfile.TemporaryDirectory(prefix="ledger-sensor-") as scratch:
+    # A face of the sensor family's for the cell (none of the verifier's
+    # runs looks like it), in a directory whose name says nothing.
+    uids, names = cells.taken_accounts()
+    guise = guises.draw("sensor", guises.project_name(repository), taken_uids=uids, taken_names=names) \
+        if sandboxed else None
+    with tempfile.TemporaryDirectory() as scratch:
         work, out = Path(scratch) / "work", Path(scratch) / "out"
         out.mkdir()
         if repository is not None and ref is not None:
@@ -257,7 +263,8 @@ async def _run_command(sensor: SensorConfig, repository: str | None, ref: str | 
             details.update(ref=ref, sha=sha)
         else:
             work.mkdir()
-        seen_out = cells.INSIDE_OUT if sandboxed else str(out)
+        seen_work = guise.checkout if guise is not None else str(work)
+        seen_out = guise.outputs if guise is not None else str(out)
         report = Path(seen_out) / "junit.xml"
         pytest = pytest_command(sensor.command)
         cwd = Path(sensor.cwd) if sensor.cwd and not sandboxed else work
@@ -272,7 +279,8 @@ async def _run_command(sensor: SensorConfig, repository: str | None, ref: str | 
                 remove_bytecode(work)  # only an export of ours, never a directory of the user's
             judge = Judge(settings, files_of(cwd), sandboxed=sandboxed)
             prepared = judge.prepare(judge.interpreter(pytest), pytest[3:],
-                                     cells.INSIDE_WORK if sandboxed else str(cwd))
+                                     seen_work if sandboxed else str(cwd),
+                                     seen_root=guise.scratch if guise is not None else None)
             argv = prepared.argv
             extras = Judge.environment(extras)
         try:
@@ -283,16 +291,20 @@ async def _run_command(sensor: SensorConfig, repository: str | None, ref: str | 
                     details["error"] = f"{exc.message} ({exc.hint})"
                     details["system_fault"] = True
                     return details
-                env = {**cell_environment(extras), JUNIT_VARIABLE: str(report)}
-                bindings = [cells.Binding(work, cells.INSIDE_WORK, writable=True),
-                            cells.Binding(out, cells.INSIDE_OUT, writable=True)]
+                assert guise is not None
+                # A judged run is told nothing of Ledger's (no LEDGER_JUNIT_XML:
+                # it is for a wrapper's report, and the judge reads none)
+                env = cell_environment(extras) if judge is not None else \
+                    {**cell_environment(extras), JUNIT_VARIABLE: str(report)}
+                bindings = [cells.Binding(work, seen_work, writable=True),
+                            cells.Binding(out, seen_out, writable=True)]
                 policy = sensor.cell
                 if judge is not None:
-                    bindings.append(cells.Binding(judge.root, INSIDE_JUDGE, writable=False))
+                    bindings.append(cells.Binding(judge.root, guise.scratch, writable=False))
                     if judge.read_only():
                         policy = policy.model_copy(update={"read_only": [*policy.read_only,
                                                                           *judge.read_only()]})
-                spec = cells.CellSpec(policy, tuple(bindings), cwd=cells.INSIDE_WORK, env=env)
+                spec = cells.CellSpec(policy, tuple(bindings), cwd=seen_work, env=env, guise=guise)
                 result = await run_command(argv, "/", timeout_s=sensor.timeout_s, tail_bytes=_OUTPUT_LIMIT,
                                            cell=spec)
             else:
@@ -322,6 +334,8 @@ async def _run_command(sensor: SensorConfig, repository: str | None, ref: str | 
     if result.leftovers:
         details["leftovers"] = list(result.leftovers)
     details["sandboxed"] = result.sandboxed
+    if result.limits:  # how its cell was limited (cgroup2, cgroup1 or rlimits), what it used
+        details["limits"] = result.limits
     if judged is not None:
         if judged.connected or result.exit_code == 0:
             details["tests"] = judged.summary()

@@ -33,8 +33,11 @@ even if its worker failed to refuse it.
 Before anything runs, the candidate's diff (as the repository has it) is
 screened for reaching into the test machinery (``ledger.git.screen``); pytest
 runs by the fixed judge on the base commit's configuration
-(``verifiers.judge``); the class's held-out tests are copied into the
-checkout and must pass too. A class may require a quorum of verifier kinds
+(``verifiers.judge``), each command in a cell with a face of its own
+(``ledger.sandbox.guise``); the class's held-out tests are staged outside
+the checkout, put there (read-only) for their own runs only, and must pass
+too -- a rejection by them names nothing of them (a count; the evidence
+has the rest). A class may require a quorum of verifier kinds
 (``verifiers``): each claim is for the next kind the quorum needs
 (``kinds`` says which this verifier gives), each verdict its own row, and the
 campaign is verified when all have accepted.
@@ -58,6 +61,7 @@ from verifiers.pytest_report import pytest_command
 
 from ledger.git import bundle as bundles
 from ledger.sandbox import cell as cells
+from ledger.sandbox import guise as guises
 from ledger.ops import faults
 from ledger.git import protection
 from ledger import tracing
@@ -354,8 +358,8 @@ class Verifier(Loop):
             except cells.SandboxUnavailable as exc:
                 raise CheckFailed(f"{exc.message} ({exc.hint})") from exc
 
-        scratch = Path(await _blocking(tempfile.mkdtemp, f"-c{claim.campaign_id}",
-                                       "ledger-verify-", self.work_dir))
+        # (a name that says nothing: a cell's mounts show where they come from)
+        scratch = Path(await _blocking(tempfile.mkdtemp, None, None, self.work_dir))
         checkout = scratch / "checkout"
         outputs = scratch / "out"
         try:
@@ -397,7 +401,8 @@ class Verifier(Loop):
             evidence["checked_out_sha"] = frozen.candidate_sha
             # pytest's configuration is the base's, never the candidate's
             config_files = await _blocking(_config_files, repo.path, frozen.base_sha)
-            acceptance = dataclasses.replace(acceptance.with_outputs(outputs), config_files=config_files)
+            acceptance = dataclasses.replace(acceptance.with_outputs(outputs), config_files=config_files,
+                                             project=guises.project_name(frozen.repository))
             held_out = spec.get("held_out")
             if held_out and runs_commands:
                 acceptance = await _blocking(self._held_out, held_out, checkout, acceptance, scratch)
@@ -425,11 +430,14 @@ class Verifier(Loop):
 
     def _held_out(self, spec: Any, checkout: Path, acceptance: verifiers.Acceptance,
                   scratch: Path) -> verifiers.Acceptance:
-        """Copy the class's held-out tests into the checkout (replacing whatever
-        the candidate has there) and add the commands that run them. Where they
-        come from is the verifier's to read: a directory of this host, or a
-        repository fetched with this verifier's credentials. Not finding them
-        is this host's fault, never the candidate's."""
+        """Stage the class's held-out tests for their own commands (a copy of
+        the verifier's, outside the checkout: put at ``into`` -- read-only,
+        in a cell -- only while those commands run, never while the
+        candidate's own tests do), remove whatever the candidate has at
+        ``into``, and add the commands that run them. Where they come from
+        is the verifier's to read: a directory of this host, or a repository
+        fetched with this verifier's credentials. Not finding them is this
+        host's fault, never the candidate's."""
         into = str(spec.get("into") or "tests/held_out").strip("/")
         subdir = str(spec.get("subdir") or "").strip("/")
         target = checkout / into
@@ -437,9 +445,10 @@ class Verifier(Loop):
             target.unlink()
         elif target.exists():
             shutil.rmtree(target)
+        staged = scratch / "held"
         if spec.get("repository"):
             source_repo = Repository(str(spec["repository"]), cache_dir=self.cache_dir)
-            fetched = scratch / "held-out"
+            fetched = scratch / "fetched"
             try:
                 sha = source_repo.resolve(str(spec.get("ref") or "main"))
                 source_repo.export_tree(sha, fetched)
@@ -450,8 +459,8 @@ class Verifier(Loop):
             source = Path(str(spec.get("path"))) / subdir if subdir else Path(str(spec.get("path")))
         if not source.is_dir():
             raise CheckFailed(f"the held-out acceptance {source} is not a directory on this verifier")
-        target.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copytree(source, target, symlinks=False)
+        shutil.copytree(source, staged, symlinks=False)
+        staged.chmod(0o755)
         commands = [list(c) for c in spec.get("commands") or []]
         if not commands:
             first = next((c for c in acceptance.commands if pytest_command(c) is not None), None)
@@ -460,7 +469,7 @@ class Verifier(Loop):
             command = pytest_command(first)
             assert command is not None
             commands = [[*command[:3], "-q", "-p", "no:cacheprovider", into]]
-        return acceptance.with_held_out(into, commands)
+        return acceptance.with_held_out(into, commands, staged)
 
     async def _context(self, claim: VerificationClaim, diff: bytes,
                        evidence: dict[str, Any]) -> dict[str, Any]:

@@ -12,10 +12,17 @@ The proxy allows a ``CONNECT`` only to a ``host:port`` matching the class's
 ``cell.allow`` patterns (``api.example.com:443``, ``*.example.com:443``); it
 resolves the name itself (the cell has no DNS) and refuses a name that
 resolves to an address of this host's own networks -- loopback, private,
-link-local, multicast, reserved -- so an allowed name cannot be pointed at
-the database or the metadata service; an IP literal is allowed only when a
-pattern names it exactly. Everything it refuses is reported (``refused``),
-and the worker records it as a security event.
+link-local (the cloud metadata address among them), shared, multicast,
+reserved, unspecified, and the same inside IPv6 (IPv4-mapped, -compatible,
+6to4, Teredo, NAT64) -- so an allowed name cannot be pointed at the
+database or the metadata service. An IP address, however it is spelt
+(``127.0.0.2``, ``127.1``, ``2130706433``, ``0x7f.0.0.1``,
+``[::ffff:127.0.0.1]``, ``[fe80::1%eth0]``), is never matched by a pattern
+with wildcards (``*:443`` matches names only): it goes through only when a
+pattern names that address and port exactly, and a pattern whose wildcards
+could only match addresses (``10.*:443``) is refused with the class's
+configuration. Everything it refuses is reported (``refused``), and the
+worker records each as a security event.
 
 What it cannot prevent, and docs/running/cell.md says: whatever the command sends *to
 an allowed host* (an agent's API is the one place it may talk to, so it can
@@ -30,6 +37,8 @@ import contextlib
 import fnmatch
 import ipaddress
 import os
+import re
+import socket
 import tempfile
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
@@ -37,23 +46,83 @@ from pathlib import Path
 
 #: Where the cell's forwarder listens, inside the cell.
 INSIDE_PORT = 3128
-INSIDE_SOCKET = "/cell/.egress.sock"
+INSIDE_SOCKET = "/run/proxy.sock"
 _HEADER_LIMIT = 16 * 1024
 _CONNECT_TIMEOUT_S = 10.0
 
 
+Address = ipaddress.IPv4Address | ipaddress.IPv6Address
+_WILDCARD = re.compile(r"[*?\[]")
+_NUMERIC = re.compile(r"^[0-9a-fA-F.:\[\]%]*$")
+
+
 def check_pattern(pattern: str) -> str:
-    """``ValueError`` unless ``pattern`` is ``HOST:PORT`` (``*`` allowed in the host)."""
+    """``ValueError`` unless ``pattern`` is ``HOST:PORT`` (``*`` allowed in
+    the host) and its wildcards could match a name: one that could only
+    match IP addresses (``10.*:443``, ``127.0.0.?:80``) is refused -- an
+    address is allowed only by naming it exactly."""
     host, sep, port = pattern.rpartition(":")
     if not sep or not host or not port.isascii() or not port.isdigit() or not 0 < int(port) < 65536:
         raise ValueError(f"cell.allow entries are HOST:PORT (e.g. api.example.com:443), not {pattern!r}")
+    if _WILDCARD.search(host):
+        rest = _WILDCARD.sub("", host)
+        if _NUMERIC.match(rest) and re.search(r"[0-9:\[]", rest):
+            raise ValueError(f"cell.allow entry {pattern!r} would match IP addresses: name an address "
+                             "exactly (10.0.0.5:443), or hosts by name (*.example.com:443)")
     return pattern
 
 
+def literal(host: str) -> Address | None:
+    """``host`` as an IP address, however it is spelt (dotted, shortened,
+    decimal, octal or hexadecimal IPv4 as ``inet_aton`` reads it; IPv6 with
+    or without brackets and a zone), or ``None`` for a name."""
+    text = host.strip()
+    if text.startswith("[") and text.endswith("]"):
+        text = text[1:-1]
+    text = text.split("%", 1)[0]
+    try:
+        return ipaddress.ip_address(text)
+    except ValueError:
+        pass
+    if text and re.fullmatch(r"[0-9a-fA-FxX.]+", text) and re.match(r"[0-9]", text):
+        try:
+            return ipaddress.IPv4Address(socket.inet_aton(text))
+        except OSError:
+            return None
+    return None
+
+
+def _embedded(ip: Address) -> list[Address]:
+    """The IPv4 addresses an IPv6 address carries (mapped, compatible, 6to4, Teredo, NAT64)."""
+    if not isinstance(ip, ipaddress.IPv6Address):
+        return []
+    found: list[Address] = []
+    if ip.ipv4_mapped is not None:
+        found.append(ip.ipv4_mapped)
+    if ip.sixtofour is not None:
+        found.append(ip.sixtofour)
+    if ip.teredo is not None:
+        found += list(ip.teredo)
+    packed = ip.packed
+    if packed[:12] == bytes(12) and int(ip) > 1:  # ::a.b.c.d (deprecated IPv4-compatible)
+        found.append(ipaddress.IPv4Address(packed[12:]))
+    if ip in ipaddress.IPv6Network("64:ff9b::/96") or ip in ipaddress.IPv6Network("64:ff9b:1::/48"):
+        found.append(ipaddress.IPv4Address(packed[12:]))
+    return found
+
+
+def own_network(ip: Address) -> bool:
+    """Whether ``ip`` is of this host's own networks (or not of the Internet
+    at all): loopback, private, link-local, shared, multicast, reserved,
+    unspecified -- or an IPv6 address carrying one."""
+    if not ip.is_global or ip.is_multicast or ip.is_reserved or ip.is_unspecified or ip.is_link_local:
+        return True
+    return any(own_network(inner) for inner in _embedded(ip))
+
+
 def _public(address: str) -> bool:
-    ip = ipaddress.ip_address(address)
-    return not (ip.is_private or ip.is_loopback or ip.is_link_local or ip.is_multicast
-                or ip.is_reserved or ip.is_unspecified)
+    ip = literal(address)
+    return ip is not None and not own_network(ip)
 
 
 @dataclass
@@ -65,9 +134,21 @@ class EgressProxy:
     allowed: list[str] = field(default_factory=list)
 
     def permits(self, host: str, port: int) -> bool:
-        """Whether a pattern allows ``host:port``."""
+        """Whether a pattern allows ``host:port``: a name by any matching
+        pattern, an IP address only by a pattern naming it (and the port) exactly."""
+        address = literal(host)
+        if address is not None:
+            for pattern in self.allow:
+                named, _, named_port = pattern.rpartition(":")
+                if not _WILDCARD.search(named) and literal(named) == address and int(named_port) == port:
+                    return True
+            return False
         target = f"{host.lower()}:{port}"
         return any(fnmatch.fnmatchcase(target, pattern.lower()) for pattern in self.allow)
+
+    def _refuse(self, what: str) -> None:
+        if len(self.refused) < 1000:
+            self.refused.append(what)
 
     @contextlib.asynccontextmanager
     async def serving(self) -> AsyncIterator[Path]:
@@ -96,35 +177,43 @@ class EgressProxy:
         method, _, rest = request.partition(" ")
         authority = rest.split(" ", 1)[0]
         if method != "CONNECT":
-            self.refused.append(f"{method} {authority[:200]} (only CONNECT is relayed)")
+            self._refuse(f"{method} {authority[:200]} (only CONNECT is relayed)")
             await self._answer(writer, 405, "only CONNECT (HTTPS) is relayed")
             return
         host, sep, port_text = authority.rpartition(":")
         host = host.strip("[]")
-        if not sep or not port_text.isascii() or not port_text.isdigit():
-            self.refused.append(f"CONNECT {authority[:200]} (not HOST:PORT)")
+        if not sep or not port_text.isascii() or not port_text.isdigit() or not 0 < int(port_text) < 65536:
+            self._refuse(f"CONNECT {authority[:200]} (not HOST:PORT)")
             await self._answer(writer, 400, "CONNECT HOST:PORT")
             return
         port = int(port_text)
         if not self.permits(host, port):
-            self.refused.append(f"{host}:{port}")
-            await self._answer(writer, 403, f"{host}:{port} is not allowed for this class")
+            address = literal(host)
+            if address is not None and own_network(address):
+                self._refuse(f"{host[:200]}:{port} (an address of this host's own networks)")
+            elif address is not None:
+                self._refuse(f"{host[:200]}:{port} (an IP address no pattern names exactly)")
+            else:
+                self._refuse(f"{host[:200]}:{port}")
+            await self._answer(writer, 403, f"{host[:200]}:{port} is not allowed for this class")
             return
-        try:
-            literal = ipaddress.ip_address(host)
-        except ValueError:
-            literal = None
-        try:
-            infos = await asyncio.get_running_loop().getaddrinfo(host, port, type=0, proto=6)
-        except OSError as exc:
-            await self._answer(writer, 502, f"cannot resolve {host}: {exc}")
-            return
-        addresses = [str(i[4][0]) for i in infos]
-        usable = [a for a in addresses if literal is not None or _public(a)]
-        if not usable:
-            self.refused.append(f"{host}:{port} (resolves to {', '.join(sorted(set(addresses)))})")
-            await self._answer(writer, 403, f"{host} resolves to an address of this host's own networks")
-            return
+        named = literal(host)
+        if named is not None:  # named exactly by a pattern: the operator's own choice
+            usable = [str(named)]
+        else:
+            try:
+                infos = await asyncio.get_running_loop().getaddrinfo(host, port, type=socket.SOCK_STREAM,
+                                                                     proto=6)
+            except OSError as exc:
+                await self._answer(writer, 502, f"cannot resolve {host}: {exc}")
+                return
+            addresses = [str(i[4][0]) for i in infos]
+            usable = [a for a in addresses if _public(a)]
+            if not usable:
+                self._refuse(f"{host}:{port} (resolves to {', '.join(sorted(set(addresses)))}, "
+                             "of this host's own networks)")
+                await self._answer(writer, 403, f"{host} resolves to an address of this host's own networks")
+                return
         try:
             upstream_reader, upstream_writer = await asyncio.wait_for(
                 asyncio.open_connection(usable[0], port), _CONNECT_TIMEOUT_S)

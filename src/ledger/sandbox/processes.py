@@ -37,6 +37,7 @@ from typing import Any
 
 from ledger.sandbox import cell as cells
 from ledger.sandbox.egress import EgressProxy
+from ledger.sandbox.quota import Watch
 from ledger.sandbox.redaction import Redactor, redactor
 from ledger.settings import inherited_environment
 
@@ -168,6 +169,9 @@ class CommandResult:
     monitor_lost: bool = False
     #: with network = "proxy": the destinations its proxy refused
     egress_refused: tuple[str, ...] = ()
+    #: in a cell: how it was limited (``mode``: cgroup2, cgroup1 or rlimits;
+    #: the limits), what it used, and which limit stopped it (``exceeded``)
+    limits: dict[str, Any] = field(default_factory=dict)
 
     @property
     def passed(self) -> bool:
@@ -190,6 +194,8 @@ class CommandResult:
             record["monitor_lost"] = True
         if self.egress_refused:
             record["egress_refused"] = list(self.egress_refused)
+        if self.limits:
+            record["limits"] = dict(self.limits)
         record.update(self.extra)
         return record
 
@@ -203,11 +209,33 @@ class CommandResult:
                     f"and was killed with its process group")
         if self.error:
             return f"`{shown}` could not start: {self.error}"
+        stopped = self.stopped_by()
+        if stopped:
+            return f"`{shown}` was stopped: {stopped}"
         if self.exit_code is not None and self.exit_code < 0:
             return f"`{shown}` was killed by signal {-self.exit_code}"
         if self.exit_code:
             return f"`{shown}` exited with code {self.exit_code}"
         return f"`{shown}` passed"
+
+
+    def stopped_by(self) -> str | None:
+        """Which limit of its cell stopped the command, in words (``None``: none did)."""
+        limits = self.limits
+        exceeded = limits.get("exceeded")
+        if exceeded == "workspace":
+            return (f"it added more than cell.workspace_mb ({limits.get('workspace_mb')} MiB) to its "
+                    f"workspace ({limits.get('workspace_peak_mb', 0) - limits.get('workspace_start_mb', 0):.0f} "
+                    "MiB by the last count) and its cell was killed")
+        if exceeded == "cpu":
+            return (f"it used more than cell.cpu_s ({limits.get('cpu_s')} s) of CPU time and its "
+                    "cell was killed")
+        if limits.get("oom_kills"):
+            return (f"its cell ran out of memory (cell.memory_mb = {limits.get('memory_mb')}): "
+                    f"{limits['oom_kills']} process(es) killed")
+        if self.exit_code in (-signal.SIGXCPU, 128 + signal.SIGXCPU):
+            return f"a process used more than cell.cpu_s ({limits.get('cpu_s')} s) of CPU time"
+        return None
 
 
 def kill_group(pgid: int) -> None:
@@ -288,7 +316,7 @@ async def run_command(argv: Sequence[str], cwd: Path | str, *, timeout_s: float,
     started = time.monotonic()
     tail = Tail(tail_bytes)
     loop = asyncio.get_running_loop()
-    with tempfile.TemporaryDirectory(prefix="ledger-cmd-", ignore_cleanup_errors=True) as scratch:
+    with tempfile.TemporaryDirectory(ignore_cleanup_errors=True) as scratch:
         environment = dict(env) if env is not None else child_environment()
         environment.update(dict.fromkeys(TEMP_VARIABLES, scratch))
         try:
@@ -336,56 +364,89 @@ async def _run_in_cell(argv: Sequence[str], *, timeout_s: float, tail_bytes: int
                        cell: cells.CellSpec, redact: Redactor | None) -> CommandResult:
     """``run_command`` in a cell: bubblewrap is the process group leader, so
     killing the group kills the cell (its PID namespace dies with its first
-    process); the cell's monitor reports the exit status and what was left."""
+    process); the cell's monitor reports the exit status and what was left;
+    the cell's cgroup (if any) says what it used, and a watch
+    (``ledger.sandbox.quota``) kills it past its workspace or CPU limit."""
     argv = [str(a) for a in argv]
     started = time.monotonic()
     tail = Tail(tail_bytes)
     loop = asyncio.get_running_loop()
-    with tempfile.TemporaryFile(prefix="ledger-cell-report-") as report:
+    with tempfile.TemporaryFile() as report:
         wrapped = cells.wrap(argv, cell, report.fileno(), extra_preexec=die_with_parent)
         try:
-            transport, capture = await loop.subprocess_exec(
-                lambda: _Capture(tail, on_output, redact), *wrapped.argv, cwd="/",
-                stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
-                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
-                preexec_fn=wrapped.preexec, env=wrapped.env, pass_fds=wrapped.pass_fds)
-        except OSError as exc:
-            return CommandResult(argv=argv, exit_code=None, output="", output_bytes=0, truncated=False,
-                                 duration_s=time.monotonic() - started, sandboxed=True,
-                                 error=exc.strerror or type(exc).__name__)
-        if stdin is not None:
-            pipe = transport.get_pipe_transport(0)
-            with contextlib.suppress(OSError):
-                pipe.write(stdin)  # type: ignore[union-attr]
-                pipe.close()  # type: ignore[union-attr]
-        pid = transport.get_pid()
-        timed_out = False
-        try:
-            try:
-                await asyncio.wait_for(capture.exited.wait(), timeout=max(timeout_s, 0.0))
-            except TimeoutError:
-                timed_out = True
+            return await _run_wrapped(argv, wrapped, report, cell, started=started, tail=tail,
+                                      timeout_s=timeout_s, stdin=stdin, on_output=on_output,
+                                      redact=redact, loop=loop)
         finally:
-            kill_group(pid)
-            try:
-                await asyncio.shield(capture.exited.wait())
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(asyncio.shield(capture.closed.wait()), timeout=_DRAIN_S)
-            finally:
-                transport.close()
-                capture.finish()
-        report.seek(0)
-        exit_code, leftovers, reported = _parse_report(report.read(64 * 1024))
-        status = transport.get_returncode()
-        if not reported:
-            # bubblewrap's own status: its failure to build the cell, or the
-            # monitor killed (by the command, or by the timeout)
-            exit_code = status
-        return CommandResult(argv=argv, exit_code=exit_code, output=tail.text(),
-                             output_bytes=tail.total, truncated=tail.truncated,
-                             duration_s=time.monotonic() - started, timed_out=timed_out,
-                             sandboxed=True, leftovers=leftovers,
-                             monitor_lost=not reported and not timed_out)
+            await asyncio.shield(asyncio.to_thread(wrapped.close))
+
+
+async def _run_wrapped(argv: list[str], wrapped: cells.Wrapped, report: Any, cell: cells.CellSpec, *,
+                       started: float, tail: Tail, timeout_s: float, stdin: bytes | None,
+                       on_output: Callable[[bytes], None] | None, redact: Redactor | None,
+                       loop: asyncio.AbstractEventLoop) -> CommandResult:
+    policy = cell.policy
+    running: dict[str, int] = {}
+
+    def stop_cell() -> None:  # from the watch's thread, at a limit
+        if "pid" in running:
+            kill_group(running["pid"])
+        if wrapped.cgroup is not None:
+            wrapped.cgroup.kill()
+    watch = await asyncio.to_thread(
+        Watch, wrapped.writable, workspace_bytes=policy.workspace_mb << 20, cgroup=wrapped.cgroup,
+        cpu_s=float(policy.cpu_s), kill=stop_cell)
+    try:
+        transport, capture = await loop.subprocess_exec(
+            lambda: _Capture(tail, on_output, redact), *wrapped.argv, cwd="/",
+            stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
+            preexec_fn=wrapped.preexec, env=wrapped.env, pass_fds=wrapped.pass_fds)
+    except OSError as exc:
+        return CommandResult(argv=argv, exit_code=None, output="", output_bytes=0, truncated=False,
+                             duration_s=time.monotonic() - started, sandboxed=True,
+                             error=exc.strerror or type(exc).__name__, limits=dict(wrapped.limits))
+    if stdin is not None:
+        pipe = transport.get_pipe_transport(0)
+        with contextlib.suppress(OSError):
+            pipe.write(stdin)  # type: ignore[union-attr]
+            pipe.close()  # type: ignore[union-attr]
+    pid = transport.get_pid()
+    running["pid"] = pid
+    watch.start()
+    timed_out = False
+    try:
+        try:
+            await asyncio.wait_for(capture.exited.wait(), timeout=max(timeout_s, 0.0))
+        except TimeoutError:
+            timed_out = True
+    finally:
+        kill_group(pid)
+        try:
+            await asyncio.shield(capture.exited.wait())
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(asyncio.shield(capture.closed.wait()), timeout=_DRAIN_S)
+        finally:
+            transport.close()
+            capture.finish()
+            seen = await asyncio.shield(asyncio.to_thread(watch.stop))
+    limits = {**wrapped.limits, **seen}
+    if wrapped.cgroup is not None:
+        limits.update(wrapped.cgroup.usage())
+    report.seek(0)
+    exit_code, leftovers, reported = _parse_report(report.read(64 * 1024))
+    status = transport.get_returncode()
+    if not reported:
+        # bubblewrap's own status: its failure to build the cell, or the
+        # monitor killed (by the command, by the timeout or at a limit)
+        exit_code = status
+    return CommandResult(argv=argv, exit_code=exit_code, output=tail.text(),
+                         output_bytes=tail.total, truncated=tail.truncated,
+                         duration_s=time.monotonic() - started, timed_out=timed_out,
+                         sandboxed=True, leftovers=leftovers,
+                         monitor_lost=not reported and not timed_out and not seen.get("exceeded")
+                         and not limits.get("oom_kills"),
+                         limits=limits)
 
 
 def _parse_report(raw: bytes) -> tuple[int | None, tuple[str, ...], bool]:

@@ -91,12 +91,32 @@ async def attempt_page(request: Request, campaign_id: int, attempt_no: int) -> R
     diff = await k.attempt_diff(campaign_id, attempt_no, DIFF_CAP) if attempt.diff_bytes else None
     output = "".join(str(e.payload.get("text", "")) for e in events if e.type == "output")
     live = attempt.outcome == "running" and not campaign.is_terminal
+    exited = next((e.payload for e in reversed(events) if e.type == "command.exited"), {})
+    cell = cell_limits(exited.get("limits")) if isinstance(exited, dict) else None
     types = sorted(set(KNOWN_EVENT_TYPES) | {e.type for e in events})
     return pages_of(request).page(
         request, "attempt.html", viewer, c=campaign, a=attempt,
         events=[e for e in events if e.type != "output"], output=output, live=live,
         journal_head=campaign.event_seq, shown_head=max([e.seq for e in events], default=0),
-        event_types=",".join(types), diff=diff, diff_lines=diff_lines(diff.text) if diff else [])
+        event_types=",".join(types), diff=diff, diff_lines=diff_lines(diff.text) if diff else [],
+        cell=cell)
+
+
+def cell_limits(limits: object) -> str | None:
+    """How the attempt's cell was limited, in one line: the mode (a cgroup
+    v2 or v1 of its own, or rlimits only), the limits, and what stopped it."""
+    if not isinstance(limits, dict) or "mode" not in limits:
+        return None
+    mode = {"cgroup2": "cgroup v2", "cgroup1": "cgroup v1", "rlimits": "rlimits only"}.get(
+        str(limits["mode"]), str(limits["mode"]))
+    line = (f"{mode} · memory {limits.get('memory_mb')} MiB · {limits.get('processes')} processes · "
+            f"{limits.get('cpu_s')} CPU s · workspace +{limits.get('workspace_mb')} MiB")
+    used = [f"{k} {limits[k]}" for k in ("memory_peak_mb", "cpu_used_s", "workspace_peak_mb") if k in limits]
+    if used:
+        line += " (used: " + ", ".join(used) + ")"
+    if limits.get("exceeded"):
+        line += f" · stopped at its {limits['exceeded']} limit"
+    return line
 
 
 def diff_lines(text: str) -> list[tuple[str, str]]:

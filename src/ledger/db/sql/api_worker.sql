@@ -669,9 +669,11 @@ $$;
 -- running, the cell's monitor killed, a secret of Ledger's in its output, the
 -- user's repository or Ledger's configuration changed meanwhile): kept in
 -- security_event and journaled as security.detected. Fenced by generation
--- and liveness like every write of the lease holder; the same action
--- reported again for the same generation (a lost reply) returns the first
--- record. The worker then refuses the candidate (fail_attempt).
+-- and liveness like every write of the lease holder; the same action with
+-- the same reason reported again for the same generation (a lost reply)
+-- returns the first record, while another reason is an event of its own
+-- (one per destination the egress proxy refused). The worker then refuses
+-- the candidate (fail_attempt).
 CREATE OR REPLACE FUNCTION ledger_api.report_security_event(
         p_campaign_id bigint, p_generation bigint, p_action text, p_reason text,
         p_details jsonb DEFAULT '{}')
@@ -697,7 +699,7 @@ BEGIN
         RAISE EXCEPTION 'security event details must be a JSON object' USING ERRCODE = 'LG007';
     END IF;
     SELECT e.id INTO v_id FROM ledger.security_event e
-     WHERE e.campaign_id = p_campaign_id AND e.action = p_action
+     WHERE e.campaign_id = p_campaign_id AND e.action = p_action AND e.reason = p_reason
        AND (e.details ->> 'generation')::bigint = p_generation;
     IF FOUND THEN
         RETURN v_id;  -- this very report, retried

@@ -1,0 +1,1 @@
+-- 0005 down: nothing to undo by hand; api_worker.sql as 0002 froze it is put back after this.
