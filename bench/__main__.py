@@ -4,6 +4,8 @@ write ``bench/results/<stamp>.json`` and ``<stamp>.md``.
 usage: python -m bench [--quick] [--only cycle,wake,...] [--database-url URL]
 
 Sections (each also runs alone: ``python -m bench.<name>``):
+  compare    the fair comparison: the raw loop, Ledger, PGQueuer and Procrastinate at N = 1, 2, 4, 8
+             and in batches of 10 and 100, interleaved round by round (ratios within a round)
   cost       one N=1 cycle and a batch of 100, Ledger beside the raw loop: round trips,
              client CPU (and its top functions), server CPU, waiting
   cycle      Ledger's claim+record cycle against the raw-SQL limit (N = 1, 2, 4, 8),
@@ -34,12 +36,14 @@ from bench.harness import (Context, Section, Target, add_server_arguments, descr
                            describe_server, server)
 from ledger import logs
 
-SECTIONS = ("cost", "cycle", "peers", "wake", "scale", "heartbeat", "journal", "fair", "rowcost", "cell")
+SECTIONS = ("compare", "cost", "cycle", "peers", "wake", "scale", "heartbeat", "journal", "fair", "rowcost", "cell")
 RESULTS = Path(__file__).parent / "results"
 
 
 def cross_targets(sections: dict[str, Section]) -> list[Target]:
-    """Targets that compare two sections of this run: Ledger against its peers."""
+    """Targets that compare two sections of this run: Ledger against its
+    peers from ``cycle`` and ``peers`` (run apart: figures only, the fair
+    ratios are ``compare``'s), and the wake latency."""
     cycle, peers = sections.get("cycle"), sections.get("peers")
     if not cycle or not peers:
         return []
@@ -56,7 +60,7 @@ def cross_targets(sections: dict[str, Section]) -> list[Target]:
         common = sorted(set(rates) & set(ledger_one))
         if common:
             ratios = {n: ledger_one[n] / rates[n] for n in common}
-            out.append(Target(f"Ledger / {peer}, one at a time", "> 1 at every N",
+            out.append(Target(f"Ledger / {peer}, one at a time (sections run apart)", "> 1 at every N",
                               ", ".join(f"N={n}: {r:.2f}" for n, r in ratios.items()),
                               min(ratios.values()) > 1))
     # PGQueuer's batches are set against its better configuration: N
@@ -66,7 +70,7 @@ def cross_targets(sections: dict[str, Section]) -> list[Target]:
         peer_batch[k] = max(peer_batch.get(k, 0.0), jobs_per_s)
     ledger_batch = {r["batch"]: r["per_s"] for r in cycle.rows if r["what"] == "ledger batch"}
     for k in sorted(set(ledger_batch) & set(peer_batch)):
-        out.append(Target(f"Ledger batch {k} / PGQueuer batch {k}", "> 1",
+        out.append(Target(f"Ledger batch {k} / PGQueuer batch {k} (sections run apart)", "> 1",
                           f"{ledger_batch[k] / peer_batch[k]:.2f} ({ledger_batch[k]:.0f} vs {peer_batch[k]:.0f}/s)",
                           ledger_batch[k] > peer_batch[k]))
     wake = peers.extra.get("wake", {})

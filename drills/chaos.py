@@ -158,7 +158,7 @@ class Run:
             ctx.step(f"promotions onto {TARGETS} contended targets: {shipped['landed']} landed with "
                      f"{shipped['verdicts']} verdicts ({shipped['verdicts'] / shipped['landed']:.2f} per landed "
                      f"candidate), {shipped['batches']} batch(es) of several landed")
-        # Issue 37: to the attempt, what was charged for a lost lease is what the kills and
+        # To the attempt, what was charged for a lost lease is what the kills and
         # stops took -- never a restart's doing -- and no lease ran its agent twice
         lost = {(r["campaign_id"], r["generation"]) for r in ctx.sql(
             "SELECT campaign_id, generation FROM ledger.attempt WHERE outcome = 'lost'")}

@@ -426,7 +426,7 @@ async def test_a_worker_without_bubblewrap_fails_at_start_naming_the_package(
     assert not opted_out.classes["c"].cell.sandbox
 
 
-# --- the host's own networks, however spelt (issue 41) ------------------------------------
+# --- the host's own networks, however spelt -----------------------------------------
 
 OWN = ["127.0.0.2", "127.1", "2130706434", "0x7f.0.0.1", "0177.0.0.1", "[::ffff:127.0.0.1]",
        "[::ffff:7f00:1]", "::ffff:127.0.0.1", "[::1]", "[::127.0.0.1]", "10.0.0.1", "172.16.0.5",
@@ -449,7 +449,7 @@ def test_every_spelling_of_the_hosts_own_networks_is_an_address_of_them() -> Non
 
 
 async def test_the_proxy_refuses_addresses_whatever_the_pattern_and_records_each() -> None:
-    """Finding 3: with ``*:PORT`` (matches any name), CONNECT to an address of
+    """with ``*:PORT`` (matches any name), CONNECT to an address of
     the host's own networks -- any spelling -- is refused, each recorded; a
     listener on loopback hears nothing. Only a pattern naming an address
     (and port) exactly lets it through."""
@@ -494,7 +494,7 @@ def test_a_pattern_whose_wildcards_could_only_match_addresses_is_refused() -> No
         cells.CellPolicy(network="proxy", allow=[pattern])
 
 
-# --- a judged cell's face (issue 41) ------------------------------------------------------
+# --- a judged cell's face -----------------------------------------------------------
 
 FACE = """import json, os, pwd, socket
 def text(path):
@@ -531,7 +531,7 @@ async def _face(tmp_path: Path, family: str) -> tuple[Any, dict[str, Any]]:
 
 @needs_cells
 async def test_a_judged_cell_looks_like_an_ordinary_machine_and_names_nothing(tmp_path: Path) -> None:
-    """Finding 1: a judged run's checkout is where a user's would be, its host,
+    """a judged run's checkout is where a user's would be, its host,
     user and home ordinary, and nothing it can read -- its environment, its
     mounts, its first processes' command lines, /etc -- names Ledger or /cell."""
     guise, seen = await _face(tmp_path, "verifier")
@@ -593,7 +593,7 @@ async def test_etc_is_shown_without_anything_named_for_ledger(tmp_path: Path) ->
     assert listing.strip().endswith("127.0.0.1 localhost")  # links kept
 
 
-# --- limits on everything a command can fill (issue 41) -----------------------------------
+# --- limits on everything a command can fill ----------------------------------------
 
 FILL = """import os, sys
 os.makedirs("fill", exist_ok=True)
@@ -609,7 +609,7 @@ print("wrote", n + 1)
 
 @needs_cells
 async def test_the_workspace_can_grow_by_workspace_mb_and_no_more(tmp_path: Path) -> None:
-    """Finding 4: a file-size limit is per file; 2 GiB went into /cell/work in
+    """a file-size limit is per file; 2 GiB went into /cell/work in
     files each allowed. The cell is killed once its workspace grew past
     cell.workspace_mb -- what it held at the start does not count."""
     work = tmp_path / "work"

@@ -400,7 +400,7 @@ async def test_held_out_tests_from_a_second_repository_replace_what_the_candidat
 
 async def test_held_out_tests_are_never_shown_to_the_attempt(
         actors: Any, admin: Any, db_url: str, tmp_path: Path) -> None:
-    """Finding 2: not in the campaign file, the environment or the cell -- not
+    """not in the campaign file, the environment or the cell -- not
     even where they are -- and a rejection by them reaches the next attempt
     as a count: every byte the next attempt can see is searched for their
     paths, file and test names and content."""
@@ -783,7 +783,7 @@ async def test_committed_bytecode_is_never_loaded(bench: Bench, tmp_path: Path, 
         assert pyc in (reason or "")
 
 
-# --- a judge environment a fix cannot recognise (issue 41) ----------------------------------
+# --- a judge environment a fix cannot recognise ---------------------------------------
 
 # Right only where every judged run used to be: /cell/work (disguised from the screen).
 RECOGNISES_THE_CELL = OPS.replace("def add(a, b):\n    return a - b", textwrap.dedent("""\
@@ -810,7 +810,7 @@ PLAIN = [PY, "-c", "import runpy; runpy.run_path('tests/held_out/check.py')"]
 
 @pytest.mark.rollback  # only SQL: a transaction rolled back after the test
 async def test_a_fix_that_recognises_the_old_judge_is_wrong_in_every_judged_run(bench: Bench, tmp_path: Path) -> None:
-    """Finding 1, as found: ``tail()`` right only where ``/cell/work`` exists
+    """As found: ``tail()`` right only where ``/cell/work`` exists
     passed the verifier's pytest, the held-out pytest and the plain-Python
     check (and the sensor's confirming run). No judged run is there now."""
     held = held_out_dir(tmp_path)

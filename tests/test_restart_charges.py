@@ -1,4 +1,4 @@
-"""Faults that are not the attempt's cost nothing (issue 37): a real
+"""Faults that are not the attempt's cost nothing: a real
 PostgreSQL stopped (fast, and immediate: a crash) and started again under a
 real worker process, for longer than its lease -- during its attempt, and in
 the window between its claim and its start -- charges nothing, and the agent
@@ -90,7 +90,7 @@ class Fleet:
 
     def rows(self, query: str, *params: Any) -> list[dict[str, Any]]:
         with psycopg.connect(self.url, row_factory=dict_row) as conn:
-            return conn.execute(query, params).fetchall()  # type: ignore[arg-type]
+            return conn.execute(query, params).fetchall()
 
     async def open(self) -> int:
         db = Database(self.url, role_prefix=TEST_PREFIX)
@@ -188,8 +188,11 @@ def daemon(tmp_path: Path) -> Iterator[GitDaemon]:
     root = tmp_path / "served"
     root.mkdir()
     bare_repository(root, "repo.git", {"README": "under repair\n"})
-    with GitDaemon(root).start() as d:
+    d = GitDaemon(root).start()
+    try:
         yield d
+    finally:
+        d.close()
 
 
 @pytest.mark.parametrize("mode", ["fast", "immediate"])

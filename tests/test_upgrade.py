@@ -241,7 +241,7 @@ def wait_for(what: str, check: Any, timeout: float, procs: list[subprocess.Popen
     deadline = time.monotonic() + scaled(timeout)
     while not check():
         for p in procs:
-            assert p.poll() is None, f"{p.args} exited {p.returncode} while waiting for {what}"
+            assert p.poll() is None, f"{p.args!r} exited {p.returncode} while waiting for {what}"
         assert time.monotonic() < deadline, f"gave up waiting for {what}"
         time.sleep(0.2)
 
