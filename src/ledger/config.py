@@ -26,6 +26,9 @@ Example::
     authority.dispatcher = { refs = ["refs/heads/main"] }
     attempt_environment = ["ANTHROPIC_API_KEY"]   # passed to the attempt command only
     committer = "Ledger <ledger@example.org>"
+    approval = { when = ["protected_paths", { diff_lines_over = 400 }] }  # docs/approval.md
+    approval_timeout_s = 86400
+    approval_notify = "https://chat.example.org/hooks/xyz"
 
 ``acceptance.protected`` (default: derived from the commands, see
 ``ledger.git.protection``), ``acceptance.allow_protected_changes`` and

@@ -61,6 +61,10 @@ class Snapshot:
     #: (class, reason) -> campaigns held back by what is not their attempt's
     #: own: a system fault, or their target (a dirty checkout)
     waiting: dict[tuple[str, str], int] = field(default_factory=dict)
+    #: class -> (undecided approvals, the oldest one's age in seconds)
+    approvals: dict[str, tuple[int, float]] = field(default_factory=dict)
+    #: (decision, role that decided) -> decided approvals
+    approval_decisions: dict[tuple[str, str], int] = field(default_factory=dict)
     read_s: float = 0.0
 
 
@@ -110,6 +114,8 @@ async def read_snapshot(reads: Reads) -> Snapshot:
         verification_durations=await reads.verification_durations(DURATION_BUCKETS),
         notify_queue_usage=await reads.notify_queue_usage(),
         waiting={key: count for key, (count, _) in (await reads.waiting_counts()).items()},
+        approvals={b.class_: (b.waiting, b.oldest_age_s) for b in await reads.approval_backlog()},
+        approval_decisions=await reads.approval_decisions(),
     )
     snapshot.read_s = time.perf_counter() - started
     return snapshot
@@ -148,6 +154,25 @@ class LedgerCollector(Collector):
             for reason in WAITING_REASONS:
                 waiting.add_metric([cls, reason], s.waiting.get((cls, reason), 0))
         yield waiting
+        approvals = GaugeMetricFamily("ledger_approvals_waiting",
+                                      "Verified candidates waiting for a person's approval, per class "
+                                      "(docs/approval.md)", labels=["class"])
+        oldest = GaugeMetricFamily("ledger_approval_oldest_age_seconds",
+                                   "How long the oldest approval of each class has waited (0: none waits)",
+                                   labels=["class"])
+        for cls in sorted(set(classes) | set(s.approvals)):  # every class with campaigns, zero included
+            count, age = s.approvals.get(cls, (0, 0.0))
+            approvals.add_metric([cls], count)
+            oldest.add_metric([cls], age)
+        yield approvals
+        yield oldest
+        decisions = CounterMetricFamily("ledger_approval_decisions",
+                                        "Approvals decided, per decision and by whom (operator: a "
+                                        "person; system: the class's timeout)",
+                                        labels=["decision", "by"])
+        for (decision, by), count in sorted(s.approval_decisions.items()):
+            decisions.add_metric([decision, by], count)
+        yield decisions
         yield GaugeMetricFamily("ledger_oldest_ready_age_seconds",
                                 "Age of the oldest ready campaign (0: none is ready)",
                                 value=s.oldest_ready_age_s or 0.0)
