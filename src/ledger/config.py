@@ -26,7 +26,7 @@ Example::
     authority.dispatcher = { refs = ["refs/heads/main"] }
     attempt_environment = ["ANTHROPIC_API_KEY"]   # passed to the attempt command only
     committer = "Ledger <ledger@example.org>"
-    approval = { when = ["protected_paths", { diff_lines_over = 400 }] }  # docs/approval.md
+    approval = { when = [{ diff_lines_over = 400 }, { paths = ["migrations/*"] }] }  # docs/approval.md
     approval_timeout_s = 86400
     approval_notify = "https://chat.example.org/hooks/xyz"
 
