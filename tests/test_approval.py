@@ -1,4 +1,4 @@
-"""Approval before promotion (docs/approval.md, issue 40), on the real
+"""Approval before promotion (docs/approval.md), on the real
 database: a class's policy sends a verified candidate to awaiting_approval
 with the conditions that asked; nothing is leased or promoted while it
 waits; the operator role -- never the identity that made the attempt --
@@ -271,8 +271,8 @@ CONDITIONS: list[tuple[dict[str, Any], dict[str, Any], str | None]] = [
     ({"paths": ["migrations/*"]}, {}, None),
     ({"paths": ["migrations/*"]}, {"change": {**SMALL, "paths_truncated": True}},
      "it changes more paths than were listed: a person looks"),
-    ({"protected_paths": True}, {"change": {**SMALL, "protected": ["tests/test_a.py"]}},
-     "it changes protected paths: tests/test_a.py"),
+    ({"protected_paths": True}, {"change": {**SMALL, "protected": ["checks/test_a.py"]}},
+     "it changes protected paths: checks/test_a.py"),
     ({"protected_paths": True}, {}, None),
     ({"quorum_split": True}, {"needs_human": "it changes the public API"},
      "command verdict by verifier-1 asks for a person: it changes the public API"),

@@ -65,6 +65,8 @@ async def test_the_command_line_lists_approves_and_denies(db_url: str, actors: A
     table = ledger(db_url, "approvals").stdout
     assert str(first) in table and "every promotion" in table
 
+    shown = ledger(db_url, "show", str(first)).stdout
+    assert "approvals" in shown and "waiting" in shown and "before every promotion" in shown
     approved = ledger(db_url, "approve", str(first), "--reason", "looked at it")
     assert f"campaign {first} approved" in approved.stdout
     assert state_of(admin, first) == "verified"

@@ -1,4 +1,4 @@
-"""Approval before promotion (issue 40): the state awaiting_approval and
+"""Approval before promotion: the state awaiting_approval and
 its transitions (request_approval; approve, deny and abandon by the
 operator; approve, deny and abandon on timeout by the system), the
 approvals (ledger.approval: one open per campaign, a decision final, no
