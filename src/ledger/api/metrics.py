@@ -170,8 +170,9 @@ class LedgerCollector(Collector):
                                         "Approvals decided, per decision and by whom (operator: a "
                                         "person; system: the class's timeout)",
                                         labels=["decision", "by"])
-        for (decision, by), count in sorted(s.approval_decisions.items()):
-            decisions.add_metric([decision, by], count)
+        for decision in ("approved", "denied", "abandoned"):  # zero included: a rate from the start
+            for by in ("operator", "system"):
+                decisions.add_metric([decision, by], s.approval_decisions.get((decision, by), 0))
         yield decisions
         yield GaugeMetricFamily("ledger_oldest_ready_age_seconds",
                                 "Age of the oldest ready campaign (0: none is ready)",
