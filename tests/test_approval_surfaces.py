@@ -145,3 +145,60 @@ async def test_the_attempt_s_identity_is_refused_over_http(api: Api, actors: Act
     [cid] = await awaiting(actors, 1, worker="http:operator-tok")
     assert_problem(await api.post(f"/campaigns/{cid}/approve"), 403, "same-identity")
     assert state_of(admin, cid) == "awaiting_approval"
+
+
+async def test_concurrent_decisions_apply_once(db: Database, actors: Actors, admin: Admin) -> None:
+    """Two operators and the timeout decide the same approval at once, on
+    connections of their own: the first holds the campaign; the second
+    operator waits for it and is then refused; the reaper skips what is
+    held and later finds it decided. One decision, one promotion."""
+    import asyncio
+    from datetime import timedelta
+
+    from drive import wait_for_lock_waiters
+    from ledger import IllegalTransition, Kernel
+
+    op = await actors("operator")
+    await op.register_class("timed", lease_seconds=30, backoff_base_s=0,
+                            promotion={"ref": "refs/heads/main", "repository": "/nowhere"},
+                            approval={"mode": "always", "timeout_s": 60, "on_timeout": "deny"})
+    d = Driver(actors, "timed")
+    cid = await d.open()
+    w = await actors("worker")
+    claim = await w.claim_campaign("worker-1", ["timed"])
+    assert claim is not None
+    await w.record_attempt(cid, claim.generation, base_sha=sha(1), candidate_sha=sha(2), fingerprint=fingerprint(2))
+    check = await (await actors("verifier")).claim_verification("verifier-1")
+    assert check is not None
+    await (await actors("verifier")).accept(check.verification_id, {})
+    later = admin.execute("SELECT deadline FROM ledger.approval WHERE campaign_id = %s",
+                          (cid,)).fetchone()["deadline"] + timedelta(seconds=1)
+    await actors("reaper")
+    second = db.session("operator", max_size=1)
+    await second.open()
+    try:
+        async with actors.session("operator").transaction() as tx:
+            first = await Kernel(tx).approve(cid, "cli:alice@desk", "mine")
+
+            async def other() -> str:
+                try:
+                    await Kernel(second).deny(cid, "cli:bob@desk", "no, mine")
+                except IllegalTransition as exc:
+                    return exc.message
+                return "decided twice"
+
+            denying = asyncio.create_task(other())
+            await wait_for_lock_waiters(db, "ledger:operator")
+            async with actors.session("reaper").transaction(now=later) as rtx:
+                assert await Kernel(rtx).expire_approvals() == [], "the held campaign is skipped"
+        assert "approval" in await denying and "approved by cli:alice@desk" in await denying
+    finally:
+        await second.close()
+    async with actors.session("reaper").transaction(now=later) as rtx:
+        assert await Kernel(rtx).expire_approvals() == []
+    assert first.decision == "approved"
+    row = admin.execute("SELECT decision, decided_by, (SELECT count(*) FROM ledger.side_effect s "
+                        "WHERE s.campaign_id = ap.campaign_id AND s.purpose = 'promotion') AS promotions "
+                        "FROM ledger.approval ap WHERE campaign_id = %s", (cid,)).fetchone()
+    assert dict(row) == {"decision": "approved", "decided_by": "cli:alice@desk", "promotions": 1}
+    assert state_of(admin, cid) == "verified"
