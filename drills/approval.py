@@ -215,8 +215,16 @@ class Approval(Drill):
         running = ctx.sql("SELECT count(*) AS n FROM ledger.verification v JOIN ledger.campaign c "
                           "ON c.id = v.campaign_id WHERE c.state = 'awaiting_approval' "
                           "AND v.status = 'running'")[0]["n"]
-        holds = ctx.sql("SELECT role, holds FROM ledger.process WHERE stopped_at IS NULL "
-                        "AND role IN ('worker', 'verifier') AND holds <> '[]'")
+
+        def holding() -> list[dict[str, Any]]:
+            return ctx.sql("SELECT role, holds FROM ledger.process WHERE stopped_at IS NULL "
+                           "AND role IN ('worker', 'verifier') AND holds <> '[]'")
+
+        # (each process reports what it holds on its own tick: a verdict given a
+        # moment ago may still be listed until the next report)
+        await ctx.until(lambda: not holding(), "the workers and the verifier to report holding nothing",
+                        timeout=15)
+        holds = holding()
         cells = [(p.name, d) for p in procs for d in _descendants(p.pid)
                  if d[1] in ("bwrap", "python3", drill_python().rsplit("/", 1)[-1]) and p.name != "serve"]
         ctx.expect(held == 0 and running == 0 and not holds and not cells,
