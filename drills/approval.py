@@ -254,6 +254,13 @@ class Approval(Drill):
             "SELECT count(*) FILTER (WHERE state IN ('pending', 'claimed')) AS open FROM ledger.side_effect "
             "WHERE idempotency_key LIKE 'approval:%%'")[0]["open"] == 0, "every notice to be sent", timeout=60)
         ctx.expect(notices, "every approval's notice left the outbox")
+        # dispatcher-2 promotes (a campaign that asks nothing), so that what is
+        # measured below is the wake-up, not a new dispatcher's first fetch
+        after_kill = (await sensor.open_campaign("never", "never-after-kill", "repo")).campaign_id
+        ctx.expect(await ctx.until(lambda: ctx.sql("SELECT promoted_at IS NOT NULL AS p FROM ledger.campaign "
+                                                   "WHERE id = %s", after_kill)[0]["p"],
+                                   "dispatcher-2 to promote a campaign that asks nothing", timeout=60),
+                   "dispatcher-2 promotes after the kill and the restart")
 
         # --- the decisions ---------------------------------------------------------
         gates = [f"gate-{i}" for i in range(1, n + 1)]
@@ -335,7 +342,7 @@ class Approval(Drill):
             log = subprocess.run(["git", "-C", str(repo), "reflog", "show", f"refs/heads/{name}"],
                                  capture_output=True, text=True).stdout
             moved[name] = log.count("ledger promotion")
-        landed = {"when": 2, "never": 2, **{k: 1 for k in approve}, "timeout-approve": 1,
+        landed = {"when": 2, "never": 3, **{k: 1 for k in approve}, "timeout-approve": 1,
                   deny_cli: 0, abandon_http: 0, "timeout-deny": 0, "timeout-abandon": 0}
         ctx.expect(moved == landed, "each branch moved once per promoted campaign, and never for a denied one",
                    json.dumps(moved))
@@ -348,10 +355,15 @@ class Approval(Drill):
                    "own Idempotency-Key", f"{len(keys)} received, {len(set(keys))} keys; states "
                    + str(sorted({s['state'] for s in sent})))
 
-        latency = [r["s"] for r in ctx.sql(
-            "SELECT extract(epoch FROM s.finished_at - ap.decided_at)::float8 AS s FROM ledger.approval ap "
+        measured = ctx.sql(
+            "SELECT c.objective_key AS key, extract(epoch FROM s.finished_at - ap.decided_at)::float8 AS s, "
+            "extract(epoch FROM s.updated_at - s.created_at)::float8 AS queued "
+            "FROM ledger.approval ap JOIN ledger.campaign c ON c.id = ap.campaign_id "
             "JOIN ledger.side_effect s ON s.campaign_id = ap.campaign_id AND s.generation = ap.generation "
-            "AND s.purpose = 'promotion' WHERE ap.decision = 'approved' AND s.state = 'done'")]
+            "AND s.purpose = 'promotion' WHERE ap.decision = 'approved' AND s.state = 'done' ORDER BY 2 DESC")
+        latency = [r["s"] for r in measured]
+        if measured:
+            ctx.step("slowest: " + ", ".join(f"{r['key']} {r['s'] * 1000:.0f} ms" for r in measured[:3]))
         if latency:
             p50, p99 = statistics.median(latency), _percentile(latency, 0.99)
             ctx.step(f"measured: decision to promotion (the landed commit read back) over {len(latency)} "
