@@ -200,5 +200,5 @@ async def test_concurrent_decisions_apply_once(db: Database, actors: Actors, adm
     row = admin.execute("SELECT decision, decided_by, (SELECT count(*) FROM ledger.side_effect s "
                         "WHERE s.campaign_id = ap.campaign_id AND s.purpose = 'promotion') AS promotions "
                         "FROM ledger.approval ap WHERE campaign_id = %s", (cid,)).fetchone()
-    assert dict(row) == {"decision": "approved", "decided_by": "cli:alice@desk", "promotions": 1}
+    assert row is not None and dict(row) == {"decision": "approved", "decided_by": "cli:alice@desk", "promotions": 1}
     assert state_of(admin, cid) == "verified"
