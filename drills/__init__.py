@@ -5,6 +5,7 @@ injects one fault with real signals (SIGKILL, SIGSTOP, SIGTERM), backend
 terminations or a server restart, and checks what must hold.
 """
 
+from .approval import Approval
 from .bad_patch import BadPatch
 from .chaos import Chaos
 from .database_restart import DatabaseRestart
@@ -34,4 +35,4 @@ from .zombie_worker import ZombieWorker
 ALL = [Intake(), SecondAttemptDiffers(), KillWorker(), ZombieWorker(), FrozenWorker(), HeartbeatRace(), BadPatch(),
        ForbiddenWrite(), LostDoorbell(), DatabaseRestart(), DispatcherCrash(), StopMidAttempt(),
        Drain(), VerifierCrash(), Partition(), GamingAgent(), HostileAgent(), Load(), Failover(), Patroni(),
-       Machines(), MergeQueue(), Chaos(), Upgrade()]
+       Machines(), MergeQueue(), Approval(), Chaos(), Upgrade()]

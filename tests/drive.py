@@ -13,6 +13,8 @@ from ledger.db.models import Claim
 
 _ids = itertools.count(1)
 PROMOTING_CLASS = "promoting"
+#: A promoting class whose every candidate a person approves first.
+APPROVING_CLASS = "approving"
 
 
 def new_key(prefix: str = "objective") -> str:

@@ -215,7 +215,7 @@ async def test_a_short_lease_renewed_on_time_is_not_flagged(server: Server, brow
 
 
 NARROW_PAGES = ("/ui/", "/ui/campaigns/{cid}", "/ui/campaigns/{cid}/attempts/1", "/ui/classes",
-                "/ui/classes/test", "/ui/workers", "/ui/autonomy", "/ui/bulk/abandon?label=wide")
+                "/ui/classes/test", "/ui/workers", "/ui/autonomy", "/ui/bulk/abandon?label=wide", "/ui/approvals")
 
 
 @pytest.mark.parametrize("width", [390, 768])

@@ -360,6 +360,7 @@ async def test_every_numeric_argument_refuses_nan_infinity_and_out_of_range(acto
         ("heartbeat_verification", "p_lease_s"): lambda x: verifier.heartbeat_verification(1, lease_s=x),
         ("expire_leases", "p_grace_s"): lambda x: reaper.expire_leases(grace_s=x),
         ("expire_leases", "p_limit"): lambda x: reaper.expire_leases(limit=_int(x)),
+        ("expire_approvals", "p_limit"): lambda x: reaper.expire_approvals(limit=_int(x)),
         ("trim_journal", "p_older_than_s"): lambda x: op.trim_journal(x),
         ("reopen", "p_extra_attempts"): lambda x: op.reopen(cid, extra_attempts=_int(x)),
         ("open_campaign", "p_priority"): lambda x: sensor.open_campaign(test_class, "prio", "t", priority=_int(x)),

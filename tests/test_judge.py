@@ -213,7 +213,7 @@ class Bench:
         self.keys = 0
 
     async def register(self, *, verifiers: list[str] | None = None, promote: bool = False,
-                       **acceptance: Any) -> None:
+                       approval: dict[str, Any] | None = None, **acceptance: Any) -> None:
         spec = {"commands": [PYTEST], "timeout_s": 120, "environment": QUICK, **acceptance}
         quorum = verifiers or ["pytest"]
         promotion = {"ref": "refs/heads/main", "repository": str(self.repo)} if promote else {}
@@ -221,7 +221,7 @@ class Bench:
         await (await self.actors("operator")).register_class(
             CLASS, max_attempts=5, lease_seconds=30, backoff_base_s=0, backoff_jitter=0,
             verifier=quorum[0], acceptance=spec, promotion=promotion, authority=authority,
-            **({"verifiers": quorum} if verifiers else {}))
+            **({"verifiers": quorum} if verifiers else {}), **({"approval": approval} if approval else {}))
 
     async def open(self) -> int:
         self.keys += 1
@@ -637,6 +637,42 @@ async def test_a_quorum_accepts_only_when_every_verifier_does(bench: Bench, tmp_
                      if line.startswith("Ledger-Verdict:")]
     assert [line.split(":", 2)[1].strip() for line in verdict_lines] == [
         "accepted by verifier-B [pytest]", "accepted by verifier-B [review]"], verdict_lines
+
+
+DOUBTING_REVIEWER = textwrap.dedent("""\
+    import json
+    print(json.dumps({"verdict": "needs_human", "summary": "right, but it changes how add rounds"}))
+    """)
+
+
+@pytest.mark.rollback  # only SQL: a transaction rolled back after the test
+@pytest.mark.parametrize("asks_a_person", [True, False])
+async def test_a_reviewer_that_asks_for_a_person_gets_one_where_the_class_has_one(
+        bench: Bench, tmp_path: Path, asks_a_person: bool) -> None:
+    """``needs_human`` (docs/approval.md): with a class whose approval asks
+    when the quorum is split, the candidate waits for a person, the verdicts
+    saying why and what changed (measured from the repository); without one
+    a reviewer that cannot decide is a rejection."""
+    script = tmp_path / "doubting.py"
+    script.write_text(DOUBTING_REVIEWER)
+    await bench.register(verifiers=["pytest", "review"], promote=True, review={"command": [PY, str(script)]},
+                         approval={"mode": "when", "when": [{"quorum_split": True}]} if asks_a_person else None)
+    cid = await bench.open()
+    await bench.record(cid, candidate(bench.repo, bench.base, {"calc/ops.py": FIXED}))
+    tests, review = await bench.verdicts(cid)
+    assert tests.evidence["change"] == {"files": 1, "lines": 2, "added": 1, "removed": 1,
+                                        "paths": ["calc/ops.py"], "paths_truncated": False, "protected": []}
+    reads = await bench.actors.reads("reader")
+    campaign = await reads.campaign(cid)
+    if asks_a_person:
+        assert (review.status, review.evidence["needs_human"]) == ("accepted", "right, but it changes how add rounds")
+        assert campaign.state == "awaiting_approval"
+        [approval] = await reads.approvals_of(cid)
+        assert [(r.condition, r.detail) for r in approval.reasons] == [
+            ("quorum_split", "review verdict by verifier-B asks for a person: right, but it changes how add rounds")]
+    else:
+        assert review.status == "rejected" and "asks for a person" in (review.reason or "")
+        assert campaign.state == "ready"
 
 
 @pytest.mark.rollback  # only SQL: a transaction rolled back after the test

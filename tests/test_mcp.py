@@ -4,7 +4,8 @@ SDK's own client, against the test's database.
 
 A reader's token reads (list, search, one campaign with its attempts, verdict
 and evidence, the journal's tail, the report, class status); an operator's
-previews a bulk action, then acts on exactly the previewed set. A reader's
+previews a bulk action, then acts on exactly the previewed set, and decides
+approvals (a reader's is refused, by the database). A reader's
 token that confirms a bulk action is refused by PostgreSQL (the reader role
 may not execute ``ledger_api.abandon``), and nothing changes; an HTTP request
 without a valid token is answered 401 before MCP sees it."""
@@ -253,3 +254,37 @@ def test_stdio_without_a_valid_token_is_one_line_and_a_config_exit(db_url: str, 
         assert done.returncode != 0 and done.stdout == ""
         assert len(done.stderr.strip().splitlines()) == 1 and "Traceback" not in done.stderr, done.stderr
         assert "LEDGER_MCP_TOKEN" in done.stderr or "not valid" in done.stderr
+
+
+async def test_approvals_are_decided_by_an_operator_s_token_only(http_server: str, tokens: Tokens,
+                                                                 actors: Actors, admin: Admin) -> None:
+    op = await actors("operator")
+    await op.register_class("guarded", lease_seconds=30, backoff_base_s=0,
+                            promotion={"ref": "refs/heads/main", "repository": "/nowhere"},
+                            approval={"mode": "always"})
+    first, second = [await verified_campaign(actors, "guarded") for _ in range(2)]
+
+    def state(cid: int) -> str:
+        return str(admin.execute("SELECT state FROM ledger.campaign WHERE id = %s", (cid,)).fetchone()["state"])
+
+    async with over_http(http_server, tokens.reader) as client:
+        assert {"list_approvals", "approve_campaign", "deny_campaign"} <= {t.name for t in (await client.list_tools()).tools}
+        waiting = await call(client, "list_approvals")
+        assert [a["campaign_id"] for a in waiting["items"]] == [first, second]
+        assert waiting["items"][0]["reasons"][0]["condition"] == "always"
+        # a reader's token asks; PostgreSQL refuses (the reader role may not execute approve)
+        assert "forbidden" in await refused(client, "approve_campaign", campaign_id=first)
+        assert "forbidden" in await refused(client, "deny_campaign", campaign_id=second, reason="no")
+    assert (state(first), state(second)) == ("awaiting_approval", "awaiting_approval")
+
+    async with over_http(http_server, tokens.operator) as client:
+        approved = await call(client, "approve_campaign", campaign_id=first, reason="read it")
+        assert (approved["decision"], approved["state"]) == ("approved", "verified")
+        assert approved["side_effect_id"]
+        denied = await call(client, "deny_campaign", campaign_id=second, reason="wrong fix")
+        assert (denied["decision"], denied["state"]) == ("denied", "ready")
+        assert "illegal-transition" in await refused(client, "approve_campaign", campaign_id=second)
+        assert (await call(client, "list_approvals"))["items"] == []
+    row = admin.execute("SELECT decided_by, decision_reason FROM ledger.approval WHERE campaign_id = %s",
+                        (first,)).fetchone()
+    assert (row["decided_by"], row["decision_reason"]) == ("mcp:operator-tok", "read it")

@@ -9,7 +9,7 @@ hour, as if scraped each minute). ``promtool test rules`` then checks which
 alerts of ``ops/prometheus/ledger-rules.yml`` fire: as scraped (exhausted and
 outbox stalled, nothing else), and with the scraped series changed where no
 test can make the real condition cheaply (a deaf hub, a filling notification
-queue, campaigns held back by a system fault). A rule on a metric or label
+queue, campaigns held back by a system fault, an approval waiting for hours). A rule on a metric or label
 that ``/metrics`` does not have fires on nothing, and the test fails.
 
 The Grafana dashboard (``ops/grafana/ledger.json``): every query parses as
@@ -101,6 +101,18 @@ def scraped(db_url: str, actors: Actors, tmp_path: Path) -> Iterator[Scraped]:
                 await dispatcher.confirm_side_effect(got.side_effect_id, got.claim_token)
                 assert await dispatcher.complete_side_effect(got.side_effect_id, got.claim_token, "done") == "done"
 
+        # a verified candidate waiting for a person
+        await operator.register_class("gated", lease_seconds=30, approval={"mode": "always"})
+        gated = (await sensor.open_campaign("gated", "objective-gated", "repo")).campaign_id
+        leased = await worker.claim_campaign("w", ["gated"])
+        assert leased is not None and leased.campaign_id == gated
+        await worker.record_attempt(gated, leased.generation, base_sha="a" * 40, candidate_sha="b" * 40,
+                                    fingerprint="sha256:gated-1")
+        verifier = await actors("verifier")
+        check = await verifier.claim_verification("v", classes=["gated"])
+        assert check is not None
+        await verifier.accept(check.verification_id, {})
+
     token = new_token()
     port = _free_port()
     log = tmp_path / "serve.log"
@@ -170,7 +182,8 @@ def expect(alert: str, at: str, *fired: tuple[dict[str, str], float]) -> dict[st
 
 
 ALERTS = ("LedgerHubDeaf", "LedgerNotifyQueueFilling", "LedgerNotifyQueueNearlyFull", "LedgerOutboxStalled",
-          "LedgerCampaignsExhausted", "LedgerSystemFaultsWaiting", "LedgerSensorErroring")
+          "LedgerCampaignsExhausted", "LedgerSystemFaultsWaiting", "LedgerSensorErroring",
+          "LedgerApprovalsAging")
 
 
 @needs_promtool
@@ -189,6 +202,8 @@ async def test_the_alerts_fire_on_series_from_a_real_metrics_endpoint(scraped: S
     exhausted = ("ledger_campaigns", (("class", "ops"), ("state", "exhausted")))
     pending = ("ledger_side_effects_by_state", (("kind", "http.request"), ("state", "pending")))
     carried_out = ("ledger_side_effects_by_state", (("kind", "http.request"), ("state", "done")))
+    approvals = ("ledger_approvals_waiting", (("class", "gated"),))
+    aging = ("ledger_approval_oldest_age_seconds", (("class", "gated"),))
     deaf = ("ledger_hub_deaf", ())
     queue = ("ledger_notify_queue_usage", ())
     erroring = ("ledger_sensor_consecutive_errors", (("sensor", "unreachable"),))
@@ -198,6 +213,7 @@ async def test_the_alerts_fire_on_series_from_a_real_metrics_endpoint(scraped: S
     assert present[exhausted] == 1 and present[pending] == 1 and present[carried_out] == 1
     assert present[waiting] == 0 and present[deaf] == 0 and present[queue] < 0.5
     assert present[erroring] == 3 and present[healthy] == 0
+    assert present[approvals] == 1 and 0 <= present[aging] < 600
 
     as_scraped = {
         "interval": "1m", "name": "as scraped: an exhausted campaign, a side effect no dispatcher carries out",
@@ -210,7 +226,8 @@ async def test_the_alerts_fire_on_series_from_a_real_metrics_endpoint(scraped: S
             expect("LedgerSensorErroring", "3m"),  # for 5m
             expect("LedgerSensorErroring", "40m", ({**job, "sensor": "unreachable"}, 3)),
             *(expect(a, "40m") for a in ("LedgerHubDeaf", "LedgerNotifyQueueFilling",
-                                         "LedgerNotifyQueueNearlyFull", "LedgerSystemFaultsWaiting")),
+                                         "LedgerNotifyQueueNearlyFull", "LedgerSystemFaultsWaiting",
+                                         "LedgerApprovalsAging")),
         ],
     }
     faults = {
@@ -235,6 +252,14 @@ async def test_the_alerts_fire_on_series_from_a_real_metrics_endpoint(scraped: S
         "alert_rule_test": [expect("LedgerSensorErroring", "8m", ({**job, "sensor": "unreachable"}, 3)),
                             expect("LedgerSensorErroring", "20m")],
     }
+    aged = {
+        "interval": "1m", "name": "an approval waits, a minute older every minute",
+        "input_series": series(samples, instance, {aging: f"3000+60x{MINUTES}"}),
+        "alert_rule_test": [
+            expect("LedgerApprovalsAging", "12m"),  # over an hour at 11m, for 5m: not yet
+            expect("LedgerApprovalsAging", "17m", ({**job, "class": "gated"}, 3000 + 60 * 17)),
+        ],
+    }
     working = {
         "interval": "1m", "name": "the dispatcher carries one out now and then: not stalled",
         "input_series": series(samples, instance, {carried_out: f"1+1x{MINUTES}"}),
@@ -248,7 +273,8 @@ async def test_the_alerts_fire_on_series_from_a_real_metrics_endpoint(scraped: S
     shutil.copy(RULES, tmp_path / RULES.name)
     spec = tmp_path / "ledger-rules.test.yml"
     spec.write_text(json.dumps({"rule_files": [RULES.name], "evaluation_interval": "1m",
-                                "tests": [as_scraped, faults, working, full, recovered]}, indent=1))  # JSON is YAML
+                                "tests": [as_scraped, faults, working, full, recovered, aged]},
+                               indent=1))  # JSON is YAML
     done = promtool("test", "rules", spec)
     assert done.returncode == 0, done.stdout + done.stderr
 

@@ -159,7 +159,7 @@ VIEW_MODELS: dict[str, type[BaseModel]] = {
     "side_effects": models.SideEffect, "security_events": models.SecurityEvent,
     "classes": models.CampaignClass, "states": models.StateRow,
     "transitions": models.TransitionRow, "class_events": models.ClassEvent,
-    "processes": models.ProcessRow,
+    "processes": models.ProcessRow, "approvals": models.Approval,
 }
 
 

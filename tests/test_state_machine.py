@@ -12,7 +12,7 @@ import psycopg
 import pytest
 
 from conftest import Actors, Admin
-from drive import PROMOTING_CLASS, Driver, fingerprint, new_key, now, sha
+from drive import APPROVING_CLASS, PROMOTING_CLASS, Driver, fingerprint, new_key, now, sha
 from ledger import Forbidden, IllegalTransition, Kernel, StaleLease
 
 # Only SQL on one connection: each test runs in a transaction rolled back after it.
@@ -50,7 +50,14 @@ TRANSITIONS = {
     ("exhaust", "ready", "exhausted", "system"),
     ("reopen", "exhausted", "ready", "operator"),
     *{("abandon", s, "abandoned", "operator")
-      for s in ("ready", "leased", "attempted", "verified", "exhausted")},
+      for s in ("ready", "leased", "attempted", "verified", "awaiting_approval", "exhausted")},
+    # approval before promotion (docs/approval.md)
+    ("request_approval", "verified", "awaiting_approval", "system"),
+    ("approve", "awaiting_approval", "verified", "operator"),
+    ("deny", "awaiting_approval", "ready", "operator"),
+    ("approve_on_timeout", "awaiting_approval", "verified", "system"),
+    ("deny_on_timeout", "awaiting_approval", "ready", "system"),
+    ("abandon_on_timeout", "awaiting_approval", "abandoned", "system"),
 }
 
 
@@ -61,6 +68,9 @@ async def classes(actors: Actors) -> None:
     await op.register_class("single", max_attempts=1, lease_seconds=30, backoff_base_s=0)
     await op.register_class(PROMOTING_CLASS, max_attempts=3, lease_seconds=30, backoff_base_s=0,
                             promotion={"ref": "refs/heads/main", "repository": "/nowhere"})
+    await op.register_class(APPROVING_CLASS, max_attempts=3, lease_seconds=30, backoff_base_s=0,
+                            promotion={"ref": "refs/heads/main", "repository": "/nowhere"},
+                            approval={"mode": "always"})
 
 
 async def test_transition_table_is_design_section_2(actors: Actors) -> None:
@@ -233,6 +243,16 @@ async def act_reopen(d: Driver, s: dict, role: str) -> int:
     return s["cid"]
 
 
+async def act_approve(d: Driver, s: dict, role: str) -> int:
+    await (await _as(d, role)).approve(s["cid"], "operator-1", "looks right")
+    return s["cid"]
+
+
+async def act_deny(d: Driver, s: dict, role: str) -> int:
+    await (await _as(d, role)).deny(s["cid"], "operator-1", "not this way")
+    return s["cid"]
+
+
 async def act_abandon(d: Driver, s: dict, role: str) -> int:
     await (await _as(d, role)).abandon(s["cid"], "no longer needed")
     return s["cid"]
@@ -262,11 +282,19 @@ CASES = [
     Case("abandon", "attempted", "operator", "test", _attempted, act_abandon),
     Case("abandon", "verified", "operator", "test", _verified, act_abandon),
     Case("abandon", "exhausted", "operator", "single", _exhausted, act_abandon),
+    Case("approve", "awaiting_approval", "operator", APPROVING_CLASS, _verified, act_approve),
+    Case("deny", "awaiting_approval", "operator", APPROVING_CLASS, _verified, act_deny),
+    Case("abandon", "awaiting_approval", "operator", APPROVING_CLASS, _verified, act_abandon),
 ]
+#: Transitions no role asks for: they follow from another one inside the
+#: kernel (tests/test_approval.py covers the approval ones).
+SYSTEM_ONLY = {("exhaust", "ready"), ("request_approval", "verified"),
+               ("approve_on_timeout", "awaiting_approval"), ("deny_on_timeout", "awaiting_approval"),
+               ("abandon_on_timeout", "awaiting_approval")}
 
 
 def test_every_design_row_has_a_case() -> None:
-    covered = {(c.name, c.from_state) for c in CASES} | {("exhaust", "ready")}
+    covered = {(c.name, c.from_state) for c in CASES} | SYSTEM_ONLY
     assert covered == {(name, src) for name, src, _, _ in TRANSITIONS}
 
 

@@ -12,6 +12,12 @@ host to reach a model), with the candidate's tree read-only at
 
     {"verdict": "accept", "summary": "the fix matches the objective"}
     {"verdict": "reject", "reason": "special-cases the failing inputs"}
+    {"verdict": "needs_human", "summary": "right, but it changes the public API"}
+
+``needs_human`` accepts with doubts: the verdict says so (``needs_human`` in
+its evidence), and a class whose approval policy asks a person when the
+quorum is split (``quorum_split``, or ``always``) waits for one before it
+promotes (docs/approval.md); any other class takes it as a rejection.
 
 An exit other than 0, or output that is not such an object, is a rejection
 naming what came back: a reviewer that cannot decide does not let a candidate
@@ -61,8 +67,13 @@ class ReviewVerifier:
         if answer is None:
             return Verdict(accepted=False, evidence=evidence,
                            reason="the reviewer's output is not a JSON verdict "
-                                  '({"verdict": "accept" or "reject", ...})')
+                                  '({"verdict": "accept", "reject" or "needs_human", ...})')
         evidence["review_verdict"] = answer
+        if answer.get("verdict") == "needs_human":
+            why = str(answer.get("summary") or answer.get("reason") or "the reviewer cannot decide")[:500]
+            evidence["summary"] = f"the reviewer asks for a person: {why}"
+            evidence["needs_human"] = why
+            return Verdict(accepted=True, evidence=evidence)
         if answer.get("verdict") == "accept":
             evidence["summary"] = str(answer.get("summary") or "the reviewer accepted")[:500]
             return Verdict(accepted=True, evidence=evidence)
@@ -77,6 +88,6 @@ def _answer(output: str) -> dict[str, Any] | None:
             value = json.loads(line)
         except ValueError:
             continue
-        if isinstance(value, dict) and value.get("verdict") in ("accept", "reject"):
+        if isinstance(value, dict) and value.get("verdict") in ("accept", "reject", "needs_human"):
             return value
     return None

@@ -26,6 +26,9 @@ Example::
     authority.dispatcher = { refs = ["refs/heads/main"] }
     attempt_environment = ["ANTHROPIC_API_KEY"]   # passed to the attempt command only
     committer = "Ledger <ledger@example.org>"
+    approval = { when = [{ diff_lines_over = 400 }, { paths = ["migrations/*"] }] }  # docs/approval.md
+    approval_timeout_s = 86400
+    approval_notify = "https://chat.example.org/hooks/xyz"
 
 ``acceptance.protected`` (default: derived from the commands, see
 ``ledger.git.protection``), ``acceptance.allow_protected_changes`` and
@@ -253,6 +256,64 @@ class MergeQueuePolicy(_Strict):
         "how long the queue's head may wait for a fuller batch before a shorter one is stacked"))
 
 
+#: The approval conditions that take no value: written as a bare string.
+APPROVAL_FLAGS = ("protected_paths", "quorum_split")
+
+
+class ApprovalCondition(_Strict):
+    """One condition of ``approval = { when = [...] }``: a bare
+    ``"protected_paths"`` or ``"quorum_split"``, or a table of one key."""
+
+    protected_paths: bool | None = Field(None, description=(
+        "the candidate changes protected paths (a class with acceptance.allow_protected_changes)"))
+    quorum_split: bool | None = Field(None, description=(
+        "a verifier of the quorum accepted but asks for a person (a review's needs_human)"))
+    diff_lines_over: int | None = Field(None, ge=0, le=10**9, description=(
+        "its diff adds and removes more than this many lines"))
+    paths: list[str] | None = Field(None, min_length=1, max_length=100, description=(
+        "it touches one of these paths (globs: * is any run of characters, / included)"))
+    attempts_over: int | None = Field(None, ge=0, le=1000, description=(
+        "the campaign spent more than this many attempts of its budget"))
+    first_promotions: int | None = Field(None, ge=1, le=10**9, description=(
+        "fewer than this many campaigns of the class were promoted before"))
+    targets: list[str] | None = Field(None, min_length=1, max_length=100, description=(
+        "it promotes onto one of these refs (globs)"))
+
+    @model_validator(mode="before")
+    @classmethod
+    def _bare(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            if value not in APPROVAL_FLAGS:
+                raise ValueError(f"{value!r} is not a condition without a value (those are "
+                                 f"{', '.join(APPROVAL_FLAGS)}); the others are tables such as "
+                                 "{ diff_lines_over = 400 }")
+            return {value: True}
+        return value
+
+    @model_validator(mode="after")
+    def _one(self) -> ApprovalCondition:
+        given = self.model_dump(exclude_none=True)
+        if len(given) != 1:
+            raise ValueError("each approval condition names exactly one of "
+                             + ", ".join(ApprovalCondition.model_fields))
+        if given.get("protected_paths") is False or given.get("quorum_split") is False:
+            raise ValueError("leave a condition out rather than set it to false")
+        for globs in (self.paths or []), (self.targets or []):
+            if any(not g or len(g) > 500 for g in globs):
+                raise ValueError("a glob is 1 to 500 characters")
+        return self
+
+    def stored(self) -> dict[str, Any]:
+        """The condition as the database keeps it (one key)."""
+        return self.model_dump(exclude_none=True)
+
+
+class ApprovalWhen(_Strict):
+    """``approval = { when = [...] }``: a person approves when any condition holds."""
+
+    when: list[ApprovalCondition] = Field(min_length=1, max_length=32)
+
+
 class CampaignClassConfig(_Strict):
     """One campaign class."""
 
@@ -302,8 +363,36 @@ class CampaignClassConfig(_Strict):
     reobserve_before_start: bool = Field(
         True, description="re-observe an old campaign's target before starting an agent on it "
                           "(false: only before charging an attempt that changed nothing)")
+    approval: Literal["never", "always"] | ApprovalWhen = Field("never", description=(
+        "whether a person approves a verified candidate before it is promoted: never, always, "
+        "or { when = [conditions] } (docs/approval.md)"))
+    approval_timeout_s: float | None = Field(None, ge=1, le=31536000, description=(
+        "how long a candidate waits for a decision before approval_on_timeout decides (unset: "
+        "however long it takes)"))
+    approval_on_timeout: Literal["deny", "abandon", "approve"] = Field("deny", description=(
+        "what the timeout decides: deny (back to ready), abandon, or approve (only when the class "
+        "says so here)"))
+    approval_notify: str | None = Field(None, max_length=2000, pattern=r"^https?://[^/?#\s]+([/?#]\S*)?$",
+                                        description=(
+        "a URL a notice is POSTed to for each candidate that starts waiting (a chat webhook; sent "
+        "by the dispatcher with an Idempotency-Key)"))
 
     _attempt_environment = field_validator("attempt_environment")(_extras)
+
+    @field_validator("approval", mode="before")
+    @classmethod
+    def _approval(cls, value: Any) -> Any:
+        # one message for each wrong shape, rather than the union's first
+        if isinstance(value, str) and value not in ("never", "always"):
+            raise ValueError(f"approval is \"never\", \"always\" or {{ when = [conditions] }}, not {value!r}")
+        if isinstance(value, dict):
+            try:
+                return ApprovalWhen.model_validate(value)
+            except ValidationError as exc:
+                first = exc.errors()[0]
+                where = ".".join(str(p) for p in first["loc"])
+                raise ValueError(f"{where}: {first['msg']}") from None
+        return value
 
     @field_validator("attempt_command")
     @classmethod
@@ -337,7 +426,30 @@ class CampaignClassConfig(_Strict):
         held = self.acceptance.held_out
         if held is not None and not held.commands and "pytest" not in self.quorum():
             raise ValueError("acceptance.held_out needs commands unless the pytest verifier runs them")
+        if isinstance(self.approval, ApprovalWhen):
+            keys = {key for condition in self.approval.when for key in condition.stored()}
+            if "protected_paths" in keys and not self.acceptance.allow_protected_changes:
+                raise ValueError("approval: protected_paths asks a person about candidates that change "
+                                 "protected paths, which this class refuses outright: set "
+                                 "acceptance.allow_protected_changes = true, or drop the condition")
+        if self.approval == "never" and {"approval_timeout_s", "approval_on_timeout",
+                                         "approval_notify"} & self.model_fields_set:
+            raise ValueError("approval_timeout_s, approval_on_timeout and approval_notify go with "
+                             "approval = \"always\" or { when = [...] }")
         return self
+
+    def approval_policy(self) -> dict[str, Any]:
+        """The approval policy as the database keeps it (``ledger.check_approval_policy``)."""
+        if self.approval == "never":
+            return {}
+        policy: dict[str, Any] = ({"mode": "always"} if self.approval == "always" else
+                                  {"mode": "when", "when": [c.stored() for c in self.approval.when]})
+        if self.approval_timeout_s is not None:
+            policy["timeout_s"] = self.approval_timeout_s
+        policy["on_timeout"] = self.approval_on_timeout
+        if self.approval_notify:
+            policy["notify"] = {"url": self.approval_notify}
+        return policy
 
     def quorum(self) -> list[str]:
         """The verifier kinds that must all accept, in order."""
@@ -402,6 +514,7 @@ class CampaignClassConfig(_Strict):
             "verifiers": self.quorum(),
             "weight": self.weight,
             "heartbeat_seconds": self.heartbeat_s,
+            "approval": self.approval_policy(),
         }
 
 

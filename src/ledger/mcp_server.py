@@ -4,9 +4,11 @@ optional extra: ``pip install 'ledger[mcp]'``).
 
 Read tools -- list and search campaigns, one campaign with its attempts,
 verdicts, evidence and side effects, the tail of its journal, the autonomy
-report, class status -- and the HTTP API's two bulk actions, previewed first
-and confirmed on exactly the previewed set (``ledger.bulk``, shared with the
-API and the dashboard).
+report, class status, the approvals that wait for a person -- the HTTP
+API's two bulk actions, previewed first and confirmed on exactly the
+previewed set (``ledger.bulk``, shared with the API and the dashboard), and
+the approval decisions (approve, deny: an operator's token; never the
+identity that made the attempt, docs/approval.md).
 
 Who may do what is the database's call, as everywhere: the caller's token
 (the API's ``LEDGER_API_TOKENS``; a reader's or an operator's) is checked on
@@ -42,7 +44,7 @@ from ledger.db.cursors import BIGINT_MAX, decode_cursor
 from ledger.db.database import Database
 from ledger.errors import ConfigError, InvalidInput, LedgerError
 from ledger.db.kernel import Kernel
-from ledger.db.models import CampaignDetail, ClassSummary, Event, State
+from ledger.db.models import ApprovalDecision, CampaignDetail, ClassSummary, Event, State, WaitingApproval
 from ledger.db.reads import Reads
 from ledger.report import autonomy_report
 from ledger.settings import get_settings
@@ -54,7 +56,9 @@ INSTRUCTIONS = (
     "independent verifier judges and a sensor confirms. Use the read tools to look; the bulk "
     "tools (abandon_campaigns, reopen_campaigns) need an operator's token: call them once "
     "without campaign_ids/selection to preview, show the preview to a person, then call again "
-    "with exactly the previewed campaign_ids and selection to act."
+    "with exactly the previewed campaign_ids and selection to act. list_approvals shows the "
+    "candidates that wait for a person; approve_campaign and deny_campaign decide one (an "
+    "operator's token): show the person the diff and the verdicts (show_campaign) first."
 )
 
 CampaignId = Annotated[int, Field(ge=1, le=BIGINT_MAX, description="A campaign id")]
@@ -87,6 +91,12 @@ class AutonomyReport(BaseModel):
 
     streak: int = Field(description="Consecutive days closed without human help")
     days: list[ReportDay]
+
+
+class WaitingApprovals(BaseModel):
+    """Candidates that wait for a person, oldest first."""
+
+    items: list[WaitingApproval]
 
 
 class ClassStatus(BaseModel):
@@ -253,6 +263,39 @@ class LedgerMCP:
             result: ClassStatus = await self._read(go)
             return result
 
+        @tool(annotations=reading)
+        async def list_approvals(ctx: Context, class_name: Annotated[str, Field(
+                                     min_length=1, max_length=200, pattern=NO_NUL)] | None = None,
+                                 limit: Annotated[int, Field(ge=1, le=1000)] = 100) -> WaitingApprovals:
+            """Verified candidates that wait for a person before they are promoted (oldest
+            first): which conditions of the class asked, and when its timeout decides."""
+            self.principal(ctx)
+            result: WaitingApprovals = await self._read(
+                lambda reads: self._waiting(reads, class_name, limit))
+            return result
+
+        @tool(annotations=acting)
+        async def approve_campaign(
+                ctx: Context, campaign_id: CampaignId,
+                reason: Annotated[str, Field(min_length=1, max_length=4000, pattern=NO_NUL)] | None = None
+        ) -> ApprovalDecision:
+            """Approve a candidate that awaits approval (an operator's token): its promotion is
+            queued. Journaled with this token's name and the reason."""
+            principal = self.principal(ctx)
+            return await self._decide(principal, lambda kernel: kernel.approve(
+                campaign_id, _identity(principal), reason))
+
+        @tool(annotations=acting)
+        async def deny_campaign(
+                ctx: Context, campaign_id: CampaignId,
+                reason: Annotated[str, Field(min_length=1, max_length=4000, pattern=NO_NUL)],
+                abandon: bool = False) -> ApprovalDecision:
+            """Deny a candidate that awaits approval (an operator's token): back to ready, the
+            reason told to the next attempt as a rejection -- or, with abandon, abandoned."""
+            principal = self.principal(ctx)
+            return await self._decide(principal, lambda kernel: kernel.deny(
+                campaign_id, _identity(principal), reason, abandon=abandon))
+
         @tool(annotations=acting)
         async def abandon_campaigns(
                 ctx: Context, filter: CampaignFilter,
@@ -283,6 +326,17 @@ class LedgerMCP:
             return await self._bulk(principal, "reopen", filter, campaign_ids, selection, max_campaigns,
                                     lambda kernel, cid: kernel.reopen(cid, _identity(principal),
                                                                       extra_attempts))
+
+    async def _waiting(self, reads: Reads, class_name: str | None, limit: int) -> WaitingApprovals:
+        return WaitingApprovals(items=await reads.approvals_waiting(class_name, limit))
+
+    async def _decide(self, principal: Principal,
+                      act: Callable[[Kernel], Awaitable[ApprovalDecision]]) -> ApprovalDecision:
+        """A decision as the token's own role: the database refuses a reader's."""
+        try:
+            return await act(Kernel(await self.pools.session(principal.role)))
+        except LedgerError as exc:
+            raise _failure(exc) from None
 
     async def _bulk(self, principal: Principal, action: Literal["abandon", "reopen"], filter: CampaignFilter,
                     campaign_ids: list[int] | None, selection: str | None, cap: int,

@@ -348,6 +348,14 @@ class OptionKnobs:
     reopen_extra_attempts: int | None = knob(None, "Attempts to add (default: the class's).",
                                              "--extra-attempts", ge=1, le=1_000_000)
     report_days: int = knob(7, "How many UTC days, today included.", "--days", ge=1, le=366)
+    # approvals (docs/approval.md)
+    approve_reason: str | None = knob(None, "Why (kept in the journal with your identity).", "--reason")
+    deny_reason: str | None = knob(None, "Why (required: the next attempt is told it as a rejection).",
+                                   "--reason")
+    deny_abandon: bool = knob(False, "Abandon the campaign rather than send it back to be attempted.",
+                              "--abandon")
+    approvals_class: str | None = knob(None, "Only this class's.", "--class")
+    approvals_limit: int = knob(100, "At most this many, oldest first.", "--limit", ge=1, le=1000)
     # the demo and the drills
     demo_ui: bool = knob(False, "Also serve the dashboard (prints its URL and a token), and keep "
                                 "serving it after the loop closes, until Ctrl-C.", "--ui")

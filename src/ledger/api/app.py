@@ -45,6 +45,7 @@ from ledger.db.hub import NOTIFY_QUEUE_ALARM, Hub
 from ledger.logs import get_logger
 from ledger.settings import Settings, default, forwarded_hosts, get_settings
 from ledger.api import (
+    approvals,
     bulk_jobs,
     campaigns,
     classes,
@@ -196,7 +197,7 @@ def create_app(database: Database, tokens: TokenTable,
     )
     app.state.ledger = state
     problems.install(app)
-    for module in (campaigns, bulk_jobs, classes, events, observations, metrics, health, problems):
+    for module in (campaigns, approvals, bulk_jobs, classes, events, observations, metrics, health, problems):
         app.include_router(module.router)
     # Mounted, not included: pages are not part of the API's OpenAPI contract.
     app.mount("/ui", dashboard.create_dashboard(state, config))

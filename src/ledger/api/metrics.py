@@ -69,6 +69,10 @@ class Snapshot:
     sensor_outcomes: dict[tuple[str, str], int] = field(default_factory=dict)
     #: sensor -> errors recorded in a row since its latest green or red
     sensor_errors: dict[str, int] = field(default_factory=dict)
+    #: class -> (undecided approvals, the oldest one's age in seconds)
+    approvals: dict[str, tuple[int, float]] = field(default_factory=dict)
+    #: (decision, role that decided) -> decided approvals
+    approval_decisions: dict[tuple[str, str], int] = field(default_factory=dict)
     read_s: float = 0.0
 
 
@@ -121,6 +125,8 @@ async def read_snapshot(reads: Reads) -> Snapshot:
         sensor_outcomes=await reads.sensor_outcome_counts(),
         sensor_errors={s.sensor: s.consecutive_errors
                        for s in await reads.sensor_summaries(SENSOR_LIMIT)},
+        approvals={b.class_: (b.waiting, b.oldest_age_s) for b in await reads.approval_backlog()},
+        approval_decisions=await reads.approval_decisions(),
     )
     snapshot.read_s = time.perf_counter() - started
     return snapshot
@@ -159,6 +165,26 @@ class LedgerCollector(Collector):
             for reason in WAITING_REASONS:
                 waiting.add_metric([cls, reason], s.waiting.get((cls, reason), 0))
         yield waiting
+        approvals = GaugeMetricFamily("ledger_approvals_waiting",
+                                      "Verified candidates waiting for a person's approval, per class "
+                                      "(docs/approval.md)", labels=["class"])
+        oldest = GaugeMetricFamily("ledger_approval_oldest_age_seconds",
+                                   "How long the oldest approval of each class has waited (0: none waits)",
+                                   labels=["class"])
+        for cls in sorted(set(classes) | set(s.approvals)):  # every class with campaigns, zero included
+            count, age = s.approvals.get(cls, (0, 0.0))
+            approvals.add_metric([cls], count)
+            oldest.add_metric([cls], age)
+        yield approvals
+        yield oldest
+        decisions = CounterMetricFamily("ledger_approval_decisions",
+                                        "Approvals decided, per decision and by whom (operator: a "
+                                        "person; system: the class's timeout)",
+                                        labels=["decision", "by"])
+        for decision in ("approved", "denied", "abandoned"):  # zero included: a rate from the start
+            for by in ("operator", "system"):
+                decisions.add_metric([decision, by], s.approval_decisions.get((decision, by), 0))
+        yield decisions
         yield GaugeMetricFamily("ledger_oldest_ready_age_seconds",
                                 "Age of the oldest ready campaign (0: none is ready)",
                                 value=s.oldest_ready_age_s or 0.0)

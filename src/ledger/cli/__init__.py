@@ -13,6 +13,7 @@ import sys
 import typer
 
 from ledger.cli import (
+    approvals,
     campaigns,
     classes,
     demo,
@@ -69,6 +70,7 @@ def _global(
 
 schema.register(app)
 campaigns.register(app)
+approvals.register(app)
 demo.register(app)
 dispatcher.register(app)
 journal.register(app)

@@ -203,6 +203,13 @@ def show(
         for e in detail.side_effects:
             t.add_row(str(e.id), e.kind, e.target, e.state, str(e.result or "-"))
         t.print()
+    if detail.approvals:
+        t = table("id", "asked because", "deadline", "decision", "by", "reason", title="approvals")
+        for ap in detail.approvals:
+            t.add_row(str(ap.id), "; ".join(r.detail for r in ap.reasons),
+                      f"{ap.on_timeout} at {iso_z(ap.deadline)}" if ap.deadline else "-",
+                      ap.decision or "waiting", ap.decided_by or "-", ap.decision_reason or "-")
+        t.print()
     if detail.observations:
         t = table("id", "sensor", "status", "effect", "started", title="observations")
         for o in detail.observations:

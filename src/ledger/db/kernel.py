@@ -23,6 +23,8 @@ from ledger.errors import Forbidden, StaleLease
 
 T = TypeVar("T")
 from ledger.db.models import (
+    ApprovalDecision,
+    ApprovalExpired,
     AttemptRecord,
     AttemptRecorded,
     ClassPause,
@@ -51,6 +53,7 @@ IDEMPOTENT = frozenset({
     "report_verifier_process", "report_dispatcher_process", "report_operator_process",
     "merge_queue_view", "merge_queue_freeze", "merge_queue_landed", "merge_queue_dissolve",
     "reobserve",
+    "approve", "deny", "expire_approvals",
 })
 # (rebase_promotion is not: a retry after its commit finds the promotion
 # no longer claimed; the dispatcher then reads the campaign back.)
@@ -395,6 +398,12 @@ class Kernel:
         rows = await self._call("expire_leases", grace_s=grace_s, limit=limit)
         return [Reaped.model_validate(r) for r in rows]
 
+    async def expire_approvals(self, limit: int = 100) -> list[ApprovalExpired]:
+        """Decide the approvals whose deadline passed, as each class says
+        (deny, abandon or approve): the system's decision."""
+        rows = await self._call("expire_approvals", limit=limit)
+        return [ApprovalExpired.model_validate(r) for r in rows]
+
     # --- verifiers -----------------------------------------------------------
 
     async def claim_verification(self, verifier: str, *, model_family: str | None = None,
@@ -462,9 +471,10 @@ class Kernel:
 
     async def claim_side_effect(self, dispatcher: str, *, lease_s: float = 60.0,
                                 kinds: Sequence[str] | None = None) -> SideEffectClaim | None:
-        """Claim the next due intent, or ``None``."""
+        """Claim the next due intent, or ``None`` (this release knows campaigns
+        that await approval: their notices are handed to it too)."""
         rows = await self._call("claim_side_effect", dispatcher=dispatcher, lease_s=lease_s,
-                                kinds=list(kinds) if kinds is not None else None)
+                                kinds=list(kinds) if kinds is not None else None, approvals=True)
         return SideEffectClaim.model_validate(rows[0]) if rows else None
 
     async def confirm_side_effect(self, side_effect_id: int, claim_token: int, *,
@@ -570,6 +580,22 @@ class Kernel:
         """Give an exhausted campaign more attempts."""
         return await self._scalar_as(int, "reopen", campaign_id=campaign_id, operator=operator,
                                   extra_attempts=extra_attempts)
+
+    async def approve(self, campaign_id: int, operator: str, reason: str | None = None) -> ApprovalDecision:
+        """Approve a candidate that awaits approval: its promotion is requested
+        (``IllegalTransition`` unless it awaits one; ``SameIdentity`` for the
+        identity that made the attempt). An identical retry returns the same."""
+        rows = await self._call("approve", campaign_id=campaign_id, operator=operator, reason=reason)
+        return ApprovalDecision.model_validate(rows[0])
+
+    async def deny(self, campaign_id: int, operator: str, reason: str, *,
+                   abandon: bool = False) -> ApprovalDecision:
+        """Deny it: back to ready with ``reason`` shown to the next attempt as a
+        rejection (its approach refused), or abandoned. An identical retry
+        returns the same."""
+        rows = await self._call("deny", campaign_id=campaign_id, operator=operator, reason=reason,
+                                abandon=abandon)
+        return ApprovalDecision.model_validate(rows[0])
 
     async def register_class(self, name: str, **settings: Any) -> None:
         """Create or update a campaign class (see ``ledger_api.register_class``)."""

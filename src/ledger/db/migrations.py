@@ -69,6 +69,7 @@ SCHEMA_FILES: tuple[str, ...] = (
     "verification.sql",
     "outbox.sql",           # side_effect
     "merge_queue.sql",      # promotions waiting in order per target; merge batches
+    "approval.sql",         # approval before promotion: the approvals, their invariants
     "security_event.sql",
     "web.sql",              # browser sessions, bulk jobs
     "class_event.sql",      # what operators did to a class (pause, resume)

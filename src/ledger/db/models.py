@@ -9,7 +9,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
 #: A campaign's state, in display order. ledger.state (state_machine.sql) is
 #: the source; tests/test_schema.py checks these three against it.
-State = Literal["ready", "leased", "attempted", "verified", "exhausted",
+State = Literal["ready", "leased", "attempted", "verified", "awaiting_approval", "exhausted",
                 "confirmed", "dismissed", "abandoned"]
 STATES: tuple[State, ...] = get_args(State)
 TERMINAL_STATES: frozenset[str] = frozenset({"confirmed", "dismissed", "abandoned"})
@@ -227,11 +227,83 @@ class CampaignClass(_Row):
     paused_at: datetime | None = None
     #: the quorum: every one of these verifier kinds must accept, in order
     verifiers: list[str] = Field(default_factory=list)
+    #: whether a person approves a verified candidate before its promotion
+    #: (``{}``: never; see ``ledger.config.ApprovalPolicy``)
+    approval: Document = Field(default_factory=dict)
 
     @property
     def heartbeat_s(self) -> float:
         """The lease renewal interval the class's workers keep."""
         return self.heartbeat_seconds or self.lease_seconds / 3
+
+
+class ApprovalReason(_Row):
+    """One condition of a class's approval policy that asked a person to look."""
+
+    condition: str = Field(description="The condition's key in the policy (`always`, `diff_lines_over`, ...)")
+    detail: str = Field(description="What was found")
+
+
+class Approval(_Row):
+    """An approval a verified candidate waits for (or got): which conditions
+    asked, until when, and who decided what (``ledger_api.approvals``)."""
+
+    id: int
+    campaign_id: int
+    generation: int
+    attempt_id: int
+    reasons: list[ApprovalReason]
+    #: the promotion intent the verdicts asked for, requested once approved
+    #: (None: the class promotes nothing)
+    promotion: Document | None
+    requested_at: datetime
+    #: when the class's timeout decides (None: it waits for a person)
+    deadline: datetime | None
+    on_timeout: Literal["deny", "abandon", "approve"]
+    decision: Literal["approved", "denied", "abandoned"] | None
+    decided_by: str | None
+    decided_role: Literal["operator", "system"] | None
+    decided_by_transition: str | None
+    decision_reason: str | None
+    decided_at: datetime | None
+    #: the promotion its approval requested
+    side_effect_id: int | None
+
+
+class WaitingApproval(Approval):
+    """An approval no one has decided yet, with its campaign's class, objective and target."""
+
+    class_: str = Field(alias="class")
+    objective_key: str
+    target: str
+
+
+class ApprovalBacklog(_Row):
+    """One class's undecided approvals: how many, and the oldest one's age."""
+
+    class_: str = Field(alias="class")
+    waiting: int
+    oldest_age_s: float
+
+
+class ApprovalDecision(_Row):
+    """What ``approve`` or ``deny`` did."""
+
+    approval_id: int
+    decision: Literal["approved", "denied", "abandoned"]
+    state: State
+    generation: int
+    #: the promotion requested by the approval (None: denied, or nothing to promote)
+    side_effect_id: int | None
+
+
+class ApprovalExpired(_Row):
+    """An approval whose deadline decided (``expire_approvals``)."""
+
+    campaign_id: int
+    approval_id: int
+    decision: Literal["approved", "denied", "abandoned"]
+    state: State
 
 
 class ClassEvent(_Row):
@@ -505,6 +577,8 @@ class CampaignDetail(_Row):
     verifications: list[Verification]
     side_effects: list[SideEffect]
     observations: list[Observation]
+    #: approvals asked for (oldest first), and how each was decided
+    approvals: list[Approval] = Field(default_factory=list)
 
 
 class HourActivity(BaseModel):

@@ -18,6 +18,8 @@ from typing import Any
 from ledger.db.database import Executor
 from ledger.errors import InvalidInput, NotFound
 from ledger.db.models import (
+    Approval,
+    ApprovalBacklog,
     Attempt,
     AttemptDiff,
     Campaign,
@@ -36,6 +38,7 @@ from ledger.db.models import (
     StateRow,
     TransitionRow,
     Verification,
+    WaitingApproval,
 )
 from ledger.db.named_queries import QUERIES as Q
 
@@ -112,6 +115,7 @@ class Reads:
             verifications=await self.verifications_of(campaign_id),
             side_effects=await self.side_effects_of(campaign_id),
             observations=await self.observations_of(campaign_id),
+            approvals=await self.approvals_of(campaign_id),
         )
 
     async def events(self, campaign_id: int, after: int = 0, limit: int = 1000) -> list[Event]:
@@ -315,6 +319,28 @@ class Reads:
         """A campaign's side effects, in order."""
         rows = await self.executor.fetch(Q["side_effects_of"], campaign_id=campaign_id)
         return [SideEffect.model_validate(r) for r in rows]
+
+    # --- approvals --------------------------------------------------------------
+
+    async def approvals_of(self, campaign_id: int) -> list[Approval]:
+        """A campaign's approvals (asked for, and how each was decided), oldest first."""
+        rows = await self.executor.fetch(Q["approvals_of"], campaign_id=campaign_id)
+        return [Approval.model_validate(r) for r in rows]
+
+    async def approvals_waiting(self, class_: str | None = None, limit: int = 100) -> list[WaitingApproval]:
+        """The approvals no one has decided yet (of one class, or all), oldest first."""
+        rows = await self.executor.fetch(Q["approvals_waiting"], **{"class": class_}, limit=limit)
+        return [WaitingApproval.model_validate(r) for r in rows]
+
+    async def approval_backlog(self) -> list[ApprovalBacklog]:
+        """Per class with any: the undecided approvals and the oldest one's age."""
+        rows = await self.executor.fetch(Q["approval_backlog"])
+        return [ApprovalBacklog.model_validate(r) for r in rows]
+
+    async def approval_decisions(self) -> dict[tuple[str, str], int]:
+        """Decided approvals per ``(decision, role that decided)``."""
+        rows = await self.executor.fetch(Q["approval_decisions"])
+        return {(r["decision"], r["decided_role"]): r["count"] for r in rows}
 
     # --- the operator's class view and charts ------------------------------------
 

@@ -731,6 +731,24 @@ def diff(worktree: Path, base: str, candidate: str) -> bytes:
                      "--no-renames", "--full-index", base, candidate)
 
 
+def diff_lines(diff: bytes) -> tuple[int, int]:
+    """The lines a unified diff (``diff``'s) adds and removes: its hunks'
+    ``+`` and ``-`` lines, not the file headers' ``---``/``+++`` (a binary
+    file's patch has no hunk, and adds and removes no line)."""
+    added = removed = 0
+    in_hunk = False
+    for line in diff.split(b"\n"):
+        if line.startswith(b"diff --git "):
+            in_hunk = False
+        elif line.startswith(b"@@"):
+            in_hunk = True
+        elif in_hunk and line.startswith(b"+"):
+            added += 1
+        elif in_hunk and line.startswith(b"-"):
+            removed += 1
+    return added, removed
+
+
 def changed_paths(repo: Path, base: str, candidate: str) -> list[str]:
     """Every path whose entry differs between the two commits (added, removed,
     modified, mode or type changed)."""

@@ -1,7 +1,9 @@
 """The outbox dispatcher ("intent before action"; README "What a lease guarantees").
 
 A side effect is first committed as an intent (``request_side_effect`` by a
-worker, or the promotion ``accept`` writes with the verdict). A dispatcher --
+worker, the promotion ``accept`` writes with the verdict -- or, for a class
+that asks a person first, ``approve`` writes with the approval -- and the
+notice of an approval asked for: docs/approval.md). A dispatcher --
 any number of them, each acting as the ``dispatcher`` role -- claims one due
 intent at a time (``claim_side_effect``: SKIP LOCKED, its own lease), carries it
 out *with its precondition* and reads the target back before it records

@@ -1,4 +1,6 @@
-"""The reaper: returns expired leases to ready (README "What a lease guarantees").
+"""The reaper: returns expired leases to ready (README "What a lease guarantees"),
+and decides the approvals whose deadline passed as their class says
+(docs/approval.md).
 
 It runs in every worker process -- there is no singleton to lose -- and once at
 boot (the reconciler). Concurrent reapers are harmless: the kernel re-tests
@@ -28,6 +30,8 @@ class Reaper(Loop):
         self.grace_s = grace_s
         self.batch = batch
         self.reaped = 0
+        #: approvals this reaper decided on their deadline
+        self.timed_out = 0
         self.registration = Registration(kernel, "reaper", self.name, process_identity("reaper"),
                                          interval_s)
 
@@ -42,4 +46,13 @@ class Reaper(Loop):
             if len(reaped) < self.batch:
                 break
         self.reaped += total
+        while True:
+            expired = await self.kernel.expire_approvals(self.batch)
+            for e in expired:
+                self.log.info("approval timed out; decided as its class says", campaign=e.campaign_id,
+                              approval=e.approval_id, decision=e.decision, state=e.state)
+            total += len(expired)
+            self.timed_out += len(expired)
+            if len(expired) < self.batch:
+                break
         return total

@@ -77,6 +77,7 @@ from ledger.db.models import VerificationClaim
 from ledger.db.reads import Reads
 from ledger.runtime.service import Loop, Stopped
 from ledger.git.repository import GitError, Repository, file_at
+from ledger.git.repository import changed_paths, diff_lines
 from ledger.git.repository import diff as repository_diff
 from ledger.git.screen import Screen
 from ledger.git.screen import describe as describe_findings
@@ -96,6 +97,23 @@ def _config_files(repo: Path, base: str) -> dict[str, bytes]:
         if content is not None:
             found[name] = content[:1 << 20]
     return found
+
+
+#: How many changed paths a verdict lists (the approval's paths condition
+#: asks a person when there were more, and none listed matched).
+CHANGE_PATHS_LIMIT = 500
+
+
+def _measured(repo: Path, base: str, candidate: str, diff: bytes,
+              protected: Sequence[protection.Change]) -> dict[str, Any]:
+    """The candidate's change as an approval policy judges it (the verdict's
+    ``evidence.change``): the paths it touches, the lines its diff adds and
+    removes, and the protected paths it changes."""
+    paths = changed_paths(repo, base, candidate)
+    added, removed = diff_lines(diff)
+    return {"files": len(paths), "lines": added + removed, "added": added, "removed": removed,
+            "paths": paths[:CHANGE_PATHS_LIMIT], "paths_truncated": len(paths) > CHANGE_PATHS_LIMIT,
+            "protected": [str(c) for c in protected][:CHANGE_PATHS_LIMIT]}
 
 
 class CheckFailed(LedgerError):
@@ -378,11 +396,15 @@ class Verifier(Loop):
             # the worker recorded it), screened for reaching into the judge.
             diff = await _blocking(repository_diff, repo.path, frozen.base_sha, frozen.candidate_sha)
             findings = screen.findings(diff) if screen.enabled else []
+            protected = protection.Protection.of(spec)
+            touched = await _blocking(protected.changes, repo.path, frozen.base_sha, frozen.candidate_sha)
+            # what a class's approval policy asks about (docs/approval.md), measured here
+            # from the repository, never from what the worker recorded
+            evidence["change"] = await _blocking(_measured, repo.path, frozen.base_sha,
+                                                 frozen.candidate_sha, diff, touched)
             changed: list[protection.Change] = []
             if not spec.get("allow_protected_changes"):
-                protected = protection.Protection.of(spec)
-                changed = await _blocking(protected.changes, repo.path, frozen.base_sha,
-                                          frozen.candidate_sha)
+                changed = touched
                 evidence["protected_restored"] = [str(c) for c in changed]
                 # a protected path is restored and refused as such, below
                 findings = [f for f in findings if not protected.covers(f.path)]
@@ -416,6 +438,14 @@ class Verifier(Loop):
                 raise CheckFailed(f"verifier {verifier_name!r} failed: {exc!r}") from exc
         finally:
             await _blocking(shutil.rmtree, scratch, True)
+        if verdict.accepted and verdict.evidence.get("needs_human") and not await self._asks_a_person(claim):
+            # A verifier that cannot decide lets nothing through on its own:
+            # only a class whose approval routes such a verdict to a person
+            # (quorum_split, or always) takes it as an acceptance.
+            return reject(f"the {claim.kind} verifier asks for a person "
+                          f"({str(verdict.evidence['needs_human'])[:300]}), and class {claim.class_} "
+                          "asks none for that (approval: always, or when quorum_split)",
+                          **verdict.evidence)
         if changed:
             # Judged with the base's tests, but it would land its own: never
             # accepted, whatever the run said (which the next attempt is told).
@@ -427,6 +457,16 @@ class Verifier(Loop):
         if verdict.accepted:  # the landed commit's Ledger-Verdict trailer quotes it
             evidence.setdefault("summary", "acceptance passed")
         return _Judgement(verdict.accepted, verdict.reason, evidence)
+
+    async def _asks_a_person(self, claim: VerificationClaim) -> bool:
+        """Whether the claim's class sends a verdict that asks for a person
+        to one (its approval policy: always, or a quorum_split condition)."""
+        policy = (await self.reads.campaign_class(claim.class_)).approval
+        if policy.get("mode") == "always":
+            return True
+        conditions = policy.get("when") if policy.get("mode") == "when" else None
+        return isinstance(conditions, list) and any(
+            isinstance(c, dict) and c.get("quorum_split") for c in conditions)
 
     def _held_out(self, spec: Any, checkout: Path, acceptance: verifiers.Acceptance,
                   scratch: Path) -> verifiers.Acceptance:

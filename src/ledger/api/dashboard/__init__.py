@@ -3,7 +3,8 @@
 Pages, one router each (a module per group): the **board** and the autonomy
 chart (``board``), a **campaign** and an attempt (``campaign``), bulk action
 **previews** and confirmations (``bulk``), the per-**class** view
-(``classes``, where a class is also paused and resumed), the **workers**
+(``classes``, where a class is also paused and resumed), the **approvals**
+that wait for a person and their decisions (``approvals``), the **workers**
 view of the registry of processes (``workers``) and **sign-in** (``signin``). What they share: the template
 environment and redirects (``render``), who is looking and the forms they post
 (``viewer``), the board's filter (``filters``).
@@ -36,7 +37,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ledger.config import LedgerConfig
 from ledger.errors import LedgerError
-from ledger.api.dashboard import board, bulk, campaign, classes, signin, workers
+from ledger.api.dashboard import approvals, board, bulk, campaign, classes, signin, workers
 from ledger.api.dashboard.board import board_changes, sensor_rows
 from ledger.api.dashboard.render import HERE, Pages, describe, duration, pages_of
 from ledger.api.problems import TooManyRequests
@@ -85,6 +86,6 @@ def create_dashboard(state: ApiState, config: LedgerConfig | None = None) -> Fas
     ui.add_exception_handler(LedgerError, _on_ledger_error)
     ui.add_exception_handler(RequestValidationError, _on_invalid)
     ui.add_exception_handler(StarletteHTTPException, _on_http)
-    for module in (signin, board, campaign, bulk, classes, workers):
+    for module in (signin, board, campaign, approvals, bulk, classes, workers):
         ui.include_router(module.router)
     return ui

@@ -36,6 +36,7 @@ router = APIRouter()
 LANES: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     ("ready", "Ready", ("ready",)), ("leased", "Leased", ("leased",)),
     ("attempted", "Attempted", ("attempted",)), ("verified", "Verified", ("verified",)),
+    ("awaiting_approval", "Awaiting approval", ("awaiting_approval",)),
     ("exhausted", "Exhausted", ("exhausted",)),
     ("closed", "Recently closed", ("confirmed", "dismissed", "abandoned")),
 )

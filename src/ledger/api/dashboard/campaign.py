@@ -31,7 +31,7 @@ KNOWN_EVENT_TYPES = ("transition", "output", "progress", "attempt.started", "com
                      "operator.retry_now", "security.refused")
 
 
-def _check_id(campaign_id: int) -> None:
+def check_id(campaign_id: int) -> None:
     if not 1 <= campaign_id <= BIGINT_MAX:
         raise NotFound(f"campaign {campaign_id} does not exist")
 
@@ -46,7 +46,7 @@ def extra_attempts(text: str | None) -> int | None:
 @router.get("/campaigns/{campaign_id}", response_class=HTMLResponse)
 async def campaign_page(request: Request, campaign_id: int) -> Response:
     """One campaign."""
-    _check_id(campaign_id)
+    check_id(campaign_id)
     viewer = await viewer_of(request)
     k = viewer.reads
     # The journal before the rest: whatever happens after this read reaches
@@ -55,10 +55,10 @@ async def campaign_page(request: Request, campaign_id: int) -> Response:
     journal = await k.recent_events(campaign_id, JOURNAL_TAIL)
     campaign = await k.campaign(campaign_id)
     (attempts, verifications, side_effects, observations,
-     transitions) = await asyncio.gather(
+     transitions, approvals) = await asyncio.gather(
         k.attempts_of(campaign_id), k.verifications_of(campaign_id),
         k.side_effects_of(campaign_id), k.recent_observations(campaign_id, 200),
-        k.transitions_of(campaign_id))
+        k.transitions_of(campaign_id), k.approvals_of(campaign_id))
     now = datetime.now(timezone.utc)
     timeline = campaign_timeline(campaign, transitions=transitions, attempts=attempts,
                                  verifications=verifications, side_effects=side_effects,
@@ -70,14 +70,14 @@ async def campaign_page(request: Request, campaign_id: int) -> Response:
         verifications=verifications, attempt_no={a.id: a.attempt_no for a in attempts},
         side_effects=side_effects, observations=list(reversed(observations)),
         timeline=timeline, journal=journal, journal_head=head, event_types=",".join(types),
-        journal_from=journal[0].seq if journal else 0,
+        journal_from=journal[0].seq if journal else 0, has_approvals=bool(approvals),
         waiting=campaign.state == "ready" and campaign.next_attempt_at > now)
 
 
 @router.get("/campaigns/{campaign_id}/attempts/{attempt_no}", response_class=HTMLResponse)
 async def attempt_page(request: Request, campaign_id: int, attempt_no: int) -> Response:
     """One attempt: what its lease journaled, its output (live while it runs)."""
-    _check_id(campaign_id)
+    check_id(campaign_id)
     viewer = await viewer_of(request)
     k = viewer.reads
     # The head first: the stream resumes after it, so an event appended after

@@ -6,9 +6,14 @@
 -- Claim the next due intent whose generation is still live (the journal
 -- trigger cancels pending intents of a generation that ended; a claimed one
 -- whose dispatcher vanished and whose generation died is cancelled here).
+-- A campaign awaiting approval has no promotion to hand out (approval.sql);
+-- its other intents (the approval's notice) go only to a dispatcher that
+-- says it knows that state (p_approvals: a release before approvals would
+-- read the campaign and not know what it is).
 CREATE OR REPLACE FUNCTION ledger_api.claim_side_effect(p_dispatcher text,
                                              p_lease_s double precision DEFAULT 60,
-                                             p_kinds text[] DEFAULT NULL)
+                                             p_kinds text[] DEFAULT NULL,
+                                             p_approvals boolean DEFAULT false)
     RETURNS TABLE (side_effect_id bigint, claim_token bigint, campaign_id bigint,
                    generation bigint, kind text, purpose text, target text,
                    precondition jsonb, payload jsonb, idempotency_key text, tries integer,
@@ -44,6 +49,7 @@ BEGIN
                    OR (o.state = 'claimed' AND o.lease_expires_at <= v_now))
               AND (p_kinds IS NULL OR o.kind = ANY (p_kinds))
               AND ledger.generation_live(c, o.generation)
+              AND (p_approvals OR c.state <> 'awaiting_approval')
               AND ledger.merge_queue_turn(o)  -- a queued promotion only in its turn
             ORDER BY o.next_try_at, o.id
             LIMIT 1

@@ -324,13 +324,15 @@ AS $$
 $$;
 
 -- Which intents of generation p_generation may still be carried out: those
--- whose attempt is still in play or succeeded.
+-- whose attempt is still in play or succeeded (a candidate awaiting approval
+-- is in play: its notice goes out; its promotion is only requested once it
+-- is approved, approval.sql).
 CREATE OR REPLACE FUNCTION ledger.generation_live(p_c ledger.campaign, p_generation bigint)
     RETURNS boolean
     LANGUAGE sql IMMUTABLE
 AS $$
     SELECT p_c.generation = p_generation
-       AND p_c.state IN ('leased', 'attempted', 'verified', 'confirmed')
+       AND p_c.state IN ('leased', 'attempted', 'verified', 'awaiting_approval', 'confirmed')
 $$;
 
 -- The state an ending of generation p_generation left its campaign in,

@@ -77,9 +77,58 @@ BEGIN
 END
 $$;
 
+-- Approve a campaign's candidate that awaits approval (approval.sql):
+-- awaiting_approval -> verified, its promotion requested (the dispatchers
+-- woken) with the verdicts' frozen landing. By the operator role only, and
+-- never by the identity that made the attempt (LG008); journaled with the
+-- operator's identity and reason. A retry of the same approval by the same
+-- operator returns it again; a decided approval is not decided again.
+CREATE OR REPLACE FUNCTION ledger_api.approve(p_campaign_id bigint, p_operator text,
+                                              p_reason text DEFAULT NULL)
+    RETURNS TABLE (approval_id bigint, decision text, state text, generation bigint,
+                   side_effect_id bigint)
+    LANGUAGE plpgsql
+    SECURITY DEFINER
+    SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF length(p_reason) > 4000 THEN
+        RAISE EXCEPTION 'a reason is at most 4000 characters' USING ERRCODE = 'LG007';
+    END IF;
+    RETURN QUERY SELECT * FROM ledger.operator_decision(p_campaign_id, p_operator, 'approve',
+                                                        nullif(btrim(p_reason), ''));
+END
+$$;
+COMMENT ON FUNCTION ledger_api.approve IS
+    'Approve a candidate that awaits approval: its promotion is requested (journaled with the operator).';
+
+-- Deny it: awaiting_approval -> ready (the reason shown to the next attempt
+-- as a rejection, the approach refused; exhausted if the attempts are
+-- spent), or, with p_abandon, -> abandoned. A reason is required. As
+-- approve: the operator role only, never the attempt's identity, journaled.
+CREATE OR REPLACE FUNCTION ledger_api.deny(p_campaign_id bigint, p_operator text, p_reason text,
+                                           p_abandon boolean DEFAULT false)
+    RETURNS TABLE (approval_id bigint, decision text, state text, generation bigint,
+                   side_effect_id bigint)
+    LANGUAGE plpgsql
+    SECURITY DEFINER
+    SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    PERFORM ledger.check_length('reason', btrim(p_reason), 1, 4000);
+    RETURN QUERY SELECT * FROM ledger.operator_decision(
+        p_campaign_id, p_operator, CASE WHEN coalesce(p_abandon, false) THEN 'abandon' ELSE 'deny' END,
+        btrim(p_reason));
+END
+$$;
+COMMENT ON FUNCTION ledger_api.deny IS
+    'Deny a candidate that awaits approval: back to ready with the reason, or abandoned (journaled).';
+
 -- Register or update a campaign class (what the kernel judges: budget, lease,
--- backoff, authority, promotion target). Every number is range-checked here,
--- with the argument's name, before anything is written.
+-- backoff, authority, promotion target, approval). Every number is
+-- range-checked here, with the argument's name, before anything is written.
+-- p_approval NULL (a caller of a release before approvals) keeps the
+-- class's policy as it is.
 CREATE OR REPLACE FUNCTION ledger_api.register_class(
         p_name text, p_max_attempts integer DEFAULT 3, p_lease_seconds double precision DEFAULT 60,
         p_backoff_base_s double precision DEFAULT 5, p_backoff_factor double precision DEFAULT 2,
@@ -87,7 +136,8 @@ CREATE OR REPLACE FUNCTION ledger_api.register_class(
         p_seat_policy text DEFAULT 'none', p_authority jsonb DEFAULT '{}',
         p_acceptance jsonb DEFAULT '{}', p_promotion jsonb DEFAULT '{}',
         p_verifier text DEFAULT 'command', p_weight integer DEFAULT 1,
-        p_heartbeat_seconds double precision DEFAULT NULL, p_verifiers text[] DEFAULT NULL)
+        p_heartbeat_seconds double precision DEFAULT NULL, p_verifiers text[] DEFAULT NULL,
+        p_approval jsonb DEFAULT NULL)
     RETURNS void
     LANGUAGE plpgsql
     SECURITY DEFINER
@@ -133,11 +183,12 @@ BEGIN
     INSERT INTO ledger.campaign_class AS cc
            (name, max_attempts, lease_seconds, backoff_base_s, backoff_factor, backoff_cap_s,
             backoff_jitter, seat_policy, authority, acceptance, promotion, verifier, verifiers, weight,
-            heartbeat_seconds, created_at, updated_at)
+            heartbeat_seconds, approval, created_at, updated_at)
     VALUES (p_name, p_max_attempts, p_lease_seconds, p_backoff_base_s, p_backoff_factor,
             p_backoff_cap_s, p_backoff_jitter, p_seat_policy, coalesce(p_authority, '{}'),
             coalesce(p_acceptance, '{}'), coalesce(p_promotion, '{}'), p_verifier,
-            coalesce(p_verifiers, ARRAY[p_verifier]), p_weight, p_heartbeat_seconds, v_now, v_now)
+            coalesce(p_verifiers, ARRAY[p_verifier]), p_weight, p_heartbeat_seconds,
+            ledger.check_approval_policy(p_approval), v_now, v_now)
     ON CONFLICT (name) DO UPDATE
        SET max_attempts = excluded.max_attempts, lease_seconds = excluded.lease_seconds,
            backoff_base_s = excluded.backoff_base_s, backoff_factor = excluded.backoff_factor,
@@ -145,7 +196,9 @@ BEGIN
            seat_policy = excluded.seat_policy, authority = excluded.authority,
            acceptance = excluded.acceptance, promotion = excluded.promotion,
            verifier = excluded.verifier, verifiers = excluded.verifiers, weight = excluded.weight,
-           heartbeat_seconds = excluded.heartbeat_seconds, updated_at = v_now;
+           heartbeat_seconds = excluded.heartbeat_seconds,
+           approval = CASE WHEN p_approval IS NULL THEN cc.approval ELSE excluded.approval END,
+           updated_at = v_now;
 END
 $$;
 

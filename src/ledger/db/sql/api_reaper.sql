@@ -68,3 +68,48 @@ BEGIN
          WHERE c.id = ANY (v_ids);
 END
 $$;
+
+-- Decide the approvals whose deadline passed (approval.sql), as each one's
+-- class said when it was asked for: deny (back to ready), abandon, or
+-- approve (its promotion requested). The system's decision, journaled as
+-- such. A campaign another transaction holds is left for the next pass
+-- (SKIP LOCKED); so is a deadline not yet passed at the instant of the
+-- write (re-tested under the lock).
+CREATE OR REPLACE FUNCTION ledger_api.expire_approvals(p_limit integer DEFAULT 100)
+    RETURNS TABLE (campaign_id bigint, approval_id bigint, decision text, state text)
+    LANGUAGE plpgsql
+    SECURITY DEFINER
+    SET search_path = pg_catalog, pg_temp
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_now timestamptz := ledger.now();
+    v_c ledger.campaign;
+    v_ap ledger.approval;
+    v_state text;
+BEGIN
+    PERFORM ledger.check_range('limit', p_limit, 1, 10000);
+    FOR v_c IN
+        SELECT c.* FROM ledger.campaign c
+         WHERE c.id IN (SELECT ap.campaign_id FROM ledger.approval ap
+                         WHERE ap.decision IS NULL AND ap.deadline <= v_now
+                         ORDER BY ap.deadline LIMIT p_limit)
+           AND c.state = 'awaiting_approval'
+         ORDER BY c.id
+           FOR UPDATE OF c SKIP LOCKED
+    LOOP
+        SELECT * INTO v_ap FROM ledger.approval ap
+         WHERE ap.campaign_id = v_c.id AND ap.decision IS NULL AND ap.deadline <= v_now FOR UPDATE;
+        CONTINUE WHEN NOT FOUND;
+        v_state := ledger.decide_approval(
+            v_c, v_ap, v_ap.on_timeout, v_ap.on_timeout || '_on_timeout', 'system', 'system',
+            format('no decision within %s s of the request (the class %s on timeout)',
+                   round(extract(epoch FROM v_ap.deadline - v_ap.requested_at)::numeric, 3),
+                   CASE v_ap.on_timeout WHEN 'approve' THEN 'approves' WHEN 'abandon' THEN 'abandons'
+                                        ELSE 'denies' END));
+        RETURN QUERY SELECT v_c.id, v_ap.id,
+            CASE v_ap.on_timeout WHEN 'approve' THEN 'approved' WHEN 'abandon' THEN 'abandoned'
+                                 ELSE 'denied' END, v_state;
+    END LOOP;
+END
+$$;

@@ -217,8 +217,11 @@ $$;
 -- accepted (NULL returned; the next kind is claimable at once); the last
 -- acceptance moves it attempted -> verified. If the class promotes, the
 -- promotion intent is committed with that verdict (intent before action),
--- its landing naming every verdict of the quorum. A retried accept of a
--- verification already accepted returns its intent (or NULL).
+-- its landing naming every verdict of the quorum -- unless the class's
+-- approval policy asks a person first: then the campaign goes on to
+-- awaiting_approval with the intent kept for the approval (NULL returned;
+-- approval.sql). A retried accept of a verification already accepted
+-- returns its intent (or NULL).
 CREATE OR REPLACE FUNCTION ledger_api.accept(p_verification_id bigint, p_evidence jsonb DEFAULT '{}')
     RETURNS bigint
     LANGUAGE plpgsql
@@ -235,6 +238,8 @@ DECLARE
     v_effect bigint;
     v_quorum text[];
     v_verdicts jsonb;
+    v_request jsonb;
+    v_reasons jsonb;
 BEGIN
     IF v_v.status = 'accepted' THEN
         -- this very verdict, retried: it is in
@@ -268,7 +273,35 @@ BEGIN
       INTO v_verdicts
       FROM ledger.verification v
      WHERE v.campaign_id = v_c.id AND v.generation = v_c.generation AND v.status = 'accepted';
-    UPDATE ledger.attempt a SET verdict = 'accepted' WHERE a.id = v_a.id;
+    IF v_promotion ? 'ref' THEN
+        -- the promotion the verdicts ask for, frozen here (intent before
+        -- action): requested now, or kept with the approval until a person
+        -- (or the class's timeout) decides
+        v_request := jsonb_build_object(
+            'target', v_promotion ->> 'ref',
+            'precondition', jsonb_build_object('old', v_a.base_sha),
+            'payload', jsonb_build_object(
+                'new', v_a.candidate_sha,
+                'candidate_ref', v_a.candidate_ref,
+                'repository', v_promotion ->> 'repository',
+                -- what the landed commit says, frozen here so that every
+                -- dispatcher carrying the intent out builds the very same
+                -- commit (the candidate's tree with Ledger's trailers)
+                'landing', jsonb_build_object(
+                    'campaign_id', v_c.id, 'attempt_no', v_a.attempt_no,
+                    'verifier', v_v.verifier, 'model_family', v_v.model_family,
+                    'summary', left(coalesce(p_evidence ->> 'summary', ''), 500),
+                    'verdicts', v_verdicts,
+                    'committer', v_promotion -> 'committer',
+                    'verified_at', floor(extract(epoch FROM v_now))::bigint)),
+            'idempotency_key', format('promote:%s:%s:%s', v_c.id, v_c.generation, v_a.attempt_no));
+    END IF;
+    -- Does the class want a person to look first (approval.sql)? Then the
+    -- attempt's verdict waits for that decision, and nothing is promoted yet.
+    v_reasons := ledger.approval_reasons(v_c, v_a);
+    IF v_reasons IS NULL THEN
+        UPDATE ledger.attempt a SET verdict = 'accepted' WHERE a.id = v_a.id;
+    END IF;
     PERFORM ledger.begin_transition('accept', 'verifier', v_v.verifier,
                 jsonb_build_object('verification_id', v_v.id, 'attempt_no', v_a.attempt_no,
                                    'candidate_sha', v_a.candidate_sha,
@@ -276,38 +309,19 @@ BEGIN
     UPDATE ledger.campaign c
        SET state = 'verified',
            -- nothing to promote: the verdict itself is the point after which
-           -- an observation may confirm
-           promoted_at = CASE WHEN v_promotion ? 'ref' THEN NULL ELSE v_now END,
-           promoted_sha = CASE WHEN v_promotion ? 'ref' THEN NULL ELSE v_a.candidate_sha END
+           -- an observation may confirm (once approved, if it must be)
+           promoted_at = CASE WHEN v_promotion ? 'ref' OR v_reasons IS NOT NULL THEN NULL ELSE v_now END,
+           promoted_sha = CASE WHEN v_promotion ? 'ref' OR v_reasons IS NOT NULL THEN NULL
+                               ELSE v_a.candidate_sha END
      WHERE c.id = v_c.id;
     PERFORM ledger.end_transition();
 
-    IF v_promotion ? 'ref' THEN
-        INSERT INTO ledger.side_effect (campaign_id, generation, kind, purpose, target, precondition,
-                                        payload, idempotency_key, requested_by, requested_role,
-                                        next_try_at, created_at, updated_at)
-        VALUES (v_c.id, v_c.generation, 'git.update_ref', 'promotion', v_promotion ->> 'ref',
-                jsonb_build_object('old', v_a.base_sha),
-                jsonb_build_object('new', v_a.candidate_sha,
-                                   'candidate_ref', v_a.candidate_ref,
-                                   'repository', v_promotion ->> 'repository',
-                                   -- what the landed commit says, frozen here so that every
-                                   -- dispatcher carrying the intent out builds the very same
-                                   -- commit (the candidate's tree with Ledger's trailers)
-                                   'landing', jsonb_build_object(
-                                       'campaign_id', v_c.id, 'attempt_no', v_a.attempt_no,
-                                       'verifier', v_v.verifier, 'model_family', v_v.model_family,
-                                       'summary', left(coalesce(p_evidence ->> 'summary', ''), 500),
-                                       'verdicts', v_verdicts,
-                                       'committer', v_promotion -> 'committer',
-                                       'verified_at', floor(extract(epoch FROM v_now))::bigint)),
-                format('promote:%s:%s:%s', v_c.id, v_c.generation, v_a.attempt_no),
-                v_v.verifier, 'verifier', v_now, v_now, v_now)
-        RETURNING id INTO v_effect;
-        PERFORM ledger.append_event(v_c.id, 'side_effect.requested', v_v.verifier,
-                    jsonb_build_object('side_effect_id', v_effect, 'kind', 'git.update_ref',
-                                       'purpose', 'promotion', 'target', v_promotion ->> 'ref'));
-        PERFORM pg_notify('ledger_outbox', v_effect::text);
+    IF v_reasons IS NOT NULL THEN
+        PERFORM ledger.request_approval(v_c.id, v_a.id, v_reasons, v_request);
+        RETURN NULL;
+    END IF;
+    IF v_request IS NOT NULL THEN
+        v_effect := ledger.request_promotion(v_c.id, v_c.generation, v_request, v_v.verifier, 'verifier');
     END IF;
     RETURN v_effect;
 END

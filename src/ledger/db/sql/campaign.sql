@@ -59,7 +59,12 @@ CREATE TABLE IF NOT EXISTS ledger.campaign_class (
     heartbeat_seconds double precision CHECK (heartbeat_seconds > 0 AND heartbeat_seconds < lease_seconds),
     -- an operator paused the class (pause_class): claims skip it, attempts in
     -- flight finish; who and why are in ledger.class_event
-    paused_at       timestamptz
+    paused_at       timestamptz,
+    -- whether a person approves a verified candidate before it is promoted
+    -- (approval.sql): {} or {"mode": "never"} never; {"mode": "always"}; or
+    -- {"mode": "when", "when": [conditions]}, with "timeout_s", "on_timeout"
+    -- and "notify" (checked by ledger.check_approval_policy at registration)
+    approval        jsonb NOT NULL DEFAULT '{}' CHECK (jsonb_typeof(approval) = 'object')
 );
 
 CREATE TABLE IF NOT EXISTS ledger.campaign (
@@ -363,7 +368,8 @@ BEGIN
     -- superseded (a rebase), or a campaign abandoned, takes its pending
     -- intents with it: nothing a lost lease asked for is carried out later. Claimed intents are mid-dispatch; their
     -- dispatcher confirms the generation just before acting.
-    IF v_from IN ('leased', 'attempted', 'verified') AND NEW.state NOT IN ('attempted', 'verified', 'confirmed')
+    IF v_from IN ('leased', 'attempted', 'verified', 'awaiting_approval')
+           AND NEW.state NOT IN ('attempted', 'verified', 'awaiting_approval', 'confirmed')
        OR NEW.state = 'abandoned'
        OR (v_from IN ('attempted', 'verified') AND NEW.generation > OLD.generation) THEN
         WITH cancelled AS (
@@ -444,8 +450,8 @@ BEGIN
                               coalesce(v_name, ch.to_state))
           FROM changed ch
          WHERE s.campaign_id = ch.id AND s.state = 'pending' AND s.generation <= ch.old_generation
-           AND (ch.from_state IN ('leased', 'attempted', 'verified')
-                    AND ch.to_state NOT IN ('attempted', 'verified', 'confirmed')
+           AND (ch.from_state IN ('leased', 'attempted', 'verified', 'awaiting_approval')
+                    AND ch.to_state NOT IN ('attempted', 'verified', 'awaiting_approval', 'confirmed')
                 OR ch.to_state = 'abandoned'
                 OR (ch.from_state IN ('attempted', 'verified') AND ch.generation > ch.old_generation))
         RETURNING s.id, s.campaign_id

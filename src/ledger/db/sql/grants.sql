@@ -35,7 +35,7 @@ BEGIN
                 ('refuse_candidate', 'worker'), ('release_attempt', 'worker'),
                 ('report_security_event', 'worker'), ('reobserve', 'worker'),
                 -- reaper (api_reaper.sql)
-                ('expire_leases', 'reaper'),
+                ('expire_leases', 'reaper'), ('expire_approvals', 'reaper'),
                 -- verifier (api_verifier.sql)
                 ('claim_verification', 'verifier'), ('heartbeat_verification', 'verifier'),
                 ('accept', 'verifier'), ('reject', 'verifier'), ('release_verification', 'verifier'),
@@ -49,6 +49,7 @@ BEGIN
                 ('abandon', 'operator'), ('reopen', 'operator'), ('retry_now', 'operator'),
                 ('register_class', 'operator'), ('trim_journal', 'operator'),
                 ('pause_class', 'operator'), ('resume_class', 'operator'),
+                ('approve', 'operator'), ('deny', 'operator'),
                 -- the registry of processes (process.sql): each role reports itself
                 ('report_sensor_process', 'sensor'), ('report_worker_process', 'worker'),
                 ('report_reaper_process', 'reaper'), ('report_verifier_process', 'verifier'),

@@ -49,10 +49,11 @@ INSERT INTO ledger.state (name, is_terminal, position, description) VALUES
     ('leased',    false, 2, 'a worker holds the lease and is making an attempt'),
     ('attempted', false, 3, 'an attempt produced a candidate; awaiting a verdict'),
     ('verified',  false, 4, 'the candidate passed independent verification'),
-    ('exhausted', false, 5, 'attempts used up; a human decides'),
-    ('confirmed', true,  6, 'a scheduled observation after promotion was green'),
-    ('dismissed', true,  7, 'the target turned green with nothing of ours in flight'),
-    ('abandoned', true,  8, 'an operator stopped the campaign')
+    ('awaiting_approval', false, 5, 'verified; its class asks a person before it is promoted (nothing is leased while it waits)'),
+    ('exhausted', false, 6, 'attempts used up; a human decides'),
+    ('confirmed', true,  7, 'a scheduled observation after promotion was green'),
+    ('dismissed', true,  8, 'the target turned green with nothing of ours in flight'),
+    ('abandoned', true,  9, 'an operator stopped the campaign')
 ON CONFLICT DO NOTHING;
 
 INSERT INTO ledger.actor (name, db_role, description) VALUES
@@ -88,7 +89,15 @@ INSERT INTO ledger.transition (name, from_state, to_state, owner_role, attempt_c
     ('abandon',        'verified',  'abandoned', 'operator', 0,   'bumps generation'),
     ('abandon',        'exhausted', 'abandoned', 'operator', 0,   'bumps generation'),
     ('rebase',         'verified',  'attempted', 'dispatcher', 0, 'the target moved: the candidate, rebased cleanly onto it, is verified again'),
-    ('requeue',        'attempted', 'verified',  'verifier', 0,   'the merge queue''s stack of several candidates failed with this one on top: no verdict on it alone; back in the queue with its own candidate, nothing charged')
+    ('requeue',        'attempted', 'verified',  'verifier', 0,   'the merge queue''s stack of several candidates failed with this one on top: no verdict on it alone; back in the queue with its own candidate, nothing charged'),
+    -- approval before promotion (approval.sql): the verdict is in, a person decides
+    ('request_approval', 'verified', 'awaiting_approval', 'system', 0, 'the class''s approval policy asks a person first (the conditions that asked are journaled); nothing is leased while it waits'),
+    ('approve',        'awaiting_approval', 'verified', 'operator', 0, 'never by the identity that made the attempt: its promotion is queued'),
+    ('deny',           'awaiting_approval', 'ready', 'operator', 0, 'never by the identity that made the attempt: the reason is shown to the next attempt as a rejection, the approach refused'),
+    ('abandon',        'awaiting_approval', 'abandoned', 'operator', 0, 'bumps generation (a denial that stops the campaign)'),
+    ('approve_on_timeout', 'awaiting_approval', 'verified', 'system', 0, 'no decision in time, and the class approves then: its promotion is queued'),
+    ('deny_on_timeout', 'awaiting_approval', 'ready', 'system', 0, 'no decision in time: denied, as the class says'),
+    ('abandon_on_timeout', 'awaiting_approval', 'abandoned', 'system', 0, 'no decision in time: abandoned, as the class says; bumps generation')
 ON CONFLICT DO NOTHING;
 
 -- Declares which transition the next state change is, who performs it and what

@@ -54,8 +54,19 @@ SELECT id, at, actor_role, actor, campaign_id, action, target, reason, details
 CREATE OR REPLACE VIEW ledger_api.classes AS
 SELECT name, max_attempts, lease_seconds, backoff_base_s, backoff_factor, backoff_cap_s,
        backoff_jitter, seat_policy, authority, acceptance, promotion, verifier,
-       created_at, updated_at, weight, heartbeat_seconds, paused_at, verifiers
+       created_at, updated_at, weight, heartbeat_seconds, paused_at, verifiers, approval
   FROM ledger.campaign_class;
+
+-- Approvals asked for and how each was decided (approval.sql), with the
+-- promotion an approval requested (NULL until then, or if there is none).
+CREATE OR REPLACE VIEW ledger_api.approvals AS
+SELECT ap.id, ap.campaign_id, ap.generation, ap.attempt_id, ap.reasons, ap.promotion,
+       ap.requested_at, ap.deadline, ap.on_timeout, ap.decision, ap.decided_by, ap.decided_role,
+       ap.decided_by_transition, ap.decision_reason, ap.decided_at,
+       (SELECT s.id FROM ledger.side_effect s
+         WHERE s.campaign_id = ap.campaign_id AND s.generation = ap.generation
+           AND s.purpose = 'promotion' ORDER BY s.id LIMIT 1) AS side_effect_id
+  FROM ledger.approval ap;
 
 CREATE OR REPLACE VIEW ledger_api.class_events AS
 SELECT id, class, type, actor, actor_role, reason, created_at FROM ledger.class_event;
