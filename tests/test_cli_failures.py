@@ -195,7 +195,7 @@ def test_offline_commands_and_the_exit_code_table(tmp_path: Path) -> None:
 
 
 def test_readiness_tells_the_schema_revision_apart(db_url: str, admin: psycopg.Connection) -> None:
-    from ledger.cli.readiness import diagnose
+    from ledger.db.readiness import diagnose
 
     assert diagnose(db_url, TEST_PREFIX) is None  # migrated to head: ready
     missing_roles = diagnose(db_url, "nosuchprefix_")

@@ -19,7 +19,7 @@ from ledger.cli.output import table
 
 if TYPE_CHECKING:
     from ledger.db.kernel import Kernel
-    from ledger.db.models import Campaign, CampaignDetail, Opened
+    from ledger.db.models import Campaign, CampaignDetail, Opened, ProcessRow
     from ledger.report import Report
 
 JSON_OPTION = option("json")
@@ -215,20 +215,24 @@ def status(
     expiring_within: float = option("status_expiring_within"),
     as_json: bool = JSON_OPTION,
 ) -> None:
-    """Campaigns per state, the age of the oldest ready one and leases about to expire."""
+    """Campaigns per state, the age of the oldest ready one, leases about to
+    expire, and the processes that wait to start (and why)."""
     from ledger.db.reads import Reads
 
-    async def go() -> tuple[dict[str, int], datetime | None, list[Campaign]]:
+    async def go() -> tuple[dict[str, int], datetime | None, list[Campaign], list[ProcessRow]]:
         async with state(ctx).database().session("reader") as s:
             reads = Reads(s)
             return (await reads.state_counts(), await reads.oldest_ready(),
-                    await reads.leases_expiring(expiring_within))
-    counts, oldest, expiring = run(go())
+                    await reads.leases_expiring(expiring_within), await reads.processes_not_ready())
+    counts, oldest, expiring, waiting = run(go())
     if as_json:
         emit_json({"states": counts, "oldest_ready": oldest,
                    "leases_expiring": [{"campaign_id": c.id, "lease_owner": c.lease_owner,
                                         "lease_expires_at": c.lease_expires_at}
-                                       for c in expiring]})
+                                       for c in expiring],
+                   "not_ready": [{"role": p.role, "service": p.service, "host": p.host,
+                                  "pid": p.pid, "started_at": p.started_at,
+                                  "not_ready": p.not_ready} for p in waiting]})
         return
     t = table("state", "campaigns")
     for name, n in counts.items():
@@ -241,6 +245,12 @@ def status(
             leases.add_row(str(c.id), c.lease_owner or "-",
                            iso_z(c.lease_expires_at) if c.lease_expires_at else "-")
         leases.print()
+    if waiting:
+        waits = table("role", "service", "host", "pid", "up since", "why",
+                      title="processes not ready (waiting to start)")
+        for p in waiting:
+            waits.add_row(p.role, p.service, p.host, str(p.pid), _ago(p.started_at), p.not_ready or "")
+        waits.print()
 
 
 def _act_on_each(ctx: typer.Context, campaign_ids: list[int], done: str, as_json: bool,
