@@ -328,6 +328,9 @@ class OptionKnobs:
                                 "serving it after the loop closes, until Ctrl-C.", "--ui")
     demo_ui_port: int = knob(0, "The dashboard's port (0: any free one).", "--ui-port", ge=0,
                              le=65535)
+    demo_require_sandbox: bool = knob(
+        False, "Refuse (exit 78) where no cell can be built, instead of running the demo's own "
+               "scripted agent and checks outside one.", "--require-sandbox")
     drill_report: Path | None = knob(None, "Write a JSON report here.", "--report")
     drill_scale: float = knob(1.0, "Size of the load drill (CI runs it at 0.1).", "--scale",
                               ge=0.01, le=10)

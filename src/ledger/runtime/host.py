@@ -264,12 +264,12 @@ class Host:
         prepare = getattr(hosted.service, "prepare", None)
         if prepare is None:
             waiter.succeeded()
-            return not self.stopping.is_set()
+            return True
         ready = await waiter.until_ready(lambda: _ready(prepare), self.stopping)
         registration = getattr(hosted.service, "registration", None)
         if registration is not None:
             registration.not_ready = None
-        return ready is not None and not self.stopping.is_set()
+        return ready is not None  # (stopped meanwhile: it never started)
 
     async def _sweep(self, spawned: weakref.WeakSet[asyncio.Task[object]], before_children: set[int]
                      ) -> Leftovers:
