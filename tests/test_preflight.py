@@ -165,6 +165,7 @@ def test_an_authenticated_remote_without_credentials_is_refused(db_url: str, tmp
         assert registered(db_url) == ["c"]
 
 
+@pytest.mark.cells
 def test_a_remote_out_of_reach_is_a_warning_and_the_work_waits_uncharged(db_url: str, tmp_path: Path) -> None:
     """Connection refused is "not now", not "never": sync registers the
     class and the worker starts, each saying so in one line; the campaign it

@@ -42,10 +42,13 @@ pytestmark = pytest.mark.anyio
 PY = sys.executable
 
 
-def write_config(tmp_path: Path, repository: Path) -> Path:
+def write_config(tmp_path: Path, repository: Path, *, sandbox: bool = False) -> Path:
+    """A class whose attempt runs in a cell only with ``sandbox`` (the other
+    faults need none: their tests run where bubblewrap is missing too)."""
     config = tmp_path / "ledger.toml"
+    cell = "" if sandbox else "cell = { sandbox = false }\nacceptance = { cell = { sandbox = false } }\n"
     config.write_text(f'[classes.c]\nrepository = "{repository}"\nattempt_command = ["true"]\n'
-                      "lease_s = 10\nheartbeat_s = 1\n")
+                      f"lease_s = 10\nheartbeat_s = 1\n{cell}")
     return config
 
 
@@ -210,7 +213,7 @@ async def test_no_sandbox_waits_not_ready_until_bubblewrap_is_back(db_url: str, 
     hidden, why = bubblewrap_hiding()
     if why:
         pytest.skip(why)
-    env = environment(db_url, tmp_path, write_config(tmp_path, repo))
+    env = environment(db_url, tmp_path, write_config(tmp_path, repo, sandbox=True))
     cid = opened_campaign(env)
     bwrap = os.path.realpath(shutil.which("bwrap") or "/usr/bin/bwrap")
 

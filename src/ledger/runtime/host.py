@@ -78,6 +78,8 @@ class Hosted:
     policy: Policy
     restarts: int = 0
     error: BaseException | None = None
+    #: its error ends the host whatever the policy (a wait to start that ran out)
+    fatal: bool = False
 
 @dataclass(frozen=True)
 class Leftovers:
@@ -179,7 +181,8 @@ class Host:
                 self.leftovers = await self._sweep(spawned, before_children)
             finally:
                 loop.set_task_factory(previous_factory)
-        failed = [h for h in self.services.values() if h.error is not None and h.policy == "fail"]
+        failed = [h for h in self.services.values()
+                  if h.error is not None and (h.policy == "fail" or h.fatal)]
         restarts = {h.name: h.restarts for h in self.services.values() if h.restarts}
         # Each service logs its own last line; the host adds one only for news.
         if failed or restarts or self.leftovers:
@@ -232,7 +235,7 @@ class Host:
                             return
                         except Exception as gave_up:
                             exc = gave_up  # waited as long as it may: as ``fail``
-                            hosted.error = exc
+                            hosted.error, hosted.fatal = exc, True
                             self.log.error("service cannot start; stopping the others",
                                            service=hosted.name, error=_said(exc),
                                            exc_info=_traceback(exc))

@@ -71,8 +71,7 @@ REPORT_INTERVAL_S = 10.0
 
 
 def fault_of(exc: BaseException) -> LedgerError | None:
-    """The start-up fault ``exc`` is (looking inside exception groups and at
-    a driver error's translation), or ``None``."""
+    """The start-up fault ``exc`` is (looking inside exception groups), or ``None``."""
     while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
         exc = exc.exceptions[0]
     return exc if isinstance(exc, FAULTS) else None
@@ -298,5 +297,6 @@ async def serve_when_ready(build: Callable[[AsyncExitStack, Standby], Awaitable[
             break
         waiter.succeeded()
         standby.hand_over(services)
+        await standby.close()  # its row goes on in the service's own session
         async with stack:
             return await serve(services, name=name, policy=policy, wait_for_start_s=wait_s)
