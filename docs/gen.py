@@ -480,7 +480,7 @@ def metric_families() -> list[tuple[str, str, list[str], str]]:
         states={"ready": 0}, class_states={("c", "ready"): 0}, oldest_ready_age_s=None,
         transitions={"claim": 0}, attempts={"failed": 0}, verifications={},
         side_effects={("git.update_ref", "pending"): 0}, attempt_durations=one,
-        verification_durations=one, waiting={("c", "target"): 0})
+        verification_durations=one, waiting={("c", "target"): 0}, not_ready={"worker": 0})
     hub = SimpleNamespace(reconnects=0, connected=True, deaf=False, misses=0, dropped=0)
     process = metrics.ProcessCounters()
     process.count_request("GET", "/status", 200, 0.01)

@@ -25,6 +25,7 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector
 
 from ledger.db.hub import Hub
+from ledger.db.models import ProcessRow
 from ledger.db.reads import Reads
 from ledger.api import problems
 from ledger.api.roles import CallerDep
@@ -61,6 +62,8 @@ class Snapshot:
     #: (class, reason) -> campaigns held back by what is not their attempt's
     #: own: a system fault, or their target (a dirty checkout)
     waiting: dict[tuple[str, str], int] = field(default_factory=dict)
+    #: role -> live processes that wait to start (ledger.runtime.startup)
+    not_ready: dict[str, int] = field(default_factory=dict)
     read_s: float = 0.0
 
 
@@ -110,9 +113,17 @@ async def read_snapshot(reads: Reads) -> Snapshot:
         verification_durations=await reads.verification_durations(DURATION_BUCKETS),
         notify_queue_usage=await reads.notify_queue_usage(),
         waiting={key: count for key, (count, _) in (await reads.waiting_counts()).items()},
+        not_ready=_by_role(await reads.processes_not_ready()),
     )
     snapshot.read_s = time.perf_counter() - started
     return snapshot
+
+
+def _by_role(processes: list[ProcessRow]) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for process in processes:
+        counts[process.role] = counts.get(process.role, 0) + 1
+    return counts
 
 
 def _histogram(name: str, doc: str, rows: Buckets) -> HistogramMetricFamily:
@@ -196,6 +207,13 @@ class LedgerCollector(Collector):
         yield _histogram("ledger_verification_duration_seconds",
                          "Claim to verdict of finished verifications", s.verification_durations)
 
+        not_ready = GaugeMetricFamily("ledger_processes_not_ready",
+                                      "Live processes that wait to start: their host or their "
+                                      "configuration is not ready for them (the registry's "
+                                      "not_ready; `ledger status` says why)", labels=["role"])
+        for role in ("sensor", "worker", "reaper", "verifier", "dispatcher", "operator"):
+            not_ready.add_metric([role], s.not_ready.get(role, 0))
+        yield not_ready
         yield GaugeMetricFamily("ledger_notify_queue_usage",
                                 "Share (0..1) of the server's notification queue in use "
                                 "(pg_notification_queue_usage); /readyz is degraded above 0.5",

@@ -232,12 +232,15 @@ class Standby:
             from ledger.identity import process_identity
             from ledger.roles.registry import Registration
 
+            session = self.database.session(self.role, max_size=1)
             try:
-                session = await self._stack.enter_async_context(
-                    self.database.session(self.role, max_size=1))
+                # at once or not at all: a report never holds up the re-check
+                await session.open(timeout=5.0, wait_for_database_s=0)
             except LedgerError as exc:  # its login or schema is the fault itself
+                await session.close()
                 get_logger("startup").debug("cannot report to the registry", error=exc.message)
                 return
+            self._stack.push_async_callback(session.close)
             self.registration = Registration(Kernel(session), self.role, self.service,
                                              process_identity(self.role), REPORT_INTERVAL_S)
         await say_not_ready(self.registration, line)
