@@ -136,7 +136,7 @@ class Service:
 
 def rows(db_url: str, query: str, *args: Any) -> list[dict[str, Any]]:
     with psycopg.connect(db_url, autocommit=True) as conn:
-        cur = conn.execute(query, args)  # type: ignore[arg-type]
+        cur = conn.execute(query, args)
         names = [d.name for d in cur.description or []]
         return [dict(zip(names, r)) for r in cur.fetchall()]
 
