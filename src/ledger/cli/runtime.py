@@ -176,7 +176,7 @@ def sensor_run(
 
     if once:
         raise typer.Exit(run(once_now()))
-    raise typer.Exit(run(serve_when_ready(build, name="sensors", role="sensor",
+    raise typer.Exit(run(serve_when_ready(build, name="sensor", role="sensor",
                                           wait_s=wait_for_start, health=health)))
 
 
