@@ -338,3 +338,21 @@ async def test_a_schema_not_yet_migrated_waits_for_ledger_migrate(db_url: str, t
     finally:
         err = worker.stop()
     no_traceback(err)
+
+
+def test_the_health_answers_say_starting_waiting_and_ready() -> None:
+    """``--health``'s answers (ledger.runtime.health): alive always; not ready
+    while starting or waiting (with the reasons), ready once serving."""
+    from ledger.runtime.health import answer
+    from ledger.runtime.startup import Readiness
+
+    readiness = Readiness()
+    assert answer("/livez", readiness) == (200, {"status": "alive"})
+    assert answer("/readyz", readiness) == (503, {"status": "not ready", "reasons": ["starting"]})
+    readiness.waiting["worker"] = "no cell"
+    readiness.serving = True
+    assert answer("/readyz", readiness) == (503, {"status": "not ready",
+                                                  "reasons": ["worker: no cell"]})
+    readiness.waiting.clear()
+    assert answer("/readyz", readiness) == (200, {"status": "ready"})
+    assert answer("/metrics", readiness)[0] == 404
