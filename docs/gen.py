@@ -482,7 +482,8 @@ def metric_families() -> list[tuple[str, str, list[str], str]]:
         side_effects={("git.update_ref", "pending"): 0}, attempt_durations=one,
         verification_durations=one, waiting={("c", "target"): 0},
         sensor_outcomes={("s", "error"): 0}, sensor_errors={"s": 0}, approvals={"c": (0, 0.0)},
-        approval_decisions={("approved", "operator"): 0})
+        approval_decisions={("approved", "operator"): 0},
+        not_ready={"worker": 0})
     hub = SimpleNamespace(reconnects=0, connected=True, deaf=False, misses=0, dropped=0)
     process = metrics.ProcessCounters()
     process.count_request("GET", "/status", 200, 0.01)

@@ -84,6 +84,49 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers", "rollback: only SQL on one connection: runs in a transaction rolled back "
                    "at the end instead of a database of its own (see tests/conftest.py)")
+    config.addinivalue_line(
+        "markers", "cells: runs commands in cells (bubblewrap): skipped, naming the package, "
+                   "where no cell can be built (see tests/conftest.py)")
+
+
+# --- system parts the tests need --------------------------------------------------------
+#
+# A test that needs a part of the system the machine lacks skips, saying which
+# Debian package brings it, rather than failing in a heap (`make test` and
+# .ci/run install them first: .ci/system-packages). Tests that build cells --
+# a worker, verifier or sensor running a sandboxed class, the judge, the cell
+# itself -- are marked `cells`; the pooler, the browser, Patroni and promtool
+# tests skip in their own fixtures the same way.
+
+
+@functools.lru_cache(maxsize=1)
+def no_cells() -> str | None:
+    """Why no cell can be built here (``None``: one can)."""
+    from ledger.sandbox import cell
+
+    try:
+        cell.check_available()
+    except cell.SandboxUnavailable as exc:
+        return exc.message
+    return None
+
+
+def pytest_report_header(config: pytest.Config) -> str | None:
+    why = no_cells()
+    if why is None:
+        return None
+    return (f"bubblewrap: {why}: the tests that run cells skip "
+            "(apt-get install bubblewrap, or .ci/system-packages test)")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    why = no_cells()
+    if why is None:
+        return
+    skip = pytest.mark.skip(reason=f"needs bubblewrap ({why}; apt-get install bubblewrap)")
+    for item in items:
+        if item.get_closest_marker("cells") is not None:
+            item.add_marker(skip)
 
 
 # Async tests declare `pytestmark = pytest.mark.anyio`; they run on asyncio.

@@ -179,3 +179,23 @@ async def record_candidate(kernel: Kernel, claim: Claim, *, repo: Path, base: st
         fingerprint=frozen.fingerprint, bundle=frozen.model_dump(mode="json", by_alias=True),
         bundle_digest=digest, diff=diff, candidate_ref=ref)
     return n, digest
+
+
+def bubblewrap_hiding() -> tuple[list[str], str | None]:
+    """The argv prefix that runs a command with bubblewrap hidden from it (a
+    private mount namespace with /dev/null bound over ``bwrap``: what a host
+    without it looks like), and why that cannot be done here (``None``: it
+    can; it needs root and util-linux)."""
+    import os
+    import shutil
+
+    for tool in ("unshare", "nsenter", "mount", "umount"):
+        if shutil.which(tool) is None:
+            return [], f"{tool} is not installed (Debian's util-linux)"
+    binary = shutil.which("bwrap")
+    if binary is None:
+        return [], "bubblewrap is not installed (apt-get install bubblewrap): nothing to hide"
+    if os.geteuid() != 0:
+        return [], "hiding bubblewrap needs root (a private mount namespace)"
+    binary = os.path.realpath(binary)
+    return ["unshare", "-m", "sh", "-c", f'mount --bind /dev/null {binary} && exec "$0" "$@"'], None

@@ -27,7 +27,7 @@ from drive import eventually
 from ledger.config import load_config
 from drills.paths import scripted_attempt
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.anyio, pytest.mark.cells]
 
 SCRIPT = scripted_attempt()
 

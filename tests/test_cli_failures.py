@@ -44,12 +44,14 @@ SAMPLES: dict[str, list[str]] = {
 }
 #: Commands that never touch a database: they must still work.
 OFFLINE = {("token", "create")}
-#: Options that keep a long-running command from waiting, or from running on.
+#: Options that keep a long-running command from waiting, or from running on
+#: (a service waits out what keeps it from starting unless --wait-for-start 0:
+#: tests/test_startup.py).
 BOUNDED = {
-    ("worker",): ["--wait-for-database", "0"],
-    ("run",): ["--wait-for-database", "0", "--no-sensors"],
-    ("verifier",): ["--wait-for-database", "0"],
-    ("dispatcher",): ["--wait-for-database", "0"],
+    ("worker",): ["--wait-for-database", "0", "--wait-for-start", "0"],
+    ("run",): ["--wait-for-database", "0", "--wait-for-start", "0", "--no-sensors"],
+    ("verifier",): ["--wait-for-database", "0", "--wait-for-start", "0"],
+    ("dispatcher",): ["--wait-for-database", "0", "--wait-for-start", "0"],
     ("sensor", "run"): ["--wait-for-database", "0", "--once"],
     ("serve",): ["--port", "0"],
 }
@@ -195,7 +197,7 @@ def test_offline_commands_and_the_exit_code_table(tmp_path: Path) -> None:
 
 
 def test_readiness_tells_the_schema_revision_apart(db_url: str, admin: psycopg.Connection) -> None:
-    from ledger.cli.readiness import diagnose
+    from ledger.db.readiness import diagnose
 
     assert diagnose(db_url, TEST_PREFIX) is None  # migrated to head: ready
     missing_roles = diagnose(db_url, "nosuchprefix_")

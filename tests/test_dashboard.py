@@ -507,3 +507,25 @@ async def test_retry_now_from_the_campaign_page(ui: Ui, actors: Actors, test_cla
         ("operator.retry_now", "http:operator-tok", "operator")
     r = await ui.client.post(f"/ui/campaigns/{cid}/retry", data={"csrf": csrf})
     assert r.status_code == 409 and "error-message" in r.text
+
+
+# --- the workers view ---------------------------------------------------------------
+
+
+async def test_the_workers_view_marks_a_process_that_waits_to_start(ui: Ui, actors: Actors) -> None:
+    """A live process whose row says why it waits to start (no sandbox ...)
+    is marked not ready with the reason; once it works, the mark is gone."""
+    from ledger.db.models import ProcessReport
+    from ledger.roles.registry import utcnow
+
+    worker = await actors("worker")
+    report = ProcessReport(host="host-a", pid=4242, started_at=utcnow(), identity="worker:host-a:1",
+                           service="worker", interval_s=5.0,
+                           not_ready="commands cannot be sandboxed: bubblewrap (bwrap) is not installed")
+    await worker.report_worker_process(report)
+    await ui.sign_in("reader")
+    page = (await ui.client.get("/ui/workers")).text
+    assert "data-not-ready" in page and "waits to start: commands cannot be sandboxed" in page
+    await worker.report_worker_process(report.model_copy(update={"not_ready": None}))
+    page = (await ui.client.get("/ui/workers")).text
+    assert "data-not-ready" not in page and 'data-status="live"' in page

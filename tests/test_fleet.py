@@ -21,7 +21,7 @@ from rich.console import Console
 from ledger import Database
 from ledger.ops.drill import DrillContext
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.anyio, pytest.mark.cells]
 
 
 @pytest.mark.parametrize("transport", ["git", "http"])

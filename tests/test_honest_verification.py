@@ -185,6 +185,7 @@ PROTECTED_EDITS = [
 
 @pytest.mark.rollback  # only SQL: a transaction rolled back after the test
 @pytest.mark.parametrize(("name", "files", "named"), PROTECTED_EDITS, ids=[e[0] for e in PROTECTED_EDITS])
+@pytest.mark.cells
 async def test_a_candidate_changing_protected_paths_is_rejected_by_the_verifier_itself(
         bench: Bench, name: str, files: dict[str, str | None], named: str) -> None:
     """The finding's reproduction: before, the verifier ran the candidate's own
@@ -215,6 +216,7 @@ GAMED_CODE = [
 
 @pytest.mark.rollback  # only SQL: a transaction rolled back after the test
 @pytest.mark.parametrize(("name", "code", "says"), GAMED_CODE, ids=[c[0] for c in GAMED_CODE])
+@pytest.mark.cells
 async def test_a_candidate_that_passes_without_fixing_is_rejected_naming_the_tests(
         bench: Bench, name: str, code: str, says: str) -> None:
     cid = await bench.open()
@@ -226,6 +228,7 @@ async def test_a_candidate_that_passes_without_fixing_is_rejected_naming_the_tes
 
 
 @pytest.mark.rollback  # only SQL: a transaction rolled back after the test
+@pytest.mark.cells
 async def test_an_honest_fix_is_accepted_and_its_summary_kept(bench: Bench) -> None:
     cid = await bench.open()
     # A change to pyproject outside its pytest section is the agent's to make.
@@ -238,6 +241,7 @@ async def test_an_honest_fix_is_accepted_and_its_summary_kept(bench: Bench) -> N
 
 
 @pytest.mark.rollback  # only SQL: a transaction rolled back after the test
+@pytest.mark.cells
 async def test_the_bundle_cannot_weaken_the_acceptance(bench: Bench) -> None:
     """The worker writes the bundle; the verifier runs the campaign's criteria."""
     cid = await bench.open()
@@ -251,6 +255,7 @@ async def test_the_bundle_cannot_weaken_the_acceptance(bench: Bench) -> None:
 
 
 @pytest.mark.rollback  # only SQL: a transaction rolled back after the test
+@pytest.mark.cells
 async def test_a_class_may_allow_protected_changes(bench: Bench) -> None:
     await bench.register(allow_protected_changes=True)
     cid = await bench.open()
@@ -302,6 +307,7 @@ cell = {{ writable = ["{markers}"] }}
     return cid, repo
 
 
+@pytest.mark.cells
 async def test_the_worker_refuses_a_candidate_that_edits_a_test_and_the_next_attempt_is_told(
         actors: Any, admin: Any, db_url: str, tmp_path: Path) -> None:
     cid, _ = await attempts_by_a_worker(actors, admin, db_url, tmp_path, {
@@ -327,6 +333,7 @@ async def test_the_worker_refuses_a_candidate_that_edits_a_test_and_the_next_att
     assert seen["previous_attempts"][0]["failure_reason"] == first["failure_reason"]
 
 
+@pytest.mark.cells
 async def test_the_attempts_message_and_the_class_author_make_the_candidate_commit(
         actors: Any, admin: Any, db_url: str, tmp_path: Path) -> None:
     cid, repo = await attempts_by_a_worker(actors, admin, db_url, tmp_path, {

@@ -112,6 +112,66 @@ async def test_a_service_that_returns_before_stop_is_a_failure() -> None:
     assert waiter.stopped.is_set()
 
 
+@pytest.mark.cells
+async def test_a_service_that_cannot_start_waits_not_ready_and_starts_once_it_can(
+        actors, monkeypatch: pytest.MonkeyPatch) -> None:
+    """No cell for the verifier (bubblewrap gone from this process's view):
+    under the ``fail`` policy it is no death -- the host waits for its
+    prepare(), says the cause once without a traceback, its registry row says
+    why, nothing is verified; bubblewrap back, it starts, the row clear."""
+    from structlog.testing import capture_logs
+
+    from ledger.roles.verifier import Verifier
+    from ledger.runtime import startup
+    from ledger.sandbox import cell as cells
+
+    there = cells.bubblewrap
+    monkeypatch.setattr(cells, "bubblewrap", lambda: None)
+    monkeypatch.setattr(cells, "_checked", {})
+    verifier = Verifier(await actors("verifier"), poll_s=0.05)
+    host = Host(handle_signals=False).add(verifier)
+    reads = await actors.reads()
+
+    async def row(want_not_ready: bool) -> bool:
+        rows = [r for r in await reads.processes() if r.role == "verifier" and r.status == "live"]
+        return bool(rows) and (("bubblewrap" in (rows[0].not_ready or "")) if want_not_ready
+                               else rows[0].not_ready is None)
+
+    with capture_logs() as logs:
+        running = asyncio.create_task(host.run())
+        await eventually(lambda: row(True), what="the verifier's row saying it is not ready")
+        assert "bubblewrap" in startup.READINESS.waiting["verifier"]
+        assert verifier.runs == 0 and not host.stopping.is_set()
+        monkeypatch.setattr(cells, "bubblewrap", there)
+        await eventually(lambda: verifier.runs >= 1, what="the verifier working")
+        await eventually(lambda: row(False), what="its row clear")
+        assert "verifier" not in startup.READINESS.waiting
+        host.stop()
+        assert await running == 0
+    said = [e for e in logs if "bubblewrap" in e["event"]]
+    assert len(said) == 1 and said[0]["event"].startswith("not ready: "), said
+    assert not any(e.get("exc_info") for e in logs), logs
+    assert host.services["verifier"].error is None and host.services["verifier"].restarts == 0
+
+
+async def test_a_bounded_wait_to_start_ends_the_host_with_the_cause(
+        actors, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``wait_for_start_s=0`` (``--wait-for-start 0``): the cause is raised at
+    once, whatever the policy -- never restarted into a loop."""
+    from ledger.roles.verifier import Verifier
+    from ledger.sandbox import cell as cells
+
+    monkeypatch.setattr(cells, "bubblewrap", lambda: None)
+    monkeypatch.setattr(cells, "_checked", {})
+    waiter = Waiter()
+    host = Host(handle_signals=False, policy="restart", wait_for_start_s=0)
+    host.add(Verifier(await actors("verifier"), poll_s=0.05)).add(waiter)
+    with pytest.raises(cells.SandboxUnavailable, match="bubblewrap"):
+        async with asyncio.timeout(30):
+            await host.run()
+    assert host.services["verifier"].restarts == 0 and waiter.stopped.is_set()
+
+
 async def test_sigterm_is_handled_once_and_stops_every_service() -> None:
     first, second = Waiter(), Waiter()
     second.name = "second"
@@ -252,6 +312,7 @@ async def test_trim_every_runs_under_the_host_until_sigterm(db_url, actors, admi
     assert out.startswith("removed 1 delta event of campaigns closed more than 0s ago"), out
 
 
+@pytest.mark.cells
 async def test_the_worker_service_run_once_claims_and_attempts_one(db: Database, actors, admin, tmp_path) -> None:
     from ledger.demo import DEMO_CLASS, demo_config, make_repository
     from ledger.roles.worker import Worker, WorkerOptions

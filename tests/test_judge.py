@@ -278,6 +278,7 @@ TRICKS = [
 
 @pytest.mark.rollback  # only SQL: a transaction rolled back after the test
 @pytest.mark.parametrize(("name", "files", "environment", "says"), TRICKS, ids=[t[0] for t in TRICKS])
+@pytest.mark.cells
 async def test_candidate_code_cannot_reach_into_the_judge(
         bench: Bench, name: str, files: dict[str, str], environment: list[str], says: str) -> None:
     """Findings 1 and 2: each was accepted before (the plugin loaded; the
@@ -293,6 +294,7 @@ async def test_candidate_code_cannot_reach_into_the_judge(
 
 
 @pytest.mark.rollback  # only SQL: a transaction rolled back after the test
+@pytest.mark.cells
 async def test_the_honest_fix_passes_the_fixed_judge_with_the_base_configuration(bench: Bench) -> None:
     await bench.register(held_out={"path": str(held_out_dir(bench.repo.parent)), "into": "tests/held_out"})
     cid = await bench.open()
@@ -329,6 +331,7 @@ SCREENED = [
 
 @pytest.mark.rollback  # only SQL: a transaction rolled back after the test
 @pytest.mark.parametrize(("name", "files", "where", "rule"), SCREENED, ids=[s[0] for s in SCREENED])
+@pytest.mark.cells
 async def test_the_screen_refuses_reaching_for_the_test_machinery_naming_file_and_line(
         bench: Bench, name: str, files: dict[str, str], where: str, rule: str) -> None:
     """The screen (and the rest before anything runs): the test-detecting fix
@@ -346,6 +349,7 @@ async def test_the_screen_refuses_reaching_for_the_test_machinery_naming_file_an
 
 
 @pytest.mark.rollback  # only SQL: a transaction rolled back after the test
+@pytest.mark.cells
 async def test_a_class_configures_its_screen(bench: Bench) -> None:
     """The rules are the class's: with test-detection (and internals) off, the
     same candidate is judged -- and passes, which is why the rule is on by default."""
@@ -362,6 +366,7 @@ async def test_a_class_configures_its_screen(bench: Bench) -> None:
 
 
 @pytest.mark.rollback  # only SQL: a transaction rolled back after the test
+@pytest.mark.cells
 async def test_special_cased_inputs_fail_the_held_out_tests(bench: Bench, tmp_path: Path) -> None:
     """Held-out tests: no check of the candidate's own tests can see it; tests it
     never saw do."""
@@ -376,6 +381,7 @@ async def test_special_cased_inputs_fail_the_held_out_tests(bench: Bench, tmp_pa
 
 
 @pytest.mark.rollback  # only SQL: a transaction rolled back after the test
+@pytest.mark.cells
 async def test_held_out_tests_from_a_second_repository_replace_what_the_candidate_put_there(
         bench: Bench, tmp_path: Path) -> None:
     other = tmp_path / "held-out.git"
@@ -398,6 +404,7 @@ async def test_held_out_tests_from_a_second_repository_replace_what_the_candidat
         "the base, the acceptance failed: 1 held-out check(s) failed)")
 
 
+@pytest.mark.cells
 async def test_held_out_tests_are_never_shown_to_the_attempt(
         actors: Any, admin: Any, db_url: str, tmp_path: Path) -> None:
     """not in the campaign file, the environment or the cell -- not
@@ -480,6 +487,7 @@ def test_plugin_manifests_and_pytest_tomls_are_protected_by_default() -> None:
 
 
 @pytest.mark.rollback  # only SQL: a transaction rolled back after the test
+@pytest.mark.cells
 async def test_the_default_protection_refuses_a_new_pytest_toml(bench: Bench) -> None:
     await bench.register()
     cid = await bench.open()
@@ -519,6 +527,7 @@ async def observe(bench: Bench, cid: int, ref: str) -> Any:
     ("a plugin at the root named by a pytest.toml",
      {"pytest.toml": '[pytest]\naddopts = ["-p", "forgery"]\n', "forgery.py": FORGERY}, "red", "regressed"),
 ], ids=["skipped", "os-exit", "plugin"])
+@pytest.mark.cells
 async def test_the_confirming_observation_cannot_be_fooled_the_same_ways(
         bench: Bench, name: str, files: dict[str, str], status: str, effect: str) -> None:
     """Each confirmed the campaign before (a green exit code)."""
@@ -544,6 +553,7 @@ async def test_the_confirming_observation_cannot_be_fooled_the_same_ways(
 
 
 @pytest.mark.rollback  # only SQL: a transaction rolled back after the test
+@pytest.mark.cells
 async def test_a_green_observation_without_judged_tests_cannot_confirm_a_baseline(
         bench: Bench, test_class: str) -> None:
     from drive import now
@@ -592,6 +602,7 @@ REVIEWER = textwrap.dedent("""\
 
 
 @pytest.mark.rollback  # only SQL: a transaction rolled back after the test
+@pytest.mark.cells
 async def test_a_quorum_accepts_only_when_every_verifier_does(bench: Bench, tmp_path: Path) -> None:
     """The tests pass, then a reviewer of another model family is asked (the
     diff, the objective, the test verdict on stdin): acceptance needs both,
@@ -769,6 +780,7 @@ def test_the_screen_reads_added_lines_only_and_skips_tests(tmp_path: Path) -> No
 
 
 @pytest.mark.rollback  # only SQL: a transaction rolled back after the test
+@pytest.mark.cells
 async def test_the_judge_without_a_cell_still_reads_its_own_stream(bench: Bench) -> None:
     """A class that opted out of the cell (``cell.sandbox = false``) keeps the
     judge: the honest fix passes, a forged report and os._exit(0) does not
@@ -788,6 +800,7 @@ async def test_the_judge_without_a_cell_still_reads_its_own_stream(bench: Bench)
 @pytest.mark.parametrize(("layer", "settings", "says"), [
     ("screen", {"protected": []}, "adds compiled code"),
     ("judge", JUDGE_ONLY, f"1 test(s) failed: {FAILING}")], ids=["screen", "judge"])
+@pytest.mark.cells
 async def test_committed_bytecode_is_never_loaded(bench: Bench, tmp_path: Path, layer: str,
                                                   settings: dict[str, Any], says: str) -> None:
     """An unchecked-hash .pyc is loaded without looking at its source: the

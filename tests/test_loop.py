@@ -99,6 +99,7 @@ def test_two_demos_on_one_data_directory_keep_their_own_databases(tmp_path: Path
         discard(data)
 
 
+@pytest.mark.cells
 def test_ledger_run_closes_the_loop_and_stops_on_sigterm(db_url: str, admin, tmp_path: Path) -> None:
     import json
     import signal

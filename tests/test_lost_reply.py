@@ -143,6 +143,7 @@ async def test_a_call_cancelled_on_a_silent_path_ends_at_once_without_a_cancel_r
     assert lease.lease_remaining_s == 30
 
 
+@pytest.mark.cells
 async def test_the_worker_records_its_own_attempt_when_the_records_reply_is_lost(
         tmp_path: Path, actors: Actors, admin: Admin, proxy: FaultProxy, proxied: dict[str, Kernel]) -> None:
     """End to end: an attempt whose record committed but whose reply was lost

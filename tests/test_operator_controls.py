@@ -256,6 +256,26 @@ async def test_a_process_reads_live_then_stopped_or_gone(actors: Actors, admin: 
 
 
 @pytest.mark.rollback
+async def test_a_process_that_waits_to_start_says_why_until_it_works(actors: Actors) -> None:
+    """``not_ready`` (ledger.runtime.startup): kept with the row, listed by
+    ``processes_not_ready`` while the process is live, cleared by the next
+    report that has none; a stopped one is no longer listed."""
+    worker, reads = await actors("worker"), await actors.reads()
+    started = utcnow()
+    await worker.report_worker_process(_report(started_at=started, not_ready="ledger.toml: not valid TOML"))
+    [row] = await reads.processes_not_ready()
+    assert row.not_ready == "ledger.toml: not valid TOML" and row.status == "live"
+    await worker.report_worker_process(_report(started_at=started))
+    assert [r.not_ready for r in await reads.processes()] == [None]
+    assert await reads.processes_not_ready() == []
+    await worker.report_worker_process(_report(started_at=started, not_ready="again", stopping=True))
+    assert await reads.processes_not_ready() == []
+    for bad in ("", "x" * 1001):
+        with pytest.raises(InvalidInput):
+            await worker.report_worker_process(_report(started_at=started, not_ready=bad))
+
+
+@pytest.mark.rollback
 async def test_a_report_is_checked(actors: Actors) -> None:
     worker = await actors("worker")
     deep = [{"kind": "campaign", "id": 1, "more": {"deeper": {"deepest": 1}}}]

@@ -36,7 +36,7 @@ from ledger.db.embedded import create_database, with_database
 from ledger.errors import LedgerError
 from ledger.ops.patroni import Member, PatroniCluster, missing
 
-pytestmark = [pytest.mark.anyio, pytest.mark.slow,
+pytestmark = [pytest.mark.anyio, pytest.mark.slow, pytest.mark.cells,
               pytest.mark.skipif(missing() is not None, reason=f"no Patroni cluster here: {missing()}")]
 
 DB = "ledger_patroni"

@@ -1,7 +1,8 @@
 """Configuration checked up front (docs: Deployment, "Several machines"): ``ledger classes
 sync`` and every command that reads ``ledger.toml`` refuse a
-misconfiguration in one line naming the key (exit 78) before anything is
-registered, opened or claimed -- an unknown placeholder, a sensor target
+misconfiguration in one line naming the key (exit 78; a long-running one waits
+until it is fixed instead, unless --wait-for-start 0: tests/test_startup.py)
+before anything is registered, opened or claimed -- an unknown placeholder, a sensor target
 outside its class, a repository that does not exist or has no base_ref, a
 remote refusing Ledger's credentials -- and only warn about a remote that
 cannot be reached right now: the command starts, and the work waits on it
@@ -131,7 +132,9 @@ def test_a_local_repository_that_cannot_serve_is_refused(db_url: str, tmp_path: 
     env = env_for(db_url, tmp_path, config)
     refused(ledger(["classes", "sync"], env), key, says, "no class was registered")
     assert registered(db_url) == []
-    refused(ledger(["worker", "--wait-for-database", "0"], env), key, says, "nothing was claimed")
+    # (a worker waits for a misconfiguration to be fixed: tests/test_startup.py; here it may not)
+    refused(ledger(["worker", "--wait-for-database", "0", "--wait-for-start", "0"], env), key, says,
+            "nothing was claimed")
 
 
 def test_a_remote_without_the_repository_or_its_base_ref_is_refused(db_url: str, tmp_path: Path,
@@ -162,6 +165,7 @@ def test_an_authenticated_remote_without_credentials_is_refused(db_url: str, tmp
         assert registered(db_url) == ["c"]
 
 
+@pytest.mark.cells
 def test_a_remote_out_of_reach_is_a_warning_and_the_work_waits_uncharged(db_url: str, tmp_path: Path) -> None:
     """Connection refused is "not now", not "never": sync registers the
     class and the worker starts, each saying so in one line; the campaign it

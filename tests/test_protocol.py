@@ -17,7 +17,7 @@ from ledger import protocol
 from ledger.roles.attempt import MESSAGE_FILE, AttemptRun
 from ledger.config import parse_config
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.anyio, pytest.mark.cells]
 
 CLASS = "protocol"
 

@@ -170,6 +170,7 @@ async def test_gc_deletes_ledgers_refs_on_the_remote_with_compare_and_swap(remot
 
 
 @pytest.mark.rollback
+@pytest.mark.cells
 async def test_a_sensor_that_cannot_reach_the_remote_observes_nothing(remote: Remote, actors: Any) -> None:
     """A sensor observing ``REPOSITORY#REF`` on a remote that is down records
     an error, which moves nothing: a red one would send the promoted campaign

@@ -33,7 +33,7 @@ from ledger.config import load_config
 from drills.paths import scripted_attempt
 from ledger.db.embedded import create_database
 
-pytestmark = [pytest.mark.anyio, pytest.mark.slow]
+pytestmark = [pytest.mark.anyio, pytest.mark.slow, pytest.mark.cells]
 
 CLASS = "work"
 SERVICES = ("worker", "verifier", "dispatcher")

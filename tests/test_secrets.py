@@ -69,6 +69,7 @@ def stored(admin: Any, data_dir: Path) -> str:
     return "\n".join(parts)
 
 
+@pytest.mark.cells
 async def test_no_role_gives_its_command_a_secret_nor_stores_one(
         actors: Any, admin: Any, db_url: str, tmp_path: Path, monkeypatch: Any) -> None:
     planted = {**secrets(), "LEDGER_DATABASE_URL": db_url}

@@ -75,6 +75,7 @@ def test_ticks_are_epoch_aligned_and_coalesced() -> None:
 
 
 @pytest.mark.rollback  # only SQL: a transaction rolled back after the test
+@pytest.mark.cells
 async def test_a_broken_target_opens_exactly_one_campaign(actors: Actors, admin: Admin, test_class: str, tmp_path: Path) -> None:
     cfg, status = _config(tmp_path, every_s=0.3)
     sensor = Sensor(await actors("sensor"), cfg.sensors["tests"], "sensor-1")
@@ -100,6 +101,7 @@ async def test_a_broken_target_opens_exactly_one_campaign(actors: Actors, admin:
     assert effects[0] == "opened" and set(effects[1:]) == {"recorded"}
 
 
+@pytest.mark.cells
 async def test_two_sensor_processes_observe_each_tick_once(db_url: str, admin: Admin, test_class: str, tmp_path: Path) -> None:
     _config(tmp_path, every_s=0.4)
     env = {**os.environ, "LEDGER_DATABASE_URL": db_url, "LEDGER_ROLE_PREFIX": TEST_PREFIX,
@@ -134,6 +136,7 @@ async def test_two_sensor_processes_observe_each_tick_once(db_url: str, admin: A
 
 
 @pytest.mark.rollback  # only SQL: a transaction rolled back after the test
+@pytest.mark.cells
 async def test_a_restart_does_not_replay_missed_ticks(actors: Actors, admin: Admin, test_class: str, tmp_path: Path) -> None:
     cfg, _ = _config(tmp_path, cron="0 3 * * *")  # nightly: the due tick is in the past
     # Registered two days ago: last night's tick was missed, not from before its time.
@@ -263,6 +266,7 @@ async def test_an_exhausted_campaign_whose_target_turns_green_is_dismissed(actor
 
 
 @pytest.mark.rollback  # only SQL: a transaction rolled back after the test
+@pytest.mark.cells
 async def test_a_pytest_sensor_names_the_failing_tests(tmp_path: Path) -> None:
     """What becomes a campaign's baseline: run in a cell on an export of the
     target's ref of a bare repository, or -- a sensor opted out of the cell --

@@ -111,6 +111,7 @@ async def test_the_primary_is_still_writable(pair: Replicated) -> None:
 
 
 @pytest.mark.parametrize("listen", ["--listen", "--no-listen"])
+@pytest.mark.cells
 def test_a_worker_on_a_standby_waits_then_works_once_promoted(tmp_path: Path, listen: str) -> None:
     """The issue's finding: a worker given a standby exited with a generic
     error. Now it logs ``ReadOnly`` waits with jittered delays, stays up, and

@@ -260,6 +260,7 @@ class _Traced(Drill):
     summary = "a regression closed by four processes -> one trace"
 
 
+@pytest.mark.cells
 async def test_one_trace_across_a_sensor_a_worker_a_verifier_and_a_dispatcher(
         db: Database, tmp_path: Path) -> None:
     from drills.workshop import CLASS, WORKER_ARGS, content_check, setup

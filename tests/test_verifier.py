@@ -132,6 +132,7 @@ def passing(*extra: list[str], timeout_s: float = 60.0) -> dict[str, Any]:
 
 
 @pytest.mark.rollback  # only SQL: a transaction rolled back after the test
+@pytest.mark.cells
 async def test_bad_candidate_rejected_with_evidence_then_good_one_accepted(
         actors: Any, worker: FakeWorker, test_class: str, tmp_path: Path) -> None:
     acceptance = {"commands": [[PY, "-m", "pytest", "-q", "-p", "no:cacheprovider", "test_calc.py"]],
@@ -203,6 +204,7 @@ async def test_bad_candidate_rejected_with_evidence_then_good_one_accepted(
 
 
 @pytest.mark.rollback  # only SQL: a transaction rolled back after the test
+@pytest.mark.cells
 async def test_verifier_never_judges_its_own_attempt_nor_acts_as_worker(
         actors: Any, worker: FakeWorker, test_class: str, admin: Any) -> None:
     identity = "agent:shared-identity"
@@ -318,6 +320,7 @@ def blocking(tmp_path: Path) -> tuple[dict[str, Any], Path, Path]:
              "cell": {"writable": [str(markers)]}}, marker, release)
 
 
+@pytest.mark.cells
 async def test_killed_verifier_lapses_and_a_second_finishes_with_one_verdict(
         actors: Any, worker: FakeWorker, test_class: str, db_url: str, tmp_path: Path) -> None:
     acceptance, marker, release = blocking(tmp_path)
@@ -374,6 +377,7 @@ async def test_killed_verifier_lapses_and_a_second_finishes_with_one_verdict(
 
 
 @pytest.mark.rollback  # only SQL: a transaction rolled back after the test
+@pytest.mark.cells
 async def test_stale_heartbeat_stops_the_check_and_writes_nothing(
         actors: Any, worker: FakeWorker, test_class: str, tmp_path: Path) -> None:
     acceptance, marker, release = blocking(tmp_path)
@@ -409,6 +413,7 @@ async def test_stale_heartbeat_stops_the_check_and_writes_nothing(
     assert [v.status for v in await verifications(actors, cid)] == ["lost", "accepted"]
 
 
+@pytest.mark.cells
 async def test_a_verifier_cut_off_from_the_database_stops_its_check_before_its_lease_expires(
         actors: Any, worker: FakeWorker, test_class: str, tmp_path: Path, db_url: str) -> None:
     """Self-fencing (ledger.lease): the path to the database goes silent, so
@@ -443,6 +448,7 @@ async def test_a_verifier_cut_off_from_the_database_stops_its_check_before_its_l
     assert stopped < running.lease_expires_at, (stopped, running.lease_expires_at)
 
 
+@pytest.mark.cells
 async def test_a_database_stall_shorter_than_the_lease_costs_the_verification_nothing(
         actors: Any, worker: FakeWorker, test_class: str, tmp_path: Path, db_url: str) -> None:
     """The path to the database goes silent for well over the 1-1.5 s a
@@ -491,6 +497,7 @@ SPAWNS_AND_HANGS = textwrap.dedent("""\
 
 
 @pytest.mark.rollback  # only SQL: a transaction rolled back after the test
+@pytest.mark.cells
 async def test_acceptance_past_its_timeout_is_killed_with_its_children_and_rejected(
         actors: Any, worker: FakeWorker, test_class: str, tmp_path: Path) -> None:
     markers = tmp_path / "markers"
@@ -523,6 +530,7 @@ async def test_acceptance_past_its_timeout_is_killed_with_its_children_and_rejec
 # --- the long-running command ---------------------------------------------------
 
 
+@pytest.mark.cells
 async def test_verifier_command_verifies_until_sigterm_then_exits_zero(
         actors: Any, worker: FakeWorker, test_class: str, db_url: str, tmp_path: Path) -> None:
     env = {**os.environ, "LEDGER_DATABASE_URL": db_url, "LEDGER_ROLE_PREFIX": TEST_PREFIX,

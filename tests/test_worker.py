@@ -22,7 +22,7 @@ from ledger.config import load_config
 from ledger.ops.drill import host_pid, process_gone
 from drills.paths import scripted_attempt
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.anyio, pytest.mark.cells]
 
 SCRIPT = scripted_attempt()
 CLASS = "work"

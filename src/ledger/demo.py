@@ -9,7 +9,10 @@ journal as it happens: opened, leased, attempt 1 rejected (and why), attempt 2,
 verified, promoted (ref moved and read back), the next scheduled observation
 green, confirmed. It prints the journal and exits 0; nothing keeps running --
 except, with ``--ui``, the dashboard over the demo's database (``ledger.api``),
-served from the start and, after the loop closes, until Ctrl-C.
+served from the start and, after the loop closes, until Ctrl-C. Where no
+cell can be built (no bubblewrap, or a kernel refusing user namespaces), its
+commands -- Ledger's own scripted agent and unit tests -- run outside one, and
+one line says so; ``--require-sandbox`` refuses instead.
 
 On the embedded default it uses a throwaway database of its own run
 (``ledger_demo_<pid>``, dropped when it ends; one left by a killed run is
@@ -35,6 +38,7 @@ import psycopg
 from rich.console import Console
 
 from ledger import logs
+from ledger.sandbox import cell as cells
 from ledger.db import migrations
 from ledger.config import LedgerConfig, parse_config
 from ledger.db.database import Database
@@ -141,21 +145,27 @@ def make_repository(root: Path) -> Path:
     return bare
 
 
-def demo_config(repository: Path, sensor_every_s: float = 2.0) -> LedgerConfig:
-    """The demo's class and sensor (what a ledger.toml would say)."""
+def demo_config(repository: Path, sensor_every_s: float = 2.0, *,
+                sandbox: bool = True) -> LedgerConfig:
+    """The demo's class and sensor (what a ledger.toml would say). Without
+    ``sandbox`` its commands -- the demo's own scripted agent and its unit
+    tests, Ledger's code -- run outside a cell: ``cell.sandbox = false`` for
+    this class and its sensor only."""
     examples = examples_dir()
     python = sys.executable
+    cell = {} if sandbox else {"cell": {"sandbox": False}}
     return parse_config({
-        "classes": {DEMO_CLASS: {
+        "classes": {DEMO_CLASS: {**cell,
             "repository": str(repository), "base_ref": "main",
             "attempt_command": [python, str(examples / "demo_attempt.py")],
             "attempt_timeout_s": 30, "max_attempts": 3, "lease_s": 10, "heartbeat_s": 2,
             "backoff": {"base_s": 0, "jitter": 0},
-            "acceptance": {"commands": [[python, "-m", "unittest", "-q"]], "timeout_s": 30},
+            "acceptance": {"commands": [[python, "-m", "unittest", "-q"]], "timeout_s": 30,
+                           **cell},
             "verifier": "command", "promote_to": "refs/heads/main",
             "authority": {"worker": {"refs": ["refs/heads/ledger/*"]}},
         }},
-        "sensors": {DEMO_SENSOR: {
+        "sensors": {DEMO_SENSOR: {**cell,
             "target": f"{repository}#main", "every_s": sensor_every_s,
             # run in a fresh export of the target's ref (main), in a cell
             "command": [python, "-m", "unittest", "-q"],
@@ -266,25 +276,50 @@ async def _serve_until_interrupted(console: Console) -> None:
     await serve([_Serving()], name="demo")
 
 
+def sandbox_problem() -> str | None:
+    """Why no cell can be built here (``None``: one can)."""
+    try:
+        cells.check_available()
+    except cells.SandboxUnavailable as exc:
+        return exc.message
+    return None
+
+
 async def run_demo(settings: Settings, console: Console, *, sensor_every_s: float = 1.0,
-                   ui_port: int | None = None) -> int:
+                   ui_port: int | None = None, require_sandbox: bool = False) -> int:
     """Run the closed loop; returns the exit code. With ``ui_port`` (0: any free
-    port) the dashboard is served too, and kept serving until Ctrl-C."""
+    port) the dashboard is served too, and kept serving until Ctrl-C.
+
+    Where no cell can be built, the demo's commands -- its own scripted agent
+    and its unit tests, Ledger's code, never an agent of the user's -- run
+    outside one (for the demo's class only), and one line says what is
+    missing, what was skipped and how to get it; ``require_sandbox`` refuses
+    instead (``SandboxUnavailable``, exit 78), before anything is made."""
     narrator = Narrator(console)
+    problem = await asyncio.to_thread(sandbox_problem)
+    if problem is not None and require_sandbox:
+        raise cells.SandboxUnavailable(f"{problem}: the demo was not run",
+                                       hint="apt-get install bubblewrap, or run the demo "
+                                            "without --require-sandbox")
     db, drop = prepare_database(settings)
     try:
-        return await _run_demo(db, narrator, console, sensor_every_s, ui_port)
+        return await _run_demo(db, narrator, console, sensor_every_s, ui_port, problem)
     finally:
         drop()
 
 
 async def _run_demo(db: Database, narrator: Narrator, console: Console, sensor_every_s: float,
-                    ui_port: int | None) -> int:
+                    ui_port: int | None, no_cell: str | None) -> int:
     narrator.line("database", f"migrated to {migrations.current(db.url)}")
+    if no_cell is not None:
+        narrator.line("no cell", f"{no_cell}; the demo runs its own scripted agent and checks "
+                                 "outside a cell, for its class only (what it skips: the "
+                                 "sandbox; to have it: apt-get install bubblewrap; "
+                                 "--require-sandbox refuses instead)")
     with tempfile.TemporaryDirectory(prefix="ledger-demo-") as tmp:
         root = Path(tmp)
         repository = make_repository(root)
-        config = demo_config(repository, sensor_every_s)
+        config = demo_config(repository, sensor_every_s, sandbox=no_cell is None)
         narrator.line("repository", f"{repository}: calc.add subtracts; its unit test fails")
         logs.configure("error")  # the narration is the output; errors still show
         async with Hub(db) as hub, db.session("reader") as reading, \

@@ -58,6 +58,16 @@ ENV_PREFIX = "LEDGER_"
 ACTORS = ("reader", "sensor", "worker", "reaper", "verifier", "dispatcher", "operator")
 
 
+def check_address(value: str) -> tuple[str, int]:
+    """``HOST:PORT`` (``[v6]:PORT``; port 0: any free one) as a pair; else
+    ``ValueError`` saying what is wrong."""
+    host, sep, port = value.rpartition(":")
+    host = host.strip("[]")
+    if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise ValueError("not HOST:PORT (e.g. 127.0.0.1:9101; port 0: any free one)")
+    return host, int(port)
+
+
 def check_database_url(value: str) -> str:
     """``value`` if libpq can use it as a PostgreSQL URL or conninfo string;
     else ``ValueError`` saying what is wrong -- without repeating the value,
@@ -277,6 +287,15 @@ class OptionKnobs:
         600.0, "At start-up, wait this long for an unreachable or starting database (retrying, "
                "a log line per try) before exiting with 69.", "--wait-for-database", ge=0,
         le=86_400, metavar="SECONDS")
+    wait_for_start_s: float | None = knob(
+        None, "At start-up, how long to wait, not ready, for a cause of the host or the "
+              "configuration to go (no sandbox, a bad ledger.toml, a repository that is not "
+              "there, a refused role login, a schema not yet migrated): said once, re-checked "
+              "with backoff; then exit with the cause's code. Unset: as long as it takes; 0: "
+              "exit at once.", "--wait-for-start", ge=0, le=31_536_000, metavar="SECONDS")
+    health: str | None = knob(
+        None, "HOST:PORT where a long-running service answers /livez and /readyz (503 with the "
+              "reason while it waits to start). Unset: nowhere.", "--health", metavar="HOST:PORT")
     poll_s: float = knob(5.0, "Seconds between polls when nothing wakes the service (each part "
                               "of `ledger run`).", "--poll", ge=0.01, le=3600)
     concurrency: int = knob(1, "Attempts in flight at once.", "--concurrency", "-c", ge=1,
@@ -361,6 +380,9 @@ class OptionKnobs:
                                 "serving it after the loop closes, until Ctrl-C.", "--ui")
     demo_ui_port: int = knob(0, "The dashboard's port (0: any free one).", "--ui-port", ge=0,
                              le=65535)
+    demo_require_sandbox: bool = knob(
+        False, "Refuse (exit 78) where no cell can be built, instead of running the demo's own "
+               "scripted agent and checks outside one.", "--require-sandbox")
     drill_report: Path | None = knob(None, "Write a JSON report here.", "--report")
     drill_scale: float = knob(1.0, "Size of the load drill (CI runs it at 0.1).", "--scale",
                               ge=0.01, le=10)

@@ -3,7 +3,9 @@ schema serves this code: ledger.db.compatibility). Neither needs a token: load
 balancers and orchestrators probe them.
 
 A ready server may still be ``degraded`` (200, with the reasons): its hub does
-not hear NOTIFY (wake-ups fall back to polling: LISTEN through a pooler), or
+not hear NOTIFY (wake-ups fall back to polling: LISTEN through a pooler),
+campaigns wait on a system fault, processes of the fleet wait to start (their
+host or configuration is not ready for them: ``ledger.runtime.startup``), or
 the server's notification queue is over ``notify_queue_alarm`` full (a session
 LISTENs but does not read; when it is full every NOTIFY fails)."""
 
@@ -47,6 +49,7 @@ async def degradations(api: object) -> list[str]:
         reads = Reads(await api.pools.session("reader"))  # type: ignore[attr-defined]
         usage = await reads.notify_queue_usage()
         waiting = await reads.waiting_counts()
+        not_ready = await reads.processes_not_ready()
     except LedgerError:
         return reasons  # readiness itself was just read; a failed extra read is no verdict
     faults = [(n, age) for (_, reason), (n, age) in waiting.items() if reason == "system_fault"]
@@ -57,6 +60,11 @@ async def degradations(api: object) -> list[str]:
                        f"for {max(age for _, age in faults):.0f}s: a fault that is not their attempts' "
                        "own (a git remote, the sandbox, a verifier's environment) holds them back; "
                        "nothing is charged, and they go on when it is fixed")
+    if not_ready:
+        # Counts only, as above: `ledger status` and the workers view say who and why.
+        reasons.append(f"{len(not_ready)} process(es) wait to start: their host or their "
+                       "configuration is not ready for them (no sandbox, a bad ledger.toml, a "
+                       "repository that is not there ...); `ledger status` names them and why")
     alarmed = queue_alarm(usage, threshold)
     if alarmed:
         reasons.append(f"the notification queue is {usage:.0%} full (alarm above {threshold:.0%}): "

@@ -25,6 +25,7 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector
 
 from ledger.db.hub import Hub
+from ledger.db.models import ProcessRow
 from ledger.db.reads import Reads
 from ledger.api import problems
 from ledger.api.roles import CallerDep
@@ -73,6 +74,8 @@ class Snapshot:
     approvals: dict[str, tuple[int, float]] = field(default_factory=dict)
     #: (decision, role that decided) -> decided approvals
     approval_decisions: dict[tuple[str, str], int] = field(default_factory=dict)
+    #: role -> live processes that wait to start (ledger.runtime.startup)
+    not_ready: dict[str, int] = field(default_factory=dict)
     read_s: float = 0.0
 
 
@@ -127,9 +130,17 @@ async def read_snapshot(reads: Reads) -> Snapshot:
                        for s in await reads.sensor_summaries(SENSOR_LIMIT)},
         approvals={b.class_: (b.waiting, b.oldest_age_s) for b in await reads.approval_backlog()},
         approval_decisions=await reads.approval_decisions(),
+        not_ready=_by_role(await reads.processes_not_ready()),
     )
     snapshot.read_s = time.perf_counter() - started
     return snapshot
+
+
+def _by_role(processes: list[ProcessRow]) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for process in processes:
+        counts[process.role] = counts.get(process.role, 0) + 1
+    return counts
 
 
 def _histogram(name: str, doc: str, rows: Buckets) -> HistogramMetricFamily:
@@ -250,6 +261,13 @@ class LedgerCollector(Collector):
         yield _histogram("ledger_verification_duration_seconds",
                          "Claim to verdict of finished verifications", s.verification_durations)
 
+        not_ready = GaugeMetricFamily("ledger_processes_not_ready",
+                                      "Live processes that wait to start: their host or their "
+                                      "configuration is not ready for them (the registry's "
+                                      "not_ready; `ledger status` says why)", labels=["role"])
+        for role in ("sensor", "worker", "reaper", "verifier", "dispatcher", "operator"):
+            not_ready.add_metric([role], s.not_ready.get(role, 0))
+        yield not_ready
         yield GaugeMetricFamily("ledger_notify_queue_usage",
                                 "Share (0..1) of the server's notification queue in use "
                                 "(pg_notification_queue_usage); /readyz is degraded above 0.5",

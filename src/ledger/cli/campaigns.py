@@ -19,7 +19,7 @@ from ledger.cli.output import table
 
 if TYPE_CHECKING:
     from ledger.db.kernel import Kernel
-    from ledger.db.models import Campaign, CampaignDetail, Opened, SensorSummary
+    from ledger.db.models import Campaign, CampaignDetail, Opened, ProcessRow, SensorSummary
     from ledger.report import Report
 
 JSON_OPTION = option("json")
@@ -223,16 +223,18 @@ def status(
     as_json: bool = JSON_OPTION,
 ) -> None:
     """Campaigns per state, the age of the oldest ready one, leases about to
-    expire, and each sensor's last outcome (green, red, or error: how many in
-    a row, and why)."""
+    expire, each sensor's last outcome (green, red, or error: how many in a
+    row, and why), and the processes that wait to start (and why)."""
     from ledger.db.reads import Reads
 
-    async def go() -> tuple[dict[str, int], datetime | None, list[Campaign], list[SensorSummary]]:
+    async def go() -> tuple[dict[str, int], datetime | None, list[Campaign], list[SensorSummary],
+                            list[ProcessRow]]:
         async with state(ctx).database().session("reader") as s:
             reads = Reads(s)
             return (await reads.state_counts(), await reads.oldest_ready(),
-                    await reads.leases_expiring(expiring_within), await reads.sensor_summaries(1000))
-    counts, oldest, expiring, sensors = run(go())
+                    await reads.leases_expiring(expiring_within), await reads.sensor_summaries(1000),
+                    await reads.processes_not_ready())
+    counts, oldest, expiring, sensors, waiting = run(go())
     if as_json:
         emit_json({"states": counts, "oldest_ready": oldest,
                    "leases_expiring": [{"campaign_id": c.id, "lease_owner": c.lease_owner,
@@ -242,7 +244,10 @@ def status(
                                 "observed_at": x.started_at, "campaign_id": x.campaign_id,
                                 "consecutive_errors": x.consecutive_errors,
                                 "last_error": x.last_error, "last_error_at": x.last_error_at}
-                               for x in sensors]})
+                               for x in sensors],
+                   "not_ready": [{"role": p.role, "service": p.service, "host": p.host,
+                                  "pid": p.pid, "started_at": p.started_at,
+                                  "not_ready": p.not_ready} for p in waiting]})
         return
     t = table("state", "campaigns")
     for name, n in counts.items():
@@ -263,6 +268,12 @@ def status(
                       f"{_ago(x.last_error_at)}: {x.last_error}" if x.last_error_at else "-",
                       style="red" if x.consecutive_errors else "")
         t.print()
+    if waiting:
+        waits = table("role", "service", "host", "pid", "up since", "why",
+                      title="processes not ready (waiting to start)")
+        for p in waiting:
+            waits.add_row(p.role, p.service, p.host, str(p.pid), _ago(p.started_at), p.not_ready or "")
+        waits.print()
 
 
 def _act_on_each(ctx: typer.Context, campaign_ids: list[int], done: str, as_json: bool,

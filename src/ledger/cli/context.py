@@ -73,8 +73,10 @@ class State:
                  service: bool = False) -> Database:
         """The database to use (starting the embedded server if none is
         configured). A service passes ``wait_s``: it waits up to that long for
-        an unreachable server, but a missing or unmigrated database -- which
-        waiting does not fix -- stops it at once with the reason. ``ready``: a
+        an unreachable server, but a missing or unmigrated database, a schema
+        this code cannot use or a refused login is raised at once with the
+        reason (a one-shot command exits with it; a long-running one waits
+        for someone to fix it: ``ledger.runtime.startup``). ``ready``: a
         command checks that too, without being a service. A service (one that
         waits, or says ``service``) warns when it holds administrator rights."""
         from ledger.db.database import Database
@@ -83,11 +85,11 @@ class State:
                                     service=service or wait_s is not None)
         self.url = db.url
         if wait_s is not None or ready:
-            from ledger.errors import DatabaseMissing, NotMigrated
-            from ledger.cli.readiness import diagnose
+            from ledger.errors import DatabaseMissing, LoginRefused, NotMigrated, SchemaMismatch
+            from ledger.db.readiness import diagnose
 
             problem = diagnose(db.url, self.settings.role_prefix)
-            if isinstance(problem, (DatabaseMissing, NotMigrated)):
+            if isinstance(problem, (DatabaseMissing, LoginRefused, NotMigrated, SchemaMismatch)):
                 raise problem
         return db
 

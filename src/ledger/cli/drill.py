@@ -64,7 +64,7 @@ def drill(
         # is the user's to fix, not a drill's verdict.
         import psycopg
 
-        from ledger.cli.readiness import connection_problem
+        from ledger.db.readiness import connection_problem
 
         try:
             psycopg.connect(admin_url, connect_timeout=5).close()

@@ -109,7 +109,7 @@ def explain(exc: BaseException, url: str | None, role_prefix: str) -> tuple[str,
         return (f"internal error: {type(exc).__name__}: {exc} "
                 f"(rerun with LEDGER_DEBUG=1 for the traceback, and report it)"), INTERNAL_ERROR
     if url and _wants_diagnosis(error):
-        from ledger.cli.readiness import diagnose
+        from ledger.db.readiness import diagnose
 
         error = diagnose(url, role_prefix) or error
     line = " ".join(error.message.split())  # one line, whatever the server said

@@ -40,7 +40,7 @@ def mcp(
         raise ConfigError("ledger mcp needs the MCP SDK: pip install 'ledger[mcp]'") from None
     from ledger.api.auth import TokenTable
 
-    from ledger.cli.readiness import diagnose
+    from ledger.db.readiness import diagnose
 
     logs.configure(log_level)  # to stderr: on stdio, stdout is the protocol's
     st = state(ctx)

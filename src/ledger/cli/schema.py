@@ -40,7 +40,7 @@ def migrate(
     (docs/upgrading.md)."""
     import time
 
-    from ledger.cli.readiness import connection_problem, create_missing_database, database_name
+    from ledger.db.readiness import connection_problem, create_missing_database, database_name
     from ledger.db import migrations
     from ledger.release import describe
 

@@ -40,7 +40,7 @@ def serve(
     from ledger import logs
     from ledger.api import ApiOptions, app_from_settings
     from ledger.api.server import ServerLimits, uvicorn_config
-    from ledger.cli.readiness import diagnose
+    from ledger.db.readiness import diagnose
 
     logs.configure(log_level)
     st = state(ctx)

@@ -152,6 +152,8 @@ def _retryable(exc: BaseException, idempotent: bool) -> bool:
     but the call is idempotent (retrying it returns the first result)."""
     if isinstance(exc, errors.OutcomeUnknown):
         return idempotent
+    if isinstance(exc, (errors.LoginRefused, errors.DatabaseMissing, errors.NotMigrated)):
+        return False  # someone has to act: a login, a database, a migration
     if isinstance(exc, errors.Unavailable):
         # not sent, or refused before running (a standby, a starting server);
         # a missing database or schema is no reason to wait
@@ -1020,12 +1022,28 @@ class Database:
         """Connect with ``actor``'s login and take on its role in a transaction
         (pooler-safe: nothing outlives the transaction); raise the translated
         error if that fails, ``ReadOnly`` if the server is a standby."""
+        url = self.url_for(actor)
         try:
             conn = await _Connection.connect(
-                with_connect_defaults(self.url_for(actor)), autocommit=True, prepare_threshold=None,
+                with_connect_defaults(url), autocommit=True, prepare_threshold=None,
                 application_name=f"ledger:{actor or 'admin'}")
         except psycopg.Error as exc:
-            raise _translate(exc, sent=False) from exc
+            error = _translate(exc, sent=False)
+            if type(error) is errors.Unavailable and "FATAL:" in str(exc):
+                # The server answered and refused: libpq gives no SQLSTATE, so
+                # ask it which refusal (a login that does not exist or may not
+                # log in, a database that is not there) -- no reason to wait.
+                from ledger.db.readiness import connection_problem
+
+                login = None
+                if actor is not None and actor in self.role_urls:
+                    variable = f"LEDGER_{actor.upper()}_DATABASE_URL"
+                    if actor == "reaper" and self.role_urls[actor] == self.role_urls.get("worker"):
+                        variable = "LEDGER_WORKER_DATABASE_URL (the reaper's too)"
+                    login = (f"{variable} names the {actor} role's own login: create it "
+                             "(`ledger logins create`), or check its user and password")
+                error = await asyncio.to_thread(connection_problem, url, exc, login=login)
+            raise error from exc
         try:
             if not (actor == "reader" and actor in self.role_urls):
                 _refuse_standby(conn)  # as connect(): a standby is waited for, never used
@@ -1038,6 +1056,13 @@ class Database:
             raise _translate(exc, sent=False) from exc
         finally:
             await conn.close()
+
+    async def check_logins(self, actors: Sequence[str], wait_s: float | None = None) -> None:
+        """Connect once as each of ``actors`` (``wait_until_reachable``): a
+        service checks every login it will use before it opens anything."""
+        for actor in actors:
+            await self.wait_until_reachable(
+                actor, self.wait_for_database_s if wait_s is None else wait_s)
 
     async def wait_until_reachable(self, actor: str | None, wait_s: float) -> None:
         """Connect once as ``actor``; while the server is unreachable, starting

@@ -342,6 +342,8 @@ class ProcessRow(_Row):
     last_seen: datetime
     stopped_at: datetime | None
     status: Literal["live", "stopped", "gone"]
+    #: why it waits to start (its host or its configuration); None: it works
+    not_ready: str | None = None
 
 
 class AttemptDiff(BaseModel):
@@ -367,6 +369,8 @@ class ProcessReport(BaseModel):
     interval_s: float
     holds: list[dict[str, Any]] = Field(default_factory=list)
     stopping: bool = False
+    #: why it waits to start (one line: the cause and the fix); None: it works
+    not_ready: str | None = None
 
 
 class StateRow(_Row):

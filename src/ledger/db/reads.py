@@ -393,6 +393,11 @@ class Reads:
         rows = await self.executor.fetch(Q["processes"], limit=limit)
         return [ProcessRow.model_validate(r) for r in rows]
 
+    async def processes_not_ready(self, limit: int = 100) -> list[ProcessRow]:
+        """The live processes that wait to start, and why (``ProcessRow.not_ready``)."""
+        rows = await self.executor.fetch(Q["processes_not_ready"], limit=limit)
+        return [ProcessRow.model_validate(r) for r in rows]
+
     async def class_events(self, name: str, limit: int = 20) -> list[ClassEvent]:
         """What operators did to a class (pause, resume), newest first."""
         rows = await self.executor.fetch(Q["class_events"], limit=limit, **{"class": name})

@@ -7,7 +7,9 @@ and what it holds now. A ``Registration`` reports on the service's own tick
 role the service acts as (``Kernel.report_worker_process`` and the like: each
 granted to that one role), and once more on the way out, saying it stopped.
 The dashboard's workers view reads the rows back (``Reads.processes``); a
-process that stops reporting shows as gone after three of its intervals.
+process that stops reporting shows as gone after three of its intervals. A
+service waiting to start (``ledger.runtime.startup``) reports too, saying why
+in ``not_ready``.
 
 The registry is what processes say of themselves, for people: nothing is
 fenced by it, so a report that fails is logged and tried again on the next
@@ -68,6 +70,8 @@ class Registration:
     host: str = field(default_factory=lambda: socket.gethostname()[:255] or "localhost")
     pid: int = field(default_factory=os.getpid)
     started_at: datetime = field(default_factory=utcnow)
+    #: why the service waits to start (``ledger.runtime.startup``); None: it works
+    not_ready: str | None = None
     reports: int = 0
     _failing: bool = False
 
@@ -82,7 +86,8 @@ class Registration:
         """The report this service would send now."""
         return ProcessReport(host=self.host, pid=self.pid, started_at=self.started_at,
                              identity=self.identity[:200], service=self.service,
-                             interval_s=self.interval_s, holds=self.holds(), stopping=stopping)
+                             interval_s=self.interval_s, holds=self.holds(), stopping=stopping,
+                             not_ready=self.not_ready)
 
     async def report(self, stopping: bool = False) -> bool:
         """Send one report; whether it was recorded (a failure is only logged)."""

@@ -497,6 +497,11 @@ class Sensors:
             judge = JudgeSettings.from_spec(cls.acceptance.pytest.model_dump()) if cls else None
             self.sensors.append(Sensor(kernel, sensor, identity, observes=observes, cache_dir=cache,
                                        judge=judge))
+        self.since = utcnow()
+        first = self.sensors[0]
+        self.registration = Registration(
+            first.kernel, "sensor", self.name, first.identity, REPORT_INTERVAL_S,
+            holds=lambda: [held("sensor", s.config.name, self.since) for s in self.sensors])
 
     @property
     def observed(self) -> int:
@@ -509,16 +514,18 @@ class Sensors:
             await sensor.observe(None)
         return len(self.sensors)
 
+    async def prepare(self) -> None:
+        """Its start-up check: a sensor whose command runs in a cell needs a
+        host that can build one (``SandboxUnavailable``, naming the package:
+        the host waits until it can, ``ledger.runtime.startup``)."""
+        if any(s.config.command is not None and s.config.cell.sandbox for s in self.sensors):
+            await asyncio.to_thread(cells.check_available)
+
     async def run(self, stop: asyncio.Event) -> None:
         """Observe every tick of every sensor until ``stop`` is set."""
-        if any(s.config.command is not None and s.config.cell.sandbox for s in self.sensors):
-            await asyncio.to_thread(cells.check_available)  # no cell: say so now, naming the package
-        since = utcnow()
-        first = self.sensors[0]
-        registration = Registration(
-            first.kernel, "sensor", self.name, first.identity, REPORT_INTERVAL_S,
-            holds=lambda: [held("sensor", s.config.name, since) for s in self.sensors])
-        async with registration.kept(stop):
+        await self.prepare()
+        self.since = utcnow()
+        async with self.registration.kept(stop):
             await asyncio.gather(*(sensor.run(stop) for sensor in self.sensors))
 
 

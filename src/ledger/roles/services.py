@@ -5,7 +5,9 @@ A builder opens the database sessions its services use in ``stack`` (each
 service acts as its own role) and returns the services; the caller adds them
 to a ``Host`` and runs it, and closes ``stack`` after. ``ledger worker`` runs
 ``worker_services``; ``ledger run`` and the demo run ``one_machine``: every
-part on one machine, each restarted by the host if it dies.
+part on one machine, each restarted by the host if it dies, and each waiting
+on its own for what it needs to start (``ledger.runtime.startup``: the
+dispatcher promotes while the worker waits for a cell).
 """
 
 from __future__ import annotations
@@ -74,9 +76,11 @@ async def one_machine(stack: AsyncExitStack, db: Database, config: LedgerConfig,
     poll_s, data_dir = run.worker.poll_s, run.worker.data_dir
     if run.verifier:
         session = await stack.enter_async_context(db.session("verifier", max_size=2))
+        # Its checks need a cell unless every class opted its acceptance out.
+        needs_cell = any(cls.acceptance.cell.sandbox for cls in config.classes.values())
         services.append(Verifier(Kernel(session), model_family=run.model_family, hub=hub,
                                  lease_s=run.verification_lease_s, poll_s=poll_s,
-                                 data_dir=data_dir))
+                                 data_dir=data_dir, needs_cell=needs_cell))
     if run.dispatcher:
         session = await stack.enter_async_context(db.session("dispatcher", max_size=2))
         services.append(Dispatcher(Kernel(session), hub=hub, poll_s=poll_s, data_dir=data_dir))

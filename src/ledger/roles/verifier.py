@@ -171,6 +171,7 @@ class Verifier(Loop):
         data_dir: Path | None = None,
         work_dir: Path | None = None,
         kinds: Sequence[str] | None = None,
+        needs_cell: bool = True,
     ):
         super().__init__(poll_s, hub=hub)
         if lease_s <= 0:
@@ -195,6 +196,9 @@ class Verifier(Loop):
         self.holding: dict[int, dict[str, Any]] = {}
         self.registration = Registration(kernel, "verifier", self.name, self.identity, poll_s,
                                          holds=lambda: list(self.holding.values()))
+        #: whether its checks run in a cell (false only where every class it
+        #: serves opted its acceptance out: ``ledger run`` knows its classes)
+        self.needs_cell = needs_cell
 
     # --- one verification ----------------------------------------------------
 
@@ -559,11 +563,17 @@ class Verifier(Loop):
             self.log.info("stopped mid-check; the verification is left to lapse")
             raise
 
+    async def prepare(self) -> None:
+        """Its start-up check: acceptance runs in a cell, so a host that
+        cannot build one says so now (``SandboxUnavailable``: the host waits
+        until it can, ``ledger.runtime.startup``)."""
+        if self.needs_cell:
+            await asyncio.to_thread(cells.check_available)
+
     async def run(self, stop: asyncio.Event) -> None:
         """Verify until ``stop`` is set. Waiting candidates are drained, then the
         verifier idles until a ``ledger_attempted`` wake-up or its poll tick."""
-        # Acceptance runs in a cell: a host that cannot build one says so now.
-        await asyncio.to_thread(cells.check_available)
+        await self.prepare()
         self.log.info("verifier started", classes=self.classes, lease_s=self.lease_s)
         await super().run(stop)
         self.log.info("verifier stopped", **self.verdicts)

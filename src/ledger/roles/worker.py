@@ -40,6 +40,7 @@ from ledger.db.reads import Reads
 from ledger.roles.registry import Registration, held, utcnow
 from ledger.settings import default
 from ledger.backoff import backoff
+from ledger.runtime import startup
 
 
 @dataclass
@@ -66,6 +67,8 @@ class Worker:
     """One worker: a claim loop and its attempts."""
 
     name = "worker"
+    #: the role it acts as (its row in the registry of processes)
+    role = "worker"
 
     def __init__(self, db: Database, config: LedgerConfig, options: WorkerOptions, *,
                  hub: WakeSource | None = None, identity: str | None = None):
@@ -88,6 +91,9 @@ class Worker:
         #: one lease runs its agent at most once, whatever a read-back finds
         self.ran: dict[tuple[int, int], None] = {}
         self.log = get_logger("worker", worker=self.identity)
+        #: when its row of the registry started (``ledger.runtime.startup`` may
+        #: hand it the row the command reported in while it waited)
+        self.started_at = utcnow()
 
     def stop(self) -> None:
         """Begin shutdown: claim nothing more (the host's stop leads here)."""
@@ -105,9 +111,7 @@ class Worker:
                 await self._boot(kernel)
                 self.log.info("worker started", classes=self.classes,
                               concurrency=self.options.concurrency)
-                registration = Registration(kernel, "worker", self.name, self.identity,
-                                            self.options.poll_s, holds=self._holds)
-                async with registration.kept(stop):
+                async with self._registration(kernel).kept(stop):
                     try:
                         await self._claim_loop(kernel)
                     finally:
@@ -141,6 +145,25 @@ class Worker:
     async def _follow(self, stop: asyncio.Event) -> None:
         await stop.wait()
         self.stop()
+
+    def _registration(self, kernel: Kernel) -> Registration:
+        return Registration(kernel, "worker", self.name, self.identity, self.options.poll_s,
+                            holds=self._holds, started_at=self.started_at)
+
+    async def prepare(self) -> None:
+        """Its start-up checks, before anything is claimed: a cell can be built
+        (where a class needs one), its classes are registered, its login and
+        the schema serve it. A start-up fault (``ledger.runtime.startup``) is
+        said in its registry row too, and the host waits until it is gone."""
+        async with self.db.session("worker", max_size=1) as session:
+            kernel = Kernel(session)
+            try:
+                await self._boot(kernel)
+            except Exception as exc:
+                fault = startup.fault_of(exc)
+                if fault is not None:
+                    await startup.say_not_ready(self._registration(kernel), startup.cause(fault))
+                raise
 
     async def _boot(self, kernel: Kernel) -> None:
         if any(self.config.campaign_class(name).cell.sandbox for name in self.classes):

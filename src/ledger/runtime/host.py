@@ -13,6 +13,17 @@ was asked to stop -- is handled by its policy:
   (``ledger run``, where one machine runs everything and a bug in one part
   must not stop the rest).
 
+A start-up fault is neither (``ledger.runtime.startup``): a service that
+cannot start for a reason of its host or its configuration -- no cell, its
+classes not registered, its login refused, the schema not migrated -- waits,
+whatever the policy: before ``run`` the host waits for the service's
+``prepare`` (its start-up checks, where it has them) to pass, and a start-up
+fault that escapes ``run`` sends it back there. The cause is said once (one
+line, no traceback), the service's registry row says it is not ready, and it
+is re-checked with backoff; ``wait_for_start_s`` bounds the wait (then the
+host stops and raises it, as ``fail`` does). A Ledger error is logged without
+its traceback (``LEDGER_DEBUG=1`` adds it); a defect with it.
+
 When every service has returned, the host checks that nothing outlived them:
 no asyncio task that a service started (directly or through what it called;
 tasks of the code around the host are not its business) and no child process
@@ -44,8 +55,11 @@ from typing import Any, Literal
 
 from ledger import tracing
 from ledger.backoff import backoff
+from ledger.errors import LedgerError
 from ledger.logs import get_logger
+from ledger.runtime import startup
 from ledger.runtime.service import Service
+from ledger.settings import environment
 
 Policy = Literal["fail", "restart"]
 POLICIES: tuple[Policy, ...] = ("fail", "restart")
@@ -64,6 +78,8 @@ class Hosted:
     policy: Policy
     restarts: int = 0
     error: BaseException | None = None
+    #: its error ends the host whatever the policy (a wait to start that ran out)
+    fatal: bool = False
 
 @dataclass(frozen=True)
 class Leftovers:
@@ -80,18 +96,20 @@ class Host:
 
     def __init__(self, *, name: str = "ledger", policy: Policy = "fail",
                  restart_base_s: float = 0.5, restart_cap_s: float = 30.0,
-                 handle_signals: bool = True, settle_s: float = 5.0):
+                 handle_signals: bool = True, settle_s: float = 5.0,
+                 wait_for_start_s: float | None = None):
         if policy not in POLICIES:
             raise ValueError(f"host policy must be one of {', '.join(POLICIES)}, not {policy!r}")
-        if not 0 < restart_base_s <= restart_cap_s or settle_s < 0:
+        if not 0 < restart_base_s <= restart_cap_s or settle_s < 0 or (wait_for_start_s or 0) < 0:
             raise ValueError("host: restart_base_s must be positive and at most restart_cap_s, "
-                             "settle_s not negative")
+                             "settle_s and wait_for_start_s not negative")
         self.name = name
         self.policy: Policy = policy
         self.restart_base_s = restart_base_s
         self.restart_cap_s = restart_cap_s
         self.handle_signals = handle_signals
         self.settle_s = settle_s
+        self.wait_for_start_s = wait_for_start_s
         self.services: dict[str, Hosted] = {}
         self.stopping = asyncio.Event()
         self.leftovers = Leftovers()
@@ -141,11 +159,13 @@ class Host:
             for sig in SIGNALS:
                 loop.add_signal_handler(sig, self._signalled, sig)
         self.log.info("starting", services=sorted(self.services))
+        startup.READINESS.serving = True
         try:
             tasks = [asyncio.create_task(self._keep(hosted), name=f"{self.name}:{hosted.name}")
                      for hosted in self.services.values()]
             await asyncio.gather(*tasks)
         finally:
+            startup.READINESS.serving = False
             if self.handle_signals:
                 for sig in SIGNALS:
                     loop.remove_signal_handler(sig)
@@ -161,7 +181,8 @@ class Host:
                 self.leftovers = await self._sweep(spawned, before_children)
             finally:
                 loop.set_task_factory(previous_factory)
-        failed = [h for h in self.services.values() if h.error is not None and h.policy == "fail"]
+        failed = [h for h in self.services.values()
+                  if h.error is not None and (h.policy == "fail" or h.fatal)]
         restarts = {h.name: h.restarts for h in self.services.values() if h.restarts}
         # Each service logs its own last line; the host adds one only for news.
         if failed or restarts or self.leftovers:
@@ -192,30 +213,66 @@ class Host:
     async def _keep(self, hosted: Hosted) -> None:
         """Run one service by its policy; never raises (the host reads ``error``)."""
         _HOST.set(self)  # this task's context: the service's tasks inherit it
+        waiter = startup.Waiter(hosted.name, log=self.log, wait_s=self.wait_for_start_s,
+                                report=lambda line: startup.say_not_ready(
+                                    getattr(hosted.service, "registration", None), line))
         failures = 0
-        while True:
-            try:
-                await hosted.service.run(self.stopping)
-                if self.stopping.is_set():
+        try:
+            while True:
+                try:
+                    if not await self._prepared(hosted, waiter):
+                        return
+                    await hosted.service.run(self.stopping)
+                    if self.stopping.is_set():
+                        return
+                    raise RuntimeError(f"service {hosted.name} returned before it was asked to stop")
+                except Exception as exc:
+                    if startup.fault_of(exc) is not None and not self.stopping.is_set():
+                        # not a death: back to waiting for what it needs
+                        try:
+                            if await waiter.failed(exc, self.stopping):
+                                continue
+                            return
+                        except Exception as gave_up:
+                            exc = gave_up  # waited as long as it may: as ``fail``
+                            hosted.error, hosted.fatal = exc, True
+                            self.log.error("service cannot start; stopping the others",
+                                           service=hosted.name, error=_said(exc),
+                                           exc_info=_traceback(exc))
+                            self.stop()
+                            return
+                    hosted.error = exc
+                    if hosted.policy == "fail" or self.stopping.is_set():
+                        self.log.error("service died; stopping the others", service=hosted.name,
+                                       error=_said(exc), exc_info=_traceback(exc))
+                        self.stop()
+                        return
+                    failures += 1
+                    hosted.restarts += 1
+                    delay = backoff(failures, base_s=self.restart_base_s, cap_s=self.restart_cap_s)
+                    self.log.error("service died; restarting it", service=hosted.name,
+                                   error=_said(exc), restart_in_s=round(delay, 2),
+                                   exc_info=_traceback(exc))
+                try:
+                    await asyncio.wait_for(self.stopping.wait(), delay)
                     return
-                raise RuntimeError(f"service {hosted.name} returned before it was asked to stop")
-            except Exception as exc:  # a service's defect: its policy decides
-                hosted.error = exc
-                if hosted.policy == "fail" or self.stopping.is_set():
-                    self.log.error("service died; stopping the others", service=hosted.name,
-                                   error=repr(exc), exc_info=exc)
-                    self.stop()
-                    return
-                failures += 1
-                hosted.restarts += 1
-                delay = backoff(failures, base_s=self.restart_base_s, cap_s=self.restart_cap_s)
-                self.log.error("service died; restarting it", service=hosted.name, error=repr(exc),
-                               restart_in_s=round(delay, 2), exc_info=exc)
-            try:
-                await asyncio.wait_for(self.stopping.wait(), delay)
-                return
-            except TimeoutError:
-                pass
+                except TimeoutError:
+                    pass
+        finally:
+            startup.READINESS.waiting.pop(hosted.name, None)
+
+    async def _prepared(self, hosted: Hosted, waiter: startup.Waiter) -> bool:
+        """Wait until the service's start-up checks (its ``prepare``) pass;
+        ``False`` if the host was stopped first."""
+        prepare = getattr(hosted.service, "prepare", None)
+        if prepare is None:
+            waiter.succeeded()
+            return True
+        ready = await waiter.until_ready(lambda: _ready(prepare), self.stopping)
+        registration = getattr(hosted.service, "registration", None)
+        if registration is not None:
+            registration.not_ready = None
+        return ready is not None  # (stopped meanwhile: it never started)
 
     async def _sweep(self, spawned: weakref.WeakSet[asyncio.Task[object]], before_children: set[int]
                      ) -> Leftovers:
@@ -239,6 +296,24 @@ class Host:
         for pid in children:
             kill_process(pid)
         return Leftovers([t.get_name() for t in tasks], children)
+
+async def _ready(prepare: Any) -> bool:
+    await prepare()
+    return True
+
+
+def _said(exc: BaseException) -> str:
+    """An error as a log line says it: a Ledger error by its message (and hint)."""
+    if isinstance(exc, LedgerError):
+        return startup.cause(exc)
+    return repr(exc)
+
+
+def _traceback(exc: BaseException) -> BaseException | bool:
+    """What ``exc_info`` a log line of ``exc`` gets: a defect's traceback; a
+    Ledger error's only with ``LEDGER_DEBUG``."""
+    return exc if environment("debug") or not isinstance(exc, (LedgerError, OSError)) else False
+
 
 def child_processes(parent: int | None = None) -> Iterable[int]:
     """Live (not zombie) child processes of ``parent`` (default this process),
@@ -272,9 +347,10 @@ def kill_process(pid: int) -> None:
     except ProcessLookupError:
         pass
 
-async def serve(services: Iterable[Service], *, name: str = "ledger", policy: Policy = "fail") -> int:
+async def serve(services: Iterable[Service], *, name: str = "ledger", policy: Policy = "fail",
+                wait_for_start_s: float | None = None) -> int:
     """Run ``services`` on a new host until a signal; returns its exit code."""
-    host = Host(name=name, policy=policy)
+    host = Host(name=name, policy=policy, wait_for_start_s=wait_for_start_s)
     for service in services:
         host.add(service)
     # Spans, if the OTEL_* variables ask for them (ledger.tracing); flushed

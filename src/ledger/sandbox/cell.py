@@ -48,7 +48,9 @@ written here), built fresh for each command:
   timeout kills the cell. Which of these ran is in the command's record.
 
 A host without bubblewrap, or whose kernel refuses unprivileged namespaces,
-fails at start-up (``SandboxUnavailable``, naming the package). Running
+cannot start a service that needs cells (``SandboxUnavailable``, naming the
+package): it waits, not ready, until one can be built
+(``ledger.runtime.startup``). Running
 without the cell is a per-class, explicit opt-out (``cell.sandbox = false``),
 logged at every start and journaled with every attempt.
 """
@@ -246,10 +248,12 @@ _check_lock = threading.Lock()
 
 
 def check_available() -> None:
-    """``SandboxUnavailable`` unless a cell can be built on this host (probed
-    once per process: a throwaway cell running ``true``)."""
+    """``SandboxUnavailable`` unless a cell can be built on this host (a
+    throwaway cell running ``true``). Success is kept for the process; a
+    failure is probed again next time -- bubblewrap installed meanwhile, or a
+    kernel setting changed, ends a service's wait to start."""
     with _check_lock:
-        if "result" not in _checked:
+        if _checked.get("result", "unknown") is not None:
             _checked["result"] = _probe()
     problem = _checked["result"]
     if problem is not None:

@@ -10,6 +10,10 @@
 -- (leases are). A process that stops reporting shows as gone once three of
 -- its intervals have passed (ledger_api.processes); one that stopped cleanly
 -- says so; rows not seen for a day are removed when a new process registers.
+-- A process that cannot start for a reason of its host or its configuration
+-- (no sandbox, a bad ledger.toml, a repository that is not there) reports
+-- while it waits, with that reason in not_ready (ledger.runtime.startup);
+-- NULL: it works.
 
 CREATE TABLE IF NOT EXISTS ledger.process (
     role        text NOT NULL CHECK (role IN ('sensor', 'worker', 'reaper', 'verifier',
@@ -26,6 +30,8 @@ CREATE TABLE IF NOT EXISTS ledger.process (
                 CHECK (jsonb_typeof(holds) = 'array' AND ledger.json_within(holds, 3, 65536)),
     last_seen   timestamptz NOT NULL,
     stopped_at  timestamptz,
+    -- why it is not working yet (one line: the cause and the fix); NULL: it works
+    not_ready   text CHECK (length(not_ready) BETWEEN 1 AND 1000),
     PRIMARY KEY (role, host, pid, started_at)
 );
 CREATE INDEX IF NOT EXISTS process_by_last_seen ON ledger.process (last_seen);
@@ -33,7 +39,8 @@ CREATE INDEX IF NOT EXISTS process_by_last_seen ON ledger.process (last_seen);
 -- One report of a process (its first registers it). Returns when it was seen.
 CREATE OR REPLACE FUNCTION ledger.report_process(
         p_role text, p_host text, p_pid integer, p_started_at timestamptz, p_identity text,
-        p_service text, p_interval_s double precision, p_holds jsonb, p_stopping boolean)
+        p_service text, p_interval_s double precision, p_holds jsonb, p_stopping boolean,
+        p_not_ready text)
     RETURNS timestamptz
     LANGUAGE plpgsql
 AS $$
@@ -45,6 +52,9 @@ BEGIN
     PERFORM ledger.check_length('identity', p_identity, 1, 200);
     PERFORM ledger.check_range('pid', p_pid, 1, 2147483647);
     PERFORM ledger.check_range('interval_s', p_interval_s, 0.001, 3600);
+    IF p_not_ready IS NOT NULL THEN
+        PERFORM ledger.check_length('not_ready', p_not_ready, 1, 1000);
+    END IF;
     IF p_started_at IS NULL OR p_started_at > v_now + interval '1 minute' THEN
         RAISE EXCEPTION 'a process reports when it started (not in the future)' USING ERRCODE = 'LG007';
     END IF;
@@ -58,13 +68,13 @@ BEGIN
             USING ERRCODE = 'LG007';
     END IF;
     INSERT INTO ledger.process AS p (role, host, pid, started_at, identity, service, interval_s,
-                                     holds, last_seen, stopped_at)
+                                     holds, last_seen, stopped_at, not_ready)
     VALUES (p_role, p_host, p_pid, p_started_at, p_identity, p_service, p_interval_s,
-            coalesce(p_holds, '[]'), v_now, CASE WHEN p_stopping THEN v_now END)
+            coalesce(p_holds, '[]'), v_now, CASE WHEN p_stopping THEN v_now END, p_not_ready)
     ON CONFLICT (role, host, pid, started_at) DO UPDATE
        SET identity = excluded.identity, service = excluded.service,
            interval_s = excluded.interval_s, holds = excluded.holds, last_seen = v_now,
-           stopped_at = excluded.stopped_at
+           stopped_at = excluded.stopped_at, not_ready = excluded.not_ready
     RETURNING (xmax = 0) INTO v_new;
     IF v_new THEN
         DELETE FROM ledger.process p WHERE p.last_seen < v_now - interval '1 day';
@@ -77,7 +87,8 @@ $$;
 -- (grants.sql) and a process can only ever report as the role it acts as.
 CREATE OR REPLACE FUNCTION ledger_api.report_sensor_process(
         p_host text, p_pid integer, p_started_at timestamptz, p_identity text, p_service text,
-        p_interval_s double precision, p_holds jsonb DEFAULT '[]', p_stopping boolean DEFAULT false)
+        p_interval_s double precision, p_holds jsonb DEFAULT '[]', p_stopping boolean DEFAULT false,
+        p_not_ready text DEFAULT NULL)
     RETURNS timestamptz
     LANGUAGE plpgsql
     SECURITY DEFINER
@@ -85,13 +96,15 @@ CREATE OR REPLACE FUNCTION ledger_api.report_sensor_process(
 AS $$
 BEGIN
     RETURN ledger.report_process('sensor', p_host, p_pid, p_started_at, p_identity, p_service,
-                                 p_interval_s, p_holds, coalesce(p_stopping, false));
+                                 p_interval_s, p_holds, coalesce(p_stopping, false),
+                                 p_not_ready);
 END
 $$;
 
 CREATE OR REPLACE FUNCTION ledger_api.report_worker_process(
         p_host text, p_pid integer, p_started_at timestamptz, p_identity text, p_service text,
-        p_interval_s double precision, p_holds jsonb DEFAULT '[]', p_stopping boolean DEFAULT false)
+        p_interval_s double precision, p_holds jsonb DEFAULT '[]', p_stopping boolean DEFAULT false,
+        p_not_ready text DEFAULT NULL)
     RETURNS timestamptz
     LANGUAGE plpgsql
     SECURITY DEFINER
@@ -99,13 +112,15 @@ CREATE OR REPLACE FUNCTION ledger_api.report_worker_process(
 AS $$
 BEGIN
     RETURN ledger.report_process('worker', p_host, p_pid, p_started_at, p_identity, p_service,
-                                 p_interval_s, p_holds, coalesce(p_stopping, false));
+                                 p_interval_s, p_holds, coalesce(p_stopping, false),
+                                 p_not_ready);
 END
 $$;
 
 CREATE OR REPLACE FUNCTION ledger_api.report_reaper_process(
         p_host text, p_pid integer, p_started_at timestamptz, p_identity text, p_service text,
-        p_interval_s double precision, p_holds jsonb DEFAULT '[]', p_stopping boolean DEFAULT false)
+        p_interval_s double precision, p_holds jsonb DEFAULT '[]', p_stopping boolean DEFAULT false,
+        p_not_ready text DEFAULT NULL)
     RETURNS timestamptz
     LANGUAGE plpgsql
     SECURITY DEFINER
@@ -113,13 +128,15 @@ CREATE OR REPLACE FUNCTION ledger_api.report_reaper_process(
 AS $$
 BEGIN
     RETURN ledger.report_process('reaper', p_host, p_pid, p_started_at, p_identity, p_service,
-                                 p_interval_s, p_holds, coalesce(p_stopping, false));
+                                 p_interval_s, p_holds, coalesce(p_stopping, false),
+                                 p_not_ready);
 END
 $$;
 
 CREATE OR REPLACE FUNCTION ledger_api.report_verifier_process(
         p_host text, p_pid integer, p_started_at timestamptz, p_identity text, p_service text,
-        p_interval_s double precision, p_holds jsonb DEFAULT '[]', p_stopping boolean DEFAULT false)
+        p_interval_s double precision, p_holds jsonb DEFAULT '[]', p_stopping boolean DEFAULT false,
+        p_not_ready text DEFAULT NULL)
     RETURNS timestamptz
     LANGUAGE plpgsql
     SECURITY DEFINER
@@ -127,13 +144,15 @@ CREATE OR REPLACE FUNCTION ledger_api.report_verifier_process(
 AS $$
 BEGIN
     RETURN ledger.report_process('verifier', p_host, p_pid, p_started_at, p_identity, p_service,
-                                 p_interval_s, p_holds, coalesce(p_stopping, false));
+                                 p_interval_s, p_holds, coalesce(p_stopping, false),
+                                 p_not_ready);
 END
 $$;
 
 CREATE OR REPLACE FUNCTION ledger_api.report_dispatcher_process(
         p_host text, p_pid integer, p_started_at timestamptz, p_identity text, p_service text,
-        p_interval_s double precision, p_holds jsonb DEFAULT '[]', p_stopping boolean DEFAULT false)
+        p_interval_s double precision, p_holds jsonb DEFAULT '[]', p_stopping boolean DEFAULT false,
+        p_not_ready text DEFAULT NULL)
     RETURNS timestamptz
     LANGUAGE plpgsql
     SECURITY DEFINER
@@ -141,13 +160,15 @@ CREATE OR REPLACE FUNCTION ledger_api.report_dispatcher_process(
 AS $$
 BEGIN
     RETURN ledger.report_process('dispatcher', p_host, p_pid, p_started_at, p_identity, p_service,
-                                 p_interval_s, p_holds, coalesce(p_stopping, false));
+                                 p_interval_s, p_holds, coalesce(p_stopping, false),
+                                 p_not_ready);
 END
 $$;
 
 CREATE OR REPLACE FUNCTION ledger_api.report_operator_process(
         p_host text, p_pid integer, p_started_at timestamptz, p_identity text, p_service text,
-        p_interval_s double precision, p_holds jsonb DEFAULT '[]', p_stopping boolean DEFAULT false)
+        p_interval_s double precision, p_holds jsonb DEFAULT '[]', p_stopping boolean DEFAULT false,
+        p_not_ready text DEFAULT NULL)
     RETURNS timestamptz
     LANGUAGE plpgsql
     SECURITY DEFINER
@@ -155,6 +176,7 @@ CREATE OR REPLACE FUNCTION ledger_api.report_operator_process(
 AS $$
 BEGIN
     RETURN ledger.report_process('operator', p_host, p_pid, p_started_at, p_identity, p_service,
-                                 p_interval_s, p_holds, coalesce(p_stopping, false));
+                                 p_interval_s, p_holds, coalesce(p_stopping, false),
+                                 p_not_ready);
 END
 $$;

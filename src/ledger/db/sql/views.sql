@@ -73,13 +73,15 @@ SELECT id, class, type, actor, actor_role, reason, created_at FROM ledger.class_
 
 -- The registry of processes, with how each reads now: live, stopped (it said
 -- so on its way out) or gone (three of its report intervals have passed, and
--- five seconds, without a word: killed, hung, or cut off from the database).
+-- five seconds, without a word: killed, hung, or cut off from the database);
+-- not_ready: why a live one waits to start (its host or its configuration).
 CREATE OR REPLACE VIEW ledger_api.processes AS
 SELECT role, host, pid, started_at, identity, service, interval_s, holds, last_seen, stopped_at,
        CASE WHEN stopped_at IS NOT NULL THEN 'stopped'
             WHEN last_seen < statement_timestamp() - make_interval(secs => 3 * interval_s + 5)
             THEN 'gone'
-            ELSE 'live' END AS status
+            ELSE 'live' END AS status,
+       not_ready
   FROM ledger.process;
 
 CREATE OR REPLACE VIEW ledger_api.states AS

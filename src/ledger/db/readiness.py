@@ -163,10 +163,11 @@ def _exists(admin_url: str, name: str) -> bool:
     return False
 
 
-def connection_problem(url: str, exc: BaseException) -> LedgerError:
+def connection_problem(url: str, exc: BaseException, *, login: str | None = None) -> LedgerError:
     """What a failed connection to ``url`` means, from probing rather than from
     libpq's words: the database is missing, the server refused the login, or
-    no server answers there."""
+    no server answers there. ``login``: the hint for a refused login, where
+    the URL is not the main one (a role's own login)."""
     name = database_name(url)
     server = describe_server(url)
     user = str(conninfo_to_dict(url).get("user") or getpass.getuser())
@@ -175,7 +176,7 @@ def connection_problem(url: str, exc: BaseException) -> LedgerError:
         hint=f"create it (createdb {name}), or run `ledger migrate --create-database`")
     refused = LoginRefused(
         f'the server at {server} refused the login of user "{user}" on database "{name}": '
-        f"{_reason(exc)}", hint=_CHECK_LOGIN)
+        f"{_reason(exc)}", hint=login or _CHECK_LOGIN)
     admin = maintenance_url(url)
     if admin is not None:
         # The same login works on another database of the server.
