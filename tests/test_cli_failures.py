@@ -27,7 +27,7 @@ from psycopg.conninfo import make_conninfo
 
 from ledger.cli import app
 from ledger.cli.failures import EXIT_CODES
-from ledger.errors import DatabaseMissing, InvalidInput, NotMigrated, SchemaMismatch, Unavailable
+from ledger.errors import CodeTooOld, DatabaseMissing, InvalidInput, NotMigrated, Unavailable
 from ledger.ops.gitserver import bare_repository
 
 #: Sample values for every required argument or option, by parameter name.
@@ -54,6 +54,7 @@ BOUNDED = {
     ("dispatcher",): ["--wait-for-database", "0", "--wait-for-start", "0"],
     ("sensor", "run"): ["--wait-for-database", "0", "--once"],
     ("serve",): ["--port", "0"],
+    ("deny",): ["--reason", "the test denies it"],  # (its reason is required before any database)
 }
 NEEDS_CONFIG = {("worker",), ("run",), ("sensor", "run"), ("gc",), ("classes", "sync")}
 
@@ -208,7 +209,7 @@ def test_readiness_tells_the_schema_revision_apart(db_url: str, admin: psycopg.C
     admin.execute("SET ledger.migrating = on")
     admin.execute("UPDATE ledger.meta SET value = '9998_contracted' WHERE key = 'oldest_client'")
     newer = diagnose(db_url, TEST_PREFIX)
-    assert type(newer) is SchemaMismatch and "older than this database serves" in newer.message
+    assert type(newer) is CodeTooOld and "older than this database serves" in newer.message
     assert newer.hint == "upgrade Ledger on this machine" and newer.exit_code == 14
     admin.execute("DELETE FROM alembic_version")
     never = diagnose(db_url, TEST_PREFIX)

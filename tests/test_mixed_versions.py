@@ -166,12 +166,13 @@ def test_any_client_that_greets_is_refused_by_the_database_itself(mixed) -> None
         conn.execute(f"SET ROLE {TEST_PREFIX}worker")
         conn.execute("SELECT ledger_api.hello(%s, %s)", (RELEASE, SCHEMA))  # this code: served
         conn.execute("SELECT ledger_api.hello('0.2.9', '0003_trace_context')")  # the release before: served
-        for release, schema, says in (("0.9.0", "0099_far_future", "needs schema revision 0099_far_future"),
-                                      ("0.0.1", "0002_merge_queue", "older than this database serves"),
-                                      ("0.3.0", f"{SCHEMA[:4]}_another_branch", "needs schema revision")):
+        for release, schema, code, says in (
+                ("0.9.0", "0099_far_future", "LG012", "needs schema revision 0099_far_future"),
+                ("0.0.1", "0002_merge_queue", "LG013", "older than this database serves"),
+                ("0.3.0", f"{SCHEMA[:4]}_another_branch", "LG012", "needs schema revision")):
             with pytest.raises(psycopg.Error) as refused:
                 conn.execute("SELECT ledger_api.hello(%s, %s)", (release, schema))
-            assert refused.value.sqlstate == "LG012" and says in str(refused.value), (schema, refused.value)
+            assert refused.value.sqlstate == code and says in str(refused.value), (schema, refused.value)
         with pytest.raises(psycopg.Error) as bad:
             conn.execute("SELECT ledger_api.hello('0.3.0', 'not a revision')")
         assert bad.value.sqlstate == "LG007"

@@ -158,6 +158,13 @@ class SchemaMismatch(LedgerError):
     exit_code = 14
 
 
+class CodeTooOld(SchemaMismatch):
+    """This code is older than the oldest the database's schema still serves:
+    only a newer Ledger on this machine mends it (waiting does not)."""
+
+    slug = "code-too-old"
+
+
 class MigrationFailed(LedgerError):
     """A revision could not be applied -- it failed, or could not get its
     locks in time -- and was rolled back: the database stays at the revision
@@ -229,6 +236,7 @@ SQLSTATES: dict[str, type[LedgerError]] = {
     "LG010": IdempotencyConflict,
     "LG011": ObjectiveConflict,
     "LG012": SchemaMismatch,
+    "LG013": CodeTooOld,
     "25006": ReadOnly,  # read_only_sql_transaction: connected to a standby
     "42501": Forbidden,  # insufficient_privilege: the role may not call this
     "22P02": InvalidInput,  # invalid_text_representation

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import psycopg
 
-from ledger.errors import LedgerError, NotMigrated, SchemaMismatch
+from ledger.errors import CodeTooOld, LedgerError, NotMigrated, SchemaMismatch
 from ledger.release import RELEASE, SCHEMA, describe
 
 MIGRATE_HINT = "run `ledger migrate`"
@@ -39,9 +39,10 @@ def compatibility(conn: psycopg.Connection, at: str | None) -> LedgerError | Non
     except psycopg.errors.InvalidSchemaName:
         return NotMigrated(f'database "{name}" has no Ledger schema', hint=MIGRATE_HINT)
     except psycopg.Error as exc:
-        if exc.sqlstate == "LG012":
-            return SchemaMismatch(f'database "{name}": {exc.diag.message_primary}',
-                                  sqlstate="LG012", hint=exc.diag.message_hint)
+        if exc.sqlstate in ("LG012", "LG013"):
+            cls = CodeTooOld if exc.sqlstate == "LG013" else SchemaMismatch
+            return cls(f'database "{name}": {exc.diag.message_primary}', sqlstate=exc.sqlstate,
+                       hint=exc.diag.message_hint)
         raise
     return None
 

@@ -45,7 +45,7 @@ from sqlalchemy import create_engine
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.pool import NullPool
 
-from ledger.errors import LedgerError, MigrationFailed, SchemaMismatch, Unavailable, from_sqlstate
+from ledger.errors import CodeTooOld, LedgerError, MigrationFailed, Unavailable, from_sqlstate
 from ledger.release import RELEASE, SCHEMA, describe
 
 #: Key of the advisory lock that serialises migrations of one database.
@@ -247,7 +247,7 @@ def _run(fn: Callable[..., Any], run: Run, revision: str) -> None:
     except CommandError as exc:
         at = current(run.url)
         if at is not None and at not in known_revisions():
-            raise SchemaMismatch(
+            raise CodeTooOld(
                 f"cannot migrate: the database is at schema {at}, which Ledger {RELEASE} "
                 f"(schema {SCHEMA}) does not know", hint="migrate with the Ledger that made it, "
                 "or a newer one") from None

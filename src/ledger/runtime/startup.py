@@ -42,6 +42,7 @@ import structlog
 
 from ledger.backoff import backoff
 from ledger.errors import (
+    CodeTooOld,
     ConfigError,
     DatabaseMissing,
     LedgerError,
@@ -74,7 +75,8 @@ def fault_of(exc: BaseException) -> LedgerError | None:
     """The start-up fault ``exc`` is (looking inside exception groups), or ``None``."""
     while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
         exc = exc.exceptions[0]
-    return exc if isinstance(exc, FAULTS) else None
+    # (code older than the schema serves waits for nothing: only a newer Ledger here mends it)
+    return exc if isinstance(exc, FAULTS) and not isinstance(exc, CodeTooOld) else None
 
 
 def cause(error: LedgerError) -> str:

@@ -5,9 +5,9 @@
 -- pooler): ledger_api.hello(its release, the schema revision its code was
 -- written for). The greeting is refused -- SQLSTATE LG012, one line naming
 -- both versions -- for
---   code written for a newer schema than this one: run `ledger migrate`
---     with that code first; and
---   code older than the oldest this schema still serves (meta
+--   code written for a newer schema than this one (LG012): run `ledger
+--     migrate` with that code first; and
+--   code older than the oldest this schema still serves (LG013; meta
 --     oldest_client): each release keeps serving the release before it
 --     (expand, then contract a release later), and says so here.
 -- Nothing of a refused process's transaction runs: the greeting comes first.
@@ -48,7 +48,7 @@ BEGIN
     IF left(p_schema, 4) < left(v_oldest, 4) THEN
         RAISE EXCEPTION 'Ledger % (schema %) is older than this database serves: it is at %, and serves code of % or later',
                 p_release, p_schema, v_at, v_oldest
-            USING ERRCODE = 'LG012', DETAIL = format('code=%s database=%s oldest=%s', p_schema, v_at, v_oldest),
+            USING ERRCODE = 'LG013', DETAIL = format('code=%s database=%s oldest=%s', p_schema, v_at, v_oldest),
                   HINT = 'upgrade Ledger on this machine';
     END IF;
 END
