@@ -84,6 +84,7 @@ class Leases:
     cannot count after the lease is over -- instead of ``CALL_TIMEOUT_S``."""
 
     LIMIT = 10_000
+    FLOOR_S = 1.0
 
     def __init__(self) -> None:
         self._ends: dict[tuple[str, int, int], float] = {}
@@ -98,13 +99,15 @@ class Leases:
         self._ends.pop(key, None)
 
     def bound(self, key: tuple[str, int, int], timeout_s: float | None) -> float | None:
-        """``timeout_s`` if given, else the time the lease has left (at least
-        a millisecond: the call then fails at once), else ``None`` (unknown
-        here: the executor's own default)."""
+        """``timeout_s`` if given, else the time the lease has left, else
+        ``None`` (unknown here: the executor's own default). At least
+        ``FLOOR_S``: a lease already over by the local clock gets its answer
+        from the database (stale, most likely) rather than a connection
+        dropped at once, whose outcome would be unknown."""
         if timeout_s is not None:
             return timeout_s
         end = self._ends.get(key)
-        return None if end is None else max(end - time.monotonic(), 0.001)
+        return None if end is None else max(end - time.monotonic(), self.FLOOR_S)
 
 
 #: This process's leases (``Leases``), shared by every Kernel of the process.
