@@ -921,3 +921,86 @@ BEGIN
     RETURN QUERY SELECT v_id, 'requested'::text, 'pending'::text;
 END
 $$;
+
+-- What the attempt reported it used (the attempt protocol's usage lines):
+-- tokens in and out, requests, cost in the agents' currency unit, as
+-- increments. Fenced by generation and liveness like every write of the
+-- lease holder; every figure range-checked (a negative, absurd or missing
+-- one is refused with its name, LG007, and nothing of it is kept); at most
+-- 10000 reports per attempt. Summed per attempt (attempt_usage), per
+-- campaign (cost_spent) and per key per UTC day (limit_key.day_cost); the
+-- tokens push the buckets of the resources the campaign uses. With p_key, a
+-- report whose reply was lost and is sent again is counted once. Journaled
+-- (usage.reported). Says what the campaign has spent against its budget.
+CREATE OR REPLACE FUNCTION ledger_api.report_usage(
+        p_campaign_id bigint, p_generation bigint, p_tokens_in bigint DEFAULT 0,
+        p_tokens_out bigint DEFAULT 0, p_requests bigint DEFAULT 0, p_cost numeric DEFAULT 0,
+        p_key text DEFAULT NULL)
+    RETURNS TABLE (cost_spent numeric, max_cost numeric, over_budget boolean)
+    LANGUAGE plpgsql
+    SECURITY DEFINER
+    SET search_path = pg_catalog, pg_temp
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_now timestamptz := ledger.now();
+    v_c ledger.campaign := ledger.lease_row(p_campaign_id, p_generation);
+    v_u ledger.attempt_usage;
+    v_attempt_no integer;
+    v_tokens bigint;
+    v_spent numeric;
+    v_day date := (v_now AT TIME ZONE 'UTC')::date;
+BEGIN
+    PERFORM ledger.check_range('tokens_in', p_tokens_in, 0, 1000000000);
+    PERFORM ledger.check_range('tokens_out', p_tokens_out, 0, 1000000000);
+    PERFORM ledger.check_range('requests', p_requests, 0, 1000000);
+    PERFORM ledger.check_range('cost', p_cost, 0, 1000000);
+    IF p_key IS NOT NULL AND length(p_key) NOT BETWEEN 1 AND 200 THEN
+        RAISE EXCEPTION 'a usage report key is 1 to 200 characters' USING ERRCODE = 'LG007';
+    END IF;
+    SELECT * INTO v_u FROM ledger.attempt_usage u
+     WHERE u.campaign_id = p_campaign_id AND u.generation = p_generation FOR UPDATE;
+    IF FOUND AND p_key IS NOT NULL AND v_u.last_key = p_key THEN
+        RETURN QUERY SELECT v_c.cost_spent, v_c.max_cost, v_c.cost_spent >= v_c.max_cost;  -- retried
+        RETURN;
+    END IF;
+    PERFORM ledger.check_live(v_c, p_generation);
+    IF coalesce(v_u.reports, 0) >= 10000 THEN
+        RAISE EXCEPTION 'attempt of campaign % reported usage 10000 times: no more are taken', p_campaign_id
+            USING ERRCODE = 'LG007';
+    END IF;
+    SELECT a.attempt_no INTO v_attempt_no FROM ledger.attempt a
+     WHERE a.campaign_id = p_campaign_id AND a.generation = p_generation;
+    INSERT INTO ledger.attempt_usage AS u (campaign_id, generation, attempt_no, class, tokens_in, tokens_out,
+                                           requests, cost, reports, last_key, first_at, last_at)
+    VALUES (p_campaign_id, p_generation, v_attempt_no, v_c.class, p_tokens_in, p_tokens_out, p_requests,
+            p_cost, 1, p_key, v_now, v_now)
+    ON CONFLICT (campaign_id, generation) DO UPDATE
+       SET tokens_in = u.tokens_in + excluded.tokens_in, tokens_out = u.tokens_out + excluded.tokens_out,
+           requests = u.requests + excluded.requests, cost = u.cost + excluded.cost,
+           reports = u.reports + 1, last_key = excluded.last_key, last_at = excluded.last_at;
+    UPDATE ledger.campaign c SET cost_spent = c.cost_spent + p_cost
+     WHERE c.id = p_campaign_id
+    RETURNING c.cost_spent INTO v_spent;
+    IF cardinality(v_c.limit_keys) > 0 THEN
+        UPDATE ledger.limit_key k
+           SET day_cost = CASE WHEN k.day = v_day THEN k.day_cost + p_cost ELSE p_cost END,
+               day = v_day, cost_total = k.cost_total + p_cost
+         WHERE k.key = ANY (v_c.limit_keys);
+    END IF;
+    v_tokens := p_tokens_in + p_tokens_out;
+    IF v_tokens > 0 AND cardinality(v_c.resources) > 0 THEN
+        UPDATE ledger.limit_bucket b
+           SET token_tat = CASE WHEN b.tokens_per_minute IS NULL THEN b.token_tat
+                                ELSE greatest(b.token_tat, v_now)
+                                     + make_interval(secs => v_tokens * 60.0 / b.tokens_per_minute) END,
+               tokens = b.tokens + v_tokens
+         WHERE b.resource = ANY (v_c.resources);
+    END IF;
+    PERFORM ledger.append_event(p_campaign_id, 'usage.reported', v_c.lease_owner,
+                jsonb_build_object('attempt_no', v_attempt_no, 'tokens_in', p_tokens_in,
+                                   'tokens_out', p_tokens_out, 'requests', p_requests, 'cost', p_cost,
+                                   'cost_spent', v_spent, 'max_cost', v_c.max_cost));
+    RETURN QUERY SELECT v_spent, v_c.max_cost, coalesce(v_spent >= v_c.max_cost, false);
+END
+$$;

@@ -64,7 +64,19 @@ CREATE TABLE IF NOT EXISTS ledger.campaign_class (
     -- (approval.sql): {} or {"mode": "never"} never; {"mode": "always"}; or
     -- {"mode": "when", "when": [conditions]}, with "timeout_s", "on_timeout"
     -- and "notify" (checked by ledger.check_approval_policy at registration)
-    approval        jsonb NOT NULL DEFAULT '{}' CHECK (jsonb_typeof(approval) = 'object')
+    approval        jsonb NOT NULL DEFAULT '{}' CHECK (jsonb_typeof(approval) = 'object'),
+    -- limits (limits.sql): the templates of the keys its campaigns are
+    -- counted under ('class', 'repo', a label's name such as 'tenant', or a
+    -- key such as 'team:infra'), the rate-limited resources its attempts
+    -- use, and each campaign's budget (max_cost, in the currency unit the
+    -- agents report; NULL: none)
+    limit_keys      text[] NOT NULL DEFAULT '{}'
+                    CONSTRAINT campaign_class_limit_keys_check
+                    CHECK (cardinality(limit_keys) <= 16 AND array_position(limit_keys, NULL) IS NULL),
+    resources       text[] NOT NULL DEFAULT '{}'
+                    CONSTRAINT campaign_class_resources_check
+                    CHECK (cardinality(resources) <= 8 AND array_position(resources, NULL) IS NULL),
+    max_cost        numeric CONSTRAINT campaign_class_max_cost_check CHECK (max_cost > 0 AND max_cost <= 1000000000)
 );
 
 CREATE TABLE IF NOT EXISTS ledger.campaign (
@@ -126,7 +138,15 @@ CREATE TABLE IF NOT EXISTS ledger.campaign (
     -- (ledger.tracing). Written once, by the open (ledger.open_campaign,
     -- which checks its form there rather than by a CHECK every UPDATE would
     -- pay for); nothing changes it afterwards. Added by 0003_trace_context.
-    trace_context       jsonb
+    trace_context       jsonb,
+    -- limits (limits.sql), set at the open from the class and the labels:
+    -- the keys it is counted under, the resources its attempts use, its
+    -- budget (NULL: none) and what its attempts reported they cost, summed
+    -- (the API checks every figure; ledger.report_usage)
+    limit_keys          text[] NOT NULL DEFAULT '{}',
+    resources           text[] NOT NULL DEFAULT '{}',
+    max_cost            numeric,
+    cost_spent          numeric NOT NULL DEFAULT 0
     -- leased, and only then, with an owner and an expiry (campaign_lease_iff_leased)
 );
 
