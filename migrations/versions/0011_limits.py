@@ -1,7 +1,7 @@
 """Limits and budgets for agent fleets
 
 Revision ID: 0011_limits
-Revises: 0009_process_not_ready
+Revises: 0010_lean_cycle
 """
 
 from alembic import op
@@ -9,7 +9,7 @@ from alembic import op
 from ledger.db.migrations import Step
 
 revision = '0011_limits'
-down_revision = '0009_process_not_ready'
+down_revision = '0010_lean_cycle'
 branch_labels = None
 depends_on = None
 

@@ -31,8 +31,11 @@ BEGIN
       FROM ledger.campaign_class cc
      WHERE (p_classes IS NULL OR cc.name = ANY (p_classes))
        AND cc.paused_at IS NULL  -- a paused class takes no turn (pause_class)
-       AND EXISTS (SELECT 1 FROM ledger.campaign r
-                    WHERE r.class = cc.name AND r.state = 'ready' AND r.next_attempt_at <= p_now);
+       -- the head in claim order, LIMIT 1: an EXISTS would drop the order
+       -- and let the planner AND two bitmaps over the whole ready backlog
+       AND (SELECT true FROM ledger.campaign r
+             WHERE r.class = cc.name AND r.state = 'ready' AND r.next_attempt_at <= p_now
+             ORDER BY r.priority DESC, r.created_at, r.id LIMIT 1);
     IF coalesce(cardinality(v_names), 0) <= 1 THEN
         RETURN coalesce(v_names, '{}');  -- no choice to make: no turn taken
     END IF;
