@@ -64,7 +64,19 @@ CREATE TABLE IF NOT EXISTS ledger.campaign_class (
     -- (approval.sql): {} or {"mode": "never"} never; {"mode": "always"}; or
     -- {"mode": "when", "when": [conditions]}, with "timeout_s", "on_timeout"
     -- and "notify" (checked by ledger.check_approval_policy at registration)
-    approval        jsonb NOT NULL DEFAULT '{}' CHECK (jsonb_typeof(approval) = 'object')
+    approval        jsonb NOT NULL DEFAULT '{}' CHECK (jsonb_typeof(approval) = 'object'),
+    -- limits (limits.sql): the templates of the keys its campaigns are
+    -- counted under ('class', 'repo', a label's name such as 'tenant', or a
+    -- key such as 'team:infra'), the rate-limited resources its attempts
+    -- use, and each campaign's budget (max_cost, in the currency unit the
+    -- agents report; NULL: none)
+    limit_keys      text[] NOT NULL DEFAULT '{}'
+                    CONSTRAINT campaign_class_limit_keys_check
+                    CHECK (cardinality(limit_keys) <= 16 AND array_position(limit_keys, NULL) IS NULL),
+    resources       text[] NOT NULL DEFAULT '{}'
+                    CONSTRAINT campaign_class_resources_check
+                    CHECK (cardinality(resources) <= 8 AND array_position(resources, NULL) IS NULL),
+    max_cost        numeric CONSTRAINT campaign_class_max_cost_check CHECK (max_cost > 0 AND max_cost <= 1000000000)
 );
 
 CREATE TABLE IF NOT EXISTS ledger.campaign (
@@ -76,13 +88,9 @@ CREATE TABLE IF NOT EXISTS ledger.campaign (
     target              text NOT NULL,  -- 1 to 2000 characters
     -- bounded (ledger.json_within): the opening observation holds the
     -- observation's details (32 levels, 256 KiB) one level down; written at
-    -- the open only, so these CHECKs cost the hot path nothing
-    desired_state       jsonb NOT NULL DEFAULT '{}' CONSTRAINT campaign_desired_state_bounded
-                        CHECK (jsonb_typeof(desired_state) = 'object'
-                               AND ledger.json_within(desired_state, 32, 262144)),
-    opening_observation jsonb NOT NULL DEFAULT '{}' CONSTRAINT campaign_opening_observation_bounded
-                        CHECK (jsonb_typeof(opening_observation) = 'object'
-                               AND ledger.json_within(opening_observation, 33, 266240)),
+    -- the open only: the guard checks them there (ledger.check_documents)
+    desired_state       jsonb NOT NULL DEFAULT '{}',  -- bounded: campaign_desired_state_bounded
+    opening_observation jsonb NOT NULL DEFAULT '{}',  -- bounded: campaign_opening_observation_bounded
     -- no foreign key to ledger.state and no CHECK: see the guard below
     state               text NOT NULL,
     lease_owner         text,
@@ -126,7 +134,15 @@ CREATE TABLE IF NOT EXISTS ledger.campaign (
     -- (ledger.tracing). Written once, by the open (ledger.open_campaign,
     -- which checks its form there rather than by a CHECK every UPDATE would
     -- pay for); nothing changes it afterwards. Added by 0003_trace_context.
-    trace_context       jsonb
+    trace_context       jsonb,
+    -- limits (limits.sql), set at the open from the class and the labels:
+    -- the keys it is counted under, the resources its attempts use, its
+    -- budget (NULL: none) and what its attempts reported they cost, summed
+    -- (the API checks every figure; ledger.report_usage)
+    limit_keys          text[] NOT NULL DEFAULT '{}',
+    resources           text[] NOT NULL DEFAULT '{}',
+    max_cost            numeric,
+    cost_spent          numeric NOT NULL DEFAULT 0
     -- leased, and only then, with an owner and an expiry (campaign_lease_iff_leased)
 );
 
@@ -167,6 +183,23 @@ CREATE INDEX IF NOT EXISTS campaign_waiting ON ledger.campaign (class, waiting_o
 -- SECURITY DEFINER function that calls them (runtime roles can neither call
 -- them nor write the tables directly), and they name everything
 -- schema-qualified. A pinned search_path costs a setting push and pop per call.
+
+-- A campaign's documents within the bounds every role's input is held to
+-- (desired_state: 32 levels, 256 KiB; the opening observation holds the
+-- observation's details one level down), raised as the CHECKs they were.
+CREATE OR REPLACE FUNCTION ledger.check_documents(p_c ledger.campaign) RETURNS void
+    LANGUAGE plpgsql
+AS $$
+BEGIN
+    IF NOT (jsonb_typeof(p_c.desired_state) = 'object' AND ledger.json_within(p_c.desired_state, 32, 262144)) THEN
+        PERFORM ledger.refuse_row('campaign', 'campaign_desired_state_bounded');
+    END IF;
+    IF NOT (jsonb_typeof(p_c.opening_observation) = 'object'
+            AND ledger.json_within(p_c.opening_observation, 33, 266240)) THEN
+        PERFORM ledger.refuse_row('campaign', 'campaign_opening_observation_bounded');
+    END IF;
+END
+$$;
 
 -- A broken row rule, raised as the CHECK constraint it stands for would be
 -- (the guards below keep campaign's and attempt's rules).
@@ -287,6 +320,17 @@ BEGIN
         END IF;
     END IF;
     NEW.updated_at := v_now;
+    -- The documents' bounds (ledger.json_within: what every reader can
+    -- render): on the row as created, and again only on an update that
+    -- changes one. As CHECKs they were evaluated on every UPDATE, though only
+    -- the open writes them: ~85 us of the ~120 us each transition's UPDATE
+    -- cost (bench/cost).
+    IF TG_OP = 'INSERT' THEN
+        PERFORM ledger.check_documents(NEW);
+    ELSIF NEW.desired_state IS DISTINCT FROM OLD.desired_state
+          OR NEW.opening_observation IS DISTINCT FROM OLD.opening_observation THEN
+        PERFORM ledger.check_documents(NEW);
+    END IF;
     -- The row's own rules, on the row as it will be written (a CHECK is tested
     -- after the BEFORE triggers). NULL passes, as it passes a CHECK: seat may
     -- be NULL.

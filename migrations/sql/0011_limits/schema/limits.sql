@@ -1,0 +1,297 @@
+-- Limits and budgets: caps per key, rate buckets per named resource, usage
+-- reported per attempt, and spend bounded per campaign and per key per day
+-- (docs/limits.md).
+--
+-- A campaign is counted under its limit keys (campaign.limit_keys, resolved
+-- at the open from its class's templates and its labels: class:<name>,
+-- repo:<name>, tenant:acme ...). Each key is a row of ledger.limit_key with
+-- its caps and its counters; the counters are kept by triggers on every
+-- state change of a campaign (into and out of leased) and of a verification
+-- (into and out of running), so every ending -- a record, a failure, a
+-- release, the reaper, an abandon -- gives its slot back in the transaction
+-- that ends the lease. The claim (api_worker.sql) skips a campaign one of
+-- whose keys is at its cap; the counter's UPDATE, with `leased < cap` in its
+-- WHERE, is what makes that atomic across workers: two claimers racing for
+-- one slot queue on the key's row, and the second one's re-checked row is
+-- full (LG014: that claim tries the next campaign). Nothing is charged to a
+-- campaign that waits: it stays ready, its waiting_for says why.
+
+-- One key: its caps (NULL: no cap), its weight among the keys of a class
+-- (fair claims), its counters and today's spend.
+CREATE TABLE IF NOT EXISTS ledger.limit_key (
+    key              text PRIMARY KEY
+                     CONSTRAINT limit_key_key_check CHECK (key ~ '^[a-z][a-z0-9_.-]{0,31}:[^[:space:]]{1,200}$'),
+    max_leased       integer CONSTRAINT limit_key_max_leased_check CHECK (max_leased BETWEEN 0 AND 1000000),
+    max_verifying    integer CONSTRAINT limit_key_max_verifying_check CHECK (max_verifying BETWEEN 0 AND 1000000),
+    max_cost_per_day numeric CONSTRAINT limit_key_max_cost_per_day_check
+                     CHECK (max_cost_per_day BETWEEN 0 AND 1000000000),
+    weight           integer NOT NULL DEFAULT 1 CONSTRAINT limit_key_weight_check CHECK (weight BETWEEN 1 AND 1000),
+    leased           integer NOT NULL DEFAULT 0 CONSTRAINT limit_key_leased_check CHECK (leased >= 0),
+    verifying        integer NOT NULL DEFAULT 0 CONSTRAINT limit_key_verifying_check CHECK (verifying >= 0),
+    -- spend of the UTC day `day` (a report on a later day starts it again)
+    day              date,
+    day_cost         numeric NOT NULL DEFAULT 0 CONSTRAINT limit_key_day_cost_check CHECK (day_cost >= 0),
+    cost_total       numeric NOT NULL DEFAULT 0 CONSTRAINT limit_key_cost_total_check CHECK (cost_total >= 0),
+    updated_at       timestamptz NOT NULL,
+    updated_by       text
+);
+
+-- A named resource (a model provider): requests and tokens per minute, as
+-- GCRA: the theoretical arrival time of the next request (token) -- a claim
+-- of a class that uses the resource waits until request_tat and token_tat
+-- are both past, and pushes request_tat one emission interval (60 s / rpm)
+-- further; reported tokens push token_tat (tokens x 60 s / tpm). No burst
+-- beyond one request: over any window W at most 1 + rpm x W / 60 claims.
+CREATE TABLE IF NOT EXISTS ledger.limit_bucket (
+    resource            text PRIMARY KEY
+                        CONSTRAINT limit_bucket_resource_check CHECK (resource ~ '^[a-z0-9][a-z0-9_.-]{0,62}$'),
+    requests_per_minute double precision
+                        CONSTRAINT limit_bucket_requests_per_minute_check
+                        CHECK (requests_per_minute > 0 AND requests_per_minute <= 1000000),
+    tokens_per_minute   double precision
+                        CONSTRAINT limit_bucket_tokens_per_minute_check
+                        CHECK (tokens_per_minute > 0 AND tokens_per_minute <= 10000000000),
+    request_tat         timestamptz NOT NULL DEFAULT '-infinity',
+    token_tat           timestamptz NOT NULL DEFAULT '-infinity',
+    requests            bigint NOT NULL DEFAULT 0,  -- taken, in all
+    tokens              bigint NOT NULL DEFAULT 0,  -- reported, in all
+    updated_at          timestamptz NOT NULL,
+    updated_by          text
+);
+
+-- What one attempt (a lease's generation) reported it used, summed.
+CREATE TABLE IF NOT EXISTS ledger.attempt_usage (
+    campaign_id bigint NOT NULL REFERENCES ledger.campaign (id),
+    generation  bigint NOT NULL,
+    attempt_no  integer NOT NULL,
+    class       text NOT NULL,
+    tokens_in   bigint NOT NULL DEFAULT 0 CONSTRAINT attempt_usage_tokens_in_check CHECK (tokens_in >= 0),
+    tokens_out  bigint NOT NULL DEFAULT 0 CONSTRAINT attempt_usage_tokens_out_check CHECK (tokens_out >= 0),
+    requests    bigint NOT NULL DEFAULT 0 CONSTRAINT attempt_usage_requests_check CHECK (requests >= 0),
+    cost        numeric NOT NULL DEFAULT 0 CONSTRAINT attempt_usage_cost_check CHECK (cost >= 0),
+    reports     integer NOT NULL DEFAULT 0 CONSTRAINT attempt_usage_reports_check CHECK (reports BETWEEN 0 AND 100000),
+    last_key    text,
+    first_at    timestamptz NOT NULL,
+    last_at     timestamptz NOT NULL,
+    PRIMARY KEY (campaign_id, generation)
+);
+CREATE INDEX IF NOT EXISTS attempt_usage_by_class ON ledger.attempt_usage (class, last_at);
+
+-- The journal of the limits themselves: a key's caps or a bucket's rates
+-- set (by whom), a campaign's budget raised, a bucket that made claims wait
+-- refilled. Append-only.
+CREATE TABLE IF NOT EXISTS ledger.limit_event (
+    id         bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    at         timestamptz NOT NULL,
+    type       text NOT NULL CONSTRAINT limit_event_type_check CHECK (type ~ '^[a-z][a-z0-9_.]{0,63}$'),
+    subject    text NOT NULL,
+    actor      text NOT NULL,
+    actor_role text NOT NULL,
+    detail     jsonb NOT NULL DEFAULT '{}'
+);
+CREATE INDEX IF NOT EXISTS limit_event_by_subject ON ledger.limit_event (subject, id);
+
+CREATE OR REPLACE FUNCTION ledger.limit_event_append_only() RETURNS trigger
+    LANGUAGE plpgsql
+    SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    RAISE EXCEPTION 'limit events are append-only' USING ERRCODE = 'LG009';
+END
+$$;
+CREATE OR REPLACE TRIGGER limit_event_append_only BEFORE UPDATE OR DELETE ON ledger.limit_event
+    FOR EACH ROW EXECUTE FUNCTION ledger.limit_event_append_only();
+
+CREATE OR REPLACE FUNCTION ledger.limit_journal(p_type text, p_subject text, p_actor text,
+                                                p_role text, p_detail jsonb DEFAULT '{}')
+    RETURNS bigint
+    LANGUAGE sql
+AS $$
+    INSERT INTO ledger.limit_event (at, type, subject, actor, actor_role, detail)
+    VALUES (ledger.now(), p_type, p_subject, coalesce(p_actor, p_role), p_role, coalesce(p_detail, '{}'))
+    RETURNING id
+$$;
+
+-- The keys a campaign is counted under: each template of its class
+-- resolved -- 'class' is class:<name>, 'repo' is repo:<the target's
+-- repository name>, a word W is every label W:<value> of the campaign, and
+-- a template with a colon is that very key -- distinct and sorted (the
+-- counters' rows are locked in this order).
+CREATE OR REPLACE FUNCTION ledger.resolve_limit_keys(p_templates text[], p_class text,
+                                                     p_target text, p_labels text[])
+    RETURNS text[]
+    LANGUAGE sql IMMUTABLE
+AS $$
+    SELECT coalesce(array_agg(DISTINCT k ORDER BY k), '{}')
+      FROM (SELECT CASE
+                       WHEN t = 'class' THEN 'class:' || p_class
+                       WHEN t = 'repo' THEN 'repo:' || regexp_replace(
+                            regexp_replace(split_part(p_target, '#', 1), '^.*[/:]', ''), '\.git$', '')
+                       WHEN position(':' IN t) > 0 THEN t
+                   END AS k
+              FROM unnest(p_templates) t
+             UNION ALL
+            SELECT l
+              FROM unnest(p_templates) t, unnest(coalesce(p_labels, '{}')) l
+             WHERE position(':' IN t) = 0 AND t NOT IN ('class', 'repo') AND l LIKE t || ':_%') x
+     WHERE k IS NOT NULL AND k ~ '^[a-z][a-z0-9_.-]{0,31}:[^[:space:]]{1,200}$'
+$$;
+
+-- Every key of p_keys has its row (created uncapped).
+CREATE OR REPLACE FUNCTION ledger.ensure_limit_keys(p_keys text[]) RETURNS void
+    LANGUAGE sql
+AS $$
+    INSERT INTO ledger.limit_key (key, updated_at)
+    SELECT k, ledger.now() FROM unnest(p_keys) k
+    ON CONFLICT (key) DO NOTHING
+$$;
+
+-- Whether a campaign with these keys and resources may be leased now: no
+-- key at its cap of leases or over today's budget, every resource's
+-- buckets past their next arrival. (SQL, no pinned search_path: inlined
+-- into the claim statement.)
+CREATE OR REPLACE FUNCTION ledger.limits_open(p_keys text[], p_resources text[], p_now timestamptz)
+    RETURNS boolean
+    LANGUAGE sql STABLE
+AS $$
+    SELECT NOT EXISTS (SELECT 1 FROM ledger.limit_key k
+                        WHERE k.key = ANY (p_keys)
+                          AND (k.leased >= k.max_leased
+                               OR (k.day = (p_now AT TIME ZONE 'UTC')::date
+                                   AND k.day_cost >= k.max_cost_per_day)))
+       AND NOT EXISTS (SELECT 1 FROM ledger.limit_bucket b
+                        WHERE b.resource = ANY (p_resources)
+                          AND (b.request_tat > p_now OR b.token_tat > p_now))
+$$;
+
+-- (Why a ready campaign waits on its limits, in words -- 'limit repo:app
+-- 8/8', 'budget 5.2/5 spent', 'budget tenant:acme 100/100 today', 'rate
+-- model-a: requests for 0.5s' -- is the waiting_for column of
+-- ledger_api.campaigns: views.sql.)
+
+-- The counters, kept by every state change into or out of leased (and by a
+-- change of a campaign's keys). Entering leased by a claim must find room
+-- under every cap: the UPDATE's WHERE is re-tested on the newest row once a
+-- concurrent claim's commit releases it, so two claimers never both take
+-- the last slot; the loser raises LG014 and its claim moves on. A claim
+-- also takes one request of each bucket its class uses (the same way:
+-- request_tat <= now in the WHERE).
+CREATE OR REPLACE FUNCTION ledger.campaign_limit_count() RETURNS trigger
+    LANGUAGE plpgsql
+AS $$
+DECLARE
+    v_now timestamptz;
+    v_claim boolean;
+    v_n integer;
+BEGIN
+    IF OLD.state = 'leased' AND cardinality(OLD.limit_keys) > 0 THEN
+        UPDATE ledger.limit_key k SET leased = k.leased - 1 WHERE k.key = ANY (OLD.limit_keys);
+    END IF;
+    IF NEW.state = 'leased' AND (OLD.state <> 'leased' OR OLD.limit_keys IS DISTINCT FROM NEW.limit_keys) THEN
+        v_claim := OLD.state <> 'leased' AND current_setting('ledger.transition', true) = 'claim';
+        IF cardinality(NEW.limit_keys) > 0 THEN
+            UPDATE ledger.limit_key k SET leased = k.leased + 1
+             WHERE k.key = ANY (NEW.limit_keys)
+               AND (NOT v_claim OR k.max_leased IS NULL OR k.leased < k.max_leased);
+            GET DIAGNOSTICS v_n = ROW_COUNT;
+            IF v_n < cardinality(NEW.limit_keys) THEN
+                RAISE EXCEPTION 'campaign %: a limit key is at its cap', NEW.id USING ERRCODE = 'LG014';
+            END IF;
+        END IF;
+        IF v_claim AND cardinality(NEW.resources) > 0 THEN
+            v_now := ledger.now();
+            UPDATE ledger.limit_bucket b
+               SET request_tat = CASE WHEN b.requests_per_minute IS NULL THEN b.request_tat
+                                      ELSE greatest(b.request_tat, v_now)
+                                           + make_interval(secs => 60.0 / b.requests_per_minute) END,
+                   requests = b.requests + 1
+             WHERE b.resource = ANY (NEW.resources) AND b.request_tat <= v_now AND b.token_tat <= v_now;
+            GET DIAGNOSTICS v_n = ROW_COUNT;
+            IF v_n < (SELECT count(*) FROM ledger.limit_bucket b WHERE b.resource = ANY (NEW.resources)) THEN
+                RAISE EXCEPTION 'campaign %: a rate bucket is empty', NEW.id USING ERRCODE = 'LG014';
+            END IF;
+        END IF;
+    END IF;
+    RETURN NULL;
+END
+$$;
+
+CREATE OR REPLACE TRIGGER campaign_limit_count AFTER UPDATE ON ledger.campaign
+    FOR EACH ROW
+    WHEN ((OLD.state = 'leased' OR NEW.state = 'leased')
+          AND (OLD.state IS DISTINCT FROM NEW.state OR OLD.limit_keys IS DISTINCT FROM NEW.limit_keys)
+          AND (cardinality(OLD.limit_keys) > 0 OR cardinality(NEW.limit_keys) > 0
+               OR cardinality(NEW.resources) > 0))
+    EXECUTE FUNCTION ledger.campaign_limit_count();
+
+-- The same for verifications: a running verification counts under its
+-- campaign's keys; a new one must find room under max_verifying.
+CREATE OR REPLACE FUNCTION ledger.verification_limit_count() RETURNS trigger
+    LANGUAGE plpgsql
+AS $$
+DECLARE
+    v_keys text[];
+    v_n integer;
+BEGIN
+    SELECT c.limit_keys INTO v_keys FROM ledger.campaign c WHERE c.id = NEW.campaign_id;
+    IF cardinality(v_keys) = 0 THEN
+        RETURN NULL;
+    END IF;
+    IF TG_OP = 'UPDATE' AND OLD.status = 'running' AND NEW.status <> 'running' THEN
+        UPDATE ledger.limit_key k SET verifying = k.verifying - 1 WHERE k.key = ANY (v_keys);
+    ELSIF NEW.status = 'running' AND (TG_OP = 'INSERT' OR OLD.status <> 'running') THEN
+        UPDATE ledger.limit_key k SET verifying = k.verifying + 1
+         WHERE k.key = ANY (v_keys) AND (k.max_verifying IS NULL OR k.verifying < k.max_verifying);
+        GET DIAGNOSTICS v_n = ROW_COUNT;
+        IF v_n < cardinality(v_keys) THEN
+            RAISE EXCEPTION 'campaign %: a limit key is at its cap of verifications', NEW.campaign_id
+                USING ERRCODE = 'LG014';
+        END IF;
+    END IF;
+    RETURN NULL;
+END
+$$;
+
+CREATE OR REPLACE TRIGGER verification_limit_start AFTER INSERT ON ledger.verification
+    FOR EACH ROW WHEN (NEW.status = 'running')
+    EXECUTE FUNCTION ledger.verification_limit_count();
+CREATE OR REPLACE TRIGGER verification_limit_end AFTER UPDATE OF status ON ledger.verification
+    FOR EACH ROW WHEN (OLD.status IS DISTINCT FROM NEW.status)
+    EXECUTE FUNCTION ledger.verification_limit_count();
+
+-- No campaign rests in ready over its own budget: a ready campaign whose
+-- reported cost reached its max_cost ends in budget_exhausted at once,
+-- with the figures (however it got back to ready: a failure, a rejection,
+-- a release, the reaper). An AFTER trigger named to fire after the journal
+-- trigger of the change that made the row ready, so that change's event
+-- comes first; the transition settings of that change are put back after.
+CREATE OR REPLACE FUNCTION ledger.campaign_over_budget() RETURNS trigger
+    LANGUAGE plpgsql
+AS $$
+DECLARE
+    v_saved text[] := ARRAY[current_setting('ledger.transition', true),
+                            current_setting('ledger.actor_role', true),
+                            current_setting('ledger.actor', true),
+                            current_setting('ledger.detail', true),
+                            current_setting('ledger.batch', true)];
+    v text;
+BEGIN
+    PERFORM ledger.begin_transition('exhaust_budget', 'system', 'system',
+                jsonb_build_object('reason', 'budget spent', 'cost_spent', NEW.cost_spent,
+                                   'max_cost', NEW.max_cost));
+    v := set_config('ledger.batch', '', true);
+    UPDATE ledger.campaign c SET state = 'budget_exhausted'
+     WHERE c.id = NEW.id AND c.state = 'ready' AND c.cost_spent >= c.max_cost;
+    v := set_config('ledger.transition', coalesce(v_saved[1], ''), true);
+    v := set_config('ledger.actor_role', coalesce(v_saved[2], ''), true);
+    v := set_config('ledger.actor', coalesce(v_saved[3], ''), true);
+    v := set_config('ledger.detail', coalesce(v_saved[4], ''), true);
+    v := set_config('ledger.batch', coalesce(v_saved[5], ''), true);
+    RETURN NULL;
+END
+$$;
+
+CREATE OR REPLACE TRIGGER campaign_over_budget AFTER UPDATE ON ledger.campaign
+    FOR EACH ROW
+    WHEN (NEW.state = 'ready' AND NEW.cost_spent >= NEW.max_cost)
+    EXECUTE FUNCTION ledger.campaign_over_budget();

@@ -511,7 +511,7 @@ $$;
 -- with the operator and the figures before and after.
 CREATE OR REPLACE FUNCTION ledger_api.set_limit(
         p_key text, p_max_leased integer DEFAULT NULL, p_max_verifying integer DEFAULT NULL,
-        p_max_cost_per_day numeric DEFAULT NULL, p_weight integer DEFAULT 1,
+        p_max_cost_per_day double precision DEFAULT NULL, p_weight integer DEFAULT 1,
         p_operator text DEFAULT NULL)
     RETURNS void
     LANGUAGE plpgsql
@@ -610,7 +610,7 @@ $$;
 -- gave one its own. Journaled when anything changed.
 CREATE OR REPLACE FUNCTION ledger_api.set_class_limits(
         p_class text, p_limit_keys text[] DEFAULT '{}', p_resources text[] DEFAULT '{}',
-        p_max_cost numeric DEFAULT NULL, p_operator text DEFAULT NULL)
+        p_max_cost double precision DEFAULT NULL, p_operator text DEFAULT NULL)
     RETURNS void
     LANGUAGE plpgsql
     SECURITY DEFINER
@@ -673,7 +673,7 @@ $$;
 -- (above what it spent, or LG007 says by how much); a budget_exhausted
 -- campaign goes back to ready (raise_budget), any other open one just
 -- keeps the new figure. Journaled with the operator and the figures.
-CREATE OR REPLACE FUNCTION ledger_api.raise_budget(p_campaign_id bigint, p_max_cost numeric,
+CREATE OR REPLACE FUNCTION ledger_api.raise_budget(p_campaign_id bigint, p_max_cost double precision,
                                                    p_operator text DEFAULT NULL,
                                                    p_reason text DEFAULT NULL)
     RETURNS text

@@ -164,36 +164,10 @@ AS $$
                           AND (b.request_tat > p_now OR b.token_tat > p_now))
 $$;
 
--- Why a ready campaign waits on its limits, in words ('limit repo:app 8/8',
--- 'rate model-a: requests until 12:00:01', 'budget 5.2/5 spent',
--- 'budget tenant:acme 100/100 today'), or NULL.
-CREATE OR REPLACE FUNCTION ledger.limits_waiting_for(p_c ledger.campaign, p_now timestamptz)
-    RETURNS text
-    LANGUAGE sql STABLE
-AS $$
-    SELECT CASE WHEN p_c.state <> 'ready' AND p_c.state <> 'budget_exhausted' THEN NULL
-                WHEN p_c.max_cost IS NOT NULL AND p_c.cost_spent >= p_c.max_cost
-                THEN format('budget %s/%s spent', round(p_c.cost_spent, 4), round(p_c.max_cost, 4))
-                ELSE coalesce(
-                    (SELECT format('limit %s %s/%s', k.key, k.leased, k.max_leased)
-                       FROM ledger.limit_key k
-                      WHERE k.key = ANY (p_c.limit_keys) AND k.leased >= k.max_leased
-                      ORDER BY k.key LIMIT 1),
-                    (SELECT format('budget %s %s/%s today', k.key, round(k.day_cost, 4),
-                                   round(k.max_cost_per_day, 4))
-                       FROM ledger.limit_key k
-                      WHERE k.key = ANY (p_c.limit_keys)
-                        AND k.day = (p_now AT TIME ZONE 'UTC')::date AND k.day_cost >= k.max_cost_per_day
-                      ORDER BY k.key LIMIT 1),
-                    (SELECT format('rate %s: %s for %ss', b.resource,
-                                   CASE WHEN b.request_tat > p_now THEN 'requests' ELSE 'tokens' END,
-                                   round(extract(epoch FROM greatest(b.request_tat, b.token_tat) - p_now)::numeric, 3))
-                       FROM ledger.limit_bucket b
-                      WHERE b.resource = ANY (p_c.resources)
-                        AND (b.request_tat > p_now OR b.token_tat > p_now)
-                      ORDER BY b.resource LIMIT 1))
-           END
-$$;
+-- (Why a ready campaign waits on its limits, in words -- 'limit repo:app
+-- 8/8', 'budget 5.2/5 spent', 'budget tenant:acme 100/100 today', 'rate
+-- model-a: requests for 0.5s' -- is the waiting_for column of
+-- ledger_api.campaigns: views.sql.)
 
 -- The counters, kept by every state change into or out of leased (and by a
 -- change of a campaign's keys). Entering leased by a claim must find room
@@ -285,37 +259,39 @@ CREATE OR REPLACE TRIGGER verification_limit_end AFTER UPDATE OF status ON ledge
     FOR EACH ROW WHEN (OLD.status IS DISTINCT FROM NEW.status)
     EXECUTE FUNCTION ledger.verification_limit_count();
 
--- No campaign rests in ready over its own budget: at commit, a ready
--- campaign whose reported cost reached its max_cost ends in
--- budget_exhausted, with the figures (however it got back to ready: a
--- failure, a rejection, a release, the reaper). Queued only by the update
--- that makes such a row. (SECURITY DEFINER: it fires at commit, as the
--- session's runtime role.)
-CREATE OR REPLACE FUNCTION ledger.campaign_budget_check() RETURNS trigger
+-- No campaign rests in ready over its own budget: a ready campaign whose
+-- reported cost reached its max_cost ends in budget_exhausted at once,
+-- with the figures (however it got back to ready: a failure, a rejection,
+-- a release, the reaper). An AFTER trigger named to fire after the journal
+-- trigger of the change that made the row ready, so that change's event
+-- comes first; the transition settings of that change are put back after.
+CREATE OR REPLACE FUNCTION ledger.campaign_over_budget() RETURNS trigger
     LANGUAGE plpgsql
-    SECURITY DEFINER
-    SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
-    v_c ledger.campaign;
+    v_saved text[] := ARRAY[current_setting('ledger.transition', true),
+                            current_setting('ledger.actor_role', true),
+                            current_setting('ledger.actor', true),
+                            current_setting('ledger.detail', true),
+                            current_setting('ledger.batch', true)];
+    v text;
 BEGIN
-    SELECT * INTO v_c FROM ledger.campaign c
-     WHERE c.id = NEW.id AND c.state = 'ready' AND c.cost_spent >= c.max_cost
-       FOR NO KEY UPDATE;
-    IF FOUND THEN
-        PERFORM ledger.begin_transition('exhaust_budget', 'system', 'system',
-                    jsonb_build_object('reason', 'budget spent', 'cost_spent', v_c.cost_spent,
-                                       'max_cost', v_c.max_cost));
-        UPDATE ledger.campaign c SET state = 'budget_exhausted' WHERE c.id = v_c.id;
-        PERFORM ledger.end_transition();
-    END IF;
+    PERFORM ledger.begin_transition('exhaust_budget', 'system', 'system',
+                jsonb_build_object('reason', 'budget spent', 'cost_spent', NEW.cost_spent,
+                                   'max_cost', NEW.max_cost));
+    v := set_config('ledger.batch', '', true);
+    UPDATE ledger.campaign c SET state = 'budget_exhausted'
+     WHERE c.id = NEW.id AND c.state = 'ready' AND c.cost_spent >= c.max_cost;
+    v := set_config('ledger.transition', coalesce(v_saved[1], ''), true);
+    v := set_config('ledger.actor_role', coalesce(v_saved[2], ''), true);
+    v := set_config('ledger.actor', coalesce(v_saved[3], ''), true);
+    v := set_config('ledger.detail', coalesce(v_saved[4], ''), true);
+    v := set_config('ledger.batch', coalesce(v_saved[5], ''), true);
     RETURN NULL;
 END
 $$;
 
-DROP TRIGGER IF EXISTS campaign_budget_check ON ledger.campaign;
-CREATE CONSTRAINT TRIGGER campaign_budget_check AFTER INSERT OR UPDATE ON ledger.campaign
-    DEFERRABLE INITIALLY DEFERRED
+CREATE OR REPLACE TRIGGER campaign_over_budget AFTER UPDATE ON ledger.campaign
     FOR EACH ROW
     WHEN (NEW.state = 'ready' AND NEW.cost_spent >= NEW.max_cost)
-    EXECUTE FUNCTION ledger.campaign_budget_check();
+    EXECUTE FUNCTION ledger.campaign_over_budget();
