@@ -32,6 +32,7 @@ def sync(ctx: typer.Context, config: Path = CONFIG_OPTION) -> None:
     from ledger.config import load_config
     from ledger.db.kernel import Kernel
     from ledger.cli.runtime import preflight
+    from ledger.cli.campaigns import operator_identity
 
     cfg = load_config(config_path(ctx, config))
     # Every repository and ref checked before anything is registered.
@@ -43,6 +44,11 @@ def sync(ctx: typer.Context, config: Path = CONFIG_OPTION) -> None:
             for name, cls in sorted(cfg.classes.items()):
                 await kernel.register_class(name, **cls.registration())
                 console_err.print(f"registered class {name}")
+            # limits (docs/limits.md): buckets, keys' caps, each class's keys and budget
+            await cfg.sync_limits(kernel, operator=operator_identity())
+            if cfg.limits or cfg.keys or any(c.limit_keys or c.uses or c.max_cost for c in cfg.classes.values()):
+                console_err.print(f"set limits: {len(cfg.limits)} resource(s), "
+                                  f"{len(cfg.key_limits())} key(s)")
 
     run(go())
 

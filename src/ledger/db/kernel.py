@@ -632,8 +632,9 @@ class Kernel:
                                operator: str | None = None) -> None:
         """Set a class's key templates, resources and per-campaign budget
         (open campaigns follow at once)."""
-        await self._call("set_class_limits", **{"class": name}, limit_keys=list(limit_keys),
-                         resources=list(resources), max_cost=max_cost, operator=operator)
+        args: dict[str, Any] = {"class": name, "limit_keys": list(limit_keys),
+                                "resources": list(resources), "max_cost": max_cost, "operator": operator}
+        await self._call("set_class_limits", **args)
 
     async def raise_budget(self, campaign_id: int, max_cost: float, *, operator: str | None = None,
                            reason: str | None = None) -> str:

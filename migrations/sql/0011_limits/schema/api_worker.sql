@@ -994,7 +994,7 @@ BEGIN
     SELECT * INTO v_u FROM ledger.attempt_usage u
      WHERE u.campaign_id = p_campaign_id AND u.generation = p_generation FOR UPDATE;
     IF FOUND AND p_key IS NOT NULL AND v_u.last_key = p_key THEN
-        RETURN QUERY SELECT v_c.cost_spent, v_c.max_cost, v_c.cost_spent >= v_c.max_cost;  -- retried
+        RETURN QUERY SELECT v_c.cost_spent, v_c.max_cost, coalesce(v_c.cost_spent >= v_c.max_cost, false);  -- retried
         RETURN;
     END IF;
     PERFORM ledger.check_live(v_c, p_generation);

@@ -15,14 +15,14 @@ SELECT id, class, objective_key, target, desired_state, opening_observation, sta
        CASE WHEN c.state IN ('ready', 'budget_exhausted')
                  AND (cardinality(c.limit_keys) > 0 OR cardinality(c.resources) > 0 OR c.max_cost IS NOT NULL)
             THEN CASE WHEN c.cost_spent >= c.max_cost
-                      THEN format('budget %s/%s spent', round(c.cost_spent, 4), round(c.max_cost, 4))
+                      THEN format('budget %s/%s spent', trim_scale(round(c.cost_spent, 4)), trim_scale(round(c.max_cost, 4)))
                       ELSE coalesce(
                           (SELECT format('limit %s %s/%s', k.key, k.leased, k.max_leased)
                              FROM ledger.limit_key k
                             WHERE k.key = ANY (c.limit_keys) AND k.leased >= k.max_leased
                             ORDER BY k.key LIMIT 1),
-                          (SELECT format('budget %s %s/%s today', k.key, round(k.day_cost, 4),
-                                         round(k.max_cost_per_day, 4))
+                          (SELECT format('budget %s %s/%s today', k.key, trim_scale(round(k.day_cost, 4)),
+                                         trim_scale(round(k.max_cost_per_day, 4)))
                              FROM ledger.limit_key k
                             WHERE k.key = ANY (c.limit_keys) AND k.day_cost >= k.max_cost_per_day
                               AND k.day = (statement_timestamp() AT TIME ZONE 'UTC')::date
