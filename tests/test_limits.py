@@ -8,6 +8,7 @@ import asyncio
 import math
 import time
 from datetime import timedelta
+from typing import Any
 
 import pytest
 
@@ -17,6 +18,7 @@ from ledger import Database, Kernel
 from ledger.db.database import Transaction
 from ledger.errors import IllegalTransition, InvalidInput, StaleLease
 from ledger.config import parse_config
+from ledger.errors import ConfigError
 
 pytestmark = pytest.mark.anyio
 
@@ -46,15 +48,16 @@ def test_the_configuration_declares_keys_buckets_and_budgets() -> None:
     assert cls.limit_templates() == ["class", "repo", "tenant"]
     assert config.key_limits()["class:fix"].max_leased == 4
     assert config.key_limits()["repo:app"].max_verifying == 2
-    for bad, said in [
+    cases: list[tuple[dict[str, Any], str]] = [
         ({"limits": {"m": {"requests_per_minute": -1}}}, "limits.m.requests_per_minute"),
         ({"keys": {"nokind": {"max_leased": 1}}}, "KIND:VALUE"),
         ({"keys": {"repo:x": {"max_leased": 10**9}}}, "keys.repo:x.max_leased"),
         ({"classes": {"c": {"repository": "/r", "attempt_command": ["a"], "uses": ["nowhere"]}}},
          "has no [limits.RESOURCE] table"),
         ({"classes": {"c": {"repository": "/r", "attempt_command": ["a"], "max_cost": 0}}}, "max_cost"),
-    ]:
-        with pytest.raises(Exception, match=None) as failure:
+    ]
+    for bad, said in cases:
+        with pytest.raises(ConfigError) as failure:
             parse_config(bad)
         assert said in str(failure.value)
 
