@@ -70,6 +70,7 @@ async def test_an_attempt_reports_its_usage_and_lies_are_refused(tmp_path: Path,
     assert await run.run() == "attempted"  # nothing of the attempt was lost
     usage = admin.execute("SELECT tokens_in, tokens_out, requests, cost, reports FROM ledger.attempt_usage "
                           "WHERE campaign_id = %s", (cid,)).fetchone()
+    assert usage is not None
     assert dict(usage) == {"tokens_in": 150, "tokens_out": 10, "requests": 1, "cost": 0.75, "reports": 2}
     campaign = await (await actors.reads()).campaign(cid)
     assert campaign.cost_spent == 0.75 and campaign.max_cost == 10
