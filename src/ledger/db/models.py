@@ -691,3 +691,26 @@ class UsageResult(_Row):
     cost_spent: float
     max_cost: float | None
     over_budget: bool
+
+
+class ClassUsage(_Row):
+    """Usage reported by one class's attempts (``Reads.usage_by_class``)."""
+
+    class_: str = Field(alias="class")
+    tokens_in: int
+    tokens_out: int
+    requests: int
+    cost: float
+    cost_today: float
+    attempts: int
+
+
+class LimitWaiting(_Row):
+    """How many ready campaigns of a class wait on one kind of limit
+    (``limit``, ``rate``, ``budget``)."""
+
+    class_: str = Field(alias="class")
+    kind: str
+    campaigns: int
+    #: one of their reasons, in words ("limit repo:app 8/8")
+    example: str
