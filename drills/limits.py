@@ -74,7 +74,7 @@ class Limits(Drill):
             "attempt_timeout_s = 60", "max_attempts = 20", "lease_s = 5", "heartbeat_s = 1",
             "backoff = { base_s = 0, jitter = 0 }", "reobserve_before_start = false",
             f"cell = {{ writable = {json.dumps([str(markers)])} }}",
-            'limit_keys = ["class", "repo", "tenant"]', 'uses = ["model-a"]',
+            'limit_keys = ["class", "repo", "tenant"]', 'uses = ["model-a"]', 'fair_key = "tenant"',
             f"max_cost = {MAX_COST}", f"max_leased = {CAPS['class:work']}", ""]))
         await ctx.register(config)
         ctx.step(f"caps {CAPS}; bucket model-a {RPM:g} requests/min; max_cost {MAX_COST} per campaign, "

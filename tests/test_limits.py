@@ -372,3 +372,33 @@ async def test_a_key_over_its_day_budget_waits(actors: Actors, test_class: str) 
     assert nxt is not None and nxt.campaign_id == other  # the light tenant goes on
     waiting = await (await actors.reads()).campaign(cid)
     assert waiting.state == "ready" and waiting.waiting_for == "budget tenant:acme 2.5/2 today"
+
+
+# --- fair claims across keys ------------------------------------------------------
+
+
+@pytest.mark.rollback
+async def test_a_heavy_tenant_does_not_hold_up_a_light_ones_first_campaign(actors: Actors, admin: Admin,
+                                                                          test_class: str) -> None:
+    op = await actors("operator")
+    await op.set_class_limits(test_class, fair_key="tenant", operator="alice")
+    admin.execute("SELECT ledger_api.open_campaign(%s, 'heavy-' || i, 't', p_labels => ARRAY['tenant:heavy']) "
+                  "FROM generate_series(1, 200) i", (test_class,))
+    light = (await (await actors("sensor")).open_campaign(test_class, new_key(), "t",
+                                                          labels=["tenant:light"])).campaign_id
+    worker = await actors("worker")
+    first = await worker.claim_campaign("w", [test_class])
+    second = await worker.claim_campaign("w", [test_class])
+    assert first is not None and second is not None
+    assert light in (first.campaign_id, second.campaign_id)  # within one claim round
+    # the batch path too, and weights: heavy of weight 3 takes three for light's one
+    await op.set_limit("tenant:heavy", weight=3, operator="alice")
+    for i in range(6):
+        await (await actors("sensor")).open_campaign(test_class, new_key(), "t", labels=["tenant:light"])
+    batch = await worker.claim_campaigns("w", [test_class], limit=8)
+    tenants = [admin.execute("SELECT fair_key FROM ledger.campaign WHERE id = %s", (b.campaign_id,)).fetchone()
+               ["fair_key"] for b in batch]
+    assert len(batch) == 8
+    assert tenants.count("tenant:heavy") == 6 and tenants.count("tenant:light") == 2, tenants  # 3 : 1
+    unlabelled = (await (await actors("sensor")).open_campaign(test_class, new_key(), "t")).campaign_id
+    assert (await (await actors.reads()).campaign(unlabelled)).fair_key == "tenant:-"

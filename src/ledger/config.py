@@ -421,6 +421,10 @@ class CampaignClassConfig(_Strict):
     max_cost_per_day: float | None = Field(None, ge=0, le=1e9, description=(
         "the class's spend per UTC day (the key class:NAME): once reached its campaigns wait for the "
         "next day"))
+    fair_key: str | None = Field(None, pattern=r"^[a-z][a-z0-9_.-]{0,31}$", description=(
+        "the key template its claims are fair across, such as tenant: the key with the fewest leases "
+        "for its weight ([keys.KEY] weight) is claimed from first, so a tenant with a long backlog "
+        "cannot hold up another's first campaign by more than one claim round"))
     max_leased: int | None = Field(None, ge=0, le=1_000_000, description=(
         "the class's campaigns leased at once (the key class:NAME)"))
     max_verifying: int | None = Field(None, ge=0, le=1_000_000, description=(
@@ -715,7 +719,7 @@ class LedgerConfig(_Strict):
                                    operator=operator)
         for name, cls in sorted(self.classes.items()):
             await kernel.set_class_limits(name, limit_keys=cls.limit_templates(), resources=cls.uses,
-                                          max_cost=cls.max_cost, operator=operator)
+                                          max_cost=cls.max_cost, fair_key=cls.fair_key, operator=operator)
 
     def campaign_class(self, name: str) -> CampaignClassConfig:
         """A class by name, or ``ConfigError``."""

@@ -22,9 +22,12 @@ ALTER TABLE ledger.campaign_class
         CONSTRAINT campaign_class_resources_check
         CHECK (cardinality(resources) <= 8 AND array_position(resources, NULL) IS NULL),
     ADD COLUMN max_cost numeric
-        CONSTRAINT campaign_class_max_cost_check CHECK (max_cost > 0 AND max_cost <= 1000000000);
+        CONSTRAINT campaign_class_max_cost_check CHECK (max_cost > 0 AND max_cost <= 1000000000),
+    ADD COLUMN fair_key text
+        CONSTRAINT campaign_class_fair_key_check CHECK (fair_key ~ '^[a-z][a-z0-9_.-]{0,31}$');
 ALTER TABLE ledger.campaign
     ADD COLUMN limit_keys text[] NOT NULL DEFAULT '{}',
     ADD COLUMN resources text[] NOT NULL DEFAULT '{}',
     ADD COLUMN max_cost numeric,
-    ADD COLUMN cost_spent numeric NOT NULL DEFAULT 0;
+    ADD COLUMN cost_spent numeric NOT NULL DEFAULT 0,
+    ADD COLUMN fair_key text;

@@ -18,7 +18,9 @@ DROP VIEW IF EXISTS ledger_api.campaigns;  -- put back without the limits' colum
 DROP VIEW IF EXISTS ledger_api.classes;
 DROP FUNCTION IF EXISTS ledger_api.set_limit(text, integer, integer, double precision, integer, text);
 DROP FUNCTION IF EXISTS ledger_api.set_bucket(text, double precision, double precision, text);
-DROP FUNCTION IF EXISTS ledger_api.set_class_limits(text, text[], text[], double precision, text);
+DROP FUNCTION IF EXISTS ledger_api.set_class_limits(text, text[], text[], double precision, text, text);
+DROP FUNCTION IF EXISTS ledger.fair_keys(text);
+DROP FUNCTION IF EXISTS ledger.resolve_fair_key(text, text, text, text[]);
 DROP FUNCTION IF EXISTS ledger_api.raise_budget(bigint, double precision, text, text);
 DROP FUNCTION IF EXISTS ledger_api.report_usage(bigint, bigint, bigint, bigint, bigint, double precision, text);
 DROP TRIGGER IF EXISTS campaign_limit_count ON ledger.campaign;
@@ -39,9 +41,10 @@ DROP TABLE IF EXISTS ledger.limit_bucket;
 DROP TABLE IF EXISTS ledger.limit_key;
 ALTER TABLE ledger.campaign
     DROP COLUMN IF EXISTS limit_keys, DROP COLUMN IF EXISTS resources,
-    DROP COLUMN IF EXISTS max_cost, DROP COLUMN IF EXISTS cost_spent;
+    DROP COLUMN IF EXISTS max_cost, DROP COLUMN IF EXISTS cost_spent, DROP COLUMN IF EXISTS fair_key;
 ALTER TABLE ledger.campaign_class
-    DROP COLUMN IF EXISTS limit_keys, DROP COLUMN IF EXISTS resources, DROP COLUMN IF EXISTS max_cost;
+    DROP COLUMN IF EXISTS limit_keys, DROP COLUMN IF EXISTS resources, DROP COLUMN IF EXISTS max_cost,
+    DROP COLUMN IF EXISTS fair_key;
 DELETE FROM ledger.transition WHERE from_state = 'budget_exhausted' OR to_state = 'budget_exhausted';
 DELETE FROM ledger.state WHERE name = 'budget_exhausted';
 UPDATE ledger.state SET position = position + 100 WHERE position >= 8;

@@ -629,11 +629,12 @@ class Kernel:
 
     async def set_class_limits(self, name: str, *, limit_keys: Sequence[str] = (),
                                resources: Sequence[str] = (), max_cost: float | None = None,
-                               operator: str | None = None) -> None:
-        """Set a class's key templates, resources and per-campaign budget
-        (open campaigns follow at once)."""
+                               fair_key: str | None = None, operator: str | None = None) -> None:
+        """Set a class's key templates, resources, per-campaign budget and the
+        key template its claims are fair across (open campaigns follow at once)."""
         args: dict[str, Any] = {"class": name, "limit_keys": list(limit_keys),
-                                "resources": list(resources), "max_cost": max_cost, "operator": operator}
+                                "resources": list(resources), "max_cost": max_cost, "fair_key": fair_key,
+                                "operator": operator}
         await self._call("set_class_limits", **args)
 
     async def raise_budget(self, campaign_id: int, max_cost: float, *, operator: str | None = None,

@@ -75,6 +75,8 @@ class Campaign(_Row):
     resources: list[str] = Field(default_factory=list)
     max_cost: float | None = None
     cost_spent: float = 0.0
+    #: its key of the class's fair_key template (fair claims), or None
+    fair_key: str | None = None
     #: what its limits hold it back by, in words ("limit repo:app 8/8"); None: nothing
     waiting_for: str | None = None
 
@@ -243,6 +245,8 @@ class CampaignClass(_Row):
     limit_keys: list[str] = Field(default_factory=list)
     resources: list[str] = Field(default_factory=list)
     max_cost: float | None = None
+    #: the key template its claims are fair across (None: claim order alone)
+    fair_key: str | None = None
 
     @property
     def heartbeat_s(self) -> float:

@@ -610,7 +610,8 @@ $$;
 -- gave one its own. Journaled when anything changed.
 CREATE OR REPLACE FUNCTION ledger_api.set_class_limits(
         p_class text, p_limit_keys text[] DEFAULT '{}', p_resources text[] DEFAULT '{}',
-        p_max_cost double precision DEFAULT NULL, p_operator text DEFAULT NULL)
+        p_max_cost double precision DEFAULT NULL, p_operator text DEFAULT NULL,
+        p_fair_key text DEFAULT NULL)
     RETURNS void
     LANGUAGE plpgsql
     SECURITY DEFINER
@@ -642,27 +643,40 @@ BEGIN
             USING ERRCODE = 'LG007';
     END IF;
     PERFORM ledger.check_range('max_cost', p_max_cost, 0.000001, 1000000000, true);
-    IF (v_class.limit_keys, v_class.resources, v_class.max_cost)
-       IS NOT DISTINCT FROM (v_keys, v_resources, p_max_cost) THEN
+    IF p_fair_key IS NOT NULL AND p_fair_key !~ '^[a-z][a-z0-9_.-]{0,31}$' THEN
+        RAISE EXCEPTION 'fair_key is the name of a key template (class, repo, or a label name such as tenant)'
+            USING ERRCODE = 'LG007';
+    END IF;
+    IF p_fair_key IS NOT NULL AND NOT p_fair_key = ANY (v_keys) THEN
+        v_keys := v_keys || p_fair_key;  -- counted, so that its leases order the keys
+    END IF;
+    IF (v_class.limit_keys, v_class.resources, v_class.max_cost, v_class.fair_key)
+       IS NOT DISTINCT FROM (v_keys, v_resources, p_max_cost, p_fair_key) THEN
         RETURN;
     END IF;
     UPDATE ledger.campaign_class cc
-       SET limit_keys = v_keys, resources = v_resources, max_cost = p_max_cost, updated_at = ledger.now()
+       SET limit_keys = v_keys, resources = v_resources, max_cost = p_max_cost, fair_key = p_fair_key,
+           updated_at = ledger.now()
      WHERE cc.name = p_class;
     FOR v_c IN SELECT c.id, c.target, c.labels, c.max_cost FROM ledger.campaign c
                 WHERE c.class = p_class AND c.state NOT IN ('confirmed', 'dismissed', 'abandoned')
                 ORDER BY c.id FOR NO KEY UPDATE LOOP
         v_new := ledger.resolve_limit_keys(v_keys, p_class, v_c.target, v_c.labels);
+        IF p_fair_key IS NOT NULL THEN
+            v_new := ARRAY(SELECT DISTINCT k FROM unnest(v_new || ledger.resolve_fair_key(
+                               p_fair_key, p_class, v_c.target, v_c.labels)) k ORDER BY k);
+        END IF;
         PERFORM ledger.ensure_limit_keys(v_new);
         UPDATE ledger.campaign c
            SET limit_keys = v_new, resources = v_resources,
+               fair_key = ledger.resolve_fair_key(p_fair_key, p_class, v_c.target, v_c.labels),
                max_cost = CASE WHEN c.max_cost IS NOT DISTINCT FROM v_class.max_cost THEN p_max_cost
                                ELSE c.max_cost END
          WHERE c.id = v_c.id;
     END LOOP;
     PERFORM ledger.limit_journal('class.limits_set', 'class:' || p_class, p_operator, 'operator',
                 jsonb_build_object('limit_keys', to_jsonb(v_keys), 'resources', to_jsonb(v_resources),
-                                   'max_cost', p_max_cost,
+                                   'max_cost', p_max_cost, 'fair_key', p_fair_key,
                                    'before', jsonb_build_object('limit_keys', to_jsonb(v_class.limit_keys),
                                                                 'resources', to_jsonb(v_class.resources),
                                                                 'max_cost', v_class.max_cost)));

@@ -137,6 +137,46 @@ AS $$
      WHERE k IS NOT NULL AND k ~ '^[a-z][a-z0-9_.-]{0,31}:[^[:space:]]{1,200}$'
 $$;
 
+-- A campaign's key of its class's fair_key template (the first of its
+-- resolved keys), or NULL for a class without one.
+CREATE OR REPLACE FUNCTION ledger.resolve_fair_key(p_template text, p_class text, p_target text,
+                                                   p_labels text[])
+    RETURNS text
+    LANGUAGE sql IMMUTABLE
+AS $$
+    -- a campaign without such a label is counted under <template>:- (every
+    -- campaign of a fair class has its key)
+    SELECT coalesce((ledger.resolve_limit_keys(ARRAY[p_template], p_class, p_target, p_labels))[1],
+                    p_template || ':-')
+     WHERE p_template IS NOT NULL
+$$;
+
+-- Fair claims (weighted, across the keys of one class): the keys with ready
+-- campaigns in the class, found by a skip scan of campaign_fair_order (one
+-- probe per key, not per campaign), the one with the fewest leases for its
+-- weight first (ties by name). A light tenant with nothing leased is first
+-- in the very next claim, however many campaigns a heavy one has waiting.
+CREATE OR REPLACE FUNCTION ledger.fair_keys(p_class text)
+    RETURNS TABLE (fair_key text, weight integer)
+    LANGUAGE sql STABLE
+AS $$
+    WITH RECURSIVE k AS (
+        (SELECT r.fair_key FROM ledger.campaign r
+          WHERE r.class = p_class AND r.state = 'ready' AND r.fair_key IS NOT NULL
+          ORDER BY r.fair_key LIMIT 1)
+        UNION ALL
+        SELECT (SELECT r.fair_key FROM ledger.campaign r
+                 WHERE r.class = p_class AND r.state = 'ready' AND r.fair_key > k.fair_key
+                 ORDER BY r.fair_key LIMIT 1)
+          FROM k WHERE k.fair_key IS NOT NULL
+    )
+    SELECT k.fair_key, coalesce(lk.weight, 1)
+      FROM k LEFT JOIN ledger.limit_key lk ON lk.key = k.fair_key
+     WHERE k.fair_key IS NOT NULL
+       AND (lk.max_leased IS NULL OR lk.leased < lk.max_leased)  -- a key at its cap: skipped whole
+     ORDER BY coalesce(lk.leased, 0)::double precision / coalesce(lk.weight, 1), k.fair_key
+$$;
+
 -- Every key of p_keys has its row (created uncapped).
 CREATE OR REPLACE FUNCTION ledger.ensure_limit_keys(p_keys text[]) RETURNS void
     LANGUAGE sql

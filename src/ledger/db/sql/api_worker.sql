@@ -76,6 +76,8 @@ DECLARE
     v_attempt_no integer;
     v_turns text[];
     v_class text;
+    v_fair text;
+    v_key text;
 BEGIN
     IF p_worker IS NULL OR length(p_worker) NOT BETWEEN 1 AND 200 THEN
         RAISE EXCEPTION 'worker identity must be 1 to 200 characters' USING ERRCODE = 'LG007';
@@ -87,6 +89,42 @@ BEGIN
         BEGIN
             PERFORM ledger.begin_transition('claim', 'worker', p_worker);
             FOREACH v_class IN ARRAY v_turns LOOP
+                SELECT cc.fair_key INTO v_fair FROM ledger.campaign_class cc WHERE cc.name = v_class;
+                IF v_fair IS NOT NULL THEN
+                    -- fair across its keys (limits.sql): the key with the
+                    -- fewest leases for its weight first, each key's head
+                    FOR v_key IN SELECT fk.fair_key FROM ledger.fair_keys(v_class) fk LOOP
+                        UPDATE ledger.campaign c
+                           SET state = 'leased',
+                               generation = c.generation + 1,
+                               lease_owner = p_worker,
+                               leased_at = v_now,
+                               lease_expires_at = v_now + make_interval(secs => (
+                                   SELECT cc.lease_seconds FROM ledger.campaign_class cc WHERE cc.name = c.class))
+                         WHERE c.id = (
+                               SELECT r.id FROM ledger.campaign r
+                                WHERE r.class = v_class AND r.fair_key = v_key
+                                  AND NOT EXISTS (SELECT 1 FROM ledger.campaign_class p  -- paused: skipped
+                                                   WHERE p.name = v_class AND p.paused_at IS NOT NULL)
+                                  AND r.state = 'ready'
+                                  AND r.next_attempt_at <= v_now
+                                  AND (r.seat IS NULL OR NOT EXISTS (
+                                           SELECT 1 FROM ledger.campaign s
+                                            WHERE s.seat = r.seat AND s.state = 'leased'))
+                                  -- limits, as below
+                                  AND ((cardinality(r.limit_keys) = 0 AND cardinality(r.resources) = 0)
+                                       OR ledger.limits_open(r.limit_keys, r.resources, v_now))
+                                  AND (r.max_cost IS NULL OR r.cost_spent < r.max_cost)
+                                ORDER BY r.priority DESC, r.created_at, r.id
+                                LIMIT 1
+                                  -- (NO KEY UPDATE: see below)
+                                  FOR NO KEY UPDATE SKIP LOCKED)
+                        RETURNING c.* INTO v_c;
+                        EXIT WHEN FOUND;
+                    END LOOP;
+                    EXIT WHEN v_c.id IS NOT NULL;
+                    CONTINUE;
+                END IF;
                 UPDATE ledger.campaign c
                    SET state = 'leased',
                        generation = c.generation + 1,
@@ -181,7 +219,7 @@ BEGIN
         BEGIN
             PERFORM ledger.begin_batch_transition('claim', 'worker', p_worker);
             WITH turn AS (
-                SELECT t.name, t.pos, cc.weight
+                SELECT t.name, t.pos, cc.weight, cc.fair_key
                   FROM unnest(v_turns) WITH ORDINALITY AS t(name, pos)
                   JOIN ledger.campaign_class cc ON cc.name = t.name
                  WHERE cc.paused_at IS NULL  -- a paused class is skipped (pause_class)
@@ -189,7 +227,7 @@ BEGIN
                 -- twice the batch per class, so campaigns that share a seat
                 -- with a better one can be left out and the batch still fills
                 SELECT h.id, h.seat, h.priority, h.created_at, turn.pos, turn.weight, h.limit_keys,
-                       h.resources
+                       h.resources, NULL::double precision AS fair_rank
                   FROM turn CROSS JOIN LATERAL (
                        SELECT r.id, r.seat, r.priority, r.created_at, r.limit_keys, r.resources
                          FROM ledger.campaign r
@@ -205,10 +243,36 @@ BEGIN
                         ORDER BY r.priority DESC, r.created_at, r.id
                         LIMIT 2 * p_limit
                           FOR NO KEY UPDATE SKIP LOCKED) h
+                 WHERE turn.fair_key IS NULL
+                UNION ALL
+                -- a class fair across its keys (limits.sql): each key's heads,
+                -- the k-th of a key of weight w ranked at (k - 1) / w, ties
+                -- in ledger.fair_keys's order (fewest leases for the weight first)
+                SELECT h.id, h.seat, h.priority, h.created_at, turn.pos, turn.weight, h.limit_keys,
+                       h.resources, (h.k - 1)::double precision / fk.weight + fk.ord * 1e-6
+                  FROM turn CROSS JOIN LATERAL ledger.fair_keys(turn.name) WITH ORDINALITY AS fk(key, weight, ord)
+                 CROSS JOIN LATERAL (
+                       SELECT x.*, row_number() OVER (ORDER BY x.priority DESC, x.created_at, x.id) AS k
+                         FROM (SELECT r.id, r.seat, r.priority, r.created_at, r.limit_keys, r.resources
+                                 FROM ledger.campaign r
+                                WHERE r.class = turn.name AND r.fair_key = fk.key
+                                  AND r.state = 'ready'
+                                  AND r.next_attempt_at <= v_now
+                                  AND (r.seat IS NULL OR NOT EXISTS (
+                                           SELECT 1 FROM ledger.campaign s
+                                            WHERE s.seat = r.seat AND s.state = 'leased'))
+                                  AND ((cardinality(r.limit_keys) = 0 AND cardinality(r.resources) = 0)
+                                       OR ledger.limits_open(r.limit_keys, r.resources, v_now))
+                                  AND (r.max_cost IS NULL OR r.cost_spent < r.max_cost)
+                                ORDER BY r.priority DESC, r.created_at, r.id
+                                LIMIT p_limit
+                                  FOR NO KEY UPDATE SKIP LOCKED) x) h
+                 WHERE turn.fair_key IS NOT NULL
             ), one_per_seat AS (
                 SELECT p.id, p.pos, p.weight, p.limit_keys, p.resources,
                        row_number() OVER (PARTITION BY p.pos
-                                          ORDER BY p.priority DESC, p.created_at, p.id) AS k
+                                          ORDER BY p.fair_rank NULLS FIRST, p.priority DESC, p.created_at,
+                                                   p.id) AS k
                   FROM (SELECT p.*, row_number() OVER (
                                         PARTITION BY coalesce(p.seat, p.id::text)
                                         ORDER BY p.pos, p.priority DESC, p.created_at, p.id) AS n

@@ -76,7 +76,10 @@ CREATE TABLE IF NOT EXISTS ledger.campaign_class (
     resources       text[] NOT NULL DEFAULT '{}'
                     CONSTRAINT campaign_class_resources_check
                     CHECK (cardinality(resources) <= 8 AND array_position(resources, NULL) IS NULL),
-    max_cost        numeric CONSTRAINT campaign_class_max_cost_check CHECK (max_cost > 0 AND max_cost <= 1000000000)
+    max_cost        numeric CONSTRAINT campaign_class_max_cost_check CHECK (max_cost > 0 AND max_cost <= 1000000000),
+    -- the key template its claims are fair across (fair claims: the key
+    -- with the fewest leases for its weight goes first), such as 'tenant'
+    fair_key        text CONSTRAINT campaign_class_fair_key_check CHECK (fair_key ~ '^[a-z][a-z0-9_.-]{0,31}$')
 );
 
 CREATE TABLE IF NOT EXISTS ledger.campaign (
@@ -142,7 +145,9 @@ CREATE TABLE IF NOT EXISTS ledger.campaign (
     limit_keys          text[] NOT NULL DEFAULT '{}',
     resources           text[] NOT NULL DEFAULT '{}',
     max_cost            numeric,
-    cost_spent          numeric NOT NULL DEFAULT 0
+    cost_spent          numeric NOT NULL DEFAULT 0,
+    -- its key of the class's fair_key template (tenant:acme), or NULL
+    fair_key            text
     -- leased, and only then, with an owner and an expiry (campaign_lease_iff_leased)
 );
 
@@ -160,6 +165,11 @@ CREATE UNIQUE INDEX IF NOT EXISTS campaign_one_lease_per_seat ON ledger.campaign
 -- class's head, so the class leads the index.
 CREATE INDEX IF NOT EXISTS campaign_claim_order ON ledger.campaign (class, priority DESC, created_at, id)
     WHERE state = 'ready';
+-- Fair claims across the keys of a class (limits.sql, ledger.fair_keys):
+-- the keys with ready work by a skip scan, then each key's head in claim order.
+CREATE INDEX IF NOT EXISTS campaign_fair_order
+    ON ledger.campaign (class, fair_key, priority DESC, created_at, id)
+    WHERE state = 'ready' AND fair_key IS NOT NULL;
 
 -- Whose turn it is: one number per claim, shared by every claimer. A
 -- sequence, not a counter row: nextval takes no lock that lasts to commit,

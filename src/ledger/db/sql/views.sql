@@ -10,7 +10,7 @@ SELECT id, class, objective_key, target, desired_state, opening_observation, sta
        next_attempt_at, last_failure_reason, acceptance_criteria, evidence_location, seat,
        priority, labels, event_seq, promoted_at, promoted_sha, created_at, updated_at, closed_at,
        waiting_on, waiting_reason, waiting_since, fault_count, trace_context,
-       limit_keys, resources, max_cost, cost_spent,
+       limit_keys, resources, max_cost, cost_spent, fair_key,
        -- what its limits hold it back by ('limit repo:app 8/8', limits.sql)
        CASE WHEN c.state IN ('ready', 'budget_exhausted')
                  AND (cardinality(c.limit_keys) > 0 OR cardinality(c.resources) > 0 OR c.max_cost IS NOT NULL)
@@ -82,7 +82,7 @@ CREATE OR REPLACE VIEW ledger_api.classes AS
 SELECT name, max_attempts, lease_seconds, backoff_base_s, backoff_factor, backoff_cap_s,
        backoff_jitter, seat_policy, authority, acceptance, promotion, verifier,
        created_at, updated_at, weight, heartbeat_seconds, paused_at, verifiers, approval,
-       limit_keys, resources, max_cost
+       limit_keys, resources, max_cost, fair_key
   FROM ledger.campaign_class;
 
 -- Limits (limits.sql): each key's use against its caps and today's spend;
