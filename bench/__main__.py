@@ -36,7 +36,8 @@ from bench.harness import (Context, Section, Target, add_server_arguments, descr
                            describe_server, server)
 from ledger import logs
 
-SECTIONS = ("compare", "cost", "cycle", "peers", "wake", "scale", "heartbeat", "journal", "fair", "rowcost", "cell")
+SECTIONS = ("compare", "cost", "cycle", "peers", "wake", "scale", "heartbeat", "journal", "fair", "rowcost", "cell",
+            "limits")
 RESULTS = Path(__file__).parent / "results"
 
 

@@ -104,7 +104,7 @@ async def test_a_capped_campaign_waits_visibly_and_is_charged_nothing(actors: Ac
     await worker.release_attempt(first, claim.generation, "the remote is down", retry_after_s=3600)
     again = await worker.claim_campaign("w2", [test_class])
     assert again is not None and again.campaign_id == second
-    row = admin.execute("SELECT leased FROM ledger.limit_key WHERE key = 'repo:app'").fetchone()
+    row = admin.execute("SELECT leased FROM ledger_api.limit_keys WHERE key = 'repo:app'").fetchone()
     assert row["leased"] == 1
 
 
@@ -117,7 +117,7 @@ async def test_counters_follow_every_ending(actors: Actors, admin: Admin, test_c
     assert all(c is not None for c in claims)
 
     def leased() -> int:
-        return admin.execute("SELECT leased FROM ledger.limit_key WHERE key = 'class:test'").fetchone()["leased"]
+        return admin.execute("SELECT leased FROM ledger_api.limit_keys WHERE key = 'class:test'").fetchone()["leased"]
 
     assert leased() == 4
     c0, c1, c2, c3 = claims
@@ -178,7 +178,7 @@ async def test_two_claimers_one_slot_never_both(db: Database, actors: Actors, ad
             assert got is not None
         await b.commit()
         row = admin.execute("SELECT leased, (SELECT count(*) FROM ledger.campaign WHERE state = 'leased') AS n "
-                            "FROM ledger.limit_key WHERE key = 'class:test'").fetchone()
+                            "FROM ledger_api.limit_keys WHERE key = 'class:test'").fetchone()
         assert row["leased"] == row["n"] == 1
     finally:
         await a.close()

@@ -30,4 +30,5 @@ ALTER TABLE ledger.campaign
     ADD COLUMN resources text[] NOT NULL DEFAULT '{}',
     ADD COLUMN max_cost numeric,
     ADD COLUMN cost_spent numeric NOT NULL DEFAULT 0,
-    ADD COLUMN fair_key text;
+    ADD COLUMN fair_key text,
+    ADD COLUMN limit_shards smallint[];

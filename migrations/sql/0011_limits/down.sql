@@ -31,17 +31,26 @@ DROP FUNCTION IF EXISTS ledger.campaign_limit_count();
 DROP FUNCTION IF EXISTS ledger.verification_limit_count();
 DROP FUNCTION IF EXISTS ledger.campaign_over_budget();
 DROP FUNCTION IF EXISTS ledger.limits_open(text[], text[], timestamptz);
+DROP FUNCTION IF EXISTS ledger.buckets_open(text[], timestamptz);
 DROP FUNCTION IF EXISTS ledger.ensure_limit_keys(text[]);
+DROP FUNCTION IF EXISTS ledger.leased_under(text);
+DROP FUNCTION IF EXISTS ledger.shard_leased(text, smallint, bigint);
+DROP FUNCTION IF EXISTS ledger.take_slot(text, boolean);
+DROP FUNCTION IF EXISTS ledger.take_request(text, timestamptz);
 DROP FUNCTION IF EXISTS ledger.resolve_limit_keys(text[], text, text, text[]);
 DROP FUNCTION IF EXISTS ledger.limit_journal(text, text, text, text, jsonb);
 DROP TABLE IF EXISTS ledger.limit_event;
 DROP FUNCTION IF EXISTS ledger.limit_event_append_only();
 DROP TABLE IF EXISTS ledger.attempt_usage;
+DROP TABLE IF EXISTS ledger.limit_bucket_shard;
 DROP TABLE IF EXISTS ledger.limit_bucket;
+DROP TABLE IF EXISTS ledger.limit_given;
+DROP TABLE IF EXISTS ledger.limit_shard;
 DROP TABLE IF EXISTS ledger.limit_key;
 ALTER TABLE ledger.campaign
     DROP COLUMN IF EXISTS limit_keys, DROP COLUMN IF EXISTS resources,
-    DROP COLUMN IF EXISTS max_cost, DROP COLUMN IF EXISTS cost_spent, DROP COLUMN IF EXISTS fair_key;
+    DROP COLUMN IF EXISTS max_cost, DROP COLUMN IF EXISTS cost_spent, DROP COLUMN IF EXISTS fair_key,
+    DROP COLUMN IF EXISTS limit_shards;
 ALTER TABLE ledger.campaign_class
     DROP COLUMN IF EXISTS limit_keys, DROP COLUMN IF EXISTS resources, DROP COLUMN IF EXISTS max_cost,
     DROP COLUMN IF EXISTS fair_key;

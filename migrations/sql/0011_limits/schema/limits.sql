@@ -5,15 +5,21 @@
 -- A campaign is counted under its limit keys (campaign.limit_keys, resolved
 -- at the open from its class's templates and its labels: class:<name>,
 -- repo:<name>, tenant:acme ...). Each key is a row of ledger.limit_key with
--- its caps and its counters; the counters are kept by triggers on every
--- state change of a campaign (into and out of leased) and of a verification
--- (into and out of running), so every ending -- a record, a failure, a
--- release, the reaper, an abandon -- gives its slot back in the transaction
--- that ends the lease. The claim (api_worker.sql) skips a campaign one of
--- whose keys is at its cap; the counter's UPDATE, with `leased < cap` in its
--- WHERE, is what makes that atomic across workers: two claimers racing for
--- one slot queue on the key's row, and the second one's re-checked row is
--- full (LG014: that claim tries the next campaign). Nothing is charged to a
+-- its caps, and its leases are counted in SHARDS rows of ledger.limit_shard,
+-- the cap split among them: a claim takes a slot in a shard with room and
+-- the lease remembers which (campaign.limit_shards), so that concurrent
+-- claims and endings of one key rarely meet on a row (a single counter row
+-- was locked by every claim and ending until its commit: the fleet went at
+-- the pace of one WAL flush at a time; bench/limits.py). The counters are
+-- kept by a trigger on every state change of a campaign into and out of
+-- leased, so every ending -- a record, a failure, a release, the reaper, an
+-- abandon -- gives its slot back in the transaction that ends the lease;
+-- verifications are counted on limit_key itself (into and out of running).
+-- The claim (api_worker.sql) skips a campaign one of whose keys is at its
+-- cap; taking the slot, with `leased < its share` tested on the locked row,
+-- is what makes that atomic across workers: two claimers racing for one
+-- slot queue on its shard, and the second one's re-checked row is full
+-- (LG014: that claim tries the next campaign). Nothing is charged to a
 -- campaign that waits: it stays ready, its waiting_for says why.
 
 -- One key: its caps (NULL: no cap), its weight among the keys of a class
@@ -26,7 +32,6 @@ CREATE TABLE IF NOT EXISTS ledger.limit_key (
     max_cost_per_day numeric CONSTRAINT limit_key_max_cost_per_day_check
                      CHECK (max_cost_per_day BETWEEN 0 AND 1000000000),
     weight           integer NOT NULL DEFAULT 1 CONSTRAINT limit_key_weight_check CHECK (weight BETWEEN 1 AND 1000),
-    leased           integer NOT NULL DEFAULT 0 CONSTRAINT limit_key_leased_check CHECK (leased >= 0),
     verifying        integer NOT NULL DEFAULT 0 CONSTRAINT limit_key_verifying_check CHECK (verifying >= 0),
     -- spend of the UTC day `day` (a report on a later day starts it again)
     day              date,
@@ -36,12 +41,40 @@ CREATE TABLE IF NOT EXISTS ledger.limit_key (
     updated_by       text
 );
 
+-- A key's leases, in 8 shards: shard i holds at most its share of the cap
+-- (max_leased / 8, the remainder to the first shards; NULL: no cap). A
+-- shard's leases are the slots claims took (`taken`, on this row, locked by
+-- the claim that takes one) less those endings gave back (limit_given, 8
+-- lanes per shard by the ending's backend): an ending never waits for a
+-- claim, and a claim reads the given-back slots without a lock -- a count
+-- that is behind only ever counts a slot as still held.
+CREATE TABLE IF NOT EXISTS ledger.limit_shard (
+    key        text NOT NULL REFERENCES ledger.limit_key (key),
+    shard      smallint NOT NULL CONSTRAINT limit_shard_shard_check CHECK (shard BETWEEN 0 AND 7),
+    max_leased integer CONSTRAINT limit_shard_max_leased_check CHECK (max_leased >= 0),
+    taken      bigint NOT NULL DEFAULT 0 CONSTRAINT limit_shard_taken_check CHECK (taken >= 0),
+    PRIMARY KEY (key, shard)
+);
+
+CREATE TABLE IF NOT EXISTS ledger.limit_given (
+    key   text NOT NULL,
+    shard smallint NOT NULL,
+    lane  smallint NOT NULL CONSTRAINT limit_given_lane_check CHECK (lane BETWEEN 0 AND 7),
+    given bigint NOT NULL DEFAULT 0 CONSTRAINT limit_given_given_check CHECK (given >= 0),
+    PRIMARY KEY (key, shard, lane),
+    FOREIGN KEY (key, shard) REFERENCES ledger.limit_shard (key, shard)
+);
+
 -- A named resource (a model provider): requests and tokens per minute, as
 -- GCRA: the theoretical arrival time of the next request (token) -- a claim
 -- of a class that uses the resource waits until request_tat and token_tat
 -- are both past, and pushes request_tat one emission interval (60 s / rpm)
--- further; reported tokens push token_tat (tokens x 60 s / tpm). No burst
--- beyond one request: over any window W at most 1 + rpm x W / 60 claims.
+-- further; reported tokens push token_tat (tokens x 60 s / tpm). The
+-- requests are taken in `shards` rows of limit_bucket_shard, each at
+-- rpm / shards, so that concurrent claims rarely wait on one another: one
+-- shard below 600 requests a minute, at most 8 above. Over any window W at
+-- most shards + rpm x W / 60 claims: with shards <= rpm / 600, the
+-- overshoot over ten minutes stays below 1 in 6,000.
 CREATE TABLE IF NOT EXISTS ledger.limit_bucket (
     resource            text PRIMARY KEY
                         CONSTRAINT limit_bucket_resource_check CHECK (resource ~ '^[a-z0-9][a-z0-9_.-]{0,62}$'),
@@ -51,12 +84,19 @@ CREATE TABLE IF NOT EXISTS ledger.limit_bucket (
     tokens_per_minute   double precision
                         CONSTRAINT limit_bucket_tokens_per_minute_check
                         CHECK (tokens_per_minute > 0 AND tokens_per_minute <= 10000000000),
-    request_tat         timestamptz NOT NULL DEFAULT '-infinity',
+    shards              smallint NOT NULL DEFAULT 1 CONSTRAINT limit_bucket_shards_check CHECK (shards BETWEEN 1 AND 8),
     token_tat           timestamptz NOT NULL DEFAULT '-infinity',
-    requests            bigint NOT NULL DEFAULT 0,  -- taken, in all
     tokens              bigint NOT NULL DEFAULT 0,  -- reported, in all
     updated_at          timestamptz NOT NULL,
     updated_by          text
+);
+
+CREATE TABLE IF NOT EXISTS ledger.limit_bucket_shard (
+    resource    text NOT NULL REFERENCES ledger.limit_bucket (resource),
+    shard       smallint NOT NULL CONSTRAINT limit_bucket_shard_shard_check CHECK (shard BETWEEN 0 AND 7),
+    request_tat timestamptz NOT NULL DEFAULT '-infinity',
+    requests    bigint NOT NULL DEFAULT 0,  -- taken, in all
+    PRIMARY KEY (resource, shard)
 );
 
 -- What one attempt (a lease's generation) reported it used, summed.
@@ -151,6 +191,148 @@ AS $$
      WHERE p_template IS NOT NULL
 $$;
 
+-- Every key of p_keys has its row (created uncapped).
+CREATE OR REPLACE FUNCTION ledger.ensure_limit_keys(p_keys text[]) RETURNS void
+    LANGUAGE sql
+AS $$
+    WITH made AS (
+        INSERT INTO ledger.limit_key (key, updated_at)
+        SELECT k, ledger.now() FROM unnest(p_keys) k
+        ON CONFLICT (key) DO NOTHING
+        RETURNING key
+    )
+    , shards AS (
+        INSERT INTO ledger.limit_shard (key, shard)
+        SELECT m.key, s FROM made m, generate_series(0, 7) s
+        RETURNING key, shard
+    )
+    INSERT INTO ledger.limit_given (key, shard, lane)
+    SELECT h.key, h.shard, l FROM shards h, generate_series(0, 7) l
+$$;
+
+-- The leases of one shard of a key: taken less given back.
+--
+-- These helpers of the claim path are plpgsql, not SQL: a SQL function with
+-- a subquery is not inlined, and called from plpgsql it was planned again
+-- on every call (0.9 ms a claim with three keys; bench/limits.py).
+CREATE OR REPLACE FUNCTION ledger.shard_leased(p_key text, p_shard smallint, p_taken bigint) RETURNS bigint
+    LANGUAGE plpgsql STABLE
+AS $$
+BEGIN
+    RETURN p_taken - coalesce((SELECT sum(g.given) FROM ledger.limit_given g
+                                WHERE g.key = p_key AND g.shard = p_shard), 0);
+END
+$$;
+
+-- A key's leases now: the sum of its shards.
+CREATE OR REPLACE FUNCTION ledger.leased_under(p_key text) RETURNS bigint
+    LANGUAGE plpgsql STABLE
+AS $$
+BEGIN
+    RETURN coalesce((SELECT sum(s.taken) FROM ledger.limit_shard s WHERE s.key = p_key), 0)
+         - coalesce((SELECT sum(g.given) FROM ledger.limit_given g WHERE g.key = p_key), 0);
+END
+$$;
+
+-- Take a slot of key p_key for a lease (with p_enforce, only in a shard with
+-- room under its share of the cap): one no other transaction holds if there
+-- is one (this backend's shard first), else the first with room, waited
+-- for and tested again. The shard taken, or NULL if none has room.
+CREATE OR REPLACE FUNCTION ledger.take_slot(p_key text, p_enforce boolean) RETURNS smallint
+    LANGUAGE plpgsql
+AS $$
+DECLARE
+    v_shard smallint;
+    v_home integer := pg_catalog.pg_backend_pid() % 8;
+BEGIN
+    -- one statement: the shard found, locked and taken
+    UPDATE ledger.limit_shard u SET taken = u.taken + 1
+     WHERE u.key = p_key AND u.shard = (
+           SELECT s.shard FROM ledger.limit_shard s
+            WHERE s.key = p_key
+              AND (NOT p_enforce OR s.max_leased IS NULL
+                   OR ledger.shard_leased(s.key, s.shard, s.taken) < s.max_leased)
+            ORDER BY (s.shard + 8 - v_home) % 8
+            LIMIT 1 FOR UPDATE SKIP LOCKED)
+    RETURNING u.shard INTO v_shard;
+    IF v_shard IS NOT NULL THEN
+        RETURN v_shard;
+    END IF;
+    IF v_shard IS NULL THEN
+        -- every shard with room is held by another transaction (or none has
+        -- room): wait for the first; FOR UPDATE tests the row again once it
+        -- is ours, and goes on to the next if it filled meanwhile
+        SELECT s.shard INTO v_shard FROM ledger.limit_shard s
+         WHERE s.key = p_key
+           AND (NOT p_enforce OR s.max_leased IS NULL
+                OR ledger.shard_leased(s.key, s.shard, s.taken) < s.max_leased)
+         ORDER BY s.shard
+         LIMIT 1 FOR UPDATE;
+        -- (tested again on the row now ours, with what was given back by now)
+        IF v_shard IS NOT NULL AND p_enforce AND EXISTS (
+               SELECT 1 FROM ledger.limit_shard s
+                WHERE s.key = p_key AND s.shard = v_shard AND s.max_leased IS NOT NULL
+                  AND ledger.shard_leased(s.key, s.shard, s.taken) >= s.max_leased) THEN
+            v_shard := NULL;
+        END IF;
+    END IF;
+    IF v_shard IS NOT NULL THEN
+        UPDATE ledger.limit_shard s SET taken = s.taken + 1 WHERE s.key = p_key AND s.shard = v_shard;
+    END IF;
+    RETURN v_shard;
+END
+$$;
+
+-- Take one request of resource p_resource's bucket: a shard whose next
+-- arrival is past, not held by another transaction if there is one. False
+-- if the bucket has no room now.
+CREATE OR REPLACE FUNCTION ledger.take_request(p_resource text, p_now timestamptz) RETURNS boolean
+    LANGUAGE plpgsql
+AS $$
+DECLARE
+    v_b ledger.limit_bucket;
+    v_shard smallint;
+BEGIN
+    SELECT * INTO v_b FROM ledger.limit_bucket b WHERE b.resource = p_resource;
+    IF NOT FOUND THEN
+        RETURN true;  -- no such bucket: not limited
+    END IF;
+    IF v_b.token_tat > p_now THEN
+        RETURN false;  -- the reported tokens are ahead of the rate
+    END IF;
+    IF v_b.requests_per_minute IS NULL THEN
+        RETURN true;
+    END IF;
+    UPDATE ledger.limit_bucket_shard u
+       SET request_tat = greatest(u.request_tat, p_now)
+                         + make_interval(secs => 60.0 * v_b.shards / v_b.requests_per_minute),
+           requests = u.requests + 1
+     WHERE u.resource = p_resource AND u.shard = (
+           SELECT s.shard FROM ledger.limit_bucket_shard s
+            WHERE s.resource = p_resource AND s.shard < v_b.shards AND s.request_tat <= p_now
+            ORDER BY (s.shard + 8 - pg_catalog.pg_backend_pid() % 8) % 8
+            LIMIT 1 FOR UPDATE SKIP LOCKED)
+    RETURNING u.shard INTO v_shard;
+    IF v_shard IS NOT NULL THEN
+        RETURN true;
+    END IF;
+    IF v_shard IS NULL THEN
+        SELECT s.shard INTO v_shard FROM ledger.limit_bucket_shard s
+         WHERE s.resource = p_resource AND s.shard < v_b.shards AND s.request_tat <= p_now
+         ORDER BY s.shard LIMIT 1 FOR UPDATE;
+    END IF;
+    IF v_shard IS NULL THEN
+        RETURN false;
+    END IF;
+    UPDATE ledger.limit_bucket_shard s
+       SET request_tat = greatest(s.request_tat, p_now)
+                         + make_interval(secs => 60.0 * v_b.shards / v_b.requests_per_minute),
+           requests = s.requests + 1
+     WHERE s.resource = p_resource AND s.shard = v_shard;
+    RETURN true;
+END
+$$;
+
 -- Fair claims (weighted, across the keys of one class): the keys with ready
 -- campaigns in the class, found by a skip scan of campaign_fair_order (one
 -- probe per key, not per campaign), the one with the fewest leases for its
@@ -158,8 +340,11 @@ $$;
 -- in the very next claim, however many campaigns a heavy one has waiting.
 CREATE OR REPLACE FUNCTION ledger.fair_keys(p_class text)
     RETURNS TABLE (fair_key text, weight integer)
-    LANGUAGE sql STABLE
+    LANGUAGE plpgsql STABLE
 AS $$
+#variable_conflict use_column
+BEGIN
+    RETURN QUERY
     WITH RECURSIVE k AS (
         (SELECT r.fair_key FROM ledger.campaign r
           WHERE r.class = p_class AND r.state = 'ready' AND r.fair_key IS NOT NULL
@@ -169,39 +354,50 @@ AS $$
                  WHERE r.class = p_class AND r.state = 'ready' AND r.fair_key > k.fair_key
                  ORDER BY r.fair_key LIMIT 1)
           FROM k WHERE k.fair_key IS NOT NULL
+    ), n AS (
+        SELECT k.fair_key, coalesce(lk.weight, 1) AS weight, lk.max_leased,
+               ledger.leased_under(k.fair_key) AS leased
+          FROM k LEFT JOIN ledger.limit_key lk ON lk.key = k.fair_key
+         WHERE k.fair_key IS NOT NULL
     )
-    SELECT k.fair_key, coalesce(lk.weight, 1)
-      FROM k LEFT JOIN ledger.limit_key lk ON lk.key = k.fair_key
-     WHERE k.fair_key IS NOT NULL
-       AND (lk.max_leased IS NULL OR lk.leased < lk.max_leased)  -- a key at its cap: skipped whole
-     ORDER BY coalesce(lk.leased, 0)::double precision / coalesce(lk.weight, 1), k.fair_key
-$$;
-
--- Every key of p_keys has its row (created uncapped).
-CREATE OR REPLACE FUNCTION ledger.ensure_limit_keys(p_keys text[]) RETURNS void
-    LANGUAGE sql
-AS $$
-    INSERT INTO ledger.limit_key (key, updated_at)
-    SELECT k, ledger.now() FROM unnest(p_keys) k
-    ON CONFLICT (key) DO NOTHING
+    SELECT n.fair_key, n.weight FROM n
+     WHERE n.max_leased IS NULL OR n.leased < n.max_leased  -- a key at its cap: skipped whole
+     ORDER BY n.leased::double precision / n.weight, n.fair_key;
+END
 $$;
 
 -- Whether a campaign with these keys and resources may be leased now: no
 -- key at its cap of leases or over today's budget, every resource's
--- buckets past their next arrival. (SQL, no pinned search_path: inlined
--- into the claim statement.)
+-- buckets past their next arrival.
 CREATE OR REPLACE FUNCTION ledger.limits_open(p_keys text[], p_resources text[], p_now timestamptz)
     RETURNS boolean
-    LANGUAGE sql STABLE
+    LANGUAGE plpgsql STABLE
 AS $$
-    SELECT NOT EXISTS (SELECT 1 FROM ledger.limit_key k
+BEGIN
+    RETURN NOT EXISTS (SELECT 1 FROM ledger.limit_key k
                         WHERE k.key = ANY (p_keys)
-                          AND (k.leased >= k.max_leased
+                          AND ((k.max_leased IS NOT NULL AND ledger.leased_under(k.key) >= k.max_leased)
                                OR (k.day = (p_now AT TIME ZONE 'UTC')::date
                                    AND k.day_cost >= k.max_cost_per_day)))
-       AND NOT EXISTS (SELECT 1 FROM ledger.limit_bucket b
+       AND (cardinality(p_resources) = 0 OR ledger.buckets_open(p_resources, p_now));
+END
+$$;
+
+-- Whether every bucket of these resources has room now (no reported
+-- tokens ahead of the rate, a request shard past its next arrival).
+CREATE OR REPLACE FUNCTION ledger.buckets_open(p_resources text[], p_now timestamptz)
+    RETURNS boolean
+    LANGUAGE plpgsql STABLE
+AS $$
+BEGIN
+    RETURN NOT EXISTS (SELECT 1 FROM ledger.limit_bucket b
                         WHERE b.resource = ANY (p_resources)
-                          AND (b.request_tat > p_now OR b.token_tat > p_now))
+                          AND (b.token_tat > p_now
+                               OR (b.requests_per_minute IS NOT NULL AND NOT EXISTS (
+                                       SELECT 1 FROM ledger.limit_bucket_shard s
+                                        WHERE s.resource = b.resource AND s.shard < b.shards
+                                          AND s.request_tat <= p_now))));
+END
 $$;
 
 -- (Why a ready campaign waits on its limits, in words -- 'limit repo:app
@@ -210,53 +406,57 @@ $$;
 -- ledger_api.campaigns: views.sql.)
 
 -- The counters, kept by every state change into or out of leased (and by a
--- change of a campaign's keys). Entering leased by a claim must find room
--- under every cap: the UPDATE's WHERE is re-tested on the newest row once a
--- concurrent claim's commit releases it, so two claimers never both take
--- the last slot; the loser raises LG014 and its claim moves on. A claim
--- also takes one request of each bucket its class uses (the same way:
--- request_tat <= now in the WHERE).
+-- change of a campaign's keys): BEFORE the row is written, so that the
+-- lease records the shard of each key it holds (limit_shards, in the order
+-- of limit_keys) and its ending gives back exactly those. Entering leased by
+-- a claim must find room under every cap (ledger.take_slot), keys in their
+-- sorted order; a claim also takes one request of each bucket its class
+-- uses (ledger.take_request). Either refusing raises LG014: the claim tries
+-- its next campaign.
 CREATE OR REPLACE FUNCTION ledger.campaign_limit_count() RETURNS trigger
     LANGUAGE plpgsql
 AS $$
 DECLARE
-    v_now timestamptz;
     v_claim boolean;
-    v_n integer;
+    v_shard smallint;
+    v_shards smallint[] := '{}';
+    v_now timestamptz;
 BEGIN
     IF OLD.state = 'leased' AND cardinality(OLD.limit_keys) > 0 THEN
-        UPDATE ledger.limit_key k SET leased = k.leased - 1 WHERE k.key = ANY (OLD.limit_keys);
+        FOR i IN 1..cardinality(OLD.limit_keys) LOOP
+            UPDATE ledger.limit_given g SET given = g.given + 1
+             WHERE g.key = OLD.limit_keys[i] AND g.shard = OLD.limit_shards[i]
+               AND g.lane = pg_catalog.pg_backend_pid() % 8;
+        END LOOP;
     END IF;
     IF NEW.state = 'leased' AND (OLD.state <> 'leased' OR OLD.limit_keys IS DISTINCT FROM NEW.limit_keys) THEN
         v_claim := OLD.state <> 'leased' AND current_setting('ledger.transition', true) = 'claim';
-        IF cardinality(NEW.limit_keys) > 0 THEN
-            UPDATE ledger.limit_key k SET leased = k.leased + 1
-             WHERE k.key = ANY (NEW.limit_keys)
-               AND (NOT v_claim OR k.max_leased IS NULL OR k.leased < k.max_leased);
-            GET DIAGNOSTICS v_n = ROW_COUNT;
-            IF v_n < cardinality(NEW.limit_keys) THEN
-                RAISE EXCEPTION 'campaign %: a limit key is at its cap', NEW.id USING ERRCODE = 'LG014';
+        FOR i IN 1..cardinality(NEW.limit_keys) LOOP
+            v_shard := ledger.take_slot(NEW.limit_keys[i], v_claim);
+            IF v_shard IS NULL THEN
+                RAISE EXCEPTION 'campaign %: limit key % is at its cap', NEW.id, NEW.limit_keys[i]
+                    USING ERRCODE = 'LG014';
             END IF;
-        END IF;
+            v_shards := v_shards || v_shard;
+        END LOOP;
+        NEW.limit_shards := v_shards;
         IF v_claim AND cardinality(NEW.resources) > 0 THEN
             v_now := ledger.now();
-            UPDATE ledger.limit_bucket b
-               SET request_tat = CASE WHEN b.requests_per_minute IS NULL THEN b.request_tat
-                                      ELSE greatest(b.request_tat, v_now)
-                                           + make_interval(secs => 60.0 / b.requests_per_minute) END,
-                   requests = b.requests + 1
-             WHERE b.resource = ANY (NEW.resources) AND b.request_tat <= v_now AND b.token_tat <= v_now;
-            GET DIAGNOSTICS v_n = ROW_COUNT;
-            IF v_n < (SELECT count(*) FROM ledger.limit_bucket b WHERE b.resource = ANY (NEW.resources)) THEN
-                RAISE EXCEPTION 'campaign %: a rate bucket is empty', NEW.id USING ERRCODE = 'LG014';
-            END IF;
+            FOR i IN 1..cardinality(NEW.resources) LOOP
+                IF NOT ledger.take_request(NEW.resources[i], v_now) THEN
+                    RAISE EXCEPTION 'campaign %: the rate bucket of % is empty', NEW.id, NEW.resources[i]
+                        USING ERRCODE = 'LG014';
+                END IF;
+            END LOOP;
         END IF;
+    ELSIF NEW.state <> 'leased' THEN
+        NEW.limit_shards := NULL;
     END IF;
-    RETURN NULL;
+    RETURN NEW;
 END
 $$;
 
-CREATE OR REPLACE TRIGGER campaign_limit_count AFTER UPDATE ON ledger.campaign
+CREATE OR REPLACE TRIGGER campaign_limit_count BEFORE UPDATE ON ledger.campaign
     FOR EACH ROW
     WHEN ((OLD.state = 'leased' OR NEW.state = 'leased')
           AND (OLD.state IS DISTINCT FROM NEW.state OR OLD.limit_keys IS DISTINCT FROM NEW.limit_keys)

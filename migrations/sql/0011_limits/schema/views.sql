@@ -17,9 +17,14 @@ SELECT id, class, objective_key, target, desired_state, opening_observation, sta
             THEN CASE WHEN c.cost_spent >= c.max_cost
                       THEN format('budget %s/%s spent', trim_scale(round(c.cost_spent, 4)), trim_scale(round(c.max_cost, 4)))
                       ELSE coalesce(
-                          (SELECT format('limit %s %s/%s', k.key, k.leased, k.max_leased)
+                          (SELECT format('limit %s %s/%s', k.key, n.leased, k.max_leased)
                              FROM ledger.limit_key k
-                            WHERE k.key = ANY (c.limit_keys) AND k.leased >= k.max_leased
+                            CROSS JOIN LATERAL (SELECT coalesce((SELECT sum(s.taken) FROM ledger.limit_shard s
+                                                                  WHERE s.key = k.key), 0)
+                                                     - coalesce((SELECT sum(g.given) FROM ledger.limit_given g
+                                                                  WHERE g.key = k.key), 0) AS leased) n
+                            WHERE k.key = ANY (c.limit_keys) AND k.max_leased IS NOT NULL
+                              AND n.leased >= k.max_leased
                             ORDER BY k.key LIMIT 1),
                           (SELECT format('budget %s %s/%s today', k.key, trim_scale(round(k.day_cost, 4)),
                                          trim_scale(round(k.max_cost_per_day, 4)))
@@ -28,13 +33,17 @@ SELECT id, class, objective_key, target, desired_state, opening_observation, sta
                               AND k.day = (statement_timestamp() AT TIME ZONE 'UTC')::date
                             ORDER BY k.key LIMIT 1),
                           (SELECT format('rate %s: %s for %ss', b.resource,
-                                         CASE WHEN b.request_tat > statement_timestamp() THEN 'requests'
-                                              ELSE 'tokens' END,
-                                         round(extract(epoch FROM greatest(b.request_tat, b.token_tat)
+                                         CASE WHEN b.token_tat > statement_timestamp() THEN 'tokens'
+                                              ELSE 'requests' END,
+                                         round(extract(epoch FROM greatest(q.next_at, b.token_tat)
                                                                   - statement_timestamp()), 3))
                              FROM ledger.limit_bucket b
+                            CROSS JOIN LATERAL (SELECT CASE WHEN b.requests_per_minute IS NULL THEN '-infinity'
+                                                            ELSE min(s.request_tat) END AS next_at
+                                                  FROM ledger.limit_bucket_shard s
+                                                 WHERE s.resource = b.resource AND s.shard < b.shards) q
                             WHERE b.resource = ANY (c.resources)
-                              AND greatest(b.request_tat, b.token_tat) > statement_timestamp()
+                              AND greatest(q.next_at, b.token_tat) > statement_timestamp()
                             ORDER BY b.resource LIMIT 1)) END
        END AS waiting_for
   FROM ledger.campaign c;
@@ -88,16 +97,24 @@ SELECT name, max_attempts, lease_seconds, backoff_base_s, backoff_factor, backof
 -- Limits (limits.sql): each key's use against its caps and today's spend;
 -- each bucket's rates and how long a claim would wait on it now.
 CREATE OR REPLACE VIEW ledger_api.limit_keys AS
-SELECT k.key, k.max_leased, k.max_verifying, k.max_cost_per_day, k.weight, k.leased, k.verifying,
+SELECT k.key, k.max_leased, k.max_verifying, k.max_cost_per_day, k.weight,
+       (coalesce((SELECT sum(s.taken) FROM ledger.limit_shard s WHERE s.key = k.key), 0)
+        - coalesce((SELECT sum(g.given) FROM ledger.limit_given g WHERE g.key = k.key), 0))::integer AS leased,
+       k.verifying,
        CASE WHEN k.day = (statement_timestamp() AT TIME ZONE 'UTC')::date THEN k.day_cost ELSE 0 END AS cost_today,
        k.cost_total, k.updated_at, k.updated_by
   FROM ledger.limit_key k;
 
 CREATE OR REPLACE VIEW ledger_api.limit_buckets AS
-SELECT b.resource, b.requests_per_minute, b.tokens_per_minute, b.requests, b.tokens,
-       CASE WHEN b.request_tat > statement_timestamp()
-            THEN extract(epoch FROM b.request_tat - statement_timestamp()) ELSE 0 END::double precision
-           AS request_wait_s,
+SELECT b.resource, b.requests_per_minute, b.tokens_per_minute,
+       (SELECT coalesce(sum(s.requests), 0) FROM ledger.limit_bucket_shard s
+         WHERE s.resource = b.resource)::bigint AS requests,
+       b.tokens,
+       coalesce((SELECT CASE WHEN min(s.request_tat) > statement_timestamp()
+                             THEN extract(epoch FROM min(s.request_tat) - statement_timestamp()) ELSE 0 END
+                   FROM ledger.limit_bucket_shard s
+                  WHERE s.resource = b.resource AND s.shard < b.shards AND b.requests_per_minute IS NOT NULL),
+                0)::double precision AS request_wait_s,
        CASE WHEN b.token_tat > statement_timestamp()
             THEN extract(epoch FROM b.token_tat - statement_timestamp()) ELSE 0 END::double precision
            AS token_wait_s,

@@ -541,6 +541,16 @@ BEGIN
        SET max_leased = excluded.max_leased, max_verifying = excluded.max_verifying,
            max_cost_per_day = excluded.max_cost_per_day, weight = excluded.weight,
            updated_at = excluded.updated_at, updated_by = excluded.updated_by;
+    -- the cap split among the key's shards (limits.sql), the remainder to the first
+    INSERT INTO ledger.limit_shard (key, shard) SELECT p_key, s FROM generate_series(0, 7) s
+    ON CONFLICT DO NOTHING;
+    INSERT INTO ledger.limit_given (key, shard, lane)
+    SELECT p_key, s, l FROM generate_series(0, 7) s, generate_series(0, 7) l
+    ON CONFLICT DO NOTHING;
+    UPDATE ledger.limit_shard s
+       SET max_leased = CASE WHEN p_max_leased IS NULL THEN NULL
+                             ELSE p_max_leased / 8 + (s.shard < p_max_leased % 8)::integer END
+     WHERE s.key = p_key;
     IF v_before.key IS NULL OR (v_before.max_leased, v_before.max_verifying, v_before.max_cost_per_day,
                                 v_before.weight)
                                IS DISTINCT FROM (p_max_leased, p_max_verifying, p_max_cost_per_day, p_weight) THEN
@@ -579,17 +589,23 @@ BEGIN
     PERFORM ledger.check_range('tokens_per_minute', p_tokens_per_minute, 1, 10000000000, true);
     PERFORM ledger.check_length('operator', coalesce(p_operator, 'operator'), 1, 200);
     SELECT * INTO v_before FROM ledger.limit_bucket b WHERE b.resource = p_resource;
-    INSERT INTO ledger.limit_bucket AS b (resource, requests_per_minute, tokens_per_minute, updated_at,
-                                          updated_by)
-    VALUES (p_resource, p_requests_per_minute, p_tokens_per_minute, ledger.now(),
+    -- one shard below 600 requests a minute, at most 8 above (limits.sql)
+    INSERT INTO ledger.limit_bucket AS b (resource, requests_per_minute, tokens_per_minute, shards,
+                                          updated_at, updated_by)
+    VALUES (p_resource, p_requests_per_minute, p_tokens_per_minute,
+            least(8, greatest(1, floor(coalesce(p_requests_per_minute, 0) / 600)))::smallint, ledger.now(),
             coalesce(p_operator, 'operator'))
     ON CONFLICT (resource) DO UPDATE
        SET requests_per_minute = excluded.requests_per_minute,
-           tokens_per_minute = excluded.tokens_per_minute,
+           tokens_per_minute = excluded.tokens_per_minute, shards = excluded.shards,
            -- a lifted rate owes nothing
-           request_tat = CASE WHEN excluded.requests_per_minute IS NULL THEN '-infinity' ELSE b.request_tat END,
            token_tat = CASE WHEN excluded.tokens_per_minute IS NULL THEN '-infinity' ELSE b.token_tat END,
            updated_at = excluded.updated_at, updated_by = excluded.updated_by;
+    INSERT INTO ledger.limit_bucket_shard (resource, shard) SELECT p_resource, s FROM generate_series(0, 7) s
+    ON CONFLICT DO NOTHING;
+    IF p_requests_per_minute IS NULL THEN
+        UPDATE ledger.limit_bucket_shard s SET request_tat = '-infinity' WHERE s.resource = p_resource;
+    END IF;
     IF v_before.resource IS NULL
        OR (v_before.requests_per_minute, v_before.tokens_per_minute)
           IS DISTINCT FROM (p_requests_per_minute, p_tokens_per_minute) THEN

@@ -78,6 +78,7 @@ DECLARE
     v_class text;
     v_fair text;
     v_key text;
+    v_resources text[];
 BEGIN
     IF p_worker IS NULL OR length(p_worker) NOT BETWEEN 1 AND 200 THEN
         RAISE EXCEPTION 'worker identity must be 1 to 200 characters' USING ERRCODE = 'LG007';
@@ -89,7 +90,11 @@ BEGIN
         BEGIN
             PERFORM ledger.begin_transition('claim', 'worker', p_worker);
             FOREACH v_class IN ARRAY v_turns LOOP
-                SELECT cc.fair_key INTO v_fair FROM ledger.campaign_class cc WHERE cc.name = v_class;
+                SELECT cc.fair_key, cc.resources INTO v_fair, v_resources
+                  FROM ledger.campaign_class cc WHERE cc.name = v_class;
+                IF cardinality(v_resources) > 0 AND NOT ledger.buckets_open(v_resources, v_now) THEN
+                    CONTINUE;  -- its rate bucket is empty: none of its campaigns can start now
+                END IF;
                 IF v_fair IS NOT NULL THEN
                     -- fair across its keys (limits.sql): the key with the
                     -- fewest leases for its weight first, each key's head
@@ -223,6 +228,8 @@ BEGIN
                   FROM unnest(v_turns) WITH ORDINALITY AS t(name, pos)
                   JOIN ledger.campaign_class cc ON cc.name = t.name
                  WHERE cc.paused_at IS NULL  -- a paused class is skipped (pause_class)
+                   -- so is one whose rate bucket is empty (limits.sql)
+                   AND (cardinality(cc.resources) = 0 OR ledger.buckets_open(cc.resources, v_now))
             ), picked AS (
                 -- twice the batch per class, so campaigns that share a seat
                 -- with a better one can be left out and the batch still fills
@@ -287,7 +294,7 @@ BEGIN
                        u.room
                   FROM one_per_seat o
                  CROSS JOIN LATERAL (
-                       SELECT k.key, k.max_leased - k.leased AS room FROM ledger.limit_key k
+                       SELECT k.key, k.max_leased - ledger.leased_under(k.key) AS room FROM ledger.limit_key k
                         WHERE k.key = ANY (o.limit_keys) AND k.max_leased IS NOT NULL
                        UNION ALL
                        SELECT 'resource:' || b.resource, 1 FROM ledger.limit_bucket b

@@ -147,7 +147,10 @@ CREATE TABLE IF NOT EXISTS ledger.campaign (
     max_cost            numeric,
     cost_spent          numeric NOT NULL DEFAULT 0,
     -- its key of the class's fair_key template (tenant:acme), or NULL
-    fair_key            text
+    fair_key            text,
+    -- while leased: the shard of each of its limit_keys its lease holds
+    -- (limits.sql, ledger.take_slot), in the order of limit_keys
+    limit_shards        smallint[]
     -- leased, and only then, with an owner and an expiry (campaign_lease_iff_leased)
 );
 
