@@ -117,8 +117,7 @@ BEGIN
                                            SELECT 1 FROM ledger.campaign s
                                             WHERE s.seat = r.seat AND s.state = 'leased'))
                                   -- limits, as below
-                                  AND ((cardinality(r.limit_keys) = 0 AND cardinality(r.resources) = 0)
-                                       OR ledger.limits_open(r.limit_keys, r.resources, v_now))
+                                  AND (cardinality(r.limit_keys) = 0 OR ledger.limits_open(r.limit_keys, '{}', v_now))
                                   AND (r.max_cost IS NULL OR r.cost_spent < r.max_cost)
                                 ORDER BY r.priority DESC, r.created_at, r.id
                                 LIMIT 1
@@ -148,10 +147,10 @@ BEGIN
                                    SELECT 1 FROM ledger.campaign s
                                     WHERE s.seat = r.seat AND s.state = 'leased'))
                           -- limits (limits.sql): no key at its cap or over
-                          -- today's budget, every bucket ready, its own budget
-                          -- not spent; the counters' trigger makes it atomic
-                          AND ((cardinality(r.limit_keys) = 0 AND cardinality(r.resources) = 0)
-                               OR ledger.limits_open(r.limit_keys, r.resources, v_now))
+                          -- today's budget (its class's buckets are tested
+                          -- above, once), its own budget not spent; taking
+                          -- the slots in the trigger makes it atomic
+                          AND (cardinality(r.limit_keys) = 0 OR ledger.limits_open(r.limit_keys, '{}', v_now))
                           AND (r.max_cost IS NULL OR r.cost_spent < r.max_cost)
                         ORDER BY r.priority DESC, r.created_at, r.id
                         LIMIT 1
@@ -244,8 +243,7 @@ BEGIN
                           AND (r.seat IS NULL OR NOT EXISTS (
                                    SELECT 1 FROM ledger.campaign s
                                     WHERE s.seat = r.seat AND s.state = 'leased'))
-                          AND ((cardinality(r.limit_keys) = 0 AND cardinality(r.resources) = 0)
-                               OR ledger.limits_open(r.limit_keys, r.resources, v_now))
+                          AND (cardinality(r.limit_keys) = 0 OR ledger.limits_open(r.limit_keys, '{}', v_now))
                           AND (r.max_cost IS NULL OR r.cost_spent < r.max_cost)
                         ORDER BY r.priority DESC, r.created_at, r.id
                         LIMIT 2 * p_limit
@@ -268,8 +266,7 @@ BEGIN
                                   AND (r.seat IS NULL OR NOT EXISTS (
                                            SELECT 1 FROM ledger.campaign s
                                             WHERE s.seat = r.seat AND s.state = 'leased'))
-                                  AND ((cardinality(r.limit_keys) = 0 AND cardinality(r.resources) = 0)
-                                       OR ledger.limits_open(r.limit_keys, r.resources, v_now))
+                                  AND (cardinality(r.limit_keys) = 0 OR ledger.limits_open(r.limit_keys, '{}', v_now))
                                   AND (r.max_cost IS NULL OR r.cost_spent < r.max_cost)
                                 ORDER BY r.priority DESC, r.created_at, r.id
                                 LIMIT p_limit

@@ -251,7 +251,8 @@ BEGIN
            SELECT s.shard FROM ledger.limit_shard s
             WHERE s.key = p_key
               AND (NOT p_enforce OR s.max_leased IS NULL
-                   OR ledger.shard_leased(s.key, s.shard, s.taken) < s.max_leased)
+                   OR s.taken - coalesce((SELECT sum(g.given) FROM ledger.limit_given g
+                                      WHERE g.key = s.key AND g.shard = s.shard), 0) < s.max_leased)
             ORDER BY (s.shard + 8 - v_home) % 8
             LIMIT 1 FOR UPDATE SKIP LOCKED)
     RETURNING u.shard INTO v_shard;
@@ -265,7 +266,8 @@ BEGIN
         SELECT s.shard INTO v_shard FROM ledger.limit_shard s
          WHERE s.key = p_key
            AND (NOT p_enforce OR s.max_leased IS NULL
-                OR ledger.shard_leased(s.key, s.shard, s.taken) < s.max_leased)
+                OR s.taken - coalesce((SELECT sum(g.given) FROM ledger.limit_given g
+                                   WHERE g.key = s.key AND g.shard = s.shard), 0) < s.max_leased)
          ORDER BY s.shard
          LIMIT 1 FOR UPDATE;
         -- (tested again on the row now ours, with what was given back by now)
@@ -374,9 +376,13 @@ CREATE OR REPLACE FUNCTION ledger.limits_open(p_keys text[], p_resources text[],
     LANGUAGE plpgsql STABLE
 AS $$
 BEGIN
+    -- (the leases summed in the query itself: one plan, no call per key)
     RETURN NOT EXISTS (SELECT 1 FROM ledger.limit_key k
                         WHERE k.key = ANY (p_keys)
-                          AND ((k.max_leased IS NOT NULL AND ledger.leased_under(k.key) >= k.max_leased)
+                          AND ((k.max_leased IS NOT NULL
+                                AND coalesce((SELECT sum(s.taken) FROM ledger.limit_shard s WHERE s.key = k.key), 0)
+                                    - coalesce((SELECT sum(g.given) FROM ledger.limit_given g WHERE g.key = k.key), 0)
+                                    >= k.max_leased)
                                OR (k.day = (p_now AT TIME ZONE 'UTC')::date
                                    AND k.day_cost >= k.max_cost_per_day)))
        AND (cardinality(p_resources) = 0 OR ledger.buckets_open(p_resources, p_now));
