@@ -402,3 +402,36 @@ async def test_a_heavy_tenant_does_not_hold_up_a_light_ones_first_campaign(actor
     assert tenants.count("tenant:heavy") == 6 and tenants.count("tenant:light") == 2, tenants  # 3 : 1
     unlabelled = (await (await actors("sensor")).open_campaign(test_class, new_key(), "t")).campaign_id
     assert (await (await actors.reads()).campaign(unlabelled)).fair_key == "tenant:-"
+
+
+# --- the command line --------------------------------------------------------------
+
+
+def test_ledger_limits_and_raise_budget_on_the_command_line(db_url: str, admin: Admin) -> None:
+    import json as _json
+    import subprocess
+    import sys as _sys
+
+    from conftest import TEST_PREFIX
+
+    env = {**__import__("os").environ, "LEDGER_DATABASE_URL": db_url, "LEDGER_ROLE_PREFIX": TEST_PREFIX,
+           "NO_COLOR": "1"}
+
+    def ledger(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([_sys.executable, "-m", "ledger", *args], env=env, capture_output=True,
+                              text=True, timeout=60)
+
+    done = ledger("limits", "set", "repo:app", "--max-leased", "8", "--max-verifying", "2", "--json")
+    assert done.returncode == 0, done.stderr
+    assert _json.loads(done.stdout)["max_leased"] == 8
+    refused = ledger("limits", "set", "repo:app", "--max-leased", "-3")
+    assert refused.returncode == 2 and "max_leased must be" in refused.stderr
+    done = ledger("limits", "bucket", "model-a", "--requests-per-minute", "60")
+    assert done.returncode == 0, done.stderr
+    shown = _json.loads(ledger("limits", "show", "--json").stdout)
+    assert [k["key"] for k in shown["keys"]] == ["repo:app"]
+    assert shown["buckets"][0]["requests_per_minute"] == 60
+    assert {e["type"] for e in shown["events"]} == {"limit.set", "bucket.set"}
+    assert all(e["actor"].startswith("cli:") for e in shown["events"])
+    missing = ledger("raise-budget", "999", "--max-cost", "5")
+    assert missing.returncode == 6, missing.stderr
