@@ -471,6 +471,12 @@ def protocol_page() -> str:
               [(md(when), md(then)) for when, then in protocol.EXIT_STATUS]),
         "A lease that is lost meanwhile (the campaign abandoned, the worker partitioned away) "
         "kills the command's process group; nothing more is written for the attempt.",
+        "## Reporting usage {#usage}",
+        doc(protocol.UsageReport) + f" A line is `{protocol.USAGE_PREFIX.strip()} {{...}}` on a line "
+        f"of its own, at most {protocol.USAGE_LINE_BYTES} bytes; at most {protocol.USAGE_REPORTS:,} "
+        "are taken from one attempt. Budgets and rate limits: [limits](../limits.md).",
+        table(headers, rows(protocol.UsageReport)),
+        "```\nLEDGER_USAGE {\"tokens_in\": 1200, \"tokens_out\": 300, \"requests\": 1, \"cost\": 0.004}\n```",
     ]) + "\n"
 
 
