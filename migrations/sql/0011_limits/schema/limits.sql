@@ -371,9 +371,11 @@ $$;
 -- Whether a campaign with these keys and resources may be leased now: no
 -- key at its cap of leases or over today's budget, every resource's
 -- buckets past their next arrival.
+-- (COST 1: evaluated only for the few rows a claim's ordered scan meets,
+-- it must not steer the claim off campaign_claim_order; tests/test_claim_plan.py)
 CREATE OR REPLACE FUNCTION ledger.limits_open(p_keys text[], p_resources text[], p_now timestamptz)
     RETURNS boolean
-    LANGUAGE plpgsql STABLE
+    LANGUAGE plpgsql STABLE COST 1
 AS $$
 BEGIN
     -- (the leases summed in the query itself: one plan, no call per key)

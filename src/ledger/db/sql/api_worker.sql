@@ -117,7 +117,7 @@ BEGIN
                                            SELECT 1 FROM ledger.campaign s
                                             WHERE s.seat = r.seat AND s.state = 'leased'))
                                   -- limits, as below
-                                  AND (cardinality(r.limit_keys) = 0 OR ledger.limits_open(r.limit_keys, '{}', v_now))
+                                  AND (r.limit_keys = '{}' OR ledger.limits_open(r.limit_keys, '{}', v_now))
                                   AND (r.max_cost IS NULL OR r.cost_spent < r.max_cost)
                                 ORDER BY r.priority DESC, r.created_at, r.id
                                 LIMIT 1
@@ -149,8 +149,11 @@ BEGIN
                           -- limits (limits.sql): no key at its cap or over
                           -- today's budget (its class's buckets are tested
                           -- above, once), its own budget not spent; taking
-                          -- the slots in the trigger makes it atomic
-                          AND (cardinality(r.limit_keys) = 0 OR ledger.limits_open(r.limit_keys, '{}', v_now))
+                          -- the slots in the trigger makes it atomic. (An
+                          -- equality the column's statistics answer, not
+                          -- cardinality() = 0, whose default selectivity made
+                          -- the planner leave campaign_claim_order.)
+                          AND (r.limit_keys = '{}' OR ledger.limits_open(r.limit_keys, '{}', v_now))
                           AND (r.max_cost IS NULL OR r.cost_spent < r.max_cost)
                         ORDER BY r.priority DESC, r.created_at, r.id
                         LIMIT 1
@@ -243,7 +246,7 @@ BEGIN
                           AND (r.seat IS NULL OR NOT EXISTS (
                                    SELECT 1 FROM ledger.campaign s
                                     WHERE s.seat = r.seat AND s.state = 'leased'))
-                          AND (cardinality(r.limit_keys) = 0 OR ledger.limits_open(r.limit_keys, '{}', v_now))
+                          AND (r.limit_keys = '{}' OR ledger.limits_open(r.limit_keys, '{}', v_now))
                           AND (r.max_cost IS NULL OR r.cost_spent < r.max_cost)
                         ORDER BY r.priority DESC, r.created_at, r.id
                         LIMIT 2 * p_limit
@@ -266,7 +269,7 @@ BEGIN
                                   AND (r.seat IS NULL OR NOT EXISTS (
                                            SELECT 1 FROM ledger.campaign s
                                             WHERE s.seat = r.seat AND s.state = 'leased'))
-                                  AND (cardinality(r.limit_keys) = 0 OR ledger.limits_open(r.limit_keys, '{}', v_now))
+                                  AND (r.limit_keys = '{}' OR ledger.limits_open(r.limit_keys, '{}', v_now))
                                   AND (r.max_cost IS NULL OR r.cost_spent < r.max_cost)
                                 ORDER BY r.priority DESC, r.created_at, r.id
                                 LIMIT p_limit
