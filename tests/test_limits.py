@@ -435,3 +435,24 @@ def test_ledger_limits_and_raise_budget_on_the_command_line(db_url: str, admin: 
     assert all(e["actor"].startswith("cli:") for e in shown["events"])
     missing = ledger("raise-budget", "999", "--max-cost", "5")
     assert missing.returncode == 6, missing.stderr
+
+
+@pytest.mark.rollback
+async def test_a_cap_on_verification_holds_the_verifiers_claims(actors: Actors, admin: Admin,
+                                                                test_class: str) -> None:
+    from drive import Driver
+
+    await _limited(actors, test_class, keys=["repo"])
+    await (await actors("operator")).set_limit("repo:target-1", max_verifying=1, operator="alice")
+    d = Driver(actors, test_class)
+    first, _ = await d.attempted(1)
+    second, _ = await d.attempted(2)
+    verifier = await actors("verifier")
+    claim = await verifier.claim_verification("verifier-1", classes=[test_class])
+    assert claim is not None
+    assert await verifier.claim_verification("verifier-2", classes=[test_class]) is None  # at its cap
+    row = admin.execute("SELECT verifying FROM ledger_api.limit_keys WHERE key = 'repo:target-1'").fetchone()
+    assert row is not None and row["verifying"] == 1
+    await verifier.accept(claim.verification_id, {"ok": True})
+    other = await verifier.claim_verification("verifier-2", classes=[test_class])
+    assert other is not None and {claim.campaign_id, other.campaign_id} == {first, second}
