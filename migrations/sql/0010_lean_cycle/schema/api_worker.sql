@@ -300,17 +300,32 @@ AS $$
 #variable_conflict use_column
 DECLARE
     v_now timestamptz := ledger.now();
-    v_c ledger.campaign := ledger.lease_row(p_campaign_id, p_generation);
+    v_c ledger.campaign;
     v_a ledger.attempt;
     v_attempt_no integer;
 BEGIN
-    SELECT * INTO v_a FROM ledger.attempt a
-     WHERE a.campaign_id = p_campaign_id AND a.generation = p_generation;
-    IF v_a.outcome = 'attempted' AND v_a.candidate_sha = p_candidate_sha
-       AND v_a.fingerprint = p_fingerprint THEN
-        RETURN v_a.attempt_no;  -- this very ending, retried: it is in
+    IF p_campaign_id IS NULL OR p_generation IS NULL THEN
+        PERFORM ledger.check_lease_args(p_campaign_id, p_generation);  -- raises, saying what is missing
     END IF;
-    PERFORM ledger.check_live(v_c, p_generation);
+    -- The campaign first, locked (as ledger.lease_row: every writer of a
+    -- campaign and its attempts takes them in that order).
+    SELECT * INTO v_c FROM ledger.campaign c WHERE c.id = p_campaign_id FOR NO KEY UPDATE;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'campaign % does not exist', p_campaign_id USING ERRCODE = 'LG004';
+    END IF;
+    IF v_c.state IS DISTINCT FROM 'leased' OR v_c.generation <> p_generation
+       OR v_c.lease_expires_at <= v_now THEN
+        -- Not the live lease (the usual case skips this): this very ending
+        -- retried after it committed, a lapsed lease the restart grace
+        -- still covers (check_live renews it), or a stale holder (refused).
+        SELECT * INTO v_a FROM ledger.attempt a
+         WHERE a.campaign_id = p_campaign_id AND a.generation = p_generation;
+        IF v_a.outcome = 'attempted' AND v_a.candidate_sha = p_candidate_sha
+           AND v_a.fingerprint = p_fingerprint THEN
+            RETURN v_a.attempt_no;  -- this very ending, retried: it is in
+        END IF;
+        PERFORM ledger.check_live(v_c, p_generation);
+    END IF;
     IF p_fingerprint IS NULL OR NOT ledger.is_fingerprint(p_fingerprint) THEN
         RAISE EXCEPTION 'an attempt needs a fingerprint (8-200 characters of [A-Za-z0-9:_.-])'
             USING ERRCODE = 'LG007';
@@ -332,8 +347,10 @@ BEGIN
            candidate_ref = p_candidate_ref
      WHERE a.campaign_id = p_campaign_id AND a.generation = p_generation
     RETURNING a.attempt_no INTO v_attempt_no;
-    -- (The journal trigger describes the attempt from its row.)
-    PERFORM ledger.begin_transition('record_attempt', 'worker', v_c.lease_owner);
+    -- The event describes the attempt it records, by the lease holder.
+    PERFORM ledger.begin_transition('record_attempt', 'worker', v_c.lease_owner,
+                jsonb_build_object('attempt_no', v_attempt_no, 'fingerprint', p_fingerprint,
+                                   'candidate_sha', p_candidate_sha, 'base_sha', p_base_sha));
     UPDATE ledger.campaign c
        SET state = 'attempted', lease_owner = NULL, leased_at = NULL, lease_expires_at = NULL,
            attempt_count = c.attempt_count + 1,
