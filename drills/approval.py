@@ -25,7 +25,7 @@ import httpx
 
 from ledger.api import hash_token, new_token
 from ledger.ops.drill import Drill, DrillContext, UnderExercised, drill_python
-from drills.paths import scripted_attempt
+from ledger.drills.paths import scripted_attempt
 
 from .workshop import _toml
 

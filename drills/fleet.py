@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from ledger.ops.drill import DrillContext, drill_python
-from drills.paths import scripted_attempt
+from ledger.drills.paths import scripted_attempt
 from ledger.errors import LedgerError
 from ledger.db.reads import Reads
 

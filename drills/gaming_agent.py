@@ -61,7 +61,7 @@ from typing import Any
 from ledger.git import bundle as bundles
 from ledger.git import repository
 from ledger.ops.drill import Drill, DrillContext, UnderExercised, drill_python
-from drills.paths import scripted_attempt
+from ledger.drills.paths import scripted_attempt
 
 from .workshop import CLASS, WORKER_ARGS, _toml
 

@@ -41,7 +41,7 @@ from psycopg.conninfo import conninfo_to_dict
 
 from ledger.ops.drill import Drill, DrillContext, UnderExercised, drill_python
 
-from drills.paths import scripted_attempt
+from ledger.drills.paths import scripted_attempt
 
 from .workshop import CLASS, WORKER_ARGS, _toml
 

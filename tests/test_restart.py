@@ -30,7 +30,7 @@ from ledger import Database, Kernel
 from ledger.db import migrations
 from ledger.ops.cluster import Cluster
 from ledger.config import load_config
-from drills.paths import scripted_attempt
+from ledger.drills.paths import scripted_attempt
 from ledger.db.embedded import create_database
 
 pytestmark = [pytest.mark.anyio, pytest.mark.slow, pytest.mark.cells]

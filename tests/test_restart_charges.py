@@ -25,7 +25,7 @@ from psycopg.rows import dict_row
 
 from conftest import TEST_PREFIX
 from drive import Driver, eventually, scaled
-from drills.paths import scripted_attempt
+from ledger.drills.paths import scripted_attempt
 from ledger import Database, Kernel, Unavailable
 from ledger.db import migrations
 from ledger.db.embedded import create_database

@@ -167,7 +167,7 @@ async def test_a_leaked_secret_refuses_the_attempt_not_the_fix(
     fingerprint, so the next attempt making the same, honest change was
     refused as a repeated approach (and the campaign exhausted). The attempt
     is refused for what its run did; its change is judged when made again."""
-    from drills.paths import scripted_attempt
+    from ledger.drills.paths import scripted_attempt
     from ledger.config import load_config
 
     token = f"agent-token-{uuid.uuid4().hex}"

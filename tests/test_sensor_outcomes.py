@@ -31,7 +31,7 @@ import pytest
 
 from conftest import TEST_PREFIX, Actors, Admin
 from drive import PROMOTING_CLASS, Driver
-from drills.paths import scripted_attempt
+from ledger.drills.paths import scripted_attempt
 from ledger import Database
 from ledger.config import LedgerConfig, SensorConfig, parse_config
 from ledger.db.reads import Reads

@@ -22,7 +22,7 @@ from ledger import Database, Kernel, errors
 from ledger.db import migrations
 from ledger.ops.cluster import Replicated
 from ledger.config import load_config
-from drills.paths import scripted_attempt
+from ledger.drills.paths import scripted_attempt
 from ledger.db.embedded import create_database, with_database
 
 pytestmark = [pytest.mark.anyio, pytest.mark.slow]

@@ -263,7 +263,7 @@ class _Traced(Drill):
 @pytest.mark.cells
 async def test_one_trace_across_a_sensor_a_worker_a_verifier_and_a_dispatcher(
         db: Database, tmp_path: Path) -> None:
-    from drills.workshop import CLASS, WORKER_ARGS, content_check, setup
+    from ledger.drills.workshop import CLASS, WORKER_ARGS, content_check, setup
 
     receiver = _Receiver()
     ctx = DrillContext(_Traced(), db, tmp_path, Console(quiet=True), 1.0)

@@ -9,7 +9,7 @@ commands through ``ledger.sandbox.processes.run_command`` so timeouts kill whole
 process groups.
 
 Built-ins: ``command`` (every acceptance command exits 0), ``pytest`` (the
-same, pytest run by the fixed judge of ``verifiers.judge``, naming the failed
+same, pytest run by the fixed judge of ``ledger.verifiers.judge``, naming the failed
 tests, and held to the opening observation: every test that failed then must
 pass now, no fewer collected, no more skipped) and ``review`` (a reviewer
 command's JSON verdict on the diff, for a class's quorum). Others
@@ -61,9 +61,9 @@ ENTRY_POINT_GROUP = "ledger.verifiers"
 #: The implementations shipped with Ledger, by name (also declared as entry points;
 #: listed here so a source checkout works without installing).
 BUILTINS: dict[str, str] = {
-    "command": "verifiers.command:CommandVerifier",
-    "pytest": "verifiers.pytest_report:PytestVerifier",
-    "review": "verifiers.review:ReviewVerifier",
+    "command": "ledger.verifiers.command:CommandVerifier",
+    "pytest": "ledger.verifiers.pytest_report:PytestVerifier",
+    "review": "ledger.verifiers.review:ReviewVerifier",
 }
 
 

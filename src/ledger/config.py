@@ -79,7 +79,7 @@ class Backoff(_Strict):
 
 
 class PytestJudge(_Strict):
-    """How a pytest acceptance command runs (``verifiers.judge``): the
+    """How a pytest acceptance command runs (``ledger.verifiers.judge``): the
     interpreter, the only plugins loaded, and where its configuration comes from."""
 
     python: str | None = Field(None, description="the interpreter (absolute path; default: the "
@@ -95,7 +95,7 @@ class PytestJudge(_Strict):
 
     @model_validator(mode="after")
     def _valid(self) -> PytestJudge:
-        from verifiers.judge import JudgeError, JudgeSettings
+        from ledger.verifiers.judge import JudgeError, JudgeSettings
         try:
             JudgeSettings.from_spec(self.model_dump())
         except JudgeError as exc:

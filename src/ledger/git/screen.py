@@ -24,7 +24,7 @@ anyway, and a test may well import pytest.
 
 The screen reads the diff, it does not understand code: it catches the
 obvious reach, not a determined disguise (``getattr(sys, "mod" + "ules")``).
-The judge (``verifiers.judge``) and held-out tests are what stops the rest.
+The judge (``ledger.verifiers.judge``) and held-out tests are what stops the rest.
 """
 
 from __future__ import annotations

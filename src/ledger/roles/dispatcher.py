@@ -254,12 +254,12 @@ class Dispatcher(Loop):
         self._lease = lease
         campaign = await self.reads.campaign(claim.campaign_id)
         return await tracing.traced(
-            "ledger.promotion" if claim.purpose == "promotion" else "ledger.side_effect",
+            tracing.PROMOTION_SPAN if claim.purpose == "promotion" else tracing.SIDE_EFFECT_SPAN,
             self.reads.executor, claim.campaign_id,
             {tracing.CAMPAIGN_CLASS: campaign.class_, tracing.GENERATION: claim.generation,
-             "ledger.side_effect.id": claim.side_effect_id, "ledger.side_effect.kind": claim.kind,
-             "ledger.side_effect.purpose": claim.purpose, "ledger.side_effect.tries": claim.tries,
-             "ledger.roles.dispatcher": self.identity},
+             tracing.SIDE_EFFECT_ID: claim.side_effect_id, tracing.SIDE_EFFECT_KIND: claim.kind,
+             tracing.SIDE_EFFECT_PURPOSE: claim.purpose, tracing.SIDE_EFFECT_TRIES: claim.tries,
+             tracing.DISPATCHER: self.identity},
             self._dispatch(claim, campaign, lease, log), context=campaign.trace_context, known=True)
 
     async def _dispatch(self, claim: SideEffectClaim, campaign: Campaign, lease: LeaseClock,

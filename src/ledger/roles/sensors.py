@@ -24,10 +24,10 @@ A command check runs like every command Ledger does not trust
 (``ledger.sandbox.processes``): its own process group, killed at the timeout, and an
 allow-listed environment (plus the sensor's ``environment`` extras), since
 after a promotion it runs code an agent wrote. A pytest command runs by the
-fixed judge, as the verifier's (``verifiers.judge``), and reports which tests
+fixed judge, as the verifier's (``ledger.verifiers.judge``), and reports which tests
 failed and which passed (``details["tests"]``): when the observation opens a
 campaign, that is the baseline its candidates are held to (see
-``verifiers.pytest_report``); after a promotion, a green observation confirms
+``ledger.verifiers.pytest_report``); after a promotion, a green observation confirms
 only if the tests that failed at opening are among the passed ones
 (``record_observation``). A wrapper that writes a JUnit report to
 ``$LEDGER_JUNIT_XML`` still reports failures (a baseline) but cannot confirm.
@@ -50,8 +50,8 @@ from apscheduler.triggers.base import BaseTrigger
 from apscheduler.triggers.cron import CronTrigger
 from apscheduler.triggers.interval import IntervalTrigger
 
-from verifiers.judge import Judge, JudgeSettings, files_of, read_stream, remove_bytecode
-from verifiers.pytest_report import PYTEST_EXIT_MEANING, pytest_command, read_report
+from ledger.verifiers.judge import Judge, JudgeSettings, files_of, read_stream, remove_bytecode
+from ledger.verifiers.pytest_report import PYTEST_EXIT_MEANING, pytest_command, read_report
 
 from ledger.sandbox import cell as cells
 from ledger.sandbox import guise as guises
@@ -410,7 +410,7 @@ class Sensor:
         c = self.config
         result = await tracing.observation(
             self.kernel.executor, c.objective_key(), reading.status,
-            {tracing.CAMPAIGN_CLASS: c.campaign_class, "ledger.sensor": c.name},
+            {tracing.CAMPAIGN_CLASS: c.campaign_class, tracing.SENSOR: c.name},
             lambda context: self.kernel.record_observation(
                 c.name, c.objective_key(), c.target, reading.status,
                 reading.started_at, finished_at=reading.finished_at, details=reading.details,

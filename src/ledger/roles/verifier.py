@@ -33,7 +33,7 @@ even if its worker failed to refuse it.
 Before anything runs, the candidate's diff (as the repository has it) is
 screened for reaching into the test machinery (``ledger.git.screen``); pytest
 runs by the fixed judge on the base commit's configuration
-(``verifiers.judge``), each command in a cell with a face of its own
+(``ledger.verifiers.judge``), each command in a cell with a face of its own
 (``ledger.sandbox.guise``); the class's held-out tests are staged outside
 the checkout, put there (read-only) for their own runs only, and must pass
 too -- a rejection by them names nothing of them (a count; the evidence
@@ -55,9 +55,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
-import verifiers
-from verifiers.judge import CONFIG_FILES
-from verifiers.pytest_report import pytest_command
+from ledger import verifiers
+from ledger.verifiers.judge import CONFIG_FILES
+from ledger.verifiers.pytest_report import pytest_command
 
 from ledger.git import bundle as bundles
 from ledger.sandbox import cell as cells
@@ -236,10 +236,10 @@ class Verifier(Loop):
         confirmed before its local deadline: ``ledger.roles.lease``), nothing written.
         ``sent_at`` is the local time the claim was sent (default: now)."""
         return await tracing.traced(
-            "ledger.verification", self.kernel.executor, claim.campaign_id,
+            tracing.VERIFICATION_SPAN, self.kernel.executor, claim.campaign_id,
             {tracing.CAMPAIGN_CLASS: claim.class_, tracing.GENERATION: claim.generation,
-             tracing.ATTEMPT_NO: claim.attempt_no, "ledger.verification.id": claim.verification_id,
-             "ledger.verification.kind": claim.kind, "ledger.roles.verifier": self.identity},
+             tracing.ATTEMPT_NO: claim.attempt_no, tracing.VERIFICATION_ID: claim.verification_id,
+             tracing.VERIFICATION_KIND: claim.kind, tracing.VERIFIER: self.identity},
             self._verify(claim, sent_at=sent_at))
 
     async def _verify(self, claim: VerificationClaim, *, sent_at: float | None) -> Outcome:
