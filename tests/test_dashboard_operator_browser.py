@@ -36,7 +36,7 @@ from selenium.webdriver.support import expected_conditions as EC
 from conftest import Actors, Admin
 from drive import Driver, fingerprint, new_key, sha
 from ledger.db.models import ProcessReport
-from ledger.roles.registry import held, utcnow
+from ledger.runtime.registry import held, utcnow
 
 pytestmark = pytest.mark.anyio
 

@@ -24,7 +24,7 @@ from ledger.db.database import Transaction
 from ledger.errors import Forbidden, InvalidInput, NotFound
 from ledger.db.hub import NullHub
 from ledger.db.models import ProcessReport
-from ledger.roles.registry import Registration, held, utcnow
+from ledger.runtime.registry import Registration, held, utcnow
 from ledger.report import autonomy_report
 
 pytestmark = pytest.mark.anyio

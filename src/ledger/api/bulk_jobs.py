@@ -36,7 +36,7 @@ from ledger.api import problems
 from ledger.api.roles import CallerDep
 
 if TYPE_CHECKING:
-    from ledger.api.app import ApiState
+    from ledger.api.state import ApiState
 
 log = get_logger("api")
 router = APIRouter(tags=["campaigns"])

@@ -34,14 +34,13 @@ import hmac
 import secrets
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from starlette.requests import HTTPConnection
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 if TYPE_CHECKING:
     from ledger.db.kernel import Kernel
-    from ledger.api.auth import TokenEntry
 
 COOKIE = "ledger_session"
 CSRF_HEADER = "X-CSRF-Token"
@@ -72,7 +71,18 @@ def _digest(session_id: str) -> str:
     return hashlib.sha256(session_id.encode()).hexdigest()
 
 
-async def sign_in(connection: HTTPConnection, entry: TokenEntry, sessions: Kernel,
+class Credential(Protocol):
+    """What a session is started for: a configured token (``auth.TokenEntry``)."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def role(self) -> str: ...
+    @property
+    def digest(self) -> str: ...
+
+
+async def sign_in(connection: HTTPConnection, entry: Credential, sessions: Kernel,
                   ttl_s: float = MAX_AGE_S) -> BrowserSession:
     """Start a sign-in with the token of ``entry``: a new session (recorded
     through ``sessions``, the operator role's kernel), a fresh CSRF token."""

@@ -46,7 +46,8 @@ def dispatcher(
     from ledger.db.hub import Hub
     from ledger.db.kernel import Kernel
     from ledger.runtime.service import Service
-    from ledger.runtime.startup import Standby, serve_when_ready
+    from ledger.runtime.host import serve_when_ready
+    from ledger.runtime.startup import Standby
 
     logs.configure(log_level)
 

@@ -99,7 +99,7 @@ def worker(
     from ledger.db.hub import listening
     from ledger.roles.services import ReaperOptions, worker_services
     from ledger.roles.worker import WorkerOptions
-    from ledger.runtime.startup import serve_when_ready
+    from ledger.runtime.host import serve_when_ready
 
     logs.configure(log_level)
     st = state(ctx)
@@ -145,7 +145,7 @@ def sensor_run(
     from ledger.db.kernel import Kernel
     from ledger.identity import process_identity
     from ledger.roles.sensors import Sensors
-    from ledger.runtime.startup import serve_when_ready
+    from ledger.runtime.host import serve_when_ready
 
     logs.configure(log_level)
     st = state(ctx)
@@ -205,7 +205,7 @@ def run_all(
     from ledger.roles.services import ReaperOptions, RunOptions, one_machine
     from ledger.roles.worker import WorkerOptions
     from ledger.cli.journal import parse_duration
-    from ledger.runtime.startup import serve_when_ready
+    from ledger.runtime.host import serve_when_ready
 
     logs.configure(log_level)
     st = state(ctx)

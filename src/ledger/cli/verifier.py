@@ -39,7 +39,8 @@ def verifier(
     from ledger.db.kernel import Kernel
     from ledger.roles.verifier import Verifier
     from ledger.runtime.service import Service
-    from ledger.runtime.startup import Standby, serve_when_ready
+    from ledger.runtime.host import serve_when_ready
+    from ledger.runtime.startup import Standby
 
     logs.configure(log_level)
     settings = state(ctx).settings

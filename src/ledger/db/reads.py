@@ -389,7 +389,7 @@ class Reads:
     # --- operator controls ---------------------------------------------------------
 
     async def processes(self, limit: int = 500) -> list[ProcessRow]:
-        """The registry of processes (``ledger.roles.registry``): the live first."""
+        """The registry of processes (``ledger.runtime.registry``): the live first."""
         rows = await self.executor.fetch(Q["processes"], limit=limit)
         return [ProcessRow.model_validate(r) for r in rows]
 

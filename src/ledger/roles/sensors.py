@@ -62,7 +62,7 @@ from ledger.db.kernel import Kernel
 from ledger.logs import get_logger
 from ledger.db.models import ObservationRecorded
 from ledger.sandbox.processes import cell_environment, child_environment, run_command
-from ledger.roles.registry import Registration, held, utcnow
+from ledger.runtime.registry import Registration, held, utcnow
 from ledger.git.repository import GitError, Repository
 
 EPOCH = datetime(2000, 1, 1, tzinfo=timezone.utc)

@@ -62,13 +62,13 @@ from ledger.verifiers.pytest_report import pytest_command
 from ledger.git import bundle as bundles
 from ledger.sandbox import cell as cells
 from ledger.sandbox import guise as guises
-from ledger.ops import faults
 from ledger.git import protection
 from ledger import tracing
 from ledger.errors import LedgerError, StaleLease, Unavailable
 from ledger.db.hub import WakeSource
 from ledger.identity import process_identity
-from ledger.roles.registry import Registration, held, utcnow
+from ledger.runtime import seams
+from ledger.runtime.registry import Registration, held, utcnow
 from ledger.settings import default
 from ledger.db.kernel import Kernel
 from ledger.roles.lease import LeaseClock
@@ -83,6 +83,9 @@ from ledger.git.screen import Screen
 from ledger.git.screen import describe as describe_findings
 
 T = TypeVar("T")
+
+#: The seam before a verdict is recorded (a drill stops a verifier there).
+BEFORE_VERDICT = "verifier.before_verdict"
 
 Outcome = Literal["accepted", "rejected", "stale", "released"]
 #: How much of the diff a reviewer is shown.
@@ -172,6 +175,7 @@ class Verifier(Loop):
         work_dir: Path | None = None,
         kinds: Sequence[str] | None = None,
         needs_cell: bool = True,
+        pause: seams.Pause | None = None,
     ):
         super().__init__(poll_s, hub=hub)
         if lease_s <= 0:
@@ -182,6 +186,8 @@ class Verifier(Loop):
                              f"the lease ({lease_s}s), or every verification lapses mid-check")
         self.kernel = kernel
         self.reads = Reads(kernel.executor)
+        #: awaited at the seams a drill may stop the process at (BEFORE_VERDICT)
+        self.pause = pause if pause is not None else seams.installed()
         self.identity = identity or process_identity("verifier")
         self.model_family = model_family
         self.classes = list(classes) if classes else None
@@ -278,7 +284,7 @@ class Verifier(Loop):
                             error=release_error.message)
             self.verdicts["released"] += 1
             return "released"
-        await faults.point("verifier.before_verdict")
+        await self.pause(BEFORE_VERDICT)
         try:
             if lease.lapsed:
                 raise StaleLease("the verification lease lapsed by the verifier's own clock")

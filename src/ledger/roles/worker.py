@@ -37,7 +37,7 @@ from ledger.roles.lease import LeaseClock
 from ledger.logs import get_logger
 from ledger.db.models import Claim
 from ledger.db.reads import Reads
-from ledger.roles.registry import Registration, held, utcnow
+from ledger.runtime.registry import Registration, held, utcnow
 from ledger.settings import default
 from ledger.backoff import backoff
 from ledger.runtime import startup

@@ -48,7 +48,8 @@ import contextvars
 import os
 import signal
 import weakref
-from collections.abc import Coroutine, Iterable
+from collections.abc import Awaitable, Callable, Coroutine, Iterable
+from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -58,6 +59,7 @@ from ledger.backoff import backoff
 from ledger.errors import LedgerError
 from ledger.logs import get_logger
 from ledger.runtime import startup
+from ledger.runtime.health import serving_health
 from ledger.runtime.service import Service
 from ledger.settings import environment
 
@@ -370,3 +372,34 @@ def _stop_before_start(signum: int, frame: object) -> None:
 def stop_cleanly_while_starting() -> None:
     """Make a SIGTERM before the host runs a clean stop (exit 0): see the module."""
     signal.signal(signal.SIGTERM, _stop_before_start)
+
+
+async def serve_when_ready(build: Callable[[AsyncExitStack, startup.Standby], Awaitable[list[Service]]], *,
+                           name: str, role: str, policy: Any = "fail",
+                           wait_s: float | None = None, health: str | None = None) -> int:
+    """Build the services of a long-running command -- waiting out the start-up
+    faults the build meets (``Waiter``), each try's resources released -- and
+    run them on a host until a signal; returns its exit code. ``health``:
+    where ``/livez`` and ``/readyz`` answer meanwhile."""
+    standby = startup.Standby(role, name)
+    waiter = startup.Waiter(name, log=get_logger(name), wait_s=wait_s, report=standby.report)
+    stop = asyncio.Event()
+    async with serving_health(health), AsyncExitStack() as kept:
+        kept.push_async_callback(standby.close)
+        while True:
+            stack = AsyncExitStack()
+            try:
+                services = await build(stack, standby)
+            except Exception as exc:
+                await stack.aclose()
+                if startup.fault_of(exc) is None:
+                    raise
+                if not await waiter.failed(exc, stop):
+                    return 0
+                continue
+            break
+        waiter.succeeded()
+        standby.hand_over(services)
+        await standby.close()  # its row goes on in the service's own session
+        async with stack:
+            return await serve(services, name=name, policy=policy, wait_for_start_s=wait_s)

@@ -21,7 +21,7 @@ from ledger.logs import get_logger
 from ledger.backoff import backoff
 
 if TYPE_CHECKING:
-    from ledger.roles.registry import Registration
+    from ledger.runtime.registry import Registration
 
 #: The pause after passes that could not reach the database starts here and
 #: stops here: the server may be back any moment, and a wake-up (a hint, or

@@ -22,7 +22,7 @@ exit code.
   the wait (then the cause's exit code); 0 makes it one-shot.
 
 Three places wait, each with a ``Waiter``: the command, for what it needs
-before its services exist (``serve_when_ready``: the database, ledger.toml,
+before its services exist (``ledger.runtime.host.serve_when_ready``: the database, ledger.toml,
 the repositories); the host, for each service's own start-up checks (its
 ``prepare``: the worker's cell and classes, the verifier's and the sensors'
 cell) and for a start-up fault that escapes a service's ``run`` anyway.
@@ -54,7 +54,7 @@ from ledger.logs import get_logger
 
 if TYPE_CHECKING:
     from ledger.db.database import Database
-    from ledger.roles.registry import Registration
+    from ledger.runtime.registry import Registration
     from ledger.runtime.service import Service
 
 T = TypeVar("T")
@@ -232,7 +232,7 @@ class Standby:
         if self.registration is None:
             from ledger.db.kernel import Kernel
             from ledger.identity import process_identity
-            from ledger.roles.registry import Registration
+            from ledger.runtime.registry import Registration
 
             session = self.database.session(self.role, max_size=1)
             try:
@@ -271,37 +271,3 @@ def adopt_row(service: Any, role: str, since: datetime) -> bool:
         service.started_at = since
         return True
     return False
-
-
-async def serve_when_ready(build: Callable[[AsyncExitStack, Standby], Awaitable[list[Service]]], *,
-                           name: str, role: str, policy: Any = "fail",
-                           wait_s: float | None = None, health: str | None = None) -> int:
-    """Build the services of a long-running command -- waiting out the start-up
-    faults the build meets (``Waiter``), each try's resources released -- and
-    run them on a host until a signal; returns its exit code. ``health``:
-    where ``/livez`` and ``/readyz`` answer meanwhile."""
-    from ledger.runtime.health import serving_health
-    from ledger.runtime.host import serve
-
-    standby = Standby(role, name)
-    waiter = Waiter(name, log=get_logger(name), wait_s=wait_s, report=standby.report)
-    stop = asyncio.Event()
-    async with serving_health(health), AsyncExitStack() as kept:
-        kept.push_async_callback(standby.close)
-        while True:
-            stack = AsyncExitStack()
-            try:
-                services = await build(stack, standby)
-            except Exception as exc:
-                await stack.aclose()
-                if fault_of(exc) is None:
-                    raise
-                if not await waiter.failed(exc, stop):
-                    return 0
-                continue
-            break
-        waiter.succeeded()
-        standby.hand_over(services)
-        await standby.close()  # its row goes on in the service's own session
-        async with stack:
-            return await serve(services, name=name, policy=policy, wait_for_start_s=wait_s)

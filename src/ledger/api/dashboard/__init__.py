@@ -44,7 +44,7 @@ from ledger.api.problems import TooManyRequests
 from ledger.api.dashboard.viewer import SignInRequired
 
 if TYPE_CHECKING:
-    from ledger.api.app import ApiState
+    from ledger.api.state import ApiState
 
 __all__ = ["board_changes", "create_dashboard", "describe", "duration", "sensor_rows"]
 

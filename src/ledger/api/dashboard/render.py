@@ -18,7 +18,7 @@ from ledger.config import LedgerConfig
 from ledger.db.models import TERMINAL_STATES, Attempt, Campaign, Event, State
 
 if TYPE_CHECKING:
-    from ledger.api.app import ApiState
+    from ledger.api.state import ApiState
     from ledger.api.dashboard.viewer import Viewer
 
 HERE = Path(__file__).resolve().parents[1]  # ledger/api: templates/ and static/

@@ -1,4 +1,4 @@
-"""The workers view: every process of the registry (``ledger.roles.registry``) --
+"""The workers view: every process of the registry (``ledger.runtime.registry``) --
 which role, where, since when, when last seen, what it holds now and since
 when -- live ones first; a process that stopped reporting shows as gone."""
 
