@@ -103,12 +103,12 @@ def _status_fields() -> dict[str, frozenset[str]]:
     tree = ast.parse(inspect.getsource(cli_campaigns.status).lstrip())
     [emitted] = [n.args[0] for n in ast.walk(tree) if isinstance(n, ast.Call)
                  and getattr(n.func, "id", "") == "emit_json" and isinstance(n.args[0], ast.Dict)]
-    fields = {"status": frozenset(k.value for k in emitted.keys if isinstance(k, ast.Constant))}
+    fields = {"status": frozenset(str(k.value) for k in emitted.keys if isinstance(k, ast.Constant))}
     for key, value in zip(emitted.keys, emitted.values):
         if isinstance(key, ast.Constant) and isinstance(value, ast.ListComp):
             assert isinstance(value.elt, ast.Dict)
-            fields[f"status.{key.value}"] = frozenset(
-                k.value for k in value.elt.keys if isinstance(k, ast.Constant))
+            fields[f"status.{key.value!s}"] = frozenset(
+                str(k.value) for k in value.elt.keys if isinstance(k, ast.Constant))
     return fields
 
 

@@ -31,9 +31,10 @@ import secrets
 from collections.abc import Awaitable, Callable
 from typing import Annotated, Any, Literal
 
+import jsonschema
 from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
-from mcp.types import ToolAnnotations
+from mcp.types import Tool, ToolAnnotations
 from pydantic import BaseModel, Field
 
 from ledger import bulk
@@ -105,6 +106,56 @@ class ClassStatus(BaseModel):
     classes: list[ClassSummary]
 
 
+def closed(schema: dict[str, Any]) -> dict[str, Any]:
+    """``schema`` with every object that does not say otherwise closed
+    (``additionalProperties: false``): an argument the tool does not take is
+    refused, never silently ignored."""
+    if schema.get("type") == "object" and "additionalProperties" not in schema:
+        schema["additionalProperties"] = False
+    for value in schema.values():
+        for child in (value.values() if isinstance(value, dict) else
+                      value if isinstance(value, list) else ()):
+            if isinstance(child, dict):
+                closed(child)
+    if isinstance(schema.get("items"), dict):
+        closed(schema["items"])
+    return schema
+
+
+class CheckedServer(MCPServer[Any]):
+    """The SDK's server, with each tool's arguments validated against the
+    input schema it publishes (JSON Schema, as a client reads it) before the
+    tool runs: ``true`` or ``"1"`` is no campaign id, and an unknown argument
+    is an error naming it -- not coerced, not ignored."""
+
+    def __init__(self, *args: Any, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        self._validators: dict[str, jsonschema.protocols.Validator] = {}
+
+    async def list_tools(self) -> list[Tool]:
+        tools = await super().list_tools()
+        for tool in tools:
+            closed(tool.input_schema)
+        return tools
+
+    async def _validator(self, name: str) -> jsonschema.protocols.Validator | None:
+        if not self._validators:
+            for tool in await self.list_tools():
+                cls = jsonschema.validators.validator_for(tool.input_schema)
+                self._validators[tool.name] = cls(tool.input_schema)
+        return self._validators.get(name)
+
+    async def call_tool(self, name: str, arguments: dict[str, Any],
+                        context: Context[Any, Any] | None = None) -> Any:
+        validator = await self._validator(name)
+        if validator is not None:
+            error = jsonschema.exceptions.best_match(validator.iter_errors(arguments))
+            if error is not None:
+                where = ".".join(str(p) for p in error.absolute_path) or "arguments"
+                raise ToolError(f"invalid-input: {name}: {where}: {error.message}")
+        return await super().call_tool(name, arguments, context)
+
+
 def _failure(exc: LedgerError) -> Exception:
     """A Ledger refusal as the tool error the agent reads (slug: message)."""
     return ToolError(f"{exc.slug}: {exc.message}")
@@ -134,7 +185,8 @@ class LedgerMCP:
         self.stdio_principal = authenticate(tokens, stdio_token) if stdio_token is not None else None
         self.pools = RolePools(database, max_size=pool_size)
         self._key: bytes | None = None
-        self.server: MCPServer[Any] = MCPServer("ledger", instructions=INSTRUCTIONS, version=_version())
+        self.server: MCPServer[Any] = CheckedServer("ledger", instructions=INSTRUCTIONS,
+                                                    version=_version())
         self._register()
 
     # -- who is asking ---------------------------------------------------------

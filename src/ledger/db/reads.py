@@ -53,16 +53,23 @@ def _filters(*, states: Sequence[str] | None = None, classes: Sequence[str] | No
              search: str | None = None, ids: Sequence[int] | None = None,
              cursor: tuple[datetime, int] | None = None) -> dict[str, Any]:
     """The parameters of the campaign filter (``campaigns``, ``matching_*``):
-    each one unset is NULL, which disables it in the SQL."""
+    each one unset is NULL, which disables it in the SQL. ``search`` is a
+    literal substring of the objective key: its ``%``, ``_`` and ``\\`` are
+    escaped for ILIKE (whose escape character is the backslash)."""
     return {
         "states": list(states) if states else None,
         "classes": list(classes) if classes else None,
         "target": target, "objective_key": objective_key, "label": label,
-        "updated_since": updated_since, "search": search,
+        "updated_since": updated_since, "search": _literal(search) if search is not None else None,
         "ids": list(ids) if ids else None,
         "cursor_updated_at": cursor[0] if cursor else None,
         "cursor_id": cursor[1] if cursor else None,
     }
+
+
+def _literal(text: str) -> str:
+    """``text`` as an ILIKE pattern that matches itself only."""
+    return text.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
 
 
 class Reads:
