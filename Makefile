@@ -12,7 +12,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 DEMO_STAMP := $(VENV)/.installed-demo
 
-.PHONY: demo test typecheck bench docs
+.PHONY: demo test typecheck lint bench docs
 
 demo: $(DEMO_STAMP)
 	@$(SYSTEM_PACKAGES) demo || [ $$? = 78 ]
@@ -40,6 +40,11 @@ typecheck: $(STAMP)
 	@ln -sfn $(CURDIR)/drills $(TYPECHECK_PATH)/ledger/drills
 	MYPYPATH=$(CURDIR)/src:$(TYPECHECK_PATH) $(BIN)/python -m mypy
 	MYPYPATH=$(CURDIR)/src:$(TYPECHECK_PATH) $(BIN)/python -m mypy $(TEST_MYPY_FLAGS) tests
+
+# The lint gate: ruff (pyflakes, pycodestyle, import order; pyproject.toml)
+# over the whole tree, zero findings. `ruff check --fix` mends import order.
+lint: $(STAMP)
+	$(BIN)/python -m ruff check .
 
 # Benchmarks (not tests): every section in one run, results in bench/results/.
 bench: $(STAMP)

@@ -558,7 +558,7 @@ async def test_a_green_observation_without_judged_tests_cannot_confirm_a_baselin
         bench: Bench, test_class: str) -> None:
     from drive import now
 
-    cid = await promoted(bench)
+    await promoted(bench)
     sensor = await bench.actors("sensor")
     for details in ({}, {"tests": {"passed_ids": [FAILING]}},  # not judged
                     {"tests": {"judged": True, "passed_ids": ["tests/test_calc.py::test_mul[2-3-6]"]}}):
@@ -694,7 +694,7 @@ async def test_one_verdict_per_verifier_per_attempt_in_the_schema(
     await (await actors("operator")).register_class(test_class, verifier="command",
                                                     verifiers=["command", "review"])
     repo, base = make_repo(tmp_path / "r")
-    cid = (await (await actors("sensor")).open_campaign(test_class, "k", "t")).campaign_id
+    await (await actors("sensor")).open_campaign(test_class, "k", "t")
     kernel = await actors("worker")
     claim = await kernel.claim_campaign("worker-A", [test_class])
     assert claim is not None

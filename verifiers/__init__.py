@@ -35,7 +35,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import importlib
-import math
 import shutil
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -49,7 +48,6 @@ from ledger.sandbox.cell import Binding, CellPolicy, CellSpec, taken_accounts
 from ledger.sandbox.processes import (
     CommandResult,
     cell_environment,
-    check_extra,
     child_environment,
     run_command,
 )

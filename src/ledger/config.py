@@ -41,14 +41,13 @@ from __future__ import annotations
 
 import re
 import tomllib
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 import string
 
-from ledger.git import protection
 from ledger.sandbox.cell import CellPolicy
 from ledger.errors import ConfigError
 from ledger.sandbox.processes import check_extra

@@ -151,12 +151,12 @@ def _check_filters(states: list[str], classes: list[str], texts: dict[str, str |
     if unknown:
         raise InvalidInput(f"--state: unknown state {', '.join(unknown)} "
                            f"(one of {', '.join(STATES)})")
-    limits = [(option, value, 0, 500) for option, value in texts.items()]
+    limits = [(flag, value, 0, 500) for flag, value in texts.items()]
     limits += [("--search", search, 0, 200)] + [("--class", c, 1, 200) for c in classes]
-    for option, value, shortest, longest in limits:
+    for flag, value, shortest, longest in limits:
         if value is not None and not (shortest <= len(value) <= longest and "\x00" not in value):
             size = f"{shortest} to {longest}" if shortest else f"at most {longest}"
-            raise InvalidInput(f"{option}: {size} characters, no NUL")
+            raise InvalidInput(f"{flag}: {size} characters, no NUL")
 
 
 def show(

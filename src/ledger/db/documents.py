@@ -139,6 +139,38 @@ class HttpPrecondition(Document):
     if_none_match: str | int | None = None
 
 
+# --- observations and classes -------------------------------------------------------
+
+
+class ObservationDetails(Document):
+    """What a sensor's check saw, as an observation keeps it (the parts read
+    back: what else a check wrote stays in the row, for people)."""
+
+    #: the tests' report (``Baseline.from_tests`` reads it)
+    tests: Any = None
+    error: str | None = None
+
+
+class Observation(Document):
+    """An observation as a campaign keeps the one that opened it."""
+
+    details: ObservationDetails = Field(default_factory=ObservationDetails)
+    started_at: datetime | None = None
+
+
+class ApprovalPolicy(Document):
+    """A class's approval policy as registered (docs/approval.md)."""
+
+    #: always, when (a condition holds) or absent: never
+    mode: str | None = None
+    when: list[Any] = Field(default_factory=list)
+
+    def asks_on_quorum_split(self) -> bool:
+        """Whether a verdict that asks for a person goes to one."""
+        return self.mode == "always" or self.mode == "when" and any(
+            isinstance(c, Mapping) and c.get("quorum_split") for c in self.when)
+
+
 # --- the merge queue ------------------------------------------------------------
 
 

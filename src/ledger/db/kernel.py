@@ -21,7 +21,6 @@ from psycopg.types.json import Jsonb
 from ledger.db.database import Executor
 from ledger.errors import Forbidden, StaleLease
 
-T = TypeVar("T")
 from ledger.db.models import (
     ApprovalDecision,
     ApprovalExpired,
@@ -39,6 +38,8 @@ from ledger.db.models import (
     SideEffectRequested,
     VerificationClaim,
 )
+
+T = TypeVar("T")
 
 
 #: Kernel functions whose identical retry returns the first result (or does

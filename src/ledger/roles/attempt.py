@@ -176,7 +176,7 @@ def remove_tree(path: Path) -> None:
                 os.unlink(name)
         except OSError:
             pass
-    shutil.rmtree(path, onerror=opened_up)  # noqa: deprecated in 3.12 for onexc; 3.11 is supported
+    shutil.rmtree(path, onerror=opened_up)  # onerror: deprecated in 3.12 for onexc, but 3.11 is supported
 
 
 def sweep_orphans(data_dir: Path) -> int:

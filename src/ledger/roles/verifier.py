@@ -74,6 +74,7 @@ from ledger.settings import default
 from ledger.db.kernel import Kernel
 from ledger.roles.lease import LeaseClock
 from ledger.logs import get_logger
+from ledger.db.documents import ApprovalPolicy, Observation
 from ledger.db.models import VerificationClaim
 from ledger.db.reads import Reads
 from ledger.runtime.service import Loop, Stopped
@@ -407,12 +408,15 @@ class Verifier(Loop):
                     evidence: dict[str, Any]) -> _Plan | _Judgement:
         """What judges the candidate: the spec (loaded once, here), the
         acceptance it makes, the screen and the verifier implementation."""
-        raw, verifier_name, baseline = await self._judged_by(claim, frozen)
+        try:
+            spec, verifier_name, baseline = await self._judged_by(claim, frozen)
+        except ValueError as exc:
+            return _rejected(evidence, f"invalid acceptance spec: {exc}", kind=claim.kind,
+                             repository=frozen.repository, base_sha=frozen.base_sha)
         evidence.update(implementation=verifier_name, kind=claim.kind, repository=frozen.repository,
                         base_sha=frozen.base_sha, candidate_ref=claim.candidate_ref)
         runs_commands = verifier_name != "review"
         try:
-            spec = AcceptanceSpec.stored(raw)
             acceptance = verifiers.Acceptance.from_spec(spec, baseline, require_commands=runs_commands)
             screen = Screen(spec.screen.model_dump())
         except (verifiers.InvalidAcceptance, ValueError) as exc:
@@ -536,12 +540,8 @@ class Verifier(Loop):
     async def _asks_a_person(self, claim: VerificationClaim) -> bool:
         """Whether the claim's class sends a verdict that asks for a person
         to one (its approval policy: always, or a quorum_split condition)."""
-        policy = (await self.reads.campaign_class(claim.class_)).approval
-        if policy.get("mode") == "always":
-            return True
-        conditions = policy.get("when") if policy.get("mode") == "when" else None
-        return isinstance(conditions, list) and any(
-            isinstance(c, dict) and c.get("quorum_split") for c in conditions)
+        policy = ApprovalPolicy.load((await self.reads.campaign_class(claim.class_)).approval)
+        return policy.asks_on_quorum_split()
 
     def _held_out(self, spec: HeldOut, checkout: Path, acceptance: verifiers.Acceptance,
                   scratch: Path) -> verifiers.Acceptance:
@@ -606,21 +606,21 @@ class Verifier(Loop):
                 "verdicts": earlier, "screen": evidence.get("screen", [])}
 
     async def _judged_by(self, claim: VerificationClaim, frozen: bundles.Bundle
-                         ) -> tuple[dict[str, Any], str, verifiers.Baseline | None]:
-        """The acceptance spec, the verifier implementation and the baseline a
-        candidate is judged by: the campaign's criteria and its class's
-        verifier (what the operator registered), the bundle's only for a class
-        registered without acceptance commands; the baseline from the
-        observation that opened the campaign."""
+                         ) -> tuple[AcceptanceSpec, str, verifiers.Baseline | None]:
+        """The acceptance spec (loaded here, from the row), the verifier
+        implementation and the baseline a candidate is judged by: the
+        campaign's criteria and its class's verifier (what the operator
+        registered), the bundle's only for a class registered without
+        acceptance commands; the baseline from the observation that opened
+        the campaign. ``ValueError`` for a stored spec that is not one."""
         campaign = await self.reads.campaign(claim.campaign_id)
-        details = campaign.opening_observation.get("details")
-        tests = details.get("tests") if isinstance(details, dict) else None
-        baseline = verifiers.Baseline.from_tests(tests)
-        criteria = campaign.acceptance_criteria
-        if criteria.get("commands") or claim.kind == "review":
+        opening = Observation.load(campaign.opening_observation)
+        baseline = verifiers.Baseline.from_tests(opening.details.tests)
+        criteria = AcceptanceSpec.stored(campaign.acceptance_criteria)
+        if criteria.commands or claim.kind == "review":
             # the kind of the class's quorum this verification is for
-            return dict(criteria), claim.kind, baseline
-        return dict(frozen.acceptance), frozen.verifier, baseline
+            return criteria, claim.kind, baseline
+        return AcceptanceSpec.stored(frozen.acceptance), frozen.verifier, baseline
 
     # --- the loop ------------------------------------------------------------
 
