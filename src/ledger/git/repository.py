@@ -714,17 +714,6 @@ def _one_line(value: str) -> str:
     return " ".join(str(value).split())[:500]
 
 
-def commit_all(worktree: Path, message: str, *, author: Identity = LEDGER,
-               committer: Identity = LEDGER) -> bool:
-    """Commit every change in ``worktree`` (new files included); ``False`` if clean."""
-    git(worktree, "add", "--all")
-    if not git(worktree, "status", "--porcelain"):
-        return False
-    git(worktree, "commit", "--quiet", "--no-verify", "--no-gpg-sign", "-F", "-",
-        env={**author.env("AUTHOR"), **committer.env("COMMITTER")}, input=message.encode())
-    return True
-
-
 def diff(worktree: Path, base: str, candidate: str) -> bytes:
     """The change from ``base`` to ``candidate``, byte-stable for fingerprinting."""
     return git_bytes(worktree, "diff", "--binary", "--no-color", "--no-ext-diff", "--no-textconv",

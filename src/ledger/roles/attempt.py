@@ -355,7 +355,7 @@ class AttemptRun:
         self._kill()
 
     def _kill(self) -> None:
-        # Cancelling the command kills its whole process group (ledger.processes).
+        # Cancelling the command kills its whole process group (ledger.sandbox.processes).
         if self._command is not None and not self._command.done():
             self._command.cancel()
 

@@ -69,8 +69,7 @@ import subprocess
 import sys
 import tempfile
 import threading
-import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, Literal
@@ -591,35 +590,3 @@ def _cell_args(argv: Sequence[str], spec: CellSpec, env: dict[str, str], scratch
     for key, value in env.items():
         args += ["--setenv", key, value]
     return args
-
-
-def inside_path(host: Path, bindings: Iterable[Binding]) -> str | None:
-    """Where the host path ``host`` is seen inside a cell with ``bindings``."""
-    for binding in bindings:
-        try:
-            rest = host.relative_to(binding.source)
-        except ValueError:
-            continue
-        return binding.target if str(rest) == "." else f"{binding.target}/{rest}"
-    return None
-
-
-def timed_probe(runs: int = 5) -> tuple[float, float]:
-    """The start-up cost of a cell: median seconds of ``true`` in a cell and
-    outside one (the figure docs/figures.md states)."""
-    import statistics
-    inside, outside = [], []
-    for _ in range(runs):
-        with tempfile.TemporaryFile() as report:
-            wrapped = wrap(["/bin/true"], CellSpec(CellPolicy(), cwd="/"), report.fileno())
-            try:
-                t0 = time.perf_counter()
-                subprocess.run(wrapped.argv, env=wrapped.env, pass_fds=wrapped.pass_fds,
-                               preexec_fn=wrapped.preexec, check=True)
-                inside.append(time.perf_counter() - t0)
-            finally:
-                wrapped.close()
-        t0 = time.perf_counter()
-        subprocess.run(["/bin/true"], check=True)
-        outside.append(time.perf_counter() - t0)
-    return statistics.median(inside), statistics.median(outside)

@@ -67,11 +67,6 @@ class Redactor:
         self._held = b""
         self.redacted = 0
 
-    @property
-    def active(self) -> bool:
-        """Whether there is anything to redact."""
-        return self._pattern is not None
-
     def feed(self, chunk: bytes) -> bytes:
         """The part of ``held + chunk`` that can be released, redacted."""
         if self._pattern is None:
