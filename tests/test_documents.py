@@ -15,11 +15,14 @@ from pydantic import ValidationError
 
 from ledger import config, verifiers
 from ledger.db.documents import (
+    ApprovalPolicy,
     GitPayload,
     GitPrecondition,
     HttpPayload,
     InvalidDocument,
     Landing,
+    Observation,
+    ObservationDetails,
     QueueView,
 )
 from ledger.verifiers.spec import AcceptanceSpec
@@ -101,3 +104,24 @@ def test_the_merge_queue_view_loads_once_with_its_defaults() -> None:
     assert view.policy.batch_size == 4 and view.policy.max_wait_s == 0.0
     assert view.last is not None and view.last.suspect is None and view.last.changes[1].old == "e"
     assert view.queue[0].change.candidate_ref == "refs/x" and view.queue[0].queued_at == now
+
+
+def test_observation_details_store_what_the_check_set_and_read_back_tolerantly() -> None:
+    details = ObservationDetails(command=["pytest"])
+    details.exit_code, details.output = None, ""  # killed: no exit code, and that is said
+    details.tests = {"collected": 3, "failed": ["t.py::a"], "judged": True, "passed_ids": ["t.py::b"]}
+    stored = details.stored()
+    assert stored == {"command": ["pytest"], "exit_code": None, "output": "",
+                      "tests": {"collected": 3, "failed": ["t.py::a"], "judged": True,
+                                "passed_ids": ["t.py::b"]}}
+    report = details.report()
+    assert report is not None and report.judged is True and report.failed == ["t.py::a"]
+    # an opening observation of an older release: unknown keys, no tests at all
+    opening = Observation.load({"status": "red", "details": {"legacy": 1, "exit_code": 1},
+                                "started_at": "2025-05-01T00:00:00+00:00"})
+    assert opening.details.tests is None and opening.details.exit_code == 1
+    assert opening.started_at == datetime(2025, 5, 1, tzinfo=timezone.utc)
+    assert ApprovalPolicy.load({"mode": "when", "when": [{"quorum_split": True}]}).asks_on_quorum_split()
+    assert not ApprovalPolicy.load({"mode": "when", "when": ["protected_paths"]}).asks_on_quorum_split()
+    assert ApprovalPolicy.load({"mode": "always"}).asks_on_quorum_split()
+    assert not ApprovalPolicy.load({}).asks_on_quorum_split()

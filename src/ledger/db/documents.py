@@ -142,13 +142,52 @@ class HttpPrecondition(Document):
 # --- observations and classes -------------------------------------------------------
 
 
-class ObservationDetails(Document):
-    """What a sensor's check saw, as an observation keeps it (the parts read
-    back: what else a check wrote stays in the row, for people)."""
+class TestsReport(Document):
+    """What a check's tests said (``details.tests``): the judge's summary, or
+    a wrapper's junit report (which has no ``judged``)."""
 
-    #: the tests' report (``Baseline.from_tests`` reads it)
-    tests: Any = None
+    collected: int | None = None
+    failed: list[str] = Field(default_factory=list)
+    skipped: int | None = None
+    passed: int | None = None
+    #: whether the judge can trust the run (absent: not judged)
+    judged: bool | None = None
+    problems: list[str] = Field(default_factory=list)
+
+
+class ObservationDetails(Document):
+    """What a sensor's check saw (an observation's ``details``), written as
+    the check goes (every field it set is stored, ``None`` included) and read
+    back tolerantly."""
+
+    model_config = ConfigDict(frozen=False)
+
+    command: list[str] | None = None
+    url: str | None = None
+    ref: str | None = None
+    sha: str | None = None
+    exit_code: int | None = None
+    status_code: int | None = None
+    output: str | None = None
+    body: str | None = None
+    #: why the check could not tell (an error reading)
     error: str | None = None
+    #: the error is the host's (its checkout, its cell), not the target's
+    system_fault: bool | None = None
+    leftovers: list[Any] | None = None
+    sandboxed: bool | None = None
+    limits: dict[str, Any] | None = None
+    #: the tests' report (``TestsReport``; the judge's summary has more keys)
+    tests: dict[str, Any] | None = None
+    duration_s: float | None = None
+
+    def stored(self) -> dict[str, Any]:
+        """As written to the observation: the fields the check set."""
+        return self.model_dump(mode="json", exclude_unset=True)
+
+    def report(self) -> TestsReport | None:
+        """The tests' report, if the check has one."""
+        return TestsReport.load(self.tests, what="details.tests") if self.tests is not None else None
 
 
 class Observation(Document):

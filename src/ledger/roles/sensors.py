@@ -25,7 +25,7 @@ A command check runs like every command Ledger does not trust
 allow-listed environment (plus the sensor's ``environment`` extras), since
 after a promotion it runs code an agent wrote. A pytest command runs by the
 fixed judge, as the verifier's (``ledger.verifiers.judge``), and reports which tests
-failed and which passed (``details["tests"]``): when the observation opens a
+failed and which passed (``details.tests``): when the observation opens a
 campaign, that is the baseline its candidates are held to (see
 ``ledger.verifiers.pytest_report``); after a promotion, a green observation confirms
 only if the tests that failed at opening are among the passed ones
@@ -58,6 +58,7 @@ from ledger.sandbox import guise as guises
 from ledger import tracing
 from ledger.config import CampaignClassConfig, LedgerConfig, SensorConfig
 from ledger.errors import ConfigError, LedgerError
+from ledger.db.documents import ObservationDetails
 from ledger.db.kernel import Kernel
 from ledger.logs import get_logger
 from ledger.db.models import ObservationRecorded
@@ -108,15 +109,17 @@ OUTCOMES = ("green", "red", "error")
 class Reading:
     """What a check saw."""
 
-    status: str  # green, red or error (details["error"] says why)
+    status: str  # green, red or error (details.error says why)
     started_at: datetime
     finished_at: datetime
+    #: what it saw, as the observation stores it (``ObservationDetails.stored``)
     details: dict[str, Any]
 
     @property
     def error(self) -> str | None:
         """Why the check could not tell (an error reading), else ``None``."""
-        return str(self.details.get("error") or "the check failed") if self.status == "error" else None
+        said = ObservationDetails.load(self.details).error
+        return (said or "the check failed") if self.status == "error" else None
 
 
 async def check(sensor: SensorConfig, *, repository: str | None = None, ref: str | None = None,
@@ -128,7 +131,7 @@ async def check(sensor: SensorConfig, *, repository: str | None = None, ref: str
     from the remote for a URL. A pytest command runs by the fixed judge
     (``judge``: its class's ``acceptance.pytest``), as the verifier's do:
     green needs exit 0 *and* a complete, consistent report from the judge,
-    and ``details["tests"]`` is what the judge saw."""
+    and ``details.tests`` is what the judge saw."""
     started = datetime.now(timezone.utc)
     t0 = time.monotonic()
     if sensor.command is not None:
@@ -137,13 +140,13 @@ async def check(sensor: SensorConfig, *, repository: str | None = None, ref: str
     else:
         details = await _probe(sensor)
         status = http_outcome(sensor, details)
-    details["duration_s"] = round(time.monotonic() - t0, 3)
-    return Reading(status, started, datetime.now(timezone.utc), details)
+    details.duration_s = round(time.monotonic() - t0, 3)
+    return Reading(status, started, datetime.now(timezone.utc), details.stored())
 
 
-def command_outcome(sensor: SensorConfig, details: dict[str, Any]) -> str:
+def command_outcome(sensor: SensorConfig, details: ObservationDetails) -> str:
     """green, red or error for a command check's ``details`` (an error's
-    reason goes to ``details["error"]``).
+    reason goes to ``details.error``).
 
     Exit 0 is green and an exit code of ``red_exit_codes`` red; anything
     else is the check's own failure: another exit code (2 of a check that
@@ -156,37 +159,35 @@ def command_outcome(sensor: SensorConfig, details: dict[str, Any]) -> str:
     the tree got in its way); an error for pytest's own codes (2 interrupted,
     3 internal error, 4 usage error, 5 no tests collected) and a judge that
     never started."""
-    if details.get("error"):
+    if details.error:
         return "error"
-    code = details.get("exit_code")
-    tests = details.get("tests")
-    judged = isinstance(tests, dict) and "judged" in tests
-    if judged:
-        assert isinstance(tests, dict)
-        if tests["judged"] is not True:
+    code = details.exit_code
+    tests = details.report()
+    if tests is not None and tests.judged is not None:
+        if tests.judged is not True:
             if code == 0 or code in sensor.red_exit_codes:
                 # pytest ran and reported, but not as the judge saw it: code
                 # of the observed tree (a plugin, an exit at import) got in
                 # the way -- the target's doing, so red, never green
                 return "red"
-            problems = "; ".join(str(p) for p in tests.get("problems", [])[:3])
-            details["error"] = (f"pytest exited {code} and the judge cannot trust the run"
+            problems = "; ".join(str(p) for p in tests.problems[:3])
+            details.error = (f"pytest exited {code} and the judge cannot trust the run"
                                 + (f": {problems}" if problems else ""))
             return "error"
         if code == 0:
             return "green"
-        collection_errors = [t for t in tests.get("failed", []) if "::" not in str(t)]
+        collection_errors = [t for t in tests.failed if "::" not in t]
         if code in sensor.red_exit_codes or (code == 2 and collection_errors):
             return "red"
         meaning = PYTEST_EXIT_MEANING.get(code) if isinstance(code, int) else None
-        details["error"] = (f"pytest exited {code}" + (f" ({meaning})" if meaning else "")
+        details.error = (f"pytest exited {code}" + (f" ({meaning})" if meaning else "")
                             + ": a run that says nothing of the tests' outcome")
         return "error"
     if code == 0:
         return "green"
     if code in sensor.red_exit_codes:
         return "red"
-    details["error"] = describe_exit(code, sensor.red_exit_codes, str(details.get("output", "")))
+    details.error = describe_exit(code, sensor.red_exit_codes, details.output or "")
     return "error"
 
 
@@ -216,32 +217,32 @@ def describe_exit(code: int | None, red: Sequence[int], output: str = "") -> str
     return said + (f": {lines[-1][:300]}" if lines else "")
 
 
-def http_outcome(sensor: SensorConfig, details: dict[str, Any]) -> str:
+def http_outcome(sensor: SensorConfig, details: ObservationDetails) -> str:
     """green, red or error for an HTTP probe's ``details``: ``expect_status``
     is green; a status of ``red_statuses`` red (by default any other status
     below 500); a connection failure, a timeout, a 5xx not declared red and
     any other status an error."""
-    if details.get("error"):
+    if details.error:
         return "error"
-    code = details.get("status_code")
+    code = details.status_code
     if code == sensor.expect_status:
         return "green"
     red = sensor.red_statuses
     if (code in red) if red is not None else (isinstance(code, int) and code < 500):
         return "red"
     if isinstance(code, int) and code >= 500 and (red is None or code not in red):
-        details["error"] = (f"the server answered {code}: its own failure, not a verdict on the "
+        details.error = (f"the server answered {code}: its own failure, not a verdict on the "
                             "target (declare it in red_statuses to count it red)")
     else:
-        details["error"] = (f"HTTP {code} is neither expect_status ({sensor.expect_status}) nor "
+        details.error = (f"HTTP {code} is neither expect_status ({sensor.expect_status}) nor "
                             "one of red_statuses")
     return "error"
 
 
 async def _run_command(sensor: SensorConfig, repository: str | None, ref: str | None,
-                       cache_dir: Path | None, settings: JudgeSettings) -> dict[str, Any]:
+                       cache_dir: Path | None, settings: JudgeSettings) -> ObservationDetails:
     assert sensor.command is not None
-    details: dict[str, Any] = {"command": sensor.command}
+    details = ObservationDetails(command=sensor.command)
     sandboxed = sensor.cell.sandbox
     # A face of the sensor family's for the cell (none of the verifier's
     # runs looks like it), in a directory whose name says nothing.
@@ -257,10 +258,10 @@ async def _run_command(sensor: SensorConfig, repository: str | None, ref: str | 
                 sha = await asyncio.to_thread(repo.resolve, ref)
                 await asyncio.to_thread(repo.export_tree, sha, work)
             except GitError as exc:
-                details["error"] = f"cannot check out {ref} of {repository}: {exc.message}"
-                details["system_fault"] = True
+                details.error = f"cannot check out {ref} of {repository}: {exc.message}"
+                details.system_fault = True
                 return details
-            details.update(ref=ref, sha=sha)
+            details.ref, details.sha = ref, sha
         else:
             work.mkdir()
         seen_work = guise.checkout if guise is not None else str(work)
@@ -288,8 +289,8 @@ async def _run_command(sensor: SensorConfig, repository: str | None, ref: str | 
                 try:
                     await asyncio.to_thread(cells.check_available)
                 except cells.SandboxUnavailable as exc:
-                    details["error"] = f"{exc.message} ({exc.hint})"
-                    details["system_fault"] = True
+                    details.error = f"{exc.message} ({exc.hint})"
+                    details.system_fault = True
                     return details
                 assert guise is not None
                 # A judged run is told nothing of Ledger's (no LEDGER_JUNIT_XML:
@@ -326,38 +327,39 @@ async def _run_command(sensor: SensorConfig, repository: str | None, ref: str | 
         # campaign, never confirm one: it has no judged passed ids).
         tests = read_report(out / "junit.xml") if pytest is None else None
     if result.error:
-        details["error"] = f"cannot start: {result.error}"
+        details.error = f"cannot start: {result.error}"
     elif result.timed_out:
-        details["error"] = f"timed out after {sensor.timeout_s:g}s"
+        details.error = f"timed out after {sensor.timeout_s:g}s"
     else:
-        details.update(exit_code=result.exit_code, output=result.output)
+        details.exit_code, details.output = result.exit_code, result.output
     if result.leftovers:
-        details["leftovers"] = list(result.leftovers)
-    details["sandboxed"] = result.sandboxed
+        details.leftovers = list(result.leftovers)
+    details.sandboxed = result.sandboxed
     if result.limits:  # how its cell was limited (cgroup2, cgroup1 or rlimits), what it used
-        details["limits"] = result.limits
+        details.limits = result.limits
     if judged is not None:
         if judged.connected or result.exit_code == 0:
-            details["tests"] = judged.summary()
+            details.tests = judged.summary()
         if not judged.connected and not result.timed_out and result.exit_code not in (None, 0):
-            details["error"] = "the judge did not start: " + result.output[-300:]
-            details["system_fault"] = True
+            details.error = "the judge did not start: " + result.output[-300:]
+            details.system_fault = True
     elif tests is not None:
-        details["tests"] = tests.summary()
+        details.tests = tests.summary()
     return details
 
 
-async def _probe(sensor: SensorConfig) -> dict[str, Any]:
+async def _probe(sensor: SensorConfig) -> ObservationDetails:
     try:
         async with httpx.AsyncClient(timeout=sensor.timeout_s) as client:
             response = await client.get(sensor.url)  # type: ignore[arg-type]
-        return {"url": sensor.url, "status_code": response.status_code,
-                "body": response.text[:_OUTPUT_LIMIT]}
+        return ObservationDetails(url=sensor.url, status_code=response.status_code,
+                                  body=response.text[:_OUTPUT_LIMIT])
     except httpx.TimeoutException as exc:
-        return {"url": sensor.url, "error": f"no answer within {sensor.timeout_s:g}s "
-                                            f"({str(exc) or type(exc).__name__})"}
+        return ObservationDetails(url=sensor.url, error=f"no answer within {sensor.timeout_s:g}s "
+                                                        f"({str(exc) or type(exc).__name__})")
     except httpx.HTTPError as exc:
-        return {"url": sensor.url, "error": f"cannot reach {sensor.url}: {str(exc) or type(exc).__name__}"}
+        return ObservationDetails(url=sensor.url, error=f"cannot reach {sensor.url}: "
+                                                        f"{str(exc) or type(exc).__name__}")
 
 
 def observed_ref(sensor: SensorConfig, cls: CampaignClassConfig | None) -> tuple[str, str] | None:

@@ -74,7 +74,7 @@ from ledger.settings import default
 from ledger.db.kernel import Kernel
 from ledger.roles.lease import LeaseClock
 from ledger.logs import get_logger
-from ledger.db.documents import ApprovalPolicy, Observation
+from ledger.db.documents import ApprovalPolicy, InvalidDocument, Observation
 from ledger.db.models import VerificationClaim
 from ledger.db.reads import Reads
 from ledger.runtime.service import Loop, Stopped
@@ -614,8 +614,11 @@ class Verifier(Loop):
         acceptance commands; the baseline from the observation that opened
         the campaign. ``ValueError`` for a stored spec that is not one."""
         campaign = await self.reads.campaign(claim.campaign_id)
-        opening = Observation.load(campaign.opening_observation)
-        baseline = verifiers.Baseline.from_tests(opening.details.tests)
+        try:
+            opening = Observation.load(campaign.opening_observation)
+            baseline = verifiers.Baseline.from_tests(opening.details.tests)
+        except InvalidDocument:  # an observation not as this release writes them: no baseline
+            baseline = None
         criteria = AcceptanceSpec.stored(campaign.acceptance_criteria)
         if criteria.commands or claim.kind == "review":
             # the kind of the class's quorum this verification is for
