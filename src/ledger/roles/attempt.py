@@ -50,6 +50,7 @@ are idempotent) and, failing that, read back.
 from __future__ import annotations
 
 import asyncio
+import functools
 import hashlib
 import json
 import os
@@ -81,7 +82,9 @@ from ledger.sandbox.processes import (
     child_environment,
     run_command,
 )
-from ledger.protocol import AttemptContext
+from ledger.db.documents import InvalidDocument, Observation
+from ledger.protocol import AttemptContext, PreviousAttempt
+from ledger.verifiers.spec import AcceptanceSpec
 from ledger.db.reads import Reads
 from ledger.sandbox.redaction import redactor
 from ledger.git.repository import GitError, Identity, Repository
@@ -141,12 +144,20 @@ class Workspace:
                 cells.Binding(self.out, cells.INSIDE_OUT, writable=True),
                 cells.Binding(self.campaign_file, f"{cells.INSIDE_ROOT}/campaign.json"))
 
-    def seen(self, sandboxed: bool) -> dict[str, str]:
+    def seen(self, sandboxed: bool) -> Seen:
         """The paths as the attempt command sees them."""
         if sandboxed:
-            return {"worktree": cells.INSIDE_WORK, "out": cells.INSIDE_OUT,
-                    "campaign_file": f"{cells.INSIDE_ROOT}/campaign.json"}
-        return {"worktree": str(self.work), "out": str(self.out), "campaign_file": str(self.campaign_file)}
+            return Seen(cells.INSIDE_WORK, cells.INSIDE_OUT, f"{cells.INSIDE_ROOT}/campaign.json")
+        return Seen(str(self.work), str(self.out), str(self.campaign_file))
+
+
+@dataclass(frozen=True)
+class Seen:
+    """An attempt's paths as its command sees them (in its cell, or not)."""
+
+    worktree: str
+    out: str
+    campaign_file: str
 
 
 def make_workdir(data_dir: Path, claim: Claim, repository_location: str) -> Workspace:
@@ -483,7 +494,7 @@ class AttemptRun:
         if len(diff) > self.cls.max_candidate_mb << 20:
             return await self._fail(f"the candidate's diff is {len(diff)} bytes, over the class's "
                                     f"max_candidate_mb ({self.cls.max_candidate_mb})", fingerprint)
-        if not self.acceptance.get("allow_protected_changes"):
+        if not self.spec.allow_protected_changes:
             touched = await asyncio.to_thread(
                 protection.Protection.of(self.acceptance).changes, repo.path, base, candidate)
             if touched:
@@ -502,12 +513,13 @@ class AttemptRun:
         observation has no age to judge: it is not re-observed before the
         start)."""
         after = self.cls.reobserve_after_s
-        started = self.claim.opening_observation.get("started_at")
-        if self.reobservation is None or not self.cls.reobserve_before_start or not isinstance(started, str):
+        if self.reobservation is None or not self.cls.reobserve_before_start:
             return False
         try:
-            opened = datetime.fromisoformat(started)
-        except ValueError:
+            opened = Observation.load(self.claim.opening_observation).started_at
+        except InvalidDocument:
+            return False
+        if opened is None:
             return False
         if opened.tzinfo is None:
             opened = opened.replace(tzinfo=timezone.utc)
@@ -557,12 +569,28 @@ class AttemptRun:
                       effect=result.effect, observation=result.observation_id, reason=result.reason)
         return "dismissed" if result.effect == "dismissed" else None
 
+    @functools.cached_property
+    def _criteria(self) -> AcceptanceSpec | None:
+        """The campaign's acceptance criteria, loaded once; ``None`` if it
+        has none with commands (a class registered without them)."""
+        try:
+            spec = AcceptanceSpec.stored(self.claim.acceptance_criteria)
+        except ValueError:
+            return None  # not a spec this release reads: the verifier refuses it
+        return spec if spec.commands else None
+
     @property
-    def acceptance(self) -> dict[str, Any]:
+    def spec(self) -> AcceptanceSpec:
         """What the candidate will be judged by: the campaign's acceptance
         criteria (as the verifier reads them), else the class's."""
-        criteria = self.claim.acceptance_criteria
-        return dict(criteria) if criteria.get("commands") else self.cls.acceptance.effective()
+        return self._criteria if self._criteria is not None else self.cls.acceptance
+
+    @property
+    def acceptance(self) -> dict[str, Any]:
+        """``spec`` as it is stored with the bundle (the criteria as the
+        campaign has them, else the class's, resolved)."""
+        return (dict(self.claim.acceptance_criteria) if self._criteria is not None
+                else self.cls.acceptance.effective())
 
     def _inspect(self, result: CommandResult) -> None:
         """What the cell saw the command try, kept for its security events."""
@@ -680,9 +708,9 @@ class AttemptRun:
         except TimeoutError:
             raise Unavailable("could not read the campaign within the lease") from None
         reasons = {v.attempt_id: v.reason for v in detail.verifications if v.status == "rejected"}
-        previous = [{"attempt_no": a.attempt_no, "outcome": a.outcome, "verdict": a.verdict,
-                     "failure_reason": a.failure_reason or reasons.get(a.id),
-                     "fingerprint": a.fingerprint}
+        previous = [PreviousAttempt(attempt_no=a.attempt_no, outcome=a.outcome, verdict=a.verdict,
+                                    failure_reason=a.failure_reason or reasons.get(a.id),
+                                    fingerprint=a.fingerprint)
                     for a in detail.attempts if a.attempt_no != c.attempt_no]
         seen = workspace.seen(self.sandboxed)
         return AttemptContext(  # the attempt protocol (ledger.protocol)
@@ -692,12 +720,12 @@ class AttemptRun:
             # held-out tests are the verifier's alone: not even where they are
             acceptance={k: v for k, v in self.acceptance.items() if k != "held_out"},
             protected=protection.patterns_of(self.acceptance),
-            allow_protected_changes=bool(self.acceptance.get("allow_protected_changes")),
-            commit_message_file=f"{seen['out']}/{MESSAGE_FILE}",
+            allow_protected_changes=self.spec.allow_protected_changes,
+            commit_message_file=f"{seen.out}/{MESSAGE_FILE}",
             base_ref=self.cls.base_ref,
-            base_sha=base, worktree=seen["worktree"], previous_attempts=previous,
-            refused_fingerprints=sorted({a["fingerprint"] for a in previous if a["fingerprint"]
-                                         and (a["outcome"] == "failed" or a["verdict"] == "rejected")}),
+            base_sha=base, worktree=seen.worktree, previous_attempts=previous,
+            refused_fingerprints=sorted({a.fingerprint for a in previous if a.fingerprint
+                                         and (a.outcome == "failed" or a.verdict == "rejected")}),
             sandboxed=self.sandboxed,
             network=self.cls.cell.network if self.sandboxed else "host",
         ).model_dump(mode="json", by_alias=True)
@@ -709,17 +737,17 @@ class AttemptRun:
         class's configuration cannot fill in."""
         c = self.claim
         seen = workspace.seen(self.sandboxed)
-        values = {"campaign_file": seen["campaign_file"], "worktree": seen["worktree"],
+        values = {"campaign_file": seen.campaign_file, "worktree": seen.worktree,
                   "campaign_id": str(c.campaign_id), "attempt_no": str(c.attempt_no)}
         try:
             argv = [arg.format(**values) for arg in self.cls.attempt_command]
         except (KeyError, IndexError, ValueError) as exc:
             raise ConfigError(f"class {self.cls.name}: attempt_command cannot be filled in ({exc!r}; "
                               f"known placeholders: {', '.join(sorted(ATTEMPT_PLACEHOLDERS))})") from None
-        protocol = dict(LEDGER_CAMPAIGN_FILE=seen["campaign_file"], LEDGER_CAMPAIGN_ID=str(c.campaign_id),
-                        LEDGER_ATTEMPT_NO=str(c.attempt_no), LEDGER_WORKTREE=seen["worktree"],
+        protocol = dict(LEDGER_CAMPAIGN_FILE=seen.campaign_file, LEDGER_CAMPAIGN_ID=str(c.campaign_id),
+                        LEDGER_ATTEMPT_NO=str(c.attempt_no), LEDGER_WORKTREE=seen.worktree,
                         LEDGER_OBJECTIVE=c.objective_key,
-                        LEDGER_COMMIT_MESSAGE_FILE=f"{seen['out']}/{MESSAGE_FILE}")
+                        LEDGER_COMMIT_MESSAGE_FILE=f"{seen.out}/{MESSAGE_FILE}")
         await self.journal.event("command.started", {"argv": argv, "sandboxed": self.sandboxed})
         stdin = json.dumps(context, default=str).encode()
         if self.sandboxed:
@@ -727,7 +755,7 @@ class AttemptRun:
             self._command = asyncio.create_task(run_command(
                 argv, "/", timeout_s=self.cls.attempt_timeout_s, tail_bytes=_LOG_TAIL, stdin=stdin,
                 on_output=self.journal.output, redact=self.redactor,
-                cell=cells.CellSpec(self.cls.cell, workspace.bindings(), cwd=seen["worktree"], env=env)))
+                cell=cells.CellSpec(self.cls.cell, workspace.bindings(), cwd=seen.worktree, env=env)))
         else:
             env = {**child_environment(self.cls.attempt_environment), **protocol}
             self._command = asyncio.create_task(run_command(
