@@ -210,6 +210,13 @@ class ApprovalPolicy(Document):
             isinstance(c, Mapping) and c.get("quorum_split") for c in self.when)
 
 
+class PromotionTarget(Document):
+    """A class's promotion as registered: where its verified candidates land."""
+
+    ref: str | None = None
+    repository: str | None = None
+
+
 # --- the merge queue ------------------------------------------------------------
 
 

@@ -74,7 +74,14 @@ from ledger.settings import default
 from ledger.db.kernel import Kernel
 from ledger.roles.lease import LeaseClock
 from ledger.logs import get_logger
-from ledger.db.documents import GitPayload, GitPrecondition, HttpPayload, HttpPrecondition, InvalidDocument
+from ledger.db.documents import (
+    GitPayload,
+    GitPrecondition,
+    HttpPayload,
+    HttpPrecondition,
+    InvalidDocument,
+    PromotionTarget,
+)
 from ledger.roles.merge_queue import MergeQueue
 from ledger.roles.promotion import (
     Dispatched,
@@ -266,12 +273,12 @@ class Dispatcher(Loop):
         error = verdict.error
         retry_after = 0.0
         if outcome == "retry":
-            if claim.tries >= self.max_tries and not verdict.result.get("waiting_on"):
+            if claim.tries >= self.max_tries and not verdict.waiting_on:
                 outcome, error = "failed", f"gave up after {claim.tries} tries: {error}"
-            elif verdict.result.get("queue_wait_s") is not None:
+            elif verdict.queue_wait_s is not None:
                 # its turn in the merge queue: a verdict or a landing comes first
-                retry_after = float(verdict.result["queue_wait_s"])
-            elif verdict.result.get("waiting_on"):
+                retry_after = verdict.queue_wait_s
+            elif verdict.waiting_on:
                 # Waiting on a fault that is not the candidate's: the pause
                 # grows with the campaign's faults in a row (the kernel does
                 # not count such a retry as a try), up to WAIT_CAP_S.
@@ -282,7 +289,7 @@ class Dispatcher(Loop):
                 retry_after = max(backoff(claim.tries, base_s=self.backoff_base_s,
                                           cap_s=self.backoff_cap_s, jitter=0.2),
                                   min(verdict.retry_after_s or 0.0, self.backoff_cap_s))
-        result = {**verdict.result, "dispatcher": self.identity}
+        result = {**verdict.stored(), "dispatcher": self.identity}
         try:
             await self.kernel.complete_side_effect(claim.side_effect_id, claim.claim_token,
                                                    outcome, result=result, error=error,
@@ -506,8 +513,8 @@ class Dispatcher(Loop):
         return Verdict("rebased", {"onto": onto, "candidate": rebased, "attempt_no": attempt_no})
 
     async def _class_repository(self, campaign: Campaign) -> str | None:
-        repository = (await self.reads.campaign_class(campaign.class_)).promotion.get("repository")
-        return repository if isinstance(repository, str) else None
+        promotion = (await self.reads.campaign_class(campaign.class_)).promotion
+        return PromotionTarget.load(promotion, what="promotion").repository
 
     # --- http.request ------------------------------------------------------------
 

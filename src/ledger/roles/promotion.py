@@ -36,6 +36,16 @@ class Verdict:
     error: str | None = None
     #: a lower bound on the retry delay the target asked for (Retry-After)
     retry_after_s: float | None = None
+    #: what a retry waits on that is not the candidate's (``system_fault``,
+    #: ``target``): retried for as long as it takes, never turned into a failure
+    waiting_on: str | None = None
+    #: a promotion waiting its turn in the merge queue: looked at again this soon
+    queue_wait_s: float | None = None
+
+    def stored(self) -> dict[str, Any]:
+        """The result as the side effect records it (the waits said in it)."""
+        said = {"waiting_on": self.waiting_on, "queue_wait_s": self.queue_wait_s}
+        return {**self.result, **{k: v for k, v in said.items() if v is not None}}
 
 
 class NotOurs(Exception):
@@ -57,12 +67,12 @@ def waiting(error: str, *, on: str = "system_fault", **result: Any) -> Verdict:
     """A retry for a reason that is not the candidate's (a remote that cannot
     be reached, a dirty checkout of the target): retried with backoff for as
     long as it takes, never turned into a failure, and the campaign says why."""
-    return Verdict("retry", {**result, "waiting_on": on}, error)
+    return Verdict("retry", result, error, waiting_on=on)
 
 
 def queue_wait(reason: str, wait_s: float = TURN_WAIT_S, **result: Any) -> Verdict:
     """A promotion that waits its turn in its target's merge queue."""
-    return Verdict("retry", {**result, "waiting_on": "target", "queue_wait_s": wait_s}, reason)
+    return Verdict("retry", result, reason, waiting_on="target", queue_wait_s=wait_s)
 
 
 def land(repo: Repository, candidate: str, old: str | None, landing: Landing) -> str:
