@@ -1,33 +1,9 @@
-"""Verifier implementations: how a candidate's acceptance is judged.
+"""Verifier implementations: how a candidate's acceptance is judged. A plugin
+is a class with ``async verify(checkout, acceptance) -> Verdict``, found by
+its name in the ``ledger.verifiers`` entry-point group; ``Acceptance`` (the
+run of a typed spec, ``ledger.verifiers.spec``) is what it is given.
 
-The verifier runtime (``ledger.roles.verifier``) claims a verification, checks the
-candidate out cleanly and hands the checkout and the bundle's acceptance spec to
-the implementation the bundle names. An implementation is anything with a
-``name`` and an async ``verify(checkout, acceptance) -> Verdict``; it must not
-write to the database (the runtime records the verdict) and should run
-commands through ``ledger.sandbox.processes.run_command`` so timeouts kill whole
-process groups.
-
-Built-ins: ``command`` (every acceptance command exits 0), ``pytest`` (the
-same, pytest run by the fixed judge of ``ledger.verifiers.judge``, naming the failed
-tests, and held to the opening observation: every test that failed then must
-pass now, no fewer collected, no more skipped) and ``review`` (a reviewer
-command's JSON verdict on the diff, for a class's quorum). Others
-are found through the entry-point group
-``ledger.verifiers``; an entry point names a class (or zero-argument factory)
-that returns an implementation::
-
-    [project.entry-points."ledger.verifiers"]
-    lint = "my_package.lint:LintVerifier"
-
-The runtime has already made sure the checkout is the candidate's tree with
-the class's protected paths (tests, their configuration) as they were at the
-base; ``acceptance.baseline`` is what the observation that opened the campaign
-saw (when its sensor reported tests), and commands run with the class's
-allow-listed environment (``acceptance.environment``).
-
-This package depends on the cell (``ledger.sandbox``) and nothing of the
-database, so an implementation can be written and tested without one.
+The design at length: docs/internals.md (``ledger.verifiers``).
 """
 
 from __future__ import annotations

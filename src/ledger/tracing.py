@@ -1,30 +1,6 @@
 """OpenTelemetry spans for the loop's steps, off unless configured.
 
-One trace per campaign, across processes and machines: the sensor that opens
-a campaign passes the W3C trace context of its ``ledger.open`` span to the
-open (``record_observation``/``open_campaign``, ``p_trace_context``), the
-database keeps it with the campaign (``campaign.trace_context``, in the
-``campaigns`` view every role reads), and each later step's span names it as
-its parent: the first attempt (``ledger.attempt``, with its ``ledger.claim``),
-each verification (``ledger.verification``), side effect
-(``ledger.promotion``, or ``ledger.side_effect`` for any other intent) and observation
-(``ledger.observation``). A retry is not nested: attempt 2 and later start a
-trace of their own whose span *links* to the open, so a campaign tried for
-days is not one endless trace, and the link still finds it.
-
-Tracing is on only when the SDK is installed (the ``otel`` extra) and the
-standard variables ask for it (``OTEL_TRACES_EXPORTER`` other than ``none``,
-or an ``OTEL_EXPORTER_OTLP_[TRACES_]ENDPOINT``; ``OTEL_SDK_DISABLED=true``
-wins). Otherwise ``enabled()`` is false, no OpenTelemetry module is imported,
-and every helper here returns after one test of a module global: the steps
-call them unconditionally. ``configure`` is called once per serving process
-(``ledger.runtime.host.serve``); tests may install their own provider with
-``use``.
-
-Nothing of this reaches an attempt's, a check's or a sensor's cell: they get
-an allow-listed environment (``ledger.sandbox.processes``), so neither ``OTEL_*``
-(whose headers may carry an exporter's credentials) nor a traceparent is
-passed to untrusted commands.
+The design at length: docs/internals.md (``ledger.tracing``).
 """
 
 from __future__ import annotations

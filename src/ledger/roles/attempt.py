@@ -4,47 +4,7 @@ alive by heartbeats, the candidate taken out, checked and published by the
 trusted worker, and exactly one ending written -- or nothing at all when the
 lease was lost.
 
-The workspace is the attempt's own clone (``Repository.seed_workspace``): its
-own ``.git``, configuration, hooks and refs, holding only the base's history
--- never a worktree of the user's repository, whose ``.git`` an attempt could
-rewrite. The command runs in a cell that sees that clone (``/cell/work``), a
-directory for what it hands back (``/cell/out``: the commit message), the
-campaign file (``/cell/campaign.json``) and nothing else of the host: not
-the worker's environment, data dir, configuration or repositories, no
-database and, by default, no network. When it exits, a second step in the
-same kind of cell commits what it left and writes its commits as a git
-bundle; the worker adds the bundle's objects to its own repository (every
-object checked by ``index-pack``; no ref of the attempt's is taken), checks
-that the result descends from the base, makes the candidate -- one commit of
-that tree on the base, with the command's message and Ledger's trailers --
-refuses it if it changes protected paths (``ledger.git.protection``), publishes
-it under ``refs/heads/ledger/<campaign>/<attempt>`` (on the remote, for a
-URL, read back before it counts) and records it with its evidence (bundle
-and diff) in the database. Nothing of the workspace is trusted: the bundle
-and the message file are read as regular files only, never through a link.
-
-What the cell saw the attempt try is a ``security_event`` and refuses the
-candidate: a process still running when the command exited (killed with the
-cell), the cell's monitor killed, Ledger's own secret in its output, or the
-user's repository configuration or Ledger's configuration changed while it
-ran.
-
-A fault that is not the attempt's own -- the repository or its remote
-unreachable, the candidate not published, a configuration error, the cell
-unavailable -- releases the lease without charging anything
-(``release_attempt``): the campaign waits, saying why, and is tried again.
-
-The lease keeper heartbeats every ``heartbeat_s`` and at once when the hub says
-the campaign was cancelled; a stale answer (reaped, abandoned) means *stand
-down*: the cell is killed, the workspace discarded, and nothing more is
-written for this attempt. The workspace is always removed.
-
-The holder also fences itself by its own clock (``ledger.roles.lease``): every call
-it makes is bounded by the lease's remaining time, a heartbeat that fails
-(the database restarting, a silent network) is retried until then, and if no
-renewal is confirmed before the local deadline it stands down exactly as if
-the database had said so. An ending whose reply was lost is retried (endings
-are idempotent) and, failing that, read back.
+The design at length: docs/internals.md (``ledger.roles.attempt``).
 """
 
 from __future__ import annotations

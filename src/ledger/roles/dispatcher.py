@@ -1,55 +1,10 @@
-"""The outbox dispatcher ("intent before action"; README "What a lease guarantees").
+"""The outbox dispatcher ("intent before action"; README "What a lease guarantees"):
+claims recorded side-effect intents (``git.update_ref``, ``http.request``; their
+documents are ``ledger.db.documents``), carries each out with its precondition,
+reads the target back and records what it saw. A promotion whose target moved
+goes through its merge queue (``ledger.roles.merge_queue``).
 
-A side effect is first committed as an intent (``request_side_effect`` by a
-worker, the promotion ``accept`` writes with the verdict -- or, for a class
-that asks a person first, ``approve`` writes with the approval -- and the
-notice of an approval asked for: docs/approval.md). A dispatcher --
-any number of them, each acting as the ``dispatcher`` role -- claims one due
-intent at a time (``claim_side_effect``: SKIP LOCKED, its own lease), carries it
-out *with its precondition* and reads the target back before it records
-anything (``complete_side_effect``):
-
-``git.update_ref``
-    target = ref, payload = ``{"repository", "new"}``, precondition =
-    ``{"old": sha | null}``. A compare-and-swap (``git update-ref ref new old``);
-    the ref is then read back. When the ref is checked out in a work tree, the
-    work tree and index move with it if they are clean, and nothing moves if
-    they are not (``failed``: the campaign follows ``promote_failed``). A
-    promotion's payload also has ``landing`` (frozen by ``accept``): what
-    lands is then a commit built from the candidate -- its tree byte for byte,
-    its author and message, on the expected old commit, with the trailers
-    ``Ledger-Campaign``, ``Ledger-Attempt`` and ``Ledger-Verdict`` and the
-    class's committer at the verdict's time. It is deterministic, so the
-    read-back of a dispatcher that died after landing it finds it again.
-``http.request``
-    payload = ``{"method", "url", "body"?, "headers"?, "read_back"?: {"url",
-    "expect_status"}}``, sent with ``Idempotency-Key: <the intent's key>``;
-    success is what the read-back GET (or, without one, the response) shows.
-
-Every claim starts by reading the target back: a dispatcher that died between
-the action and the record left the effect in place, and its successor records
-``done`` without acting again. Just before acting, the dispatcher confirms
-(``confirm_side_effect``) that its claim is still its own and that the
-intent's generation is still live -- an intent whose lease holder lost its
-lease is cancelled there, never carried out -- and it never acts once its
-claim's lease has lapsed by its own clock (``ledger.roles.lease``). What remains is
-the moment between that confirmation and the action itself; the
-compare-and-swap (git) and the Idempotency-Key (HTTP) bound what a late
-action can do, and the read-back decides what is recorded. Outcomes: ``done`` (the target shows the effect),
-``conflict`` (the precondition failed: never retried blindly; a promotion
-whose target moved goes through its target's merge queue --
-``ledger.roles.merge_queue``: stacked with the candidates behind it and verified
-as a batch, or, alone, rebased onto it and sent back for verification when
-its change applies cleanly -- and otherwise goes back to ready, its attempt
-given back), ``retry`` (transient: network, 5xx, git lock contention;
-jittered backoff by tries) and ``failed`` (permanent, or out of tries; for a live promotion
-the kernel makes it a wait on a system fault and tries it again after a pause: it
-never sends the verified candidate back to be attempted).
-
-The dispatcher is a periodic service (``ledger.runtime.service.Loop``):
-``run_once`` drains what is due (tests call it directly) and ``run(stop)``
-repeats it, idling on the ``ledger_outbox`` channel of a ``WakeSource`` with the
-poll tick as timeout. It is cheap to embed in any process.
+The design at length: docs/internals.md (``ledger.roles.dispatcher``).
 """
 
 from __future__ import annotations

@@ -1,36 +1,6 @@
 """Sensors: scheduled observations of targets (``ledger sensor run``).
 
-APScheduler's triggers do the calendar arithmetic (interval or cron); ticks
-are the trigger's fire times, aligned to the epoch, so every process on the
-same schedule computes the same ticks. Before running a check, a process claims
-its tick in the database (``claim_sensor_tick``): two sensor processes never
-both observe one tick. The first run of a sensor registers it
-(``register_sensor``); at every start it looks back: if the latest due tick
-since its registration was missed (nobody was running), it observes it once --
-missed runs are coalesced, never replayed in a burst, and a new sensor's first
-tick is the next one. Each observation is one kernel call
-(``record_observation``) that opens, regresses, confirms or dismisses.
-
-An observation has one of three outcomes (docs/sensors.md): green, red, or
-error -- the check's own failure (an exit code the sensor does not declare in
-``red_exit_codes``, a timeout, a kill, a checkout or a cell that could not be
-made, a pytest run the judge cannot trust; for a URL, a connection failure, a
-timeout or an undeclared 5xx). An error is recorded with its evidence and
-moves no campaign. ``open_after`` and ``confirm_after`` ask for that many reds
-(greens) in a row before one opens (closes) anything; the database counts
-them (``record_observation``).
-
-A command check runs like every command Ledger does not trust
-(``ledger.sandbox.processes``): its own process group, killed at the timeout, and an
-allow-listed environment (plus the sensor's ``environment`` extras), since
-after a promotion it runs code an agent wrote. A pytest command runs by the
-fixed judge, as the verifier's (``ledger.verifiers.judge``), and reports which tests
-failed and which passed (``details.tests``): when the observation opens a
-campaign, that is the baseline its candidates are held to (see
-``ledger.verifiers.pytest_report``); after a promotion, a green observation confirms
-only if the tests that failed at opening are among the passed ones
-(``record_observation``). A wrapper that writes a JUnit report to
-``$LEDGER_JUNIT_XML`` still reports failures (a baseline) but cannot confirm.
+The design at length: docs/internals.md (``ledger.roles.sensors``).
 """
 
 from __future__ import annotations

@@ -1,46 +1,7 @@
 """The independent verifier (README "What a candidate is judged by"): claims attempted campaigns, checks
 each candidate on a fresh export of its tree, records a verdict.
 
-Independence comes from four places, none of them this module's good manners:
-the process acts as the ``verifier`` database role (a worker cannot record a
-verdict, a verifier cannot claim a campaign); the kernel never hands a verifier
-a campaign whose attempt its own identity made and refuses such a verdict
-(``SameIdentity``); the candidate is judged from the bundle recorded with the
-attempt in the database -- checked against its digest -- and fetched from
-where the worker published it (the class's repository, a remote for a URL:
-the verifier needs nothing of the worker's disk); and the acceptance
-commands run in a cell (``ledger.sandbox.cell``) on an export of the candidate's tree
-with no ``.git``, seeing neither the verifier's environment nor its files.
-
-One verification at a time per ``Verifier``: claim (SKIP LOCKED, a short lease
-of its own), heartbeat while checking, verdict. A heartbeat that finds the
-verification stale (the lease lapsed and another verifier took over, or the
-campaign moved) stops the check and writes nothing more. A check that cannot
-run for reasons outside the candidate (the remote unreachable, the candidate's
-ref gone, no sandbox on this host, an implementation crashing) is no verdict:
-the verification is released (``release_verification``), nothing is charged,
-and the campaign waits, saying why, to be verified again. Anything wrong
-*with the candidate or its bundle* is a rejection with evidence.
-
-What the candidate is judged by comes from the database, not from the bundle
-the worker wrote: the campaign's acceptance criteria (commands, protected
-paths, environment, cell) and its class's verifier, and the observation that
-opened the campaign (the tests that failed then, for the pytest verifier). In
-the exported tree the protected paths are as the base commit has them; a
-candidate that had changed them is rejected -- the verdict names the paths --
-even if its worker failed to refuse it.
-
-Before anything runs, the candidate's diff (as the repository has it) is
-screened for reaching into the test machinery (``ledger.git.screen``); pytest
-runs by the fixed judge on the base commit's configuration
-(``ledger.verifiers.judge``), each command in a cell with a face of its own
-(``ledger.sandbox.guise``); the class's held-out tests are staged outside
-the checkout, put there (read-only) for their own runs only, and must pass
-too -- a rejection by them names nothing of them (a count; the evidence
-has the rest). A class may require a quorum of verifier kinds
-(``verifiers``): each claim is for the next kind the quorum needs
-(``kinds`` says which this verifier gives), each verdict its own row, and the
-campaign is verified when all have accepted.
+The design at length: docs/internals.md (``ledger.roles.verifier``).
 """
 
 from __future__ import annotations

@@ -1,31 +1,7 @@
 """Waiting to start: what a long-running service does when its host or its
 configuration is not ready for it, instead of dying and being restarted.
 
-A *start-up fault* is a cause outside the process that a restart cannot mend:
-no cell can be built (bubblewrap missing, user namespaces refused), ledger.toml
-does not parse, a class's repository is not there, the server refuses a
-role's login, the database does not exist or its schema is not (yet) the one
-this code needs (``FAULTS``). Its error carries the cause, the fix and the
-exit code.
-
-* A one-shot command raises it: one line with the cause and the fix, and its
-  documented exit code (``ledger.cli.failures``; 78 for configuration).
-* A long-running one (``ledger run``, ``worker``, ``verifier``, ``sensor run``,
-  ``dispatcher``) waits it out (``Waiter``): it says the cause once -- one
-  log line, no traceback unless ``LEDGER_DEBUG=1`` -- reports itself not
-  ready (its row in the registry of processes, where its role can still
-  write: the processes view, ``ledger status``, ``/readyz`` of ``ledger
-  serve``; and its own ``/readyz`` with ``--health``), re-checks with backoff
-  (``RECHECK_BASE_S`` doubling up to ``RECHECK_CAP_S``) and starts once the
-  cause is gone, saying so once. A new cause is said again. Nothing is
-  claimed while it waits, so nothing is charged. ``--wait-for-start`` bounds
-  the wait (then the cause's exit code); 0 makes it one-shot.
-
-Three places wait, each with a ``Waiter``: the command, for what it needs
-before its services exist (``ledger.runtime.host.serve_when_ready``: the database, ledger.toml,
-the repositories); the host, for each service's own start-up checks (its
-``prepare``: the worker's cell and classes, the verifier's and the sensors'
-cell) and for a start-up fault that escapes a service's ``run`` anyway.
+The design at length: docs/internals.md (``ledger.runtime.startup``).
 """
 
 from __future__ import annotations
