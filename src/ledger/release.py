@@ -18,7 +18,7 @@ from typing import NamedTuple
 RELEASE = "0.3.0"
 #: The schema revision this code was written for: the newest it knows. Held
 #: equal to the migrations' head by tests/test_upgrade.py.
-SCHEMA = "0009_process_not_ready"
+SCHEMA = "0010_lean_cycle"
 
 
 class Release(NamedTuple):

@@ -17,6 +17,7 @@ from datetime import datetime
 from typing import Any, TypeVar
 
 from psycopg.types.json import Jsonb
+from pydantic import TypeAdapter
 
 from ledger.db.database import Executor
 from ledger.errors import Forbidden, StaleLease
@@ -113,6 +114,10 @@ class Leases:
 
 #: This process's leases (``Leases``), shared by every Kernel of the process.
 LEASES = Leases()
+
+
+_CLAIMS = TypeAdapter(list[Claim])
+_RECORDED = TypeAdapter(list[AttemptRecorded])
 
 
 class Kernel:
@@ -234,7 +239,7 @@ class Kernel:
         sent = time.monotonic()
         rows = await self._call("claim_campaigns", worker=worker, limit=limit,
                                 classes=list(classes) if classes is not None else None)
-        claims = [Claim.model_validate(r) for r in rows]
+        claims = _CLAIMS.validate_python(rows)  # one call for the batch, not one per row
         for claim in claims:
             LEASES.granted(("campaign", claim.campaign_id, claim.generation), sent, claim.lease_remaining_s)
         return claims
@@ -280,6 +285,7 @@ class Kernel:
             bundle=bundle, bundle_digest=bundle_digest, evidence_location=evidence_location,
             log_tail=log_tail, diff=diff, candidate_ref=candidate_ref,
         )
+        LEASES.ended(("campaign", campaign_id, generation))
         await self.executor.hint(_attempted_hints([campaign_id]))
         return attempt_no
 
@@ -290,7 +296,9 @@ class Kernel:
         items = [a if isinstance(a, AttemptRecord) else AttemptRecord.model_validate(a) for a in attempts]
         rows = await self._call("record_attempts",
                                 attempts=[i.model_dump(exclude_none=True) for i in items])
-        results = [AttemptRecorded.model_validate(r) for r in rows]
+        results = _RECORDED.validate_python(rows)
+        for result in results:  # over, recorded or stale (and no evictions for a busy batch worker)
+            LEASES.ended(("campaign", result.campaign_id, result.generation))
         await self.executor.hint(_attempted_hints([r.campaign_id for r in results if r.status == "recorded"]))
         return results
 
@@ -307,11 +315,13 @@ class Kernel:
     ) -> str:
         """Record a failed (or drained) attempt; returns the new state.
         Retrying the identical ending returns the same state."""
-        return await self._scalar_as(
+        state = await self._scalar_as(
             str, "fail_attempt", _timeout_s=LEASES.bound(("campaign", campaign_id, generation), timeout_s),
             campaign_id=campaign_id, generation=generation,
             reason=reason, fingerprint=fingerprint, retry_after_s=retry_after_s, drained=drained,
         )
+        LEASES.ended(("campaign", campaign_id, generation))
+        return state
 
     async def release_attempt(self, campaign_id: int, generation: int, reason: str, *,
                               retry_after_s: float | None = None,

@@ -137,9 +137,13 @@ BEGIN
 END
 $$;
 
+-- (Only what leaves attempted or verified can be queued or stacked: the
+-- WHEN spares every claim and every recorded attempt the call.)
 CREATE OR REPLACE TRIGGER campaign_merge_queue
     AFTER UPDATE OF state ON ledger.campaign
-    FOR EACH ROW EXECUTE FUNCTION ledger.merge_queue_campaign_moved();
+    FOR EACH ROW
+    WHEN (OLD.state IN ('attempted', 'verified') AND NEW.state NOT IN ('attempted', 'verified'))
+    EXECUTE FUNCTION ledger.merge_queue_campaign_moved();
 
 -- Whether the outbox may give out this intent now. Anything but a queued
 -- promotion: always. A queued promotion: the probe of its target's open
