@@ -12,7 +12,6 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-from test_cli import ledger as run_ledger
 
 import ledger
 from ledger import interface, tracing
@@ -20,6 +19,7 @@ from ledger.api import metrics
 from ledger.cli import campaigns as cli_campaigns
 from ledger.cli.failures import EXIT_CODES
 from ledger.errors import LedgerError
+from test_cli import ledger as run_ledger
 
 SRC = Path(ledger.__file__).parent
 #: A name in the shape of a span or attribute name: ``ledger.`` and dotted words.

@@ -24,9 +24,9 @@ import pytest
 
 from conftest import TEST_PREFIX
 from drive import eventually, record_candidate
-from ledger.git import repository
 from ledger.config import load_config, parse_config
 from ledger.drills.paths import scripted_attempt
+from ledger.git import repository
 from ledger.git.protection import default_patterns
 from ledger.roles.sensors import check
 from ledger.roles.verifier import Verifier

@@ -16,12 +16,12 @@ from pathlib import Path
 import psycopg
 import pytest
 
+from catalog import catalog
 from conftest import TEST_PREFIX
 from ledger import LedgerError
-from ledger.errors import MigrationFailed, SchemaMismatch
 from ledger.db import migrations
-from catalog import catalog
 from ledger.db.embedded import create_database, drop_database
+from ledger.errors import MigrationFailed, SchemaMismatch
 
 SNAPSHOT = Path(__file__).parent / "schema.snapshot"
 

@@ -33,9 +33,9 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from rich.console import Console
 
 from ledger import Database, tracing
-from ledger.ops.drill import Drill, DrillContext, drill_python
-from ledger.errors import InvalidInput
 from ledger.db.models import Claim
+from ledger.errors import InvalidInput
+from ledger.ops.drill import Drill, DrillContext, drill_python
 from ledger.sandbox.processes import cell_environment, child_environment
 
 pytestmark = pytest.mark.anyio

@@ -19,6 +19,8 @@ from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
+from pydantic import ValidationError
+
 from ledger.sandbox import guise as guises
 from ledger.sandbox.cell import Binding, CellPolicy, CellSpec, taken_accounts
 from ledger.sandbox.processes import (
@@ -27,8 +29,6 @@ from ledger.sandbox.processes import (
     child_environment,
     run_command,
 )
-
-from pydantic import ValidationError
 
 from .judge import JudgeError, JudgeSettings
 from .spec import AcceptanceSpec

@@ -26,19 +26,19 @@ from __future__ import annotations
 import dataclasses
 import os
 import re
-import stat
 import shutil
+import stat
 import sys
-import tempfile
 import xml.etree.ElementTree as ElementTree
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ledger.sandbox.processes import CommandResult
+
 from . import Acceptance, Baseline, Verdict, Where, held_out_reason, passed, run_acceptance
 from .judge import Judge, Judged, Prepared, read_stream, remove_bytecode
-from ledger.sandbox.processes import CommandResult
 
 #: Failed node ids listed in a reject reason (all of them go to the evidence).
 REASON_LIMIT = 10

@@ -15,9 +15,9 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Literal
 
-from ledger.errors import Forbidden, InvalidInput, LedgerError
-from ledger.db.reads import Reads
 from ledger.db.models import OPEN_STATES
+from ledger.db.reads import Reads
+from ledger.errors import Forbidden, InvalidInput, LedgerError
 
 Action = Literal["abandon", "reopen"]
 #: The states each action applies to.

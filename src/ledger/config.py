@@ -40,18 +40,18 @@ there, never from what the worker wrote.
 from __future__ import annotations
 
 import re
+import string
 import tomllib
 from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-import string
-
-from ledger.sandbox.cell import CellPolicy
 from ledger.errors import ConfigError
-from ledger.sandbox.processes import check_extra
 from ledger.git.repository import Identity
+from ledger.sandbox.cell import CellPolicy
+from ledger.sandbox.processes import check_extra
+
 # The acceptance spec is one model, the judge's: ledger.toml writes it, rows store it.
 from ledger.verifiers.spec import AcceptanceSpec
 from ledger.verifiers.spec import HeldOut as HeldOut

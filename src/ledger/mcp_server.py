@@ -43,10 +43,17 @@ from ledger.api.campaigns import NO_NUL, BulkResult, CampaignFilter, CampaignPag
 from ledger.api.roles import RolePools
 from ledger.db.cursors import BIGINT_MAX, decode_cursor
 from ledger.db.database import Database
-from ledger.errors import ConfigError, InvalidInput, LedgerError
 from ledger.db.kernel import Kernel
-from ledger.db.models import ApprovalDecision, CampaignDetail, ClassSummary, Event, State, WaitingApproval
+from ledger.db.models import (
+    ApprovalDecision,
+    CampaignDetail,
+    ClassSummary,
+    Event,
+    State,
+    WaitingApproval,
+)
 from ledger.db.reads import Reads
+from ledger.errors import ConfigError, InvalidInput, LedgerError
 from ledger.report import autonomy_report
 from ledger.settings import get_settings
 

@@ -103,7 +103,11 @@ def configure(service: str, environ: Mapping[str, str] | None = None) -> bool:
     try:
         from opentelemetry.sdk.resources import SERVICE_NAME, Resource
         from opentelemetry.sdk.trace import TracerProvider
-        from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter, SpanExporter
+        from opentelemetry.sdk.trace.export import (
+            BatchSpanProcessor,
+            ConsoleSpanExporter,
+            SpanExporter,
+        )
     except ImportError:
         _log.warning("OTEL_* asks for traces, but the OpenTelemetry SDK is not installed "
                      "(pip install 'ledger[otel]'); tracing stays off")

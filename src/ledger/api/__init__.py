@@ -7,8 +7,8 @@ and the API share one code path. Errors are RFC 9457 problem+json.
 """
 
 from ledger.api.app import app_from_settings, create_app
-from ledger.api.state import ApiOptions
 from ledger.api.auth import Principal, TokenTable, hash_token, new_token
+from ledger.api.state import ApiOptions
 
 __all__ = ["ApiOptions", "Principal", "TokenTable", "app_from_settings", "create_app",
            "hash_token", "new_token"]

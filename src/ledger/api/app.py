@@ -36,12 +36,6 @@ from fastapi_offline import FastAPIOffline
 from starlette.middleware.sessions import SessionMiddleware
 from uvicorn.middleware.proxy_headers import ProxyHeadersMiddleware
 
-from ledger.config import LedgerConfig, load_config
-from ledger.db.database import Database
-from ledger.errors import ConfigError
-from ledger.db.hub import Hub
-from ledger.logs import get_logger
-from ledger.settings import Settings, get_settings
 from ledger.api import (
     approvals,
     bulk_jobs,
@@ -62,6 +56,12 @@ from ledger.api.middleware import BodyLimit, HtmlHeaders, RequestLog
 from ledger.api.roles import RolePools
 from ledger.api.state import ApiOptions, ApiState
 from ledger.api.throttle import AuthThrottle
+from ledger.config import LedgerConfig, load_config
+from ledger.db.database import Database
+from ledger.db.hub import Hub
+from ledger.errors import ConfigError
+from ledger.logs import get_logger
+from ledger.settings import Settings, get_settings
 
 log = get_logger("api")
 

@@ -24,11 +24,11 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector
 
+from ledger.api import problems
+from ledger.api.roles import CallerDep
 from ledger.db.hub import Hub
 from ledger.db.models import ProcessRow
 from ledger.db.reads import Reads
-from ledger.api import problems
-from ledger.api.roles import CallerDep
 
 router = APIRouter(tags=["metrics"])
 

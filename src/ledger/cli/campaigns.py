@@ -12,10 +12,10 @@ from typing import TYPE_CHECKING
 import typer
 from rich.markup import escape
 
-from ledger.errors import InvalidInput, LedgerError, NotFound, OutcomeUnknown, Unavailable
 from ledger.cli.context import console, console_err, emit_json, iso_z, run, state
 from ledger.cli.knobs import option
 from ledger.cli.output import table
+from ledger.errors import InvalidInput, LedgerError, NotFound, OutcomeUnknown, Unavailable
 
 if TYPE_CHECKING:
     from ledger.db.kernel import Kernel

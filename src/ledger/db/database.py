@@ -47,10 +47,10 @@ from psycopg_pool import AsyncConnectionPool
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception, stop_before_delay
 
 from ledger import errors
-from ledger.db import stored
-from ledger.logs import get_logger
-from ledger.db.named_queries import Query
 from ledger.backoff import backoff
+from ledger.db import stored
+from ledger.db.named_queries import Query
+from ledger.logs import get_logger
 from ledger.release import RELEASE, SCHEMA
 from ledger.settings import Settings, get_settings
 

@@ -15,10 +15,10 @@ from typing import Any, Protocol
 import psycopg
 from psycopg import sql
 
+from ledger.backoff import backoff
 from ledger.db.database import Database, bounded
 from ledger.errors import Unavailable
 from ledger.logs import get_logger
-from ledger.backoff import backoff
 
 CHANNELS = ("ledger_ready", "ledger_cancel", "ledger_event", "ledger_attempted", "ledger_outbox")
 #: The hub's own channel: the round trip that proves it hears.

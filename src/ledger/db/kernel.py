@@ -20,15 +20,13 @@ from psycopg.types.json import Jsonb
 from pydantic import TypeAdapter
 
 from ledger.db.database import Executor
-from ledger.errors import Forbidden, StaleLease
-
 from ledger.db.models import (
     ApprovalDecision,
     ApprovalExpired,
     AttemptRecord,
     AttemptRecorded,
-    ClassPause,
     Claim,
+    ClassPause,
     Lease,
     ObservationRecorded,
     Opened,
@@ -39,6 +37,7 @@ from ledger.db.models import (
     SideEffectRequested,
     VerificationClaim,
 )
+from ledger.errors import Forbidden, StaleLease
 
 T = TypeVar("T")
 

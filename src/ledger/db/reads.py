@@ -16,7 +16,6 @@ from datetime import datetime
 from typing import Any
 
 from ledger.db.database import Executor
-from ledger.errors import InvalidInput, NotFound
 from ledger.db.models import (
     Approval,
     ApprovalBacklog,
@@ -25,9 +24,9 @@ from ledger.db.models import (
     Campaign,
     CampaignClass,
     CampaignDetail,
+    Claim,
     ClassEvent,
     ClassSummary,
-    Claim,
     Event,
     HourActivity,
     Observation,
@@ -41,6 +40,7 @@ from ledger.db.models import (
     WaitingApproval,
 )
 from ledger.db.named_queries import QUERIES as Q
+from ledger.errors import InvalidInput, NotFound
 
 #: The methods made of other reads (each of those a named query), not a query
 #: of their own; every other public method runs the named query of its name.

@@ -12,6 +12,7 @@ import subprocess
 import threading
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+
 from ledger import settings
 from ledger.settings import inherited_environment
 

@@ -32,8 +32,8 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from ledger.git import hardened_git
 from ledger.errors import LedgerError
+from ledger.git import hardened_git
 
 ZERO_SHA = "0" * 40
 #: The longest a transfer with a remote may take (fetch, ls-remote, push): a

@@ -37,8 +37,8 @@ import psycopg
 from psycopg.rows import dict_row
 from rich.console import Console
 
-from ledger.db import migrations
 from ledger.config import LedgerConfig, load_config
+from ledger.db import migrations
 from ledger.db.database import Database, Session
 from ledger.db.embedded import create_database, drop_database
 from ledger.db.kernel import Kernel

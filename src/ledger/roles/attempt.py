@@ -24,32 +24,32 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from ledger.git import bundle as bundles
-from ledger.sandbox import cell as cells
-from ledger.git import protection, repository
+from ledger.backoff import backoff
 from ledger.config import ATTEMPT_PLACEHOLDERS, CampaignClassConfig
-from ledger.errors import ConfigError, LedgerError, RepeatedApproach, StaleLease, Unavailable
+from ledger.db.documents import InvalidDocument, Observation
 from ledger.db.hub import NullHub, WakeSource
-from ledger.roles.journal import JournalWriter
-from ledger.roles.sensors import Reobservation
 from ledger.db.kernel import Kernel
-from ledger.roles.lease import LeaseClock
-from ledger.logs import get_logger
 from ledger.db.models import Claim
+from ledger.db.reads import Reads
+from ledger.errors import ConfigError, LedgerError, RepeatedApproach, StaleLease, Unavailable
+from ledger.git import bundle as bundles
+from ledger.git import protection, repository
+from ledger.git.repository import GitError, Identity, Repository
+from ledger.logs import get_logger
+from ledger.protocol import AttemptContext, PreviousAttempt
+from ledger.roles.journal import JournalWriter
+from ledger.roles.lease import LeaseClock
+from ledger.roles.sensors import Reobservation
+from ledger.sandbox import cell as cells
 from ledger.sandbox.processes import (
     CommandResult,
     cell_environment,
     child_environment,
     run_command,
 )
-from ledger.db.documents import InvalidDocument, Observation
-from ledger.protocol import AttemptContext, PreviousAttempt
-from ledger.verifiers.spec import AcceptanceSpec
-from ledger.db.reads import Reads
 from ledger.sandbox.redaction import redactor
-from ledger.git.repository import GitError, Identity, Repository
 from ledger.settings import inherited_environment
-from ledger.backoff import backoff
+from ledger.verifiers.spec import AcceptanceSpec
 
 _LOG_TAIL = 16 * 1024
 #: Refused destinations recorded one security event each (the rest with the last).

@@ -17,18 +17,8 @@ from typing import Any
 
 import httpx
 
-from ledger.git import bundle as bundles
 from ledger import tracing
-from ledger.git import repository as repositories
-from ledger.errors import StaleLease, Unavailable
-from ledger.db.hub import WakeSource
-from ledger.identity import process_identity
-from ledger.runtime import seams
-from ledger.runtime.registry import Registration, held, utcnow
-from ledger.settings import default
-from ledger.db.kernel import Kernel
-from ledger.roles.lease import LeaseClock
-from ledger.logs import get_logger
+from ledger.backoff import backoff
 from ledger.db.documents import (
     GitPayload,
     GitPrecondition,
@@ -37,6 +27,17 @@ from ledger.db.documents import (
     InvalidDocument,
     PromotionTarget,
 )
+from ledger.db.hub import WakeSource
+from ledger.db.kernel import Kernel
+from ledger.db.models import Campaign, SideEffectClaim
+from ledger.db.reads import Reads
+from ledger.errors import StaleLease, Unavailable
+from ledger.git import bundle as bundles
+from ledger.git import repository as repositories
+from ledger.git.repository import GitError, RefMoved, Repository, SystemFault, WorktreeDirty
+from ledger.identity import process_identity
+from ledger.logs import get_logger
+from ledger.roles.lease import LeaseClock
 from ledger.roles.merge_queue import MergeQueue
 from ledger.roles.promotion import (
     Dispatched,
@@ -49,11 +50,10 @@ from ledger.roles.promotion import (
     land,
     waiting,
 )
+from ledger.runtime import seams
+from ledger.runtime.registry import Registration, held, utcnow
 from ledger.runtime.service import Loop
-from ledger.db.models import Campaign, SideEffectClaim
-from ledger.db.reads import Reads
-from ledger.backoff import backoff
-from ledger.git.repository import GitError, RefMoved, Repository, SystemFault, WorktreeDirty
+from ledger.settings import default
 
 OUTBOX_CHANNEL = "ledger_outbox"
 #: The longest pause between retries of a promotion waiting on a system fault

@@ -20,21 +20,20 @@ from apscheduler.triggers.base import BaseTrigger
 from apscheduler.triggers.cron import CronTrigger
 from apscheduler.triggers.interval import IntervalTrigger
 
-from ledger.verifiers.judge import Judge, JudgeSettings, files_of, read_stream, remove_bytecode
-from ledger.verifiers.pytest_report import PYTEST_EXIT_MEANING, pytest_command, read_report
-
-from ledger.sandbox import cell as cells
-from ledger.sandbox import guise as guises
 from ledger import tracing
 from ledger.config import CampaignClassConfig, LedgerConfig, SensorConfig
-from ledger.errors import ConfigError, LedgerError
 from ledger.db.documents import ObservationDetails
 from ledger.db.kernel import Kernel
-from ledger.logs import get_logger
 from ledger.db.models import ObservationRecorded
-from ledger.sandbox.processes import cell_environment, child_environment, run_command
-from ledger.runtime.registry import Registration, held, utcnow
+from ledger.errors import ConfigError, LedgerError
 from ledger.git.repository import GitError, Repository
+from ledger.logs import get_logger
+from ledger.runtime.registry import Registration, held, utcnow
+from ledger.sandbox import cell as cells
+from ledger.sandbox import guise as guises
+from ledger.sandbox.processes import cell_environment, child_environment, run_command
+from ledger.verifiers.judge import Judge, JudgeSettings, files_of, read_stream, remove_bytecode
+from ledger.verifiers.pytest_report import PYTEST_EXIT_MEANING, pytest_command, read_report
 
 EPOCH = datetime(2000, 1, 1, tzinfo=timezone.utc)
 _OUTPUT_LIMIT = 8 * 1024

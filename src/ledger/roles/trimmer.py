@@ -10,8 +10,8 @@ interval.
 
 from __future__ import annotations
 
-from ledger.identity import process_identity
 from ledger.db.kernel import Kernel
+from ledger.identity import process_identity
 from ledger.runtime.registry import Registration
 from ledger.runtime.service import Loop
 

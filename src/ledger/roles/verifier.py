@@ -16,34 +16,31 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
-from ledger import verifiers
-from ledger.verifiers.judge import CONFIG_FILES
-from ledger.verifiers.pytest_report import pytest_command
-from ledger.verifiers.spec import AcceptanceSpec, HeldOut
-
-from ledger.git import bundle as bundles
-from ledger.sandbox import cell as cells
-from ledger.sandbox import guise as guises
-from ledger.git import protection
-from ledger import tracing
-from ledger.errors import LedgerError, StaleLease, Unavailable
-from ledger.db.hub import WakeSource
-from ledger.identity import process_identity
-from ledger.runtime import seams
-from ledger.runtime.registry import Registration, held, utcnow
-from ledger.settings import default
-from ledger.db.kernel import Kernel
-from ledger.roles.lease import LeaseClock
-from ledger.logs import get_logger
+from ledger import tracing, verifiers
 from ledger.db.documents import ApprovalPolicy, InvalidDocument, Observation
+from ledger.db.hub import WakeSource
+from ledger.db.kernel import Kernel
 from ledger.db.models import VerificationClaim
 from ledger.db.reads import Reads
-from ledger.runtime.service import Loop, Stopped
-from ledger.git.repository import GitError, Repository, file_at
-from ledger.git.repository import changed_paths, diff_lines
+from ledger.errors import LedgerError, StaleLease, Unavailable
+from ledger.git import bundle as bundles
+from ledger.git import protection
+from ledger.git.repository import GitError, Repository, changed_paths, diff_lines, file_at
 from ledger.git.repository import diff as repository_diff
 from ledger.git.screen import Screen
 from ledger.git.screen import describe as describe_findings
+from ledger.identity import process_identity
+from ledger.logs import get_logger
+from ledger.roles.lease import LeaseClock
+from ledger.runtime import seams
+from ledger.runtime.registry import Registration, held, utcnow
+from ledger.runtime.service import Loop, Stopped
+from ledger.sandbox import cell as cells
+from ledger.sandbox import guise as guises
+from ledger.settings import default
+from ledger.verifiers.judge import CONFIG_FILES
+from ledger.verifiers.pytest_report import pytest_command
+from ledger.verifiers.spec import AcceptanceSpec, HeldOut
 
 T = TypeVar("T")
 

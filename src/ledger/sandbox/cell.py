@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import grp
 import os
 import pwd
-import grp
 import resource
 import shutil
 import stat

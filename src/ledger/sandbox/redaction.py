@@ -23,6 +23,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Mapping
 from urllib.parse import unquote, urlsplit
+
 from ledger.settings import inherited_environment
 
 MARK = b"[redacted]"

@@ -14,13 +14,13 @@ from fastapi.responses import RedirectResponse, Response
 from fastapi.staticfiles import StaticFiles
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from ledger.config import LedgerConfig
-from ledger.errors import LedgerError
 from ledger.api.dashboard import approvals, board, bulk, campaign, classes, signin, workers
 from ledger.api.dashboard.board import board_changes, sensor_rows
 from ledger.api.dashboard.render import HERE, Pages, describe, duration, pages_of
-from ledger.api.problems import TooManyRequests
 from ledger.api.dashboard.viewer import SignInRequired
+from ledger.api.problems import TooManyRequests
+from ledger.config import LedgerConfig
+from ledger.errors import LedgerError
 
 if TYPE_CHECKING:
     from ledger.api.state import ApiState

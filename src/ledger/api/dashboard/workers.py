@@ -10,9 +10,9 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import HTMLResponse, Response
 
-from ledger.db.models import ProcessRow
 from ledger.api.dashboard.render import pages_of
 from ledger.api.dashboard.viewer import viewer_of
+from ledger.db.models import ProcessRow
 
 router = APIRouter()
 
