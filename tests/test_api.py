@@ -524,6 +524,7 @@ async def test_autonomy_report_counts_an_operators_actions_and_no_one_elses(api:
 
     op, worker, verifier = await actors("operator"), await actors("worker"), await actors("verifier")
     dispatcher = await actors("dispatcher")
+    await actors("reaper")  # its session, used below by actors.session("reaper")
     await op.register_class("promoting", max_attempts=3, lease_seconds=30, backoff_base_s=0,
                             backoff_jitter=0, promotion={"ref": "refs/heads/main",
                                                          "repository": "/nonexistent"})

@@ -69,6 +69,11 @@ INSTRUCTIONS = (
     "operator's token): show the person the diff and the verdicts (show_campaign) first."
 )
 
+#: How the tools that only read, and those that change something, are announced.
+READING = ToolAnnotations(readOnlyHint=True, openWorldHint=False)
+ACTING = ToolAnnotations(readOnlyHint=False, destructiveHint=True, idempotentHint=False,
+                         openWorldHint=False)
+
 CampaignId = Annotated[int, Field(ge=1, le=BIGINT_MAX, description="A campaign id")]
 Text = Annotated[str, Field(min_length=1, max_length=500, pattern=NO_NUL)]
 
@@ -234,12 +239,17 @@ class LedgerMCP:
     # -- the tools -------------------------------------------------------------
 
     def _register(self) -> None:
-        reading = ToolAnnotations(readOnlyHint=True, openWorldHint=False)
-        acting = ToolAnnotations(readOnlyHint=False, destructiveHint=True, idempotentHint=False,
-                                 openWorldHint=False)
+        self._register_reads()
+        self._register_status()
+        self._register_approvals()
+        self._register_bulk()
+
+    def _register_reads(self) -> None:
+        """The read tools of campaigns: a page of them, a search, one with
+        everything about it, its journal."""
         tool = self.server.tool
 
-        @tool(annotations=reading)
+        @tool(annotations=READING)
         async def list_campaigns(
                 ctx: Context, state: list[State] | None = None,
                 classes: list[Text] | None = None, target: Text | None = None, label: Text | None = None,
@@ -261,7 +271,7 @@ class LedgerMCP:
             result: CampaignPage = await self._read(go)
             return result
 
-        @tool(annotations=reading)
+        @tool(annotations=READING)
         async def search_campaigns(ctx: Context, text: Annotated[str, Field(min_length=1, max_length=200,
                                                                           pattern=NO_NUL)],
                                    state: list[State] | None = None,
@@ -271,7 +281,7 @@ class LedgerMCP:
             result: CampaignPage = await list_campaigns(ctx, state=state, search=text, limit=limit)
             return result
 
-        @tool(annotations=reading)
+        @tool(annotations=READING)
         async def show_campaign(ctx: Context, campaign_id: CampaignId) -> CampaignDetail:
             """One campaign with its attempts, verifications (verdicts, reasons, evidence),
             side effects and observations."""
@@ -279,7 +289,7 @@ class LedgerMCP:
             result: CampaignDetail = await self._read(lambda reads: reads.campaign_detail(campaign_id))
             return result
 
-        @tool(annotations=reading)
+        @tool(annotations=READING)
         async def tail_journal(ctx: Context, campaign_id: CampaignId,
                                after: Annotated[int, Field(ge=0, le=BIGINT_MAX)] | None = None,
                                limit: Annotated[int, Field(ge=1, le=1000)] = 50) -> JournalTail:
@@ -296,7 +306,12 @@ class LedgerMCP:
             result: JournalTail = await self._read(go)
             return result
 
-        @tool(annotations=reading)
+    def _register_status(self) -> None:
+        """The read tools that look across campaigns: the report, the classes,
+        the approvals that wait."""
+        tool = self.server.tool
+
+        @tool(annotations=READING)
         async def report(ctx: Context, days: Annotated[int, Field(ge=1, le=366)] = 7) -> AutonomyReport:
             """The autonomy report: per UTC day opened, attempts, rejections, closures and
             human actions, and the streak of days closed with no human help."""
@@ -308,7 +323,7 @@ class LedgerMCP:
             result: AutonomyReport = await self._read(go)
             return result
 
-        @tool(annotations=reading)
+        @tool(annotations=READING)
         async def class_status(ctx: Context, name: Annotated[str, Field(min_length=1, max_length=200,
                                                                         pattern=NO_NUL)] | None = None,
                                days: Annotated[int, Field(ge=1, le=366)] = 7) -> ClassStatus:
@@ -322,7 +337,7 @@ class LedgerMCP:
             result: ClassStatus = await self._read(go)
             return result
 
-        @tool(annotations=reading)
+        @tool(annotations=READING)
         async def list_approvals(ctx: Context, class_name: Annotated[str, Field(
                                      min_length=1, max_length=200, pattern=NO_NUL)] | None = None,
                                  limit: Annotated[int, Field(ge=1, le=1000)] = 100) -> WaitingApprovals:
@@ -333,7 +348,11 @@ class LedgerMCP:
                 lambda reads: self._waiting(reads, class_name, limit))
             return result
 
-        @tool(annotations=acting)
+    def _register_approvals(self) -> None:
+        """The approval decisions (an operator's token)."""
+        tool = self.server.tool
+
+        @tool(annotations=ACTING)
         async def approve_campaign(
                 ctx: Context, campaign_id: CampaignId,
                 reason: Annotated[str, Field(min_length=1, max_length=4000, pattern=NO_NUL)] | None = None
@@ -344,7 +363,7 @@ class LedgerMCP:
             return await self._decide(principal, lambda kernel: kernel.approve(
                 campaign_id, _identity(principal), reason))
 
-        @tool(annotations=acting)
+        @tool(annotations=ACTING)
         async def deny_campaign(
                 ctx: Context, campaign_id: CampaignId,
                 reason: Annotated[str, Field(min_length=1, max_length=4000, pattern=NO_NUL)],
@@ -355,7 +374,12 @@ class LedgerMCP:
             return await self._decide(principal, lambda kernel: kernel.deny(
                 campaign_id, _identity(principal), reason, abandon=abandon))
 
-        @tool(annotations=acting)
+    def _register_bulk(self) -> None:
+        """The HTTP API's bulk actions: previewed first, confirmed on exactly
+        the previewed set (an operator's token)."""
+        tool = self.server.tool
+
+        @tool(annotations=ACTING)
         async def abandon_campaigns(
                 ctx: Context, filter: CampaignFilter,
                 reason: Annotated[str, Field(min_length=1, max_length=1000, pattern=NO_NUL)] =
@@ -372,7 +396,7 @@ class LedgerMCP:
             return await self._bulk(principal, "abandon", filter, campaign_ids, selection, max_campaigns,
                                     lambda kernel, cid: kernel.abandon(cid, reason, _identity(principal)))
 
-        @tool(annotations=acting)
+        @tool(annotations=ACTING)
         async def reopen_campaigns(
                 ctx: Context, filter: CampaignFilter,
                 extra_attempts: Annotated[int, Field(ge=1, le=1000)] | None = None,

@@ -263,7 +263,8 @@ class MergeBatch(Document):
     suspect: int | None = None
     #: the commits that land, frozen before the push
     landed: list[str] | None = None
-    state: BatchState
+    #: the row's ``state`` (a batch's, not a campaign's)
+    batch_state: BatchState = Field(alias="state")
 
 
 class QueueView(Document):

@@ -36,15 +36,15 @@ def next_batch(batch_size: int, last: MergeBatch | None) -> tuple[int, int | Non
     """How many candidates the next batch stacks, and how many at the head
     of the queue are suspected (the culprit of a failed batch lies among
     them), from the last batch the target closed: a bisection."""
-    if last is None or last.suspect is None and last.state != "failed":
+    if last is None or last.suspect is None and last.batch_state != "failed":
         return batch_size, None
     size = len(last.members)
     suspect = last.suspect
-    if last.state == "failed":
+    if last.batch_state == "failed":
         # alone on the target: its culprit was rejected, nothing is suspected
         return (batch_size, None) if size == 1 else (max(1, size // 2), size)
     assert suspect is not None
-    if last.state == "landed":
+    if last.batch_state == "landed":
         left = suspect - size  # the culprit is after the prefix that landed
         if left <= 0:
             return batch_size, None
@@ -191,7 +191,7 @@ class MergeQueue:
                 landed.append(below)
         except (GitError, ValueError) as exc:
             return waiting(f"cannot build the commits of merge batch {batch.id}: {exc}")
-        if batch.state == "landing" and batch.landed:
+        if batch.batch_state == "landing" and batch.landed:
             landed = list(batch.landed)  # frozen by whoever froze it first
         top = landed[-1]
         result = {"merge_batch": batch.id, "size": len(members), "previous": base}
@@ -201,7 +201,7 @@ class MergeQueue:
                     batch.id, claim.side_effect_id, claim.claim_token,
                     f"{ref} moved to {current} outside the queue")
                 return None
-            if batch.state == "verifying" and not await self.kernel.merge_queue_freeze(
+            if batch.batch_state == "verifying" and not await self.kernel.merge_queue_freeze(
                     batch.id, claim.side_effect_id, claim.claim_token, landed):
                 return None  # a member left the queue
             await go_ahead(1.0)

@@ -31,9 +31,16 @@ from ledger.logs import get_logger
 from ledger.runtime.registry import Registration, held, utcnow
 from ledger.sandbox import cell as cells
 from ledger.sandbox import guise as guises
-from ledger.sandbox.processes import cell_environment, child_environment, run_command
-from ledger.verifiers.judge import Judge, JudgeSettings, files_of, read_stream, remove_bytecode
-from ledger.verifiers.pytest_report import PYTEST_EXIT_MEANING, pytest_command, read_report
+from ledger.sandbox.processes import CommandResult, cell_environment, child_environment, run_command
+from ledger.verifiers.judge import (
+    Judge,
+    Judged,
+    JudgeSettings,
+    files_of,
+    read_stream,
+    remove_bytecode,
+)
+from ledger.verifiers.pytest_report import PYTEST_EXIT_MEANING, Report, pytest_command, read_report
 
 EPOCH = datetime(2000, 1, 1, tzinfo=timezone.utc)
 _OUTPUT_LIMIT = 8 * 1024
@@ -210,91 +217,124 @@ def http_outcome(sensor: SensorConfig, details: ObservationDetails) -> str:
 
 async def _run_command(sensor: SensorConfig, repository: str | None, ref: str | None,
                        cache_dir: Path | None, settings: JudgeSettings) -> ObservationDetails:
+    """Run a command check: in a fresh export of ``ref`` (when it observes
+    a repository), by the judge (a pytest command), in its cell (unless the
+    sensor opts out); what it saw."""
     assert sensor.command is not None
     details = ObservationDetails(command=sensor.command)
-    sandboxed = sensor.cell.sandbox
     # A face of the sensor family's for the cell (none of the verifier's
     # runs looks like it), in a directory whose name says nothing.
     uids, names = cells.taken_accounts()
     guise = guises.draw("sensor", guises.project_name(repository), taken_uids=uids, taken_names=names) \
-        if sandboxed else None
+        if sensor.cell.sandbox else None
     with tempfile.TemporaryDirectory() as scratch:
         work, out = Path(scratch) / "work", Path(scratch) / "out"
         out.mkdir()
-        if repository is not None and ref is not None:
-            repo = Repository(repository, cache_dir=cache_dir)
-            try:
-                sha = await asyncio.to_thread(repo.resolve, ref)
-                await asyncio.to_thread(repo.export_tree, sha, work)
-            except GitError as exc:
-                details.error = f"cannot check out {ref} of {repository}: {exc.message}"
-                details.system_fault = True
-                return details
-            details.ref, details.sha = ref, sha
-        else:
-            work.mkdir()
-        seen_work = guise.checkout if guise is not None else str(work)
-        seen_out = guise.outputs if guise is not None else str(out)
-        report = Path(seen_out) / "junit.xml"
-        pytest = pytest_command(sensor.command)
-        cwd = Path(sensor.cwd) if sensor.cwd and not sandboxed else work
-        judge: Judge | None = None
-        prepared = None
-        extras = list(sensor.environment)
-        argv = list(sensor.command)
-        if pytest is not None:
-            # the same fixed judge as the verifier's, on the observed tree's own
-            # configuration (what landed there passed the judge)
-            if cwd == work:
-                remove_bytecode(work)  # only an export of ours, never a directory of the user's
-            judge = Judge(settings, files_of(cwd), sandboxed=sandboxed)
-            prepared = judge.prepare(judge.interpreter(pytest), pytest[3:],
-                                     seen_work if sandboxed else str(cwd),
-                                     seen_root=guise.scratch if guise is not None else None)
-            argv = prepared.argv
-            extras = Judge.environment(extras)
-        try:
-            if sandboxed:
-                try:
-                    await asyncio.to_thread(cells.check_available)
-                except cells.SandboxUnavailable as exc:
-                    details.error = f"{exc.message} ({exc.hint})"
-                    details.system_fault = True
-                    return details
-                assert guise is not None
-                # A judged run is told nothing of Ledger's (no LEDGER_JUNIT_XML:
-                # it is for a wrapper's report, and the judge reads none)
-                env = cell_environment(extras) if judge is not None else \
-                    {**cell_environment(extras), JUNIT_VARIABLE: str(report)}
-                bindings = [cells.Binding(work, seen_work, writable=True),
-                            cells.Binding(out, seen_out, writable=True)]
-                policy = sensor.cell
-                if judge is not None:
-                    bindings.append(cells.Binding(judge.root, guise.scratch, writable=False))
-                    if judge.read_only():
-                        policy = policy.model_copy(update={"read_only": [*policy.read_only,
-                                                                          *judge.read_only()]})
-                spec = cells.CellSpec(policy, tuple(bindings), cwd=seen_work, env=env, guise=guise)
-                result = await run_command(argv, "/", timeout_s=sensor.timeout_s, tail_bytes=_OUTPUT_LIMIT,
-                                           cell=spec)
-            else:
-                env = {**child_environment(extras), JUNIT_VARIABLE: str(report)}
-                result = await run_command(argv, cwd, timeout_s=sensor.timeout_s, env=env,
-                                           tail_bytes=_OUTPUT_LIMIT)
-            judged = None
-            if prepared is not None:
-                raw = prepared.channel.close()
-                judged = read_stream(raw, connected=prepared.channel.connected,
-                                     overflow=prepared.channel.overflow, exit_code=result.exit_code,
-                                     wall_s=result.duration_s)
-        finally:
-            if prepared is not None:
-                prepared.channel.close(0.1)
-            if judge is not None:
-                judge.close()
+        if not await _checked_out(details, repository, ref, cache_dir, work):
+            return details
+        ran = await _run_check(sensor, settings, details, guise, work, out)
+        if ran is None:
+            return details
+        result, judged = ran
         # Only a wrapper's report is read from the outputs (it can open a
         # campaign, never confirm one: it has no judged passed ids).
-        tests = read_report(out / "junit.xml") if pytest is None else None
+        tests = read_report(out / "junit.xml") if pytest_command(sensor.command) is None else None
+    _record_run(details, sensor, result, judged, tests)
+    return details
+
+
+async def _checked_out(details: ObservationDetails, repository: str | None, ref: str | None,
+                       cache_dir: Path | None, work: Path) -> bool:
+    """Export ``ref`` of ``repository`` to ``work`` (an empty ``work`` for a
+    check that observes none); ``False`` (the error said) if it cannot be."""
+    if repository is None or ref is None:
+        work.mkdir()
+        return True
+    repo = Repository(repository, cache_dir=cache_dir)
+    try:
+        sha = await asyncio.to_thread(repo.resolve, ref)
+        await asyncio.to_thread(repo.export_tree, sha, work)
+    except GitError as exc:
+        details.error = f"cannot check out {ref} of {repository}: {exc.message}"
+        details.system_fault = True
+        return False
+    details.ref, details.sha = ref, sha
+    return True
+
+
+async def _run_check(sensor: SensorConfig, settings: JudgeSettings, details: ObservationDetails,
+                     guise: guises.Guise | None, work: Path, out: Path
+                     ) -> tuple[CommandResult, Judged | None] | None:
+    """Run the check's command (by the judge, for pytest) in its cell or
+    not: its result and what the judge saw; ``None`` (the error said) when
+    its cell cannot be had."""
+    assert sensor.command is not None
+    sandboxed = sensor.cell.sandbox
+    seen_work = guise.checkout if guise is not None else str(work)
+    seen_out = guise.outputs if guise is not None else str(out)
+    report = Path(seen_out) / "junit.xml"
+    pytest = pytest_command(sensor.command)
+    cwd = Path(sensor.cwd) if sensor.cwd and not sandboxed else work
+    judge: Judge | None = None
+    prepared = None
+    extras = list(sensor.environment)
+    argv = list(sensor.command)
+    if pytest is not None:
+        # the same fixed judge as the verifier's, on the observed tree's own
+        # configuration (what landed there passed the judge)
+        if cwd == work:
+            remove_bytecode(work)  # only an export of ours, never a directory of the user's
+        judge = Judge(settings, files_of(cwd), sandboxed=sandboxed)
+        prepared = judge.prepare(judge.interpreter(pytest), pytest[3:],
+                                 seen_work if sandboxed else str(cwd),
+                                 seen_root=guise.scratch if guise is not None else None)
+        argv = prepared.argv
+        extras = Judge.environment(extras)
+    try:
+        if sandboxed:
+            try:
+                await asyncio.to_thread(cells.check_available)
+            except cells.SandboxUnavailable as exc:
+                details.error = f"{exc.message} ({exc.hint})"
+                details.system_fault = True
+                return None
+            assert guise is not None
+            # A judged run is told nothing of Ledger's (no LEDGER_JUNIT_XML:
+            # it is for a wrapper's report, and the judge reads none)
+            env = cell_environment(extras) if judge is not None else \
+                {**cell_environment(extras), JUNIT_VARIABLE: str(report)}
+            bindings = [cells.Binding(work, seen_work, writable=True),
+                        cells.Binding(out, seen_out, writable=True)]
+            policy = sensor.cell
+            if judge is not None:
+                bindings.append(cells.Binding(judge.root, guise.scratch, writable=False))
+                if judge.read_only():
+                    policy = policy.model_copy(update={"read_only": [*policy.read_only,
+                                                                      *judge.read_only()]})
+            spec = cells.CellSpec(policy, tuple(bindings), cwd=seen_work, env=env, guise=guise)
+            result = await run_command(argv, "/", timeout_s=sensor.timeout_s, tail_bytes=_OUTPUT_LIMIT,
+                                       cell=spec)
+        else:
+            env = {**child_environment(extras), JUNIT_VARIABLE: str(report)}
+            result = await run_command(argv, cwd, timeout_s=sensor.timeout_s, env=env,
+                                       tail_bytes=_OUTPUT_LIMIT)
+        judged = None
+        if prepared is not None:
+            raw = prepared.channel.close()
+            judged = read_stream(raw, connected=prepared.channel.connected,
+                                 overflow=prepared.channel.overflow, exit_code=result.exit_code,
+                                 wall_s=result.duration_s)
+    finally:
+        if prepared is not None:
+            prepared.channel.close(0.1)
+        if judge is not None:
+            judge.close()
+    return result, judged
+
+
+def _record_run(details: ObservationDetails, sensor: SensorConfig, result: CommandResult,
+                judged: Judged | None, tests: Report | None) -> None:
+    """What the run says, into ``details``."""
     if result.error:
         details.error = f"cannot start: {result.error}"
     elif result.timed_out:
@@ -314,7 +354,6 @@ async def _run_command(sensor: SensorConfig, repository: str | None, ref: str | 
             details.system_fault = True
     elif tests is not None:
         details.tests = tests.summary()
-    return details
 
 
 async def _probe(sensor: SensorConfig) -> ObservationDetails:
