@@ -303,19 +303,10 @@ AS $$
 #variable_conflict use_column
 DECLARE
     v_now timestamptz := ledger.now();
-    v_c ledger.campaign;
+    v_c ledger.campaign := ledger.lease_row(p_campaign_id, p_generation);
     v_a ledger.attempt;
     v_attempt_no integer;
 BEGIN
-    IF p_campaign_id IS NULL OR p_generation IS NULL THEN
-        PERFORM ledger.check_lease_args(p_campaign_id, p_generation);  -- raises, saying what is missing
-    END IF;
-    -- The campaign first, locked (as ledger.lease_row: every writer of a
-    -- campaign and its attempts takes them in that order).
-    SELECT * INTO v_c FROM ledger.campaign c WHERE c.id = p_campaign_id FOR NO KEY UPDATE;
-    IF NOT FOUND THEN
-        RAISE EXCEPTION 'campaign % does not exist', p_campaign_id USING ERRCODE = 'LG004';
-    END IF;
     IF v_c.state IS DISTINCT FROM 'leased' OR v_c.generation <> p_generation
        OR v_c.lease_expires_at <= v_now THEN
         -- Not the live lease (the usual case skips this): this very ending
