@@ -12,10 +12,9 @@ and batch writers (statement trigger over transition tables) alike.
 
 from __future__ import annotations
 
+import json
 from collections import Counter
 from datetime import timedelta
-
-import json
 
 import psycopg
 import pytest

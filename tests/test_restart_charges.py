@@ -25,10 +25,10 @@ from psycopg.rows import dict_row
 
 from conftest import TEST_PREFIX
 from drive import Driver, eventually, scaled
-from drills.paths import scripted_attempt
 from ledger import Database, Kernel, Unavailable
 from ledger.db import migrations
 from ledger.db.embedded import create_database
+from ledger.drills.paths import scripted_attempt
 from ledger.ops.cluster import Cluster
 from ledger.ops.faultproxy import FaultProxy
 from ledger.ops.gitserver import GitDaemon, bare_repository

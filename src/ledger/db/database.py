@@ -1,5 +1,7 @@
-"""The database layer: connections as a role, kernel function calls, read
-queries, error mapping and retries -- the only module that touches psycopg.
+"""Connections as a role, kernel function calls, read queries, error mapping
+and retries: the core of the database layer, through which every runtime
+call goes (psycopg itself is imported elsewhere too: the rest of ledger.db,
+conninfo parsing in settings, the demo, ``ledger migrate`` and the drills).
 
 Every runtime connection acts as exactly one Ledger role. With a per-role login
 configured (``LEDGER_WORKER_DATABASE_URL`` ...) it connects with that login;
@@ -45,10 +47,10 @@ from psycopg_pool import AsyncConnectionPool
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception, stop_before_delay
 
 from ledger import errors
-from ledger.db import stored
-from ledger.logs import get_logger
-from ledger.db.named_queries import Query
 from ledger.backoff import backoff
+from ledger.db import stored
+from ledger.db.named_queries import Query
+from ledger.logs import get_logger
 from ledger.release import RELEASE, SCHEMA
 from ledger.settings import Settings, get_settings
 

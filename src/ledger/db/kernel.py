@@ -20,16 +20,13 @@ from psycopg.types.json import Jsonb
 from pydantic import TypeAdapter
 
 from ledger.db.database import Executor
-from ledger.errors import Forbidden, StaleLease
-
-T = TypeVar("T")
 from ledger.db.models import (
     ApprovalDecision,
     ApprovalExpired,
     AttemptRecord,
     AttemptRecorded,
-    ClassPause,
     Claim,
+    ClassPause,
     Lease,
     ObservationRecorded,
     Opened,
@@ -40,6 +37,9 @@ from ledger.db.models import (
     SideEffectRequested,
     VerificationClaim,
 )
+from ledger.errors import Forbidden, StaleLease
+
+T = TypeVar("T")
 
 
 #: Kernel functions whose identical retry returns the first result (or does
@@ -644,27 +644,27 @@ class Kernel:
         return await self._scalar_as(datetime, function, holds=Jsonb(report.holds), **args)
 
     async def report_sensor_process(self, report: ProcessReport) -> datetime:
-        """A sensor process says it is alive and what it holds (``ledger.roles.registry``)."""
+        """A sensor process says it is alive and what it holds (``ledger.runtime.registry``)."""
         return await self._report("report_sensor_process", report)
 
     async def report_worker_process(self, report: ProcessReport) -> datetime:
-        """A worker process says it is alive and what it holds (``ledger.roles.registry``)."""
+        """A worker process says it is alive and what it holds (``ledger.runtime.registry``)."""
         return await self._report("report_worker_process", report)
 
     async def report_reaper_process(self, report: ProcessReport) -> datetime:
-        """A reaper says it is alive (``ledger.roles.registry``)."""
+        """A reaper says it is alive (``ledger.runtime.registry``)."""
         return await self._report("report_reaper_process", report)
 
     async def report_verifier_process(self, report: ProcessReport) -> datetime:
-        """A verifier says it is alive and what it holds (``ledger.roles.registry``)."""
+        """A verifier says it is alive and what it holds (``ledger.runtime.registry``)."""
         return await self._report("report_verifier_process", report)
 
     async def report_dispatcher_process(self, report: ProcessReport) -> datetime:
-        """A dispatcher says it is alive and what it holds (``ledger.roles.registry``)."""
+        """A dispatcher says it is alive and what it holds (``ledger.runtime.registry``)."""
         return await self._report("report_dispatcher_process", report)
 
     async def report_operator_process(self, report: ProcessReport) -> datetime:
-        """An operator-role service (the trimmer) says it is alive (``ledger.roles.registry``)."""
+        """An operator-role service (the trimmer) says it is alive (``ledger.runtime.registry``)."""
         return await self._report("report_operator_process", report)
 
     # --- the HTTP server's sign-ins and bulk jobs (operator role) -------------
