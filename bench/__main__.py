@@ -32,8 +32,15 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from bench.harness import (Context, Section, Target, add_server_arguments, describe_machine,
-                           describe_server, server)
+from bench.harness import (
+    Context,
+    Section,
+    Target,
+    add_server_arguments,
+    describe_machine,
+    describe_server,
+    server,
+)
 from ledger import logs
 
 SECTIONS = ("compare", "cost", "cycle", "peers", "wake", "scale", "heartbeat", "journal", "fair", "rowcost", "cell",

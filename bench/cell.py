@@ -24,10 +24,11 @@ from pathlib import Path
 from typing import Any
 
 from bench.harness import Context, Section, Target, cli
-from ledger.sandbox import cell as cells
-from ledger.sandbox import cgroups, guise as guises, processes
-from ledger.sandbox.processes import cell_environment, run_command
 from ledger.git.repository import LEDGER, Repository
+from ledger.sandbox import cell as cells
+from ledger.sandbox import cgroups, processes
+from ledger.sandbox import guise as guises
+from ledger.sandbox.processes import cell_environment, run_command
 
 
 def _ms(samples: list[float]) -> dict[str, float]:

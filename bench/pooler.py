@@ -38,7 +38,6 @@ from bench.harness import PREFIX, Context, Section, cli
 from ledger import Database, Kernel
 
 
-
 @contextmanager
 def pgbouncer(server_url: str, pool_size: int) -> Iterator[dict[str, str]]:
     """A PgBouncer in transaction mode in front of ``server_url``; yields the

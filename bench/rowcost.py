@@ -1,4 +1,4 @@
-"""What each index and constraint of the campaign row costs the hot path.
+"""What each index, constraint and guarantee of the campaign row costs the hot path.
 
 Wall-clock rates on a shared two-core machine drift by a third; a backend's
 own CPU time does not (much). So this section drains campaigns one at a time
@@ -7,9 +7,11 @@ own CPU time does not (much). So this section drains campaigns one at a time
 per campaign, read from ``/proc/<pid>/stat`` of the server process serving
 the connection (the server must run on this machine). Then the same with one
 index (or the CHECK constraints) removed at a time, in a fresh database each:
-the difference is what that index or those constraints cost per cycle.
+the difference is what that index or those constraints cost per cycle. The
+guarantees are priced the same way: the journal (its row triggers off), the
+attempt history's and the journal's foreign keys, the attempt's row guard.
 
-Removing an invariant's index here is a measurement, not a proposal.
+Removing an invariant's index or a guarantee here is a measurement, not a proposal.
 
 usage: python -m bench.rowcost [--quick] [--database-url URL]
 """
@@ -33,6 +35,17 @@ SHA = "a" * 40
 INDEXES = ("campaign_one_lease_per_seat", "campaign_claim_order",
            "campaign_lease_expiry", "campaign_awaiting_verdict", "campaign_recent", "campaign_by_class_state")
 TICK = os.sysconf("SC_CLK_TCK")
+# What a guarantee costs, priced by turning it off in a throwaway database.
+GUARANTEES = {"without the journal (an event per transition)": "journal",
+              "without the foreign keys of attempt and journal to campaign": "foreign keys",
+              "without attempt_guard (the attempt's row rules)": "attempt guard"}
+PRICED = {
+    "journal": ("ALTER TABLE ledger.campaign DISABLE TRIGGER campaign_journal_update",
+                "ALTER TABLE ledger.campaign DISABLE TRIGGER campaign_journal_batch"),
+    "foreign keys": ("ALTER TABLE ledger.attempt DROP CONSTRAINT attempt_campaign_id_fkey",
+                     "ALTER TABLE ledger.campaign_event DROP CONSTRAINT campaign_event_campaign_id_fkey"),
+    "attempt guard": ("ALTER TABLE ledger.attempt DISABLE TRIGGER attempt_guard",),
+}
 
 
 def _cpu_s(pid: int) -> float:
@@ -83,10 +96,12 @@ def _open(db: Database, n: int, tag: str) -> None:
 async def run(ctx: Context) -> Section:
     n = 1000
     rounds = 2 if ctx.quick else 3
-    section = Section("rowcost", "What each index and constraint of campaign costs a cycle (backend CPU)")
+    section = Section("rowcost", "What each index, constraint and guarantee of campaign costs a cycle (backend CPU)")
     variants: list[tuple[str, Any]] = [("as is", None)]
     variants += [(f"without {i}", i) for i in (("campaign_by_class_state",) if ctx.quick else INDEXES)]
     variants += [("without CHECK constraints (campaign, attempt, event)", "checks")]
+    variants += [(what, change) for what, change in GUARANTEES.items()
+                 if not ctx.quick or change == "journal"]
     base: dict[int, float] = {}
     for what, change in variants:
         with ctx.ledger() as db:
@@ -94,6 +109,9 @@ async def run(ctx: Context) -> Section:
                 admin.execute("SELECT ledger_api.register_class('cost', p_lease_seconds => 60)")
                 if change == "checks":
                     _checks(admin)
+                elif change in GUARANTEES.values():
+                    for statement in PRICED[change]:
+                        admin.execute(statement)
                 elif change:
                     admin.execute(f"DROP INDEX ledger.{change}")  # noqa: S608 (fixed names)
             _open(db, 200, "warm")

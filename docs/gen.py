@@ -223,7 +223,6 @@ def direct_variables() -> dict[str, str]:
 
 def configuration_page() -> str:
     from ledger import config
-
     from ledger.sandbox.cell import CellPolicy
 
     models = {config.CampaignClassConfig: "classes", config.Backoff: "backoff",
@@ -420,9 +419,9 @@ def errors_page() -> str:
 
 
 def protocol_page() -> str:
+    from ledger import protocol
     from ledger.roles import attempt
     from ledger.sandbox import processes
-    from ledger import protocol
 
     models = {protocol.PreviousAttempt: "previous-attempts"}
     headers = ("field", "type", "meaning")

@@ -26,8 +26,8 @@ from pathlib import Path
 import httpx
 
 from ledger import Database, Kernel
-from ledger.db import migrations
 from ledger.api import hash_token, new_token
+from ledger.db import migrations
 from ledger.db.embedded import create_database, drop_database
 
 ROOT = Path(__file__).resolve().parents[1]

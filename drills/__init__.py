@@ -27,8 +27,8 @@ from .merge_queue import MergeQueue
 from .partition import Partition
 from .patroni import Patroni
 from .second_attempt_differs import SecondAttemptDiffers
-from .upgrade import Upgrade
 from .stop_mid_attempt import StopMidAttempt
+from .upgrade import Upgrade
 from .verifier_crash import VerifierCrash
 from .zombie_worker import ZombieWorker
 

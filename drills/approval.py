@@ -24,8 +24,8 @@ from typing import Any
 import httpx
 
 from ledger.api import hash_token, new_token
+from ledger.drills.paths import scripted_attempt
 from ledger.ops.drill import Drill, DrillContext, UnderExercised, drill_python
-from drills.paths import scripted_attempt
 
 from .workshop import _toml
 

@@ -17,10 +17,10 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
-from ledger.ops.drill import DrillContext, drill_python
-from drills.paths import scripted_attempt
-from ledger.errors import LedgerError
 from ledger.db.reads import Reads
+from ledger.drills.paths import scripted_attempt
+from ledger.errors import LedgerError
+from ledger.ops.drill import DrillContext, drill_python
 
 from .workshop import CLASS
 

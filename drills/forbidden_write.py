@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import subprocess
 
-from ledger.ops.drill import Drill, DrillContext
 from ledger.errors import Forbidden
+from ledger.ops.drill import Drill, DrillContext
 
 from .workshop import CLASS, open_campaigns, setup
 

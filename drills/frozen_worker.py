@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import signal
 
-from ledger.ops.drill import Drill, DrillContext, UnderExercised
 from ledger.errors import StaleLease
+from ledger.ops.drill import Drill, DrillContext, UnderExercised
 
 from .workshop import open_campaigns, setup, started
 

@@ -58,10 +58,10 @@ import textwrap
 from datetime import datetime, timezone
 from typing import Any
 
+from ledger.drills.paths import scripted_attempt
 from ledger.git import bundle as bundles
 from ledger.git import repository
 from ledger.ops.drill import Drill, DrillContext, UnderExercised, drill_python
-from drills.paths import scripted_attempt
 
 from .workshop import CLASS, WORKER_ARGS, _toml
 

@@ -39,9 +39,8 @@ from typing import Any
 
 from psycopg.conninfo import conninfo_to_dict
 
+from ledger.drills.paths import scripted_attempt
 from ledger.ops.drill import Drill, DrillContext, UnderExercised, drill_python
-
-from drills.paths import scripted_attempt
 
 from .workshop import CLASS, WORKER_ARGS, _toml
 

@@ -37,12 +37,12 @@ from typing import Any
 
 from psycopg.conninfo import conninfo_to_dict
 
+from ledger.db.reads import Reads
+from ledger.drills.paths import scripted_attempt
 from ledger.ops import netns
 from ledger.ops.drill import Drill, DrillContext, Proc, drill_python
-from drills.paths import scripted_attempt
 from ledger.ops.faultproxy import FaultProxy
 from ledger.ops.gitserver import GitDaemon, GitServer, HttpGitServer, bare_repository, push_change
-from ledger.db.reads import Reads
 
 from .workshop import content_check
 

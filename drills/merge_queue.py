@@ -44,7 +44,7 @@ class MergeQueue(Drill):
         _, repo = await setup(ctx, {"default": [["own", "own"], ["exit", 0]]}, lease_s=20, heartbeat_s=2,
                               max_attempts=1, acceptance=[combined_check()], promote=True,
                               sensor=f"[classes.work.merge_queue]\nbatch_size = {batch}\nmax_wait_s = 1\n")
-        cids = await open_campaigns(ctx, n)
+        await open_campaigns(ctx, n)
         workers = [ctx.spawn(f"worker-{i}", *WORKER_ARGS, "--concurrency", "3") for i in (1, 2)]
         verifiers = [ctx.spawn(f"verifier-{i}", "verifier", "--poll", "0.3") for i in (1, 2)]
         deadline = 60 + 3 * n

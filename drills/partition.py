@@ -14,7 +14,7 @@ import signal
 import time
 from datetime import datetime
 
-from ledger.ops.drill import host_pid, Drill, DrillContext, UnderExercised, process_gone
+from ledger.ops.drill import Drill, DrillContext, UnderExercised, host_pid, process_gone
 from ledger.ops.faultproxy import FaultProxy
 
 from .workshop import open_campaigns, setup, started

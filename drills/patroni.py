@@ -25,8 +25,8 @@ from typing import Any
 
 import psycopg
 
-from ledger.ops.drill import Drill, DrillContext, Proc, UnderExercised
 from ledger.errors import LedgerError
+from ledger.ops.drill import Drill, DrillContext, Proc, UnderExercised
 from ledger.ops.patroni import Member, PatroniCluster
 
 from . import fleet

@@ -6,7 +6,7 @@ from __future__ import annotations
 import signal
 import time
 
-from ledger.ops.drill import host_pid, Drill, DrillContext, process_gone
+from ledger.ops.drill import Drill, DrillContext, host_pid, process_gone
 
 from .workshop import WORKER_ARGS, open_campaigns, setup, started
 

@@ -8,8 +8,8 @@ from pathlib import Path
 from typing import Any
 
 from ledger.config import LedgerConfig
+from ledger.drills.paths import scripted_attempt
 from ledger.ops.drill import DrillContext, drill_python
-from drills.paths import scripted_attempt
 
 CLASS = "work"
 WORKER_ARGS = ("worker", "--poll", "0.3", "--grace", "0.5")

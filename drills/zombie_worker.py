@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import signal
 
-from ledger.ops.drill import Drill, DrillContext
 from ledger.errors import StaleLease
+from ledger.ops.drill import Drill, DrillContext
 
 from .workshop import WORKER_ARGS, open_campaigns, setup, started
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import itertools
 from datetime import datetime, timezone
-
 from pathlib import Path
 
 from conftest import Actors
@@ -161,6 +160,7 @@ async def record_candidate(kernel: Kernel, claim: Claim, *, repo: Path, base: st
     under its ledger ref, and record it with its bundle and diff in the
     database. Returns the attempt number and the bundle digest."""
     import subprocess
+
     from ledger.git import bundle as bundles
     from ledger.git import repository as repositories
 

@@ -523,7 +523,8 @@ async def test_autonomy_report_counts_an_operators_actions_and_no_one_elses(api:
     from ledger.report import autonomy_report
 
     op, worker, verifier = await actors("operator"), await actors("worker"), await actors("verifier")
-    dispatcher, reaper = await actors("dispatcher"), await actors("reaper")
+    dispatcher = await actors("dispatcher")
+    await actors("reaper")  # its session, used below by actors.session("reaper")
     await op.register_class("promoting", max_attempts=3, lease_seconds=30, backoff_base_s=0,
                             backoff_jitter=0, promotion={"ref": "refs/heads/main",
                                                          "repository": "/nonexistent"})

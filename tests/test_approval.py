@@ -16,7 +16,7 @@ import psycopg
 import pytest
 
 from conftest import Actors, Admin, AsRole
-from drive import Driver, fingerprint, new_key, now, sha
+from drive import Driver, fingerprint, now, sha
 from ledger import Forbidden, IllegalTransition, Kernel
 from ledger.errors import InvalidInput, RepeatedApproach, SameIdentity
 

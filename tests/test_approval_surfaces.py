@@ -11,12 +11,12 @@ from typing import Any
 
 import httpx
 import pytest
+from test_api import Api, assert_problem, token_table
 
 from conftest import Actors, Admin
 from drive import Driver, fingerprint, sha
 from ledger import Database
 from ledger.api import ApiOptions, create_app, new_token
-from test_api import Api, assert_problem, token_table
 from test_cli import ledger
 
 pytestmark = pytest.mark.anyio

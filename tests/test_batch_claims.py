@@ -9,9 +9,9 @@ import asyncio
 import pytest
 
 from conftest import Actors, Admin
-from ledger.db.reads import Reads
 from ledger import Database, Kernel
 from ledger.db.database import Transaction
+from ledger.db.reads import Reads
 from ledger.errors import InvalidInput, RepeatedApproach
 
 pytestmark = pytest.mark.anyio

@@ -36,8 +36,8 @@ from psycopg.conninfo import conninfo_to_dict
 from conftest import TEST_PREFIX, Actors, Admin
 from drive import eventually
 from ledger import Database
-from ledger.sandbox import cell as cells
 from ledger.config import load_config
+from ledger.sandbox import cell as cells
 from ledger.sandbox.processes import cell_environment, run_command
 from ledger.sandbox.redaction import Redactor, known_secrets
 

@@ -25,7 +25,7 @@ import pytest
 from conftest import TEST_PREFIX, Actors, Admin
 from drive import eventually
 from ledger.config import load_config
-from drills.paths import scripted_attempt
+from ledger.drills.paths import scripted_attempt
 
 pytestmark = [pytest.mark.anyio, pytest.mark.cells]
 

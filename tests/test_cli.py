@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+
 from conftest import TEST_PREFIX
 
 pytestmark = pytest.mark.anyio

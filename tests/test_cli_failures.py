@@ -22,9 +22,9 @@ from typing import Any
 import psycopg
 import pytest
 import typer.main
-from conftest import TEST_PREFIX
 from psycopg.conninfo import make_conninfo
 
+from conftest import TEST_PREFIX
 from ledger.cli import app
 from ledger.cli.failures import EXIT_CODES
 from ledger.errors import CodeTooOld, DatabaseMissing, InvalidInput, NotMigrated, Unavailable

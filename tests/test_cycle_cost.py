@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from conftest import Actors, Admin
 from drive import Driver
-from ledger.db.database import _TextArray, _argument
+from ledger.db.database import _argument, _TextArray
 
 pytestmark = pytest.mark.anyio
 

@@ -516,7 +516,7 @@ async def test_the_workers_view_marks_a_process_that_waits_to_start(ui: Ui, acto
     """A live process whose row says why it waits to start (no sandbox ...)
     is marked not ready with the reason; once it works, the mark is gone."""
     from ledger.db.models import ProcessReport
-    from ledger.roles.registry import utcnow
+    from ledger.runtime.registry import utcnow
 
     worker = await actors("worker")
     report = ProcessReport(host="host-a", pid=4242, started_at=utcnow(), identity="worker:host-a:1",

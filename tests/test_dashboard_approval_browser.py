@@ -14,6 +14,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
+# (after the module above, which skips this one where the browser or selenium is missing)
+from selenium.webdriver.common.by import By
+from selenium.webdriver.support.ui import Select
 from test_dashboard_browser import (  # noqa: F401 (fixtures)
     SENSOR_TOML,
     Server,
@@ -22,9 +26,6 @@ from test_dashboard_browser import (  # noqa: F401 (fixtures)
     sign_in,
     wait,
 )
-# (after the module above, which skips this one where the browser or selenium is missing)
-from selenium.webdriver.common.by import By
-from selenium.webdriver.support.ui import Select
 
 from conftest import Actors, Admin
 from drive import Driver, record_candidate

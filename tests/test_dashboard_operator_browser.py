@@ -16,6 +16,10 @@ from typing import Any
 
 import httpx
 import pytest
+
+# (after the module above, which skips this one where the browser or selenium is missing)
+from selenium.webdriver.common.by import By
+from selenium.webdriver.support import expected_conditions as EC
 from test_dashboard_browser import (  # noqa: F401 (fixtures)
     SENSOR_TOML,
     Server,
@@ -29,14 +33,11 @@ from test_dashboard_browser import (  # noqa: F401 (fixtures)
     wait,
     wait_live,
 )
-# (after the module above, which skips this one where the browser or selenium is missing)
-from selenium.webdriver.common.by import By
-from selenium.webdriver.support import expected_conditions as EC
 
 from conftest import Actors, Admin
 from drive import Driver, fingerprint, new_key, sha
 from ledger.db.models import ProcessReport
-from ledger.roles.registry import held, utcnow
+from ledger.runtime.registry import held, utcnow
 
 pytestmark = pytest.mark.anyio
 

@@ -23,6 +23,7 @@ import pytest
 from conftest import TEST_PREFIX, Actors, Admin
 from drive import Driver, fingerprint, now
 from ledger import Forbidden, Kernel, StaleLease
+from ledger.ops import faults
 from ledger.roles.dispatcher import FAULT_AFTER_ACTION, Dispatcher
 
 pytestmark = pytest.mark.anyio
@@ -617,7 +618,7 @@ async def test_http_read_back_first_means_no_second_request(actors: Actors, serv
     cid, effect, key = await http_intent(actors, service, read_back=True)
     monkeypatch.setenv("LEDGER_FAULT_POINTS", FAULT_AFTER_ACTION)
     monkeypatch.setenv("LEDGER_FAULT_DIR", str(tmp_path / "faults"))
-    first = asyncio.create_task(Dispatcher(await actors("dispatcher")).run_once())
+    first = asyncio.create_task(Dispatcher(await actors("dispatcher"), pause=faults.point).run_once())
     await until((tmp_path / "faults" / f"{FAULT_AFTER_ACTION}.reached").exists, "the fault point")
     first.cancel()  # dies holding the claim, action done, nothing recorded
     with pytest.raises(asyncio.CancelledError):

@@ -15,11 +15,11 @@ from pathlib import Path
 from types import ModuleType
 
 import pytest
+from test_cli_failures import leaf_commands
 
 from ledger import config, protocol
 from ledger.cli.failures import EXIT_CODES
 from ledger.settings import Settings
-from test_cli_failures import leaf_commands
 
 ROOT = Path(__file__).parents[1]
 

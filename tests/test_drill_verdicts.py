@@ -17,7 +17,7 @@ pytestmark = pytest.mark.anyio
 
 async def test_a_stalled_fleet_is_told_apart_from_a_slow_one(db: Database, actors, test_class: str,
                                                              tmp_path: Path) -> None:
-    import drills.load as load
+    import ledger.drills.load as load
 
     ctx = DrillContext(load.Load(), db, tmp_path, Console(quiet=True), 1.0)
     sensor, worker = await actors("sensor"), await actors("worker")

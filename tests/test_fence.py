@@ -19,11 +19,11 @@ from psycopg import sql
 
 from conftest import Actors, Admin
 from drive import Driver, fingerprint, sha
-from ledger.db.reads import Reads
 from ledger import Database, Kernel, ObjectiveConflict, StaleLease
-from ledger.roles.dispatcher import Dispatcher
-from ledger.errors import InvalidInput, LedgerError
 from ledger.db.models import ProcessReport
+from ledger.db.reads import Reads
+from ledger.errors import InvalidInput, LedgerError
+from ledger.roles.dispatcher import Dispatcher
 
 pytestmark = pytest.mark.anyio
 

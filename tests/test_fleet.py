@@ -27,7 +27,7 @@ pytestmark = [pytest.mark.anyio, pytest.mark.cells]
 @pytest.mark.parametrize("transport", ["git", "http"])
 async def test_a_fleet_across_machines_closes_a_regression_and_survives_the_remotes_outage(
         db: Database, tmp_path: Path, transport: str) -> None:
-    from drills.machines import Machines
+    from ledger.drills.machines import Machines
 
     drill = Machines(transports=(transport,))
     ctx = DrillContext(drill, db, tmp_path, Console(quiet=True), 1.0)

@@ -20,14 +20,14 @@ import pytest
 
 from conftest import TEST_PREFIX
 from drive import eventually, record_candidate
-from ledger.git import repository
 from ledger.config import load_config, parse_config
-from drills.paths import scripted_attempt
+from ledger.drills.paths import scripted_attempt
+from ledger.git import repository
 from ledger.git.protection import Protection, default_patterns
 from ledger.roles.sensors import check
 from ledger.roles.verifier import Verifier
-from verifiers import Baseline
-from verifiers.pytest_report import Report, held_to
+from ledger.verifiers import Baseline
+from ledger.verifiers.pytest_report import Report, held_to
 
 pytestmark = pytest.mark.anyio
 

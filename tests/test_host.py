@@ -16,15 +16,15 @@ import pytest
 from conftest import TEST_PREFIX
 from drive import Driver, eventually
 from ledger import Database
-from ledger.roles.dispatcher import Dispatcher
-from ledger.ops.drill import process_gone
-from ledger.errors import ConfigError
-from ledger.roles.reaper import Reaper
 from ledger.backoff import backoff
-from ledger.runtime.host import EX_SOFTWARE, Host
-from ledger.runtime.service import Service
+from ledger.errors import ConfigError
+from ledger.ops.drill import process_gone
+from ledger.roles.dispatcher import Dispatcher
+from ledger.roles.reaper import Reaper
 from ledger.roles.services import ReaperOptions
 from ledger.roles.trimmer import Trimmer
+from ledger.runtime.host import EX_SOFTWARE, Host
+from ledger.runtime.service import Service
 
 pytestmark = pytest.mark.anyio
 

@@ -753,8 +753,8 @@ async def test_an_ipv6_client_counts_by_its_64(db: Database) -> None:
 
 
 def test_the_throttles_memory_is_bounded_and_made_up_prefixes_do_not_free_an_address() -> None:
-    from ledger.api.throttle import AuthThrottle
     from ledger.api.problems import TooManyRequests
+    from ledger.api.throttle import AuthThrottle
 
     # An hour's window: the loops below take far less than one failure's share of it.
     throttle = AuthThrottle(failures=1000, requests=10, window_s=3600, max_keys=100)

@@ -11,10 +11,10 @@ import pytest
 
 from conftest import Actors, Admin
 from drive import Driver, fingerprint, sha
-from ledger.db.reads import Reads
 from ledger import Database, Kernel
-from ledger.errors import StaleLease, Unavailable
 from ledger.db.hub import CHANNELS, Hub, NullHub, Subscription, _Subscriber
+from ledger.db.reads import Reads
+from ledger.errors import StaleLease, Unavailable
 
 pytestmark = pytest.mark.anyio
 

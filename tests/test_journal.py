@@ -9,8 +9,8 @@ from psycopg import sql
 
 from conftest import TEST_PREFIX, Actors, Admin, AsRole
 from drive import PROMOTING_CLASS, Driver, eventually, fingerprint, now, sha
-from ledger.db.reads import Reads
 from ledger import Database, Kernel
+from ledger.db.reads import Reads
 from ledger.roles.journal import JournalWriter
 
 pytestmark = pytest.mark.anyio

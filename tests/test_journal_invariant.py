@@ -12,10 +12,9 @@ and batch writers (statement trigger over transition tables) alike.
 
 from __future__ import annotations
 
+import json
 from collections import Counter
 from datetime import timedelta
-
-import json
 
 import psycopg
 import pytest
@@ -118,6 +117,13 @@ async def test_one_event_per_state_change_for_single_and_batch_writers(actors, a
     assert rec["actor"] == "w2"
     assert rec["payload"]["candidate_sha"] == sha(10) and rec["payload"]["attempt_no"] == 1
     assert rec["payload"]["from"] == "leased" and rec["payload"]["to"] == "attempted"
+    # the single record names its attempt and holder as the batch's do
+    # (record_attempt passes them in its detail; the trigger reads nothing back)
+    rec = admin.execute("SELECT actor, payload FROM ledger.campaign_event WHERE campaign_id = %s "
+                        "AND payload ->> 'transition' = 'record_attempt'", (one.campaign_id,)).fetchone()
+    assert rec["actor"] == "w1"
+    assert {k: rec["payload"][k] for k in ("attempt_no", "fingerprint", "candidate_sha", "base_sha")} == {
+        "attempt_no": 1, "fingerprint": fingerprint(1), "candidate_sha": sha(2), "base_sha": sha(1)}
 
 
 async def test_a_rolled_back_change_leaves_no_event(actors, admin) -> None:

@@ -24,9 +24,9 @@ import pytest
 
 from conftest import TEST_PREFIX
 from drive import eventually, record_candidate
-from ledger.git import repository
 from ledger.config import load_config, parse_config
-from drills.paths import scripted_attempt
+from ledger.drills.paths import scripted_attempt
+from ledger.git import repository
 from ledger.git.protection import default_patterns
 from ledger.roles.sensors import check
 from ledger.roles.verifier import Verifier
@@ -558,7 +558,7 @@ async def test_a_green_observation_without_judged_tests_cannot_confirm_a_baselin
         bench: Bench, test_class: str) -> None:
     from drive import now
 
-    cid = await promoted(bench)
+    await promoted(bench)
     sensor = await bench.actors("sensor")
     for details in ({}, {"tests": {"passed_ids": [FAILING]}},  # not judged
                     {"tests": {"judged": True, "passed_ids": ["tests/test_calc.py::test_mul[2-3-6]"]}}):
@@ -694,7 +694,7 @@ async def test_one_verdict_per_verifier_per_attempt_in_the_schema(
     await (await actors("operator")).register_class(test_class, verifier="command",
                                                     verifiers=["command", "review"])
     repo, base = make_repo(tmp_path / "r")
-    cid = (await (await actors("sensor")).open_campaign(test_class, "k", "t")).campaign_id
+    await (await actors("sensor")).open_campaign(test_class, "k", "t")
     kernel = await actors("worker")
     claim = await kernel.claim_campaign("worker-A", [test_class])
     assert claim is not None
@@ -718,7 +718,7 @@ async def test_one_verdict_per_verifier_per_attempt_in_the_schema(
 
 
 def test_a_stream_that_stops_early_or_disagrees_is_not_trusted() -> None:
-    from verifiers.judge import read_stream
+    from ledger.verifiers.judge import read_stream
 
     hello = {"seq": 0, "event": "hello"}
     ids = {"seq": 1, "event": "collected", "ids": ["t.py::a"]}
@@ -752,7 +752,7 @@ def test_an_observation_keeps_its_test_ids_within_bounds() -> None:
     passed ids become digests that record_observation checks the same way."""
     import hashlib
 
-    from verifiers.judge import PASSED_CHARS, Judged
+    from ledger.verifiers.judge import PASSED_CHARS, Judged
 
     many = {f"tests/test_big.py::test_{i:06d}_{'x' * 40}": "passed" for i in range(5000)}
     judged = Judged(connected=True, complete=True, problems=[], collected=list(many), outcomes=many)

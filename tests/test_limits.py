@@ -15,10 +15,9 @@ import pytest
 from conftest import Actors, Admin
 from drive import new_key, now
 from ledger import Database, Kernel
-from ledger.db.database import Transaction
-from ledger.errors import IllegalTransition, InvalidInput, StaleLease
 from ledger.config import parse_config
-from ledger.errors import ConfigError
+from ledger.db.database import Transaction
+from ledger.errors import ConfigError, IllegalTransition, InvalidInput, StaleLease
 
 pytestmark = pytest.mark.anyio
 

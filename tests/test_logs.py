@@ -16,8 +16,8 @@ import uuid
 from pathlib import Path
 
 import pytest
-from conftest import TEST_PREFIX
 
+from conftest import TEST_PREFIX
 from ledger.db.embedded import create_database, drop_database
 from ledger.ops.gitserver import bare_repository
 

@@ -67,8 +67,8 @@ def test_two_demos_on_one_data_directory_keep_their_own_databases(tmp_path: Path
     killed run is swept by the next."""
     import psycopg
 
-    from ledger.demo import DEMO_DATABASE, demo_database_name, prepare_database
     from ledger.db.embedded import create_database, discard, server_url
+    from ledger.demo import DEMO_DATABASE, demo_database_name, prepare_database
 
     data = tmp_path / "data"
     admin = server_url(data, cleanup="delete")

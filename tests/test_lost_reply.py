@@ -16,9 +16,9 @@ import pytest
 from conftest import TEST_PREFIX, Actors, Admin
 from drive import Driver, fingerprint, sha
 from ledger import Database, Kernel, OutcomeUnknown, Unavailable
-from ledger.roles.attempt import AttemptRun
 from ledger.config import load_config
 from ledger.ops.faultproxy import FaultProxy
+from ledger.roles.attempt import AttemptRun
 
 pytestmark = pytest.mark.anyio
 

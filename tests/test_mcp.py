@@ -7,7 +7,7 @@ and evidence, the journal's tail, the report, class status); an operator's
 previews a bulk action, then acts on exactly the previewed set, and decides
 approvals (a reader's is refused, by the database). A reader's
 token that confirms a bulk action is refused by PostgreSQL (the reader role
-may not execute ``ledger_api.abandon``), and nothing changes; an HTTP request
+may not execute ``ledger_api.start_bulk_job``), and nothing changes; an HTTP request
 without a valid token is answered 401 before MCP sees it."""
 
 from __future__ import annotations
@@ -186,7 +186,8 @@ async def test_the_bulk_boundary_is_the_databases(http_server: str, tokens: Toke
         said = await refused(reader, "abandon_campaigns", filter=chosen, campaign_ids=preview["campaign_ids"],
                              selection=preview["selection"])
         # refused by PostgreSQL itself: the reader role may not start a bulk job (or abandon)
-    assert "forbidden: permission denied for function" in said, said
+    # the function docs/mcp.md names: the bulk job is recorded before anything is acted on
+    assert "forbidden: permission denied for function start_bulk_job" in said, said
     states = {r["id"]: r["state"] for r in admin.execute("SELECT id, state FROM ledger.campaign")}
     assert {states[i] for i in ids} == {"ready"}
 
@@ -288,3 +289,73 @@ async def test_approvals_are_decided_by_an_operator_s_token_only(http_server: st
     row = admin.execute("SELECT decided_by, decision_reason FROM ledger.approval WHERE campaign_id = %s",
                         (first,)).fetchone()
     assert (row["decided_by"], row["decision_reason"]) == ("mcp:operator-tok", "read it")
+
+
+def rpc(url: str, token: str, method: str, params: dict[str, Any] | None = None) -> dict[str, Any]:
+    """One raw JSON-RPC request to the stateless HTTP transport; its response."""
+    r = httpx.post(url, json={"jsonrpc": "2.0", "id": 1, "method": method, "params": params or {}},
+                   headers={"Authorization": f"Bearer {token}",
+                            "Accept": "application/json, text/event-stream",
+                            "MCP-Protocol-Version": "2025-06-18"}, timeout=30)
+    assert r.status_code == 200, r.text
+    answer: dict[str, Any] = r.json()
+    return answer
+
+
+def tool_error(answer: dict[str, Any]) -> str:
+    """The text of a tool error answer (fails if the call succeeded)."""
+    assert "result" in answer and answer["result"]["isError"] is True, answer
+    return " ".join(c.get("text", "") for c in answer["result"]["content"])
+
+
+async def test_arguments_are_held_to_the_published_schemas(http_server: str, tokens: Tokens,
+                                                           actors: Actors, test_class: str) -> None:
+    """Over raw JSON-RPC: a campaign id given as ``true`` or ``"1"`` is refused
+    (they used to read campaign 1), and so is an argument the tool does not
+    take (it used to be ignored); each error names the argument. The schema
+    ``tools/list`` publishes says so (no additional properties)."""
+    cid = (await (await actors("sensor")).open_campaign(test_class, "schema-1", "repo")).campaign_id
+    listed = {t["name"]: t for t in rpc(http_server, tokens.reader, "tools/list")["result"]["tools"]}
+    schema = listed["show_campaign"]["inputSchema"]
+    assert schema["additionalProperties"] is False
+    assert schema["properties"]["campaign_id"]["type"] == "integer"
+    assert listed["abandon_campaigns"]["inputSchema"]["additionalProperties"] is False
+
+    def show(**arguments: Any) -> dict[str, Any]:
+        return rpc(http_server, tokens.reader, "tools/call",
+                   {"name": "show_campaign", "arguments": arguments})
+
+    shown = show(campaign_id=cid)["result"]
+    assert shown["isError"] is False and shown["structuredContent"]["campaign"]["id"] == cid
+    for wrong in (True, str(cid), 1.5, None):
+        said = tool_error(show(campaign_id=wrong))
+        assert "invalid-input: show_campaign: campaign_id:" in said and "integer" in said, said
+    said = tool_error(show(campaign_id=cid, verbose=True))
+    assert "invalid-input: show_campaign" in said and "'verbose' was unexpected" in said, said
+    said = tool_error(rpc(http_server, tokens.reader, "tools/call",
+                          {"name": "list_campaigns", "arguments": {"limit": "5"}}))
+    assert "limit" in said and "integer" in said, said
+    # nested objects too: a bulk filter with a key it does not have
+    said = tool_error(rpc(http_server, tokens.reader, "tools/call", {
+        "name": "abandon_campaigns", "arguments": {"filter": {"class": [test_class], "colour": "red"}}}))
+    assert "'colour' was unexpected" in said, said
+
+
+async def test_search_is_a_literal_substring(http_server: str, tokens: Tokens, actors: Actors,
+                                             test_class: str) -> None:
+    """``%`` and ``_`` match themselves, not anything: a search for ``%``
+    finds the one objective with a ``%`` in it, not every campaign."""
+    sensor = await actors("sensor")
+    ids = {key: (await sensor.open_campaign(test_class, key, "repo")).campaign_id
+           for key in ("cpu-at-100%", "disk_full", "diskXfull", "plain", "back\\slash")}
+
+    def found(tool: str, **arguments: Any) -> set[int]:
+        answer = rpc(http_server, tokens.reader, "tools/call", {"name": tool, "arguments": arguments})
+        assert answer["result"]["isError"] is False, answer
+        return {c["id"] for c in answer["result"]["structuredContent"]["items"]}
+
+    assert found("search_campaigns", text="%") == {ids["cpu-at-100%"]}
+    assert found("search_campaigns", text="k_f") == {ids["disk_full"]}
+    assert found("list_campaigns", search="_") == {ids["disk_full"]}
+    assert found("search_campaigns", text="\\") == {ids["back\\slash"]}
+    assert found("search_campaigns", text="disk") == {ids["disk_full"], ids["diskXfull"]}

@@ -16,12 +16,12 @@ from pathlib import Path
 import psycopg
 import pytest
 
+from catalog import catalog
 from conftest import TEST_PREFIX
 from ledger import LedgerError
-from ledger.errors import MigrationFailed, SchemaMismatch
 from ledger.db import migrations
-from catalog import catalog
 from ledger.db.embedded import create_database, drop_database
+from ledger.errors import MigrationFailed, SchemaMismatch
 
 SNAPSHOT = Path(__file__).parent / "schema.snapshot"
 
@@ -290,16 +290,18 @@ def test_dry_run_lists_the_revisions_and_their_sql_and_changes_nothing(empty_db:
 
 def test_an_installed_copy_finds_its_migrations_where_the_wheel_puts_them() -> None:
     """The wheel carries migrations/ inside the package (pyproject's
-    force-include); migrations_dir looks exactly there. (0.2.0 looked beside
-    ledger/db and an installed 0.2.0 could not migrate.)"""
+    package-dir maps it to ledger._migrations); migrations_dir looks exactly
+    there. (0.2.0 looked beside ledger/db and an installed 0.2.0 could not
+    migrate.)"""
     import tomllib
 
     import ledger
 
     config = tomllib.loads((Path(__file__).parents[1] / "pyproject.toml").read_text())
-    included = config["tool"]["hatch"]["build"]["targets"]["wheel"]["force-include"]
+    mapped = config["tool"]["setuptools"]["package-dir"]
+    assert mapped["ledger._migrations"] == "migrations"
+    assert "ledger._migrations" in config["tool"]["setuptools"]["packages"]
     package = Path(ledger.__file__).parent
-    assert (package.parent / included["migrations"]) == package / "_migrations"
     packaged = package / "_migrations"
     packaged.mkdir()
     try:

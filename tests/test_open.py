@@ -8,9 +8,9 @@ import pytest
 
 from conftest import Actors, Admin
 from drive import wait_for_lock_waiters
-from ledger.db.reads import Reads
 from ledger import Database, DuplicateObjective, Kernel, NotFound
 from ledger.db.database import Transaction
+from ledger.db.reads import Reads
 from ledger.errors import InvalidInput
 
 pytestmark = pytest.mark.anyio

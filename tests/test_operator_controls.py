@@ -17,15 +17,14 @@ from test_api import Api, api, assert_problem  # noqa: F401 (the api fixture)
 
 from conftest import Actors, Admin
 from drive import Driver, fingerprint, new_key, sha
-from ledger import Database, Kernel
-from ledger import bulk
+from ledger import Database, Kernel, bulk
 from ledger.api.dashboard import board_changes
 from ledger.db.database import Transaction
-from ledger.errors import Forbidden, InvalidInput, NotFound
 from ledger.db.hub import NullHub
 from ledger.db.models import ProcessReport
-from ledger.roles.registry import Registration, held, utcnow
+from ledger.errors import Forbidden, InvalidInput, NotFound
 from ledger.report import autonomy_report
+from ledger.runtime.registry import Registration, held, utcnow
 
 pytestmark = pytest.mark.anyio
 

@@ -156,7 +156,7 @@ def series(samples: list[Sample], instance: str,
         v = changed.get(key, value)
         out.append({"series": selector(name, {**labels, "job": JOB, "instance": instance}),
                     "values": v if isinstance(v, str) else f"{v:g}+0x{MINUTES}"})
-    missing = set(changed) - {(n, tuple(sorted(l.items()))) for n, l, _ in samples}
+    missing = set(changed) - {(n, tuple(sorted(labels.items()))) for n, labels, _ in samples}
     assert not missing, f"changed series that /metrics does not have: {missing}"
     return out
 
@@ -208,7 +208,7 @@ async def test_the_alerts_fire_on_series_from_a_real_metrics_endpoint(scraped: S
     queue = ("ledger_notify_queue_usage", ())
     erroring = ("ledger_sensor_consecutive_errors", (("sensor", "unreachable"),))
     healthy = ("ledger_sensor_consecutive_errors", (("sensor", "healthy"),))
-    present = {(n, tuple(sorted(l.items()))): v for n, l, v in samples}
+    present = {(n, tuple(sorted(labels.items()))): v for n, labels, v in samples}
     # the real state the alarms are about, as /metrics reports it
     assert present[exhausted] == 1 and present[pending] == 1 and present[carried_out] == 1
     assert present[waiting] == 0 and present[deaf] == 0 and present[queue] < 0.5

@@ -29,10 +29,10 @@ import pytest
 from conftest import TEST_PREFIX
 from drive import eventually
 from ledger import Database, Kernel
-from ledger.db import migrations
 from ledger.config import load_config
-from drills.paths import scripted_attempt
+from ledger.db import migrations
 from ledger.db.embedded import create_database, with_database
+from ledger.drills.paths import scripted_attempt
 from ledger.errors import LedgerError
 from ledger.ops.patroni import Member, PatroniCluster, missing
 

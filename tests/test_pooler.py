@@ -21,9 +21,9 @@ from __future__ import annotations
 
 import asyncio
 import re
-from datetime import timedelta
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import asynccontextmanager
+from datetime import timedelta
 from typing import Any
 
 import httpx
@@ -32,12 +32,11 @@ import pytest
 from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict
 
+from conftest import TEST_CLASS, TEST_PREFIX, Actors, release_pooled, through
+from drive import Driver, fingerprint, new_key, now, sha
 from ledger import Database, Kernel, Reads, StaleLease
 from ledger.api import ApiOptions, TokenTable, create_app, hash_token, new_token
 from ledger.db.hub import Hub
-
-from conftest import TEST_CLASS, TEST_PREFIX, Actors, release_pooled, through
-from drive import Driver, fingerprint, new_key, now, sha
 
 pytestmark = pytest.mark.anyio
 

@@ -22,12 +22,12 @@ from typing import Any
 
 import psycopg
 import pytest
-from conftest import TEST_PREFIX
 
+from conftest import TEST_PREFIX
+from ledger.config import parse_config
 from ledger.errors import ConfigError
 from ledger.ops.gitserver import GitDaemon, HttpGitServer, bare_repository, free_port
 from ledger.roles.preflight import check, probe
-from ledger.config import parse_config
 
 PY = sys.executable
 

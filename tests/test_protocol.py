@@ -14,8 +14,8 @@ import pytest
 
 from conftest import Actors
 from ledger import protocol
-from ledger.roles.attempt import MESSAGE_FILE, AttemptRun
 from ledger.config import parse_config
+from ledger.roles.attempt import MESSAGE_FILE, AttemptRun
 
 pytestmark = [pytest.mark.anyio, pytest.mark.cells]
 

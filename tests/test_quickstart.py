@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
+
 from conftest import TEST_PREFIX
 from drive import bubblewrap_hiding
 

@@ -14,9 +14,9 @@ from typing import Any
 import pytest
 
 from ledger.config import parse_config
-from ledger.roles.gc import collect
-from ledger.ops.gitserver import GitDaemon, GitServer, HttpGitServer, bare_repository, push_change
 from ledger.git.repository import RefMoved, Repository, SystemFault
+from ledger.ops.gitserver import GitDaemon, GitServer, HttpGitServer, bare_repository, push_change
+from ledger.roles.gc import collect
 
 pytestmark = pytest.mark.anyio
 

@@ -27,11 +27,11 @@ import pytest
 from conftest import TEST_PREFIX
 from drive import eventually, scaled
 from ledger import Database, Kernel
-from ledger.db import migrations
-from ledger.ops.cluster import Cluster
 from ledger.config import load_config
-from drills.paths import scripted_attempt
+from ledger.db import migrations
 from ledger.db.embedded import create_database
+from ledger.drills.paths import scripted_attempt
+from ledger.ops.cluster import Cluster
 
 pytestmark = [pytest.mark.anyio, pytest.mark.slow, pytest.mark.cells]
 

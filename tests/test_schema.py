@@ -21,11 +21,11 @@ from pydantic import BaseModel
 from catalog import catalog
 from conftest import TEST_PREFIX, Admin
 from ledger import Kernel, LedgerError, Reads, bulk, machine
+from ledger.api.dashboard import board, render
 from ledger.db import migrations, models, reads
+from ledger.db.embedded import create_database, drop_database
 from ledger.db.kernel import IDEMPOTENT
 from ledger.db.named_queries import QUERIES, Query, load, parse
-from ledger.api.dashboard import board, render
-from ledger.db.embedded import create_database, drop_database
 
 ROOT = Path(__file__).resolve().parents[1]
 SRC = ROOT / "src" / "ledger"

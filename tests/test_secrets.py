@@ -20,9 +20,9 @@ import pytest
 from conftest import TEST_PREFIX
 from drive import eventually
 from ledger.config import parse_config
-from ledger.sandbox.processes import ALLOWED, check_extra, child_environment
 from ledger.roles.sensors import Sensor
 from ledger.roles.verifier import Verifier
+from ledger.sandbox.processes import ALLOWED, check_extra, child_environment
 
 pytestmark = pytest.mark.anyio
 
@@ -167,8 +167,8 @@ async def test_a_leaked_secret_refuses_the_attempt_not_the_fix(
     fingerprint, so the next attempt making the same, honest change was
     refused as a repeated approach (and the campaign exhausted). The attempt
     is refused for what its run did; its change is judged when made again."""
-    from drills.paths import scripted_attempt
     from ledger.config import load_config
+    from ledger.drills.paths import scripted_attempt
 
     token = f"agent-token-{uuid.uuid4().hex}"
     repo = tmp_path / "repo"

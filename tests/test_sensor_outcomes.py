@@ -28,17 +28,17 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from test_api import Api, api  # noqa: F401 (the fixture)
 
 from conftest import TEST_PREFIX, Actors, Admin
 from drive import PROMOTING_CLASS, Driver
-from drills.paths import scripted_attempt
 from ledger import Database
 from ledger.config import LedgerConfig, SensorConfig, parse_config
 from ledger.db.reads import Reads
+from ledger.drills.paths import scripted_attempt
 from ledger.roles.sensors import Sensor, check
 from ledger.roles.worker import Worker, WorkerOptions
 from ledger.sandbox import cell as cells
-from test_api import Api, api  # noqa: F401 (the fixture)
 
 pytestmark = pytest.mark.anyio
 

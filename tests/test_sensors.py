@@ -16,8 +16,8 @@ import pytest
 
 from conftest import TEST_PREFIX, Actors, Admin
 from drive import PROMOTING_CLASS, Driver, eventually
-from ledger.db.reads import Reads
 from ledger.config import parse_config
+from ledger.db.reads import Reads
 from ledger.roles.sensors import EPOCH, Sensor, latest_due_tick, next_tick, trigger_for
 
 pytestmark = pytest.mark.anyio

@@ -19,11 +19,11 @@ import pytest
 from conftest import TEST_PREFIX
 from drive import eventually
 from ledger import Database, Kernel, errors
-from ledger.db import migrations
-from ledger.ops.cluster import Replicated
 from ledger.config import load_config
-from drills.paths import scripted_attempt
+from ledger.db import migrations
 from ledger.db.embedded import create_database, with_database
+from ledger.drills.paths import scripted_attempt
+from ledger.ops.cluster import Replicated
 
 pytestmark = [pytest.mark.anyio, pytest.mark.slow]
 

@@ -29,11 +29,11 @@ from typing import Any
 
 import psycopg
 import pytest
-from conftest import TEST_PREFIX, stop_process
-from drive import bubblewrap_hiding, eventually
 from psycopg import sql
 from psycopg.conninfo import make_conninfo
 
+from conftest import TEST_PREFIX, stop_process
+from drive import bubblewrap_hiding, eventually
 from ledger.db import migrations
 from ledger.ops.gitserver import bare_repository, free_port
 

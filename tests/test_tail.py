@@ -18,9 +18,9 @@ from conftest import TEST_PREFIX, Actors
 from drive import Driver, fingerprint
 from ledger import Database
 from ledger.cli.journal import parse_duration
-from ledger.errors import InvalidInput, NotFound
 from ledger.db.hub import Hub, NullHub
 from ledger.db.models import Event
+from ledger.errors import InvalidInput, NotFound
 from ledger.tail import Keepalive, SyntheticEvent, TailItem, is_terminal, tail
 
 pytestmark = pytest.mark.anyio

@@ -33,9 +33,9 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from rich.console import Console
 
 from ledger import Database, tracing
-from ledger.ops.drill import Drill, DrillContext, drill_python
-from ledger.errors import InvalidInput
 from ledger.db.models import Claim
+from ledger.errors import InvalidInput
+from ledger.ops.drill import Drill, DrillContext, drill_python
 from ledger.sandbox.processes import cell_environment, child_environment
 
 pytestmark = pytest.mark.anyio
@@ -263,7 +263,7 @@ class _Traced(Drill):
 @pytest.mark.cells
 async def test_one_trace_across_a_sensor_a_worker_a_verifier_and_a_dispatcher(
         db: Database, tmp_path: Path) -> None:
-    from drills.workshop import CLASS, WORKER_ARGS, content_check, setup
+    from ledger.drills.workshop import CLASS, WORKER_ARGS, content_check, setup
 
     receiver = _Receiver()
     ctx = DrillContext(_Traced(), db, tmp_path, Console(quiet=True), 1.0)

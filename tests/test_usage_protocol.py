@@ -10,12 +10,12 @@ import sys
 from pathlib import Path
 
 import pytest
+from test_protocol import make_repository
 
 from conftest import Actors, Admin
 from ledger.config import parse_config
 from ledger.roles.attempt import AttemptRun
 from ledger.roles.usage import parse_usage
-from test_protocol import make_repository
 
 pytestmark = [pytest.mark.anyio, pytest.mark.cells]
 

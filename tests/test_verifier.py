@@ -21,16 +21,15 @@ from typing import Any
 
 import pytest
 
-import verifiers
 from conftest import TEST_PREFIX
-from drive import eventually, record_candidate, now
-from ledger import Forbidden, Kernel, Reads, SameIdentity
+from drive import eventually, now, record_candidate
+from ledger import Forbidden, Kernel, Reads, SameIdentity, verifiers
+from ledger.db.models import Verification
 from ledger.git import repository
 from ledger.ops.drill import host_pid, process_gone
-from ledger.db.models import Verification
-from ledger.sandbox.processes import TAIL_BYTES, run_command
 from ledger.roles.verifier import Verifier
-from verifiers.pytest_report import node_id, pytest_command
+from ledger.sandbox.processes import TAIL_BYTES, run_command
+from ledger.verifiers.pytest_report import node_id, pytest_command
 
 pytestmark = pytest.mark.anyio
 

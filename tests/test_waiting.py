@@ -13,9 +13,9 @@ import sys
 from typing import Any
 
 import pytest
-from conftest import TEST_PREFIX, Actors
 from test_dashboard import Ui, ui  # noqa: F401  (the fixture)
 
+from conftest import TEST_PREFIX, Actors
 from drive import Driver
 from ledger import Database
 

@@ -31,8 +31,8 @@ from psycopg.conninfo import conninfo_to_dict
 
 from conftest import RUN_TAG, TEST_PREFIX, stop_process
 from drive import load_factor
-from ledger.sandbox import cell as cells
 from ledger.db.embedded import drop_database
+from ledger.sandbox import cell as cells
 
 ROOT = Path(__file__).parents[1]
 PAGE = ROOT / "docs" / "walkthrough.md"

@@ -17,10 +17,10 @@ import pytest
 
 from conftest import TEST_PREFIX, Actors, Admin
 from drive import eventually
-from ledger.git import bundle as bundles
 from ledger.config import load_config
+from ledger.drills.paths import scripted_attempt
+from ledger.git import bundle as bundles
 from ledger.ops.drill import host_pid, process_gone
-from drills.paths import scripted_attempt
 
 pytestmark = [pytest.mark.anyio, pytest.mark.cells]
 

@@ -1,33 +1,9 @@
-"""Verifier implementations: how a candidate's acceptance is judged.
+"""Verifier implementations: how a candidate's acceptance is judged. A plugin
+is a class with ``async verify(checkout, acceptance) -> Verdict``, found by
+its name in the ``ledger.verifiers`` entry-point group; ``Acceptance`` (the
+run of a typed spec, ``ledger.verifiers.spec``) is what it is given.
 
-The verifier runtime (``ledger.roles.verifier``) claims a verification, checks the
-candidate out cleanly and hands the checkout and the bundle's acceptance spec to
-the implementation the bundle names. An implementation is anything with a
-``name`` and an async ``verify(checkout, acceptance) -> Verdict``; it must not
-write to the database (the runtime records the verdict) and should run
-commands through ``ledger.sandbox.processes.run_command`` so timeouts kill whole
-process groups.
-
-Built-ins: ``command`` (every acceptance command exits 0), ``pytest`` (the
-same, pytest run by the fixed judge of ``verifiers.judge``, naming the failed
-tests, and held to the opening observation: every test that failed then must
-pass now, no fewer collected, no more skipped) and ``review`` (a reviewer
-command's JSON verdict on the diff, for a class's quorum). Others
-are found through the entry-point group
-``ledger.verifiers``; an entry point names a class (or zero-argument factory)
-that returns an implementation::
-
-    [project.entry-points."ledger.verifiers"]
-    lint = "my_package.lint:LintVerifier"
-
-The runtime has already made sure the checkout is the candidate's tree with
-the class's protected paths (tests, their configuration) as they were at the
-base; ``acceptance.baseline`` is what the observation that opened the campaign
-saw (when its sensor reported tests), and commands run with the class's
-allow-listed environment (``acceptance.environment``).
-
-This package depends on nothing but the standard library, so an implementation
-can be written and tested without Ledger's database.
+The design at length: docs/internals.md (``ledger.verifiers``).
 """
 
 from __future__ import annotations
@@ -35,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import importlib
-import math
 import shutil
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -44,31 +19,42 @@ from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
+from pydantic import ValidationError
+
 from ledger.sandbox import guise as guises
 from ledger.sandbox.cell import Binding, CellPolicy, CellSpec, taken_accounts
 from ledger.sandbox.processes import (
     CommandResult,
     cell_environment,
-    check_extra,
     child_environment,
     run_command,
 )
 
 from .judge import JudgeError, JudgeSettings
+from .spec import AcceptanceSpec
 
 ENTRY_POINT_GROUP = "ledger.verifiers"
 
 #: The implementations shipped with Ledger, by name (also declared as entry points;
 #: listed here so a source checkout works without installing).
 BUILTINS: dict[str, str] = {
-    "command": "verifiers.command:CommandVerifier",
-    "pytest": "verifiers.pytest_report:PytestVerifier",
-    "review": "verifiers.review:ReviewVerifier",
+    "command": "ledger.verifiers.command:CommandVerifier",
+    "pytest": "ledger.verifiers.pytest_report:PytestVerifier",
+    "review": "ledger.verifiers.review:ReviewVerifier",
 }
 
 
 class InvalidAcceptance(ValueError):
     """An acceptance spec that cannot be run."""
+
+
+def _first_error(exc: ValueError) -> str:
+    """A validation error as one line: where, and what is wrong there."""
+    if isinstance(exc, ValidationError):
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"])
+        return f"acceptance {where}: {first['msg']}" if where else f"acceptance: {first['msg']}"
+    return str(exc)
 
 
 class UnknownVerifier(LookupError):
@@ -154,48 +140,28 @@ class Acceptance:
         return self.held_out_from is not None and index >= self.held_out_from
 
     @classmethod
-    def from_spec(cls, spec: Mapping[str, Any], baseline: Baseline | None = None, *,
-                  require_commands: bool = True) -> Acceptance:
-        """Validate an ``acceptance`` mapping (``{"commands": [[...]], "timeout_s": n,
-        "environment": ["NAME", "NAME=VALUE"]}``); a reviewer needs no commands
-        (``require_commands=False``)."""
-        if not isinstance(spec, Mapping):
-            raise InvalidAcceptance("the acceptance spec must be a mapping")
-        commands = spec.get("commands")
-        if not require_commands and not commands:
-            commands = []
-        elif not isinstance(commands, Sequence) or isinstance(commands, str) or not commands:
+    def from_spec(cls, spec: AcceptanceSpec | Mapping[str, Any], baseline: Baseline | None = None,
+                  *, require_commands: bool = True) -> Acceptance:
+        """The run of an acceptance spec (``ledger.verifiers.spec``; a mapping
+        is read as a stored one); a reviewer needs no commands
+        (``require_commands=False``). ``InvalidAcceptance`` says what is wrong."""
+        if not isinstance(spec, AcceptanceSpec):
+            if not isinstance(spec, Mapping):
+                raise InvalidAcceptance("the acceptance spec must be a mapping")
+            try:
+                spec = AcceptanceSpec.stored(spec)
+            except ValueError as exc:
+                raise InvalidAcceptance(_first_error(exc)) from None
+        if require_commands and not spec.commands:
             raise InvalidAcceptance("the acceptance spec has no commands: nothing would be checked")
-        argvs = []
-        for argv in commands:
-            if (isinstance(argv, str) or not isinstance(argv, Sequence) or not argv
-                    or not all(isinstance(a, str) for a in argv) or not argv[0]):
-                raise InvalidAcceptance(f"acceptance command {argv!r} is not a non-empty argv list")
-            argvs.append(tuple(argv))
-        timeout = spec.get("timeout_s", 600.0)
-        if (isinstance(timeout, bool) or not isinstance(timeout, (int, float))
-                or not math.isfinite(timeout) or timeout <= 0):
-            raise InvalidAcceptance(f"acceptance timeout_s must be a positive number, not {timeout!r}")
-        environment = spec.get("environment") or []
-        if isinstance(environment, str) or not isinstance(environment, Sequence):
-            raise InvalidAcceptance("acceptance environment must be a list of NAME or NAME=VALUE")
         try:
-            extras = tuple(check_extra(str(e)) for e in environment)
-        except ValueError as exc:
-            raise InvalidAcceptance(f"acceptance environment: {exc}") from None
-        try:
-            policy = CellPolicy.model_validate(spec.get("cell") or {})
-        except ValueError as exc:
-            raise InvalidAcceptance(f"acceptance cell: {exc}") from None
-        try:
-            judge = JudgeSettings.from_spec(spec.get("pytest"))
+            judge = JudgeSettings.from_spec(spec.pytest.model_dump())
         except JudgeError as exc:
             raise InvalidAcceptance(str(exc)) from None
-        review = spec.get("review") or {}
-        if not isinstance(review, Mapping):
-            raise InvalidAcceptance("acceptance review must be a table")
-        return cls(commands=tuple(argvs), timeout_s=float(timeout), environment=extras,
-                   baseline=baseline, cell=policy, pytest=judge, review=dict(review))
+        return cls(commands=tuple(tuple(argv) for argv in spec.commands),
+                   timeout_s=spec.timeout_s, environment=tuple(spec.environment),
+                   baseline=baseline, cell=spec.cell, pytest=judge,
+                   review=spec.review.model_dump() if spec.review else {})
 
 
 @dataclass(frozen=True)

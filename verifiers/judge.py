@@ -1,50 +1,7 @@
 """The fixed judge for pytest: how a pytest command runs when Ledger judges
 with it (the ``pytest`` verifier, and sensors), and how its verdict is read.
 
-A pytest command of a class (``python -m pytest ...``, ``pytest ...``) does not
-run as written. Its arguments are kept; everything else is Ledger's:
-
-* **The interpreter** is the one the class names (``acceptance.pytest.python``),
-  else the command's own (the class wrote it, not the candidate), started in
-  isolated mode (``-I``: no user site-packages, no ``PYTHON*`` variables,
-  neither the current directory nor the script's on ``sys.path``); compiled
-  files the candidate committed (``__pycache__``, ``*.pyc``) are removed from
-  the checkout first (``remove_bytecode``), so only its sources are loaded. In
-  a cell, its installation is read-only.
-* **The plugins**: auto-loading off (``PYTEST_DISABLE_PLUGIN_AUTOLOAD=1``,
-  set by the launcher for pytest's start only and taken away before the
-  first conftest; ``PYTEST_PLUGINS`` and ``PYTEST_ADDOPTS`` dropped), so no entry point -- an
-  installed one, or a ``*.dist-info`` the candidate added -- is honoured; only
-  the class's ``acceptance.pytest.plugins`` are loaded, by ``-p``, and Ledger's
-  own judge plugin.
-* **Nothing named for Ledger**: the launcher, the plugin and the run's
-  directory have names that say nothing, ``sys.argv`` reads as
-  ``python -m pytest`` would have it, and the launcher's directory leaves
-  ``sys.path`` before the first conftest (a fix must not recognise its
-  judge: ``ledger.sandbox.guise``).
-* **The configuration** is a file Ledger writes outside the checkout, read-only
-  in the cell, passed with ``-c``: the pytest section of the *base* commit's
-  configuration file (``acceptance.pytest.config = "base"``, the default; the
-  file pytest itself would have chosen there, ``pytest.toml`` first) or the
-  class's own ``acceptance.pytest.ini`` (``config = "class"``). With ``-c``
-  pytest reads no other file: the candidate's ``pytest.toml``,
-  ``.pytest.toml``, ``pytest.ini``, ``pyproject.toml``, ``setup.cfg`` and
-  ``tox.ini`` are never read. ``--rootdir`` and ``--confcutdir`` are the
-  checkout. From the base's options, plugin options (``-p``) and those that
-  would move the configuration, the root or the import path are dropped.
-* **The import path**: the checkout goes on ``sys.path`` (with the
-  configuration's ``pythonpath`` entries, relative to the checkout) only after
-  pytest and every plugin are imported, and after the standard library: a
-  module of the candidate's cannot stand in for pytest, a plugin or ``json``.
-
-The verdict is not the exit code and not a report file. Ledger's judge plugin
-(``verifiers/inside/ledger_judge.py``), loaded before any of the candidate's
-code, streams what happened to a Unix socket the verifier listens on and
-accepts exactly one connection on (``Channel``); ``read_stream`` checks it:
-numbered, complete, every collected test reported once with its set-up, call
-and tear-down, each phase's raw outcome agreeing with its report, the judge's
-integrity check clean, and the exit code the stream reports the process's own.
-Anything else is a failure, whatever the exit code (``os._exit(0)`` included).
+The design at length: docs/internals.md (``ledger.verifiers.judge``).
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ failed then must *pass* now -- a test that is skipped, xfailed, deselected or
 gone does not count -- the number of tests collected must not drop and the
 number skipped must not rise. A rejection names the tests.
 
-A pytest command runs by the fixed judge (``verifiers.judge``): Ledger's
+A pytest command runs by the fixed judge (``ledger.verifiers.judge``): Ledger's
 interpreter settings, plugins and configuration, and a verdict read from the
 judge plugin's stream, never from a report the run wrote: an exit 0 whose
 stream is missing, partial or inconsistent is a failure. A bare ``pytest``
@@ -26,19 +26,19 @@ from __future__ import annotations
 import dataclasses
 import os
 import re
-import stat
 import shutil
+import stat
 import sys
-import tempfile
 import xml.etree.ElementTree as ElementTree
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ledger.sandbox.processes import CommandResult
+
 from . import Acceptance, Baseline, Verdict, Where, held_out_reason, passed, run_acceptance
 from .judge import Judge, Judged, Prepared, read_stream, remove_bytecode
-from ledger.sandbox.processes import CommandResult
 
 #: Failed node ids listed in a reject reason (all of them go to the evidence).
 REASON_LIMIT = 10
@@ -215,7 +215,7 @@ class JudgeUnavailable(RuntimeError):
 
 class PytestVerifier:
     """Run the acceptance commands, pytest ones by the fixed judge
-    (``verifiers.judge``); report failed node ids; hold a passing run to the
+    (``ledger.verifiers.judge``); report failed node ids; hold a passing run to the
     opening observation and require every held-out test to pass."""
 
     name = "pytest"

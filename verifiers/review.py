@@ -2,26 +2,7 @@
 (``acceptance.review``) -- the place to plug in another model family, a
 linter, a human's queue.
 
-The command gets, as JSON on stdin, what the verifier knows: the campaign's
-objective, target, desired state and opening observation, the candidate's
-diff, the verdicts already given by the class's quorum (with their
-evidence) and what the screen found. It runs in its own cell
-(``acceptance.review.cell``; give it ``network = "proxy"`` and the model API's
-host to reach a model), with the candidate's tree read-only at
-``/cell/work``, and prints its verdict as one JSON object on stdout::
-
-    {"verdict": "accept", "summary": "the fix matches the objective"}
-    {"verdict": "reject", "reason": "special-cases the failing inputs"}
-    {"verdict": "needs_human", "summary": "right, but it changes the public API"}
-
-``needs_human`` accepts with doubts: the verdict says so (``needs_human`` in
-its evidence), and a class whose approval policy asks a person when the
-quorum is split (``quorum_split``, or ``always``) waits for one before it
-promotes (docs/approval.md); any other class takes it as a rejection.
-
-An exit other than 0, or output that is not such an object, is a rejection
-naming what came back: a reviewer that cannot decide does not let a candidate
-through.
+The design at length: docs/internals.md (``ledger.verifiers.review``).
 """
 
 from __future__ import annotations

@@ -1,28 +1,6 @@
 """Bulk operator actions: select by a filter, preview, then act on exactly what was previewed.
 
-One module for every surface (the HTTP API, the dashboard, and the CLI when
-it grows a bulk command), so the rule lives in one place:
-
-1. ``select`` pages through what a filter matches *now*, within the states
-   the action applies to (abandon: any open state; reopen: exhausted), up to
-   a cap, and returns a ``Selection``: the ids and a ``token``.
-2. The caller shows that preview. To act, it sends back the previewed ids and
-   the token (``apply``). The token means "this caller previewed exactly these
-   ids for this action and filter, recently, on this deployment": an HMAC of
-   all of them and of an expiry, keyed with the server's secret
-   (``LEDGER_SESSION_SECRET``, else one made once per database), so a client
-   cannot compute one without a preview, another operator cannot confirm it,
-   it expires, and another deployment's means nothing here. It is used once:
-   the job that acts on it records its digest, unique (``ledger.bulk_job``).
-3. ``apply`` selects again and acts on the previewed ids that *still* match,
-   one at a time, and on nothing else. What changed in between is reported,
-   never acted on: ids that match now but were not previewed (``not_previewed``)
-   and previewed ids that no longer match (``no_longer_matching``).
-
-A bulk action never runs without a filter, and never on more than the cap.
-When more campaigns match than the cap, the selection is the most recently
-changed ``cap`` of them; a previewed campaign pushed out of that window by
-newer changes counts as no longer matching -- left alone, never the reverse.
+The design at length: docs/internals.md (``ledger.bulk``).
 """
 
 from __future__ import annotations
@@ -37,9 +15,9 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Literal
 
-from ledger.errors import Forbidden, InvalidInput, LedgerError
-from ledger.db.reads import Reads
 from ledger.db.models import OPEN_STATES
+from ledger.db.reads import Reads
+from ledger.errors import Forbidden, InvalidInput, LedgerError
 
 Action = Literal["abandon", "reopen"]
 #: The states each action applies to.

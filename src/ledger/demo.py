@@ -38,22 +38,22 @@ import psycopg
 from rich.console import Console
 
 from ledger import logs
-from ledger.sandbox import cell as cells
-from ledger.db import migrations
 from ledger.config import LedgerConfig, parse_config
+from ledger.db import migrations
 from ledger.db.database import Database
 from ledger.db.embedded import create_database, drop_database, server_url
 from ledger.db.hub import Hub
-from ledger.identity import process_identity
 from ledger.db.kernel import Kernel
 from ledger.db.models import Event
 from ledger.db.reads import Reads
+from ledger.identity import process_identity
 from ledger.roles.sensors import Sensors
-from ledger.settings import Settings
-from ledger.runtime.host import Host, serve
 from ledger.roles.services import ReaperOptions, RunOptions, one_machine
-from ledger.tail import SyntheticEvent, tail
 from ledger.roles.worker import WorkerOptions
+from ledger.runtime.host import Host, serve
+from ledger.sandbox import cell as cells
+from ledger.settings import Settings
+from ledger.tail import SyntheticEvent, tail
 
 DEMO_DATABASE = "ledger_demo"
 DEMO_CLASS = "fix-tests"

@@ -270,7 +270,7 @@ SQLSTATES: dict[str, type[LedgerError]] = {
 }
 
 #: SQLSTATEs after which the statement certainly did not take effect and is
-#: worth retrying with backoff (ledger.database does, in one place).
+#: worth retrying with backoff (ledger.db.database does, in one place).
 TRANSIENT_SQLSTATES = frozenset({"40001", "40P01", "55P03"})
 
 #: SQLSTATEs that end a connection. Met while connecting, nothing was sent

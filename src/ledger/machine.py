@@ -17,8 +17,8 @@ from typing import Any, Literal
 from transitions import Machine
 from transitions.extensions import GraphMachine
 
-from ledger.db.reads import Reads
 from ledger.db.models import StateRow, TransitionRow
+from ledger.db.reads import Reads
 
 #: Campaigns are created by ``open`` straight into this state.
 INITIAL = "ready"

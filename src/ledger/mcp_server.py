@@ -31,9 +31,10 @@ import secrets
 from collections.abc import Awaitable, Callable
 from typing import Annotated, Any, Literal
 
+import jsonschema
 from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
-from mcp.types import ToolAnnotations
+from mcp.types import Tool, ToolAnnotations
 from pydantic import BaseModel, Field
 
 from ledger import bulk
@@ -43,10 +44,17 @@ from ledger.api.limits import Limits
 from ledger.api.roles import RolePools
 from ledger.db.cursors import BIGINT_MAX, decode_cursor
 from ledger.db.database import Database
-from ledger.errors import ConfigError, InvalidInput, LedgerError
 from ledger.db.kernel import Kernel
-from ledger.db.models import ApprovalDecision, CampaignDetail, ClassSummary, Event, State, WaitingApproval
+from ledger.db.models import (
+    ApprovalDecision,
+    CampaignDetail,
+    ClassSummary,
+    Event,
+    State,
+    WaitingApproval,
+)
 from ledger.db.reads import Reads
+from ledger.errors import ConfigError, InvalidInput, LedgerError
 from ledger.report import autonomy_report
 from ledger.settings import get_settings
 
@@ -61,6 +69,11 @@ INSTRUCTIONS = (
     "candidates that wait for a person; approve_campaign and deny_campaign decide one (an "
     "operator's token): show the person the diff and the verdicts (show_campaign) first."
 )
+
+#: How the tools that only read, and those that change something, are announced.
+READING = ToolAnnotations(readOnlyHint=True, openWorldHint=False)
+ACTING = ToolAnnotations(readOnlyHint=False, destructiveHint=True, idempotentHint=False,
+                         openWorldHint=False)
 
 CampaignId = Annotated[int, Field(ge=1, le=BIGINT_MAX, description="A campaign id")]
 Text = Annotated[str, Field(min_length=1, max_length=500, pattern=NO_NUL)]
@@ -106,6 +119,56 @@ class ClassStatus(BaseModel):
     classes: list[ClassSummary]
 
 
+def closed(schema: dict[str, Any]) -> dict[str, Any]:
+    """``schema`` with every object that does not say otherwise closed
+    (``additionalProperties: false``): an argument the tool does not take is
+    refused, never silently ignored."""
+    if schema.get("type") == "object" and "additionalProperties" not in schema:
+        schema["additionalProperties"] = False
+    for value in schema.values():
+        for child in (value.values() if isinstance(value, dict) else
+                      value if isinstance(value, list) else ()):
+            if isinstance(child, dict):
+                closed(child)
+    if isinstance(schema.get("items"), dict):
+        closed(schema["items"])
+    return schema
+
+
+class CheckedServer(MCPServer[Any]):
+    """The SDK's server, with each tool's arguments validated against the
+    input schema it publishes (JSON Schema, as a client reads it) before the
+    tool runs: ``true`` or ``"1"`` is no campaign id, and an unknown argument
+    is an error naming it -- not coerced, not ignored."""
+
+    def __init__(self, *args: Any, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        self._validators: dict[str, jsonschema.protocols.Validator] = {}
+
+    async def list_tools(self) -> list[Tool]:
+        tools = await super().list_tools()
+        for tool in tools:
+            closed(tool.input_schema)
+        return tools
+
+    async def _validator(self, name: str) -> jsonschema.protocols.Validator | None:
+        if not self._validators:
+            for tool in await self.list_tools():
+                cls = jsonschema.validators.validator_for(tool.input_schema)
+                self._validators[tool.name] = cls(tool.input_schema)
+        return self._validators.get(name)
+
+    async def call_tool(self, name: str, arguments: dict[str, Any],
+                        context: Context[Any, Any] | None = None) -> Any:
+        validator = await self._validator(name)
+        if validator is not None:
+            error = jsonschema.exceptions.best_match(validator.iter_errors(arguments))
+            if error is not None:
+                where = ".".join(str(p) for p in error.absolute_path) or "arguments"
+                raise ToolError(f"invalid-input: {name}: {where}: {error.message}")
+        return await super().call_tool(name, arguments, context)
+
+
 def _failure(exc: LedgerError) -> Exception:
     """A Ledger refusal as the tool error the agent reads (slug: message)."""
     return ToolError(f"{exc.slug}: {exc.message}")
@@ -135,7 +198,8 @@ class LedgerMCP:
         self.stdio_principal = authenticate(tokens, stdio_token) if stdio_token is not None else None
         self.pools = RolePools(database, max_size=pool_size)
         self._key: bytes | None = None
-        self.server: MCPServer[Any] = MCPServer("ledger", instructions=INSTRUCTIONS, version=_version())
+        self.server: MCPServer[Any] = CheckedServer("ledger", instructions=INSTRUCTIONS,
+                                                    version=_version())
         self._register()
 
     # -- who is asking ---------------------------------------------------------
@@ -176,12 +240,17 @@ class LedgerMCP:
     # -- the tools -------------------------------------------------------------
 
     def _register(self) -> None:
-        reading = ToolAnnotations(readOnlyHint=True, openWorldHint=False)
-        acting = ToolAnnotations(readOnlyHint=False, destructiveHint=True, idempotentHint=False,
-                                 openWorldHint=False)
+        self._register_reads()
+        self._register_status()
+        self._register_approvals()
+        self._register_bulk()
+
+    def _register_reads(self) -> None:
+        """The read tools of campaigns: a page of them, a search, one with
+        everything about it, its journal."""
         tool = self.server.tool
 
-        @tool(annotations=reading)
+        @tool(annotations=READING)
         async def list_campaigns(
                 ctx: Context, state: list[State] | None = None,
                 classes: list[Text] | None = None, target: Text | None = None, label: Text | None = None,
@@ -203,7 +272,7 @@ class LedgerMCP:
             result: CampaignPage = await self._read(go)
             return result
 
-        @tool(annotations=reading)
+        @tool(annotations=READING)
         async def search_campaigns(ctx: Context, text: Annotated[str, Field(min_length=1, max_length=200,
                                                                           pattern=NO_NUL)],
                                    state: list[State] | None = None,
@@ -213,7 +282,7 @@ class LedgerMCP:
             result: CampaignPage = await list_campaigns(ctx, state=state, search=text, limit=limit)
             return result
 
-        @tool(annotations=reading)
+        @tool(annotations=READING)
         async def show_campaign(ctx: Context, campaign_id: CampaignId) -> CampaignDetail:
             """One campaign with its attempts, verifications (verdicts, reasons, evidence),
             side effects and observations."""
@@ -221,7 +290,7 @@ class LedgerMCP:
             result: CampaignDetail = await self._read(lambda reads: reads.campaign_detail(campaign_id))
             return result
 
-        @tool(annotations=reading)
+        @tool(annotations=READING)
         async def tail_journal(ctx: Context, campaign_id: CampaignId,
                                after: Annotated[int, Field(ge=0, le=BIGINT_MAX)] | None = None,
                                limit: Annotated[int, Field(ge=1, le=1000)] = 50) -> JournalTail:
@@ -238,7 +307,12 @@ class LedgerMCP:
             result: JournalTail = await self._read(go)
             return result
 
-        @tool(annotations=reading)
+    def _register_status(self) -> None:
+        """The read tools that look across campaigns: the report, the classes,
+        the approvals that wait."""
+        tool = self.server.tool
+
+        @tool(annotations=READING)
         async def report(ctx: Context, days: Annotated[int, Field(ge=1, le=366)] = 7) -> AutonomyReport:
             """The autonomy report: per UTC day opened, attempts, rejections, closures and
             human actions, and the streak of days closed with no human help."""
@@ -250,7 +324,7 @@ class LedgerMCP:
             result: AutonomyReport = await self._read(go)
             return result
 
-        @tool(annotations=reading)
+        @tool(annotations=READING)
         async def class_status(ctx: Context, name: Annotated[str, Field(min_length=1, max_length=200,
                                                                         pattern=NO_NUL)] | None = None,
                                days: Annotated[int, Field(ge=1, le=366)] = 7) -> ClassStatus:
@@ -264,7 +338,7 @@ class LedgerMCP:
             result: ClassStatus = await self._read(go)
             return result
 
-        @tool(annotations=reading)
+        @tool(annotations=READING)
         async def list_approvals(ctx: Context, class_name: Annotated[str, Field(
                                      min_length=1, max_length=200, pattern=NO_NUL)] | None = None,
                                  limit: Annotated[int, Field(ge=1, le=1000)] = 100) -> WaitingApprovals:
@@ -275,7 +349,7 @@ class LedgerMCP:
                 lambda reads: self._waiting(reads, class_name, limit))
             return result
 
-        @tool(annotations=reading)
+        @tool(annotations=READING)
         async def show_limits(ctx: Context) -> Limits:
             """Limits and budgets (docs/limits.md): each key's leases and verifications
             against its caps and today's spend, each rate bucket's rates and how long a
@@ -288,7 +362,11 @@ class LedgerMCP:
             result: Limits = await self._read(go)
             return result
 
-        @tool(annotations=acting)
+    def _register_approvals(self) -> None:
+        """The approval decisions (an operator's token)."""
+        tool = self.server.tool
+
+        @tool(annotations=ACTING)
         async def approve_campaign(
                 ctx: Context, campaign_id: CampaignId,
                 reason: Annotated[str, Field(min_length=1, max_length=4000, pattern=NO_NUL)] | None = None
@@ -299,7 +377,7 @@ class LedgerMCP:
             return await self._decide(principal, lambda kernel: kernel.approve(
                 campaign_id, _identity(principal), reason))
 
-        @tool(annotations=acting)
+        @tool(annotations=ACTING)
         async def deny_campaign(
                 ctx: Context, campaign_id: CampaignId,
                 reason: Annotated[str, Field(min_length=1, max_length=4000, pattern=NO_NUL)],
@@ -310,7 +388,12 @@ class LedgerMCP:
             return await self._decide(principal, lambda kernel: kernel.deny(
                 campaign_id, _identity(principal), reason, abandon=abandon))
 
-        @tool(annotations=acting)
+    def _register_bulk(self) -> None:
+        """The HTTP API's bulk actions: previewed first, confirmed on exactly
+        the previewed set (an operator's token)."""
+        tool = self.server.tool
+
+        @tool(annotations=ACTING)
         async def abandon_campaigns(
                 ctx: Context, filter: CampaignFilter,
                 reason: Annotated[str, Field(min_length=1, max_length=1000, pattern=NO_NUL)] =
@@ -327,7 +410,7 @@ class LedgerMCP:
             return await self._bulk(principal, "abandon", filter, campaign_ids, selection, max_campaigns,
                                     lambda kernel, cid: kernel.abandon(cid, reason, _identity(principal)))
 
-        @tool(annotations=acting)
+        @tool(annotations=ACTING)
         async def reopen_campaigns(
                 ctx: Context, filter: CampaignFilter,
                 extra_attempts: Annotated[int, Field(ge=1, le=1000)] | None = None,

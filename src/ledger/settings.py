@@ -1,39 +1,7 @@
-"""Connection and runtime settings, read from the environment (``LEDGER_*``).
+"""Connection and runtime settings, read from the environment (``LEDGER_*``):
+every knob declared once (its variable, option, default, range and help).
 
-``LEDGER_DATABASE_URL`` names the database and the administrator that migrates
-it. When it is unset, Ledger runs an embedded PostgreSQL 18 in
-``LEDGER_DATA_DIR`` (default: the user's data directory) and uses that; a second
-process finds the same running server.
-
-Each runtime role's statements run as that role: every transaction starts by
-setting its role (``SET LOCAL ROLE``), on the administrator's connection unless
-the role has its own login: ``LEDGER_WORKER_DATABASE_URL``,
-``LEDGER_VERIFIER_DATABASE_URL`` and so on (the login must be a member of the
-role; ``ledger logins create`` makes them). ``LEDGER_REAPER_DATABASE_URL``
-defaults to the worker's login.
-
-Behind a transaction pooler (PgBouncer ``pool_mode=transaction``) nothing
-session-level survives between transactions, so Ledger keeps none: the role and
-limits are per transaction, and with ``LEDGER_POOLED=true`` (or when a pooler is
-detected: the server's process id differs from the one the connection was
-given) no server-side prepared statements are used. LISTEN needs a session of
-its own: ``LEDGER_LISTEN_DATABASE_URL`` names a direct connection for it
-(default: the main URL).
-
-Every knob is declared here once, as an attribute of one of three classes: its
-name (the environment variable is ``LEDGER_`` and the name in capitals, never
-written out), type, default, range and help text. ``SettingKnobs`` are read by
-``Settings`` (pydantic) for every command; ``OptionKnobs`` are options of the
-commands that take them (``ledger.cli.knobs`` makes each typer option from its
-knob, so the variable, default, range and help cannot drift); and
-``EnvironmentKnobs`` are read, where they are used, by ``environment``. The
-configuration reference (``docs/gen.py``) is generated from the same
-declarations. Nothing else in ``src/`` reads ``os.environ``: a child process's
-environment starts from ``inherited_environment``.
-
-This module imports no pydantic at the top: ``ledger --help`` builds every
-option from the declarations, and pydantic-settings alone costs it more than a
-tenth of a second; ``Settings`` is built on first use.
+The design at length: docs/internals.md (``ledger.settings``).
 """
 
 from __future__ import annotations

@@ -16,10 +16,10 @@ from collections.abc import AsyncGenerator
 from dataclasses import dataclass
 from datetime import datetime, timezone
 
-from ledger.errors import InvalidInput
 from ledger.db.hub import WakeSource
-from ledger.db.reads import Reads
 from ledger.db.models import TERMINAL_STATES, Campaign, Event
+from ledger.db.reads import Reads
+from ledger.errors import InvalidInput
 
 PAGE_SIZE = 500
 

@@ -1,30 +1,6 @@
 """OpenTelemetry spans for the loop's steps, off unless configured.
 
-One trace per campaign, across processes and machines: the sensor that opens
-a campaign passes the W3C trace context of its ``ledger.open`` span to the
-open (``record_observation``/``open_campaign``, ``p_trace_context``), the
-database keeps it with the campaign (``campaign.trace_context``, in the
-``campaigns`` view every role reads), and each later step's span names it as
-its parent: the first attempt (``ledger.roles.attempt``, with its ``ledger.claim``),
-each verification (``ledger.verification``), side effect
-(``ledger.promotion``, or ``ledger.side_effect`` for any other intent) and observation
-(``ledger.observation``). A retry is not nested: attempt 2 and later start a
-trace of their own whose span *links* to the open, so a campaign tried for
-days is not one endless trace, and the link still finds it.
-
-Tracing is on only when the SDK is installed (the ``otel`` extra) and the
-standard variables ask for it (``OTEL_TRACES_EXPORTER`` other than ``none``,
-or an ``OTEL_EXPORTER_OTLP_[TRACES_]ENDPOINT``; ``OTEL_SDK_DISABLED=true``
-wins). Otherwise ``enabled()`` is false, no OpenTelemetry module is imported,
-and every helper here returns after one test of a module global: the steps
-call them unconditionally. ``configure`` is called once per serving process
-(``ledger.runtime.host.serve``); tests may install their own provider with
-``use``.
-
-Nothing of this reaches an attempt's, a check's or a sensor's cell: they get
-an allow-listed environment (``ledger.sandbox.processes``), so neither ``OTEL_*``
-(whose headers may carry an exporter's credentials) nor a traceparent is
-passed to untrusted commands.
+The design at length: docs/internals.md (``ledger.tracing``).
 """
 
 from __future__ import annotations
@@ -47,13 +23,37 @@ if TYPE_CHECKING:
 
 T = TypeVar("T")
 
-#: The tracer (instrumentation scope) name, and the attribute keys every step sets.
+#: The tracer (instrumentation scope) name. Span names and attribute keys are
+#: public (dashboards are built on them): each is declared here once, and
+#: ``ledger.interface`` lists them (tests/test_interface_names.py holds the two equal).
 SCOPE = "ledger"
 CAMPAIGN_ID = "ledger.campaign.id"
 CAMPAIGN_CLASS = "ledger.campaign.class"
 GENERATION = "ledger.campaign.generation"
 ATTEMPT_NO = "ledger.attempt.number"
 VERDICT = "ledger.verdict"
+OUTCOME = "ledger.outcome"
+OBJECTIVE_KEY = "ledger.objective_key"
+OBSERVATION_STATUS = "ledger.observation.status"
+SENSOR = "ledger.sensor"
+WORKER = "ledger.worker"
+VERIFIER = "ledger.verifier"
+VERIFICATION_ID = "ledger.verification.id"
+VERIFICATION_KIND = "ledger.verification.kind"
+DISPATCHER = "ledger.dispatcher"
+SIDE_EFFECT_ID = "ledger.side_effect.id"
+SIDE_EFFECT_KIND = "ledger.side_effect.kind"
+SIDE_EFFECT_PURPOSE = "ledger.side_effect.purpose"
+SIDE_EFFECT_TRIES = "ledger.side_effect.tries"
+
+#: Span names.
+OPEN_SPAN = "ledger.open"
+OBSERVATION_SPAN = "ledger.observation"
+ATTEMPT_SPAN = "ledger.attempt"
+CLAIM_SPAN = "ledger.claim"
+VERIFICATION_SPAN = "ledger.verification"
+PROMOTION_SPAN = "ledger.promotion"
+SIDE_EFFECT_SPAN = "ledger.side_effect"
 
 _tracer: Tracer | None = None
 _provider: TracerProvider | None = None
@@ -103,7 +103,11 @@ def configure(service: str, environ: Mapping[str, str] | None = None) -> bool:
     try:
         from opentelemetry.sdk.resources import SERVICE_NAME, Resource
         from opentelemetry.sdk.trace import TracerProvider
-        from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter, SpanExporter
+        from opentelemetry.sdk.trace.export import (
+            BatchSpanProcessor,
+            ConsoleSpanExporter,
+            SpanExporter,
+        )
     except ImportError:
         _log.warning("OTEL_* asks for traces, but the OpenTelemetry SDK is not installed "
                      "(pip install 'ledger[otel]'); tracing stays off")
@@ -242,7 +246,7 @@ def opening(attributes: Mapping[str, Any], *, start_ns: int | None = None
     from opentelemetry.trace import SpanKind
 
     with _tracer.start_as_current_span(
-            "ledger.open", context=Context(), kind=SpanKind.PRODUCER, start_time=start_ns,
+            OPEN_SPAN, context=Context(), kind=SpanKind.PRODUCER, start_time=start_ns,
             attributes={k: v for k, v in attributes.items() if v is not None}) as span:
         yield span, carrier(span)
 
@@ -265,7 +269,7 @@ async def observation(executor: Executor, objective_key: str, status: str,
         _log.warning("could not read the objective's trace context; recording untraced",
                      objective=objective_key, error=exc.message)
         return await record(None)
-    said = {"ledger.objective_key": objective_key, "ledger.observation.status": status, **attributes}
+    said = {OBJECTIVE_KEY: objective_key, OBSERVATION_STATUS: status, **attributes}
 
     def recorded(span: Span, result: ObservationRecorded) -> None:
         span.set_attribute(VERDICT, result.effect)
@@ -279,10 +283,10 @@ async def observation(executor: Executor, objective_key: str, status: str,
             if result.effect == "opened" and result.campaign_id is not None:
                 remember(result.campaign_id, opened)
             else:  # another sensor opened it a moment ago: this was an observation
-                span.update_name("ledger.observation")
+                span.update_name(OBSERVATION_SPAN)
             return result
     campaign_id, context = found if found is not None else (None, None)
-    with step("ledger.observation", context, {CAMPAIGN_ID: campaign_id, **said},
+    with step(OBSERVATION_SPAN, context, {CAMPAIGN_ID: campaign_id, **said},
               start_ns=start_ns) as span:
         result = await record(None)
         recorded(span, result)
@@ -293,27 +297,27 @@ def claim_attributes(claim: Claim) -> dict[str, Any]:
     """The attributes of a claimed campaign's attempt."""
     return {CAMPAIGN_ID: claim.campaign_id, CAMPAIGN_CLASS: claim.class_,
             GENERATION: claim.generation, ATTEMPT_NO: claim.attempt_no,
-            "ledger.objective_key": claim.objective_key}
+            OBJECTIVE_KEY: claim.objective_key}
 
 
 async def attempt(executor: Executor, claim: Claim, work: Awaitable[str], *,
                   claimed: tuple[int, int] | None = None, worker: str | None = None) -> str:
     """Await ``work`` (an attempt, returning its outcome) inside its
-    ``ledger.roles.attempt`` span, with the claim (``claimed``: its start and end,
+    ``ledger.attempt`` span, with the claim (``claimed``: its start and end,
     in ns since the epoch) as a ``ledger.claim`` child. The first attempt is a
     child of the open; a retry (attempt 2 on) links to it instead."""
     if _tracer is None:
         return await work
     context = await campaign_context(executor, claim.campaign_id)
-    attributes = {**claim_attributes(claim), "ledger.roles.worker": worker}
+    attributes = {**claim_attributes(claim), WORKER: worker}
     start = claimed[0] if claimed else None
-    with step("ledger.attempt", context, attributes, kind="CONSUMER",
+    with step(ATTEMPT_SPAN, context, attributes, kind="CONSUMER",
               linked=claim.attempt_no > 1, start_ns=start) as span:
         if claimed is not None:
-            _tracer.start_span("ledger.claim", attributes=attributes,
+            _tracer.start_span(CLAIM_SPAN, attributes=attributes,
                                start_time=claimed[0]).end(end_time=claimed[1])
         outcome = await work
-        span.set_attribute("ledger.outcome", outcome)
+        span.set_attribute(OUTCOME, outcome)
         return outcome
 
 

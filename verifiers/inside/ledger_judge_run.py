@@ -22,9 +22,33 @@ import os
 import sys
 
 _AUTOLOAD = "PYTEST_DISABLE_PLUGIN_AUTOLOAD"
+#: What an editable install of Ledger imports at start-up (its .pth): the
+#: import finder that maps the repository's folders to ledger.*.
+_EDITABLE = "__editable___ledger_"
+
+
+def forget_editable_install():
+    """Take an editable install's finder of Ledger out of this process (it
+    came with the interpreter's start, from a .pth file): the judged tests
+    see no module, finder or path entry named for Ledger."""
+    names = {n for n in sys.modules if n.startswith(_EDITABLE)}
+    if not names:
+        return
+    def ours(obj):
+        owner = obj if isinstance(obj, type) else type(obj)
+        return getattr(obj, "__module__", None) in names or owner.__module__ in names
+    sys.meta_path[:] = [f for f in sys.meta_path if not ours(f)]
+    sys.path_hooks[:] = [h for h in sys.path_hooks if getattr(h, "__module__", None) not in names
+                         and not ours(getattr(h, "__self__", h))]
+    sys.path[:] = [p for p in sys.path if not p.startswith("__editable__.")]
+    for key in [k for k in sys.path_importer_cache if k.startswith("__editable__.")]:
+        del sys.path_importer_cache[key]
+    for name in names:
+        del sys.modules[name]
 
 
 def main(argv):
+    forget_editable_install()
     channel, checkout, plugin, pythonpath = None, None, None, []
     rest = list(argv)
     while rest and rest[0] != "--":

@@ -33,9 +33,9 @@ from typing import Annotated
 from fastapi import Depends, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
-from ledger.errors import ConfigError, Forbidden
 from ledger.api import cookies
 from ledger.api.problems import Unauthenticated
+from ledger.errors import ConfigError, Forbidden
 
 #: The roles a token may carry (the runtimes' roles have no HTTP surface).
 ROLES = ("reader", "operator", "sensor")

@@ -28,15 +28,15 @@ from pydantic import BaseModel, Field
 from sse_starlette import EventSourceResponse, ServerSentEvent
 
 from ledger import bulk
-from ledger.errors import NotFound
-from ledger.db.kernel import Kernel
-from ledger.logs import get_logger
-from ledger.db.reads import Reads
 from ledger.api import problems
 from ledger.api.roles import CallerDep
+from ledger.db.kernel import Kernel
+from ledger.db.reads import Reads
+from ledger.errors import NotFound
+from ledger.logs import get_logger
 
 if TYPE_CHECKING:
-    from ledger.api.app import ApiState
+    from ledger.api.state import ApiState
 
 log = get_logger("api")
 router = APIRouter(tags=["campaigns"])

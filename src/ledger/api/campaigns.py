@@ -20,11 +20,11 @@ from fastapi.responses import JSONResponse
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
 
 from ledger import bulk
-from ledger.db.cursors import BIGINT_MAX, decode_cursor, encode_position
-from ledger.errors import InvalidInput
-from ledger.db.models import Campaign, CampaignDetail, SensorSummary, State
 from ledger.api import bulk_jobs, problems
 from ledger.api.roles import CallerDep
+from ledger.db.cursors import BIGINT_MAX, decode_cursor, encode_position
+from ledger.db.models import Campaign, CampaignDetail, SensorSummary, State
+from ledger.errors import InvalidInput
 
 router = APIRouter(tags=["campaigns"])
 

@@ -15,10 +15,10 @@ from typing import Annotated
 from fastapi import APIRouter, Body, Path
 from pydantic import BaseModel, ConfigDict, Field
 
-from ledger.db.models import ClassEvent, ClassPause, ProcessRow
 from ledger.api import problems
 from ledger.api.campaigns import NO_NUL
 from ledger.api.roles import CallerDep
+from ledger.db.models import ClassEvent, ClassPause, ProcessRow
 
 router = APIRouter(tags=["classes"])
 

@@ -1,30 +1,6 @@
 """Browser sign-in: a session kept in the database, named by a cookie.
 
-A browser cannot send ``Authorization: Bearer`` by itself (an ``EventSource``
-cannot send headers at all), so the dashboard's sign-in form takes a token
-once and starts a session. The cookie (Starlette's ``SessionMiddleware``,
-signed with itsdangerous so nobody can edit what it holds) carries only a
-random session id -- never the token. The database keeps the session
-(``ledger.web_session``: the id's SHA-256, the token's name, role and digest,
-a random CSRF token, the expiry), so:
-
-- signing out ends the session for every copy of the cookie at once (and,
-  if asked, every session of the same token);
-- a session is honoured only while its very token is configured: rotating or
-  removing a token in ``LEDGER_API_TOKENS`` ends every session made with it;
-- any server process of the deployment serves any browser.
-
-The cookie is ``HttpOnly`` (no script reads it), ``SameSite=Strict`` (no other
-site's page makes the browser send it) and ``Secure`` when configured
-(``LEDGER_SECURE_COOKIES``) or when the request came over HTTPS.
-
-State-changing requests authenticated by the session must also carry its
-CSRF token (a form field on the dashboard, the ``X-CSRF-Token`` header on
-the API): the synchronizer-token pattern. A CSRF middleware (asgi-csrf,
-starlette-csrf) was not used: they are double-submit-cookie schemes that read
-every form body of the whole app and would have to be taught to exempt
-bearer-token API calls, which need no CSRF protection at all. ``SameSite=Strict``
-alone would leave other ports of the same host (the same "site") able to post.
+The design at length: docs/internals.md (``ledger.api.cookies``).
 """
 
 from __future__ import annotations
@@ -34,14 +10,13 @@ import hmac
 import secrets
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from starlette.requests import HTTPConnection
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 if TYPE_CHECKING:
     from ledger.db.kernel import Kernel
-    from ledger.api.auth import TokenEntry
 
 COOKIE = "ledger_session"
 CSRF_HEADER = "X-CSRF-Token"
@@ -72,7 +47,18 @@ def _digest(session_id: str) -> str:
     return hashlib.sha256(session_id.encode()).hexdigest()
 
 
-async def sign_in(connection: HTTPConnection, entry: TokenEntry, sessions: Kernel,
+class Credential(Protocol):
+    """What a session is started for: a configured token (``auth.TokenEntry``)."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def role(self) -> str: ...
+    @property
+    def digest(self) -> str: ...
+
+
+async def sign_in(connection: HTTPConnection, entry: Credential, sessions: Kernel,
                   ttl_s: float = MAX_AGE_S) -> BrowserSession:
     """Start a sign-in with the token of ``entry``: a new session (recorded
     through ``sessions``, the operator role's kernel), a fresh CSRF token."""

@@ -25,14 +25,14 @@ from typing import Annotated
 from fastapi import APIRouter, Header, Query, Request, Response
 from sse_starlette import EventSourceResponse, ServerSentEvent
 
+from ledger.api import problems
+from ledger.api.campaigns import CampaignId
+from ledger.api.problems import CursorBeyondEnd
+from ledger.api.roles import CallerDep
 from ledger.db.bounds import is_ascii_int
+from ledger.db.cursors import BIGINT_MAX
 from ledger.errors import InvalidInput
 from ledger.tail import Keepalive, TailItem, tail
-from ledger.api import problems
-from ledger.api.problems import CursorBeyondEnd
-from ledger.api.campaigns import CampaignId
-from ledger.db.cursors import BIGINT_MAX
-from ledger.api.roles import CallerDep
 
 router = APIRouter(tags=["campaigns"])
 

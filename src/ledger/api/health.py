@@ -15,13 +15,13 @@ import anyio
 from fastapi import APIRouter, Request
 from pydantic import BaseModel
 
+from ledger.api import problems
 from ledger.db.compatibility import schema_state
-from ledger.release import SCHEMA
-from ledger.errors import LedgerError, Unavailable
 from ledger.db.hub import queue_alarm
 from ledger.db.reads import Reads
+from ledger.errors import LedgerError, Unavailable
 from ledger.logs import get_logger
-from ledger.api import problems
+from ledger.release import SCHEMA
 
 log = get_logger("api")
 

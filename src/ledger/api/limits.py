@@ -12,10 +12,10 @@ from typing import Annotated
 from fastapi import APIRouter, Path
 from pydantic import BaseModel, ConfigDict, Field
 
-from ledger.db.models import ClassUsage, LimitBucket, LimitEvent, LimitKey
 from ledger.api import problems
 from ledger.api.campaigns import NO_NUL
 from ledger.api.roles import CallerDep
+from ledger.db.models import ClassUsage, LimitBucket, LimitEvent, LimitKey
 
 router = APIRouter(tags=["limits"])
 

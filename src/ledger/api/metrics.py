@@ -24,11 +24,11 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector
 
+from ledger.api import problems
+from ledger.api.roles import CallerDep
 from ledger.db.hub import Hub
 from ledger.db.models import ClassUsage, LimitBucket, LimitKey, ProcessRow
 from ledger.db.reads import Reads
-from ledger.api import problems
-from ledger.api.roles import CallerDep
 
 router = APIRouter(tags=["metrics"])
 
@@ -219,6 +219,15 @@ class LedgerCollector(Collector):
 
     def collect(self) -> Iterator[Metric]:
         """Yield every metric family."""
+        yield from self._campaigns()
+        yield from self._approvals()
+        yield from self._flow()
+        yield from self._sensors()
+        yield from self._durations()
+        yield from self._process()
+
+    def _campaigns(self) -> Iterator[Metric]:
+        """Campaigns per class and state, and those held back."""
         s = self.snapshot
         campaigns = GaugeMetricFamily("ledger_campaigns", "Campaigns per class and state",
                                       labels=["class", "state"])
@@ -236,6 +245,11 @@ class LedgerCollector(Collector):
             for reason in WAITING_REASONS:
                 waiting.add_metric([cls, reason], s.waiting.get((cls, reason), 0))
         yield waiting
+
+    def _approvals(self) -> Iterator[Metric]:
+        """Approvals waiting, their age, and the decisions made."""
+        s = self.snapshot
+        classes = {cls for cls, _ in s.class_states}
         approvals = GaugeMetricFamily("ledger_approvals_waiting",
                                       "Verified candidates waiting for a person's approval, per class "
                                       "(docs/approval.md)", labels=["class"])
@@ -261,6 +275,10 @@ class LedgerCollector(Collector):
                                 "Age of the oldest ready campaign (0: none is ready)",
                                 value=s.oldest_ready_age_s or 0.0)
 
+
+    def _flow(self) -> Iterator[Metric]:
+        """Transitions, claims, attempts, verdicts and side effects: what flowed."""
+        s = self.snapshot
         transitions = CounterMetricFamily("ledger_transitions", "State transitions made",
                                           labels=["transition"])
         for name, count in s.transitions.items():
@@ -300,6 +318,10 @@ class LedgerCollector(Collector):
         yield requested
         yield by_state
 
+
+    def _sensors(self) -> Iterator[Metric]:
+        """The sensors' observations and their errors in a row."""
+        s = self.snapshot
         observations = CounterMetricFamily(
             "ledger_sensor_observations", "Observations recorded per sensor and outcome (green, "
             "red; error: the check itself failed, which opens and closes nothing)",
@@ -317,11 +339,19 @@ class LedgerCollector(Collector):
             errors.add_metric([name], s.sensor_errors.get(name, 0))
         yield errors
 
+
+    def _durations(self) -> Iterator[Metric]:
+        """How long attempts and verifications took."""
+        s = self.snapshot
         yield _histogram("ledger_attempt_duration_seconds",
                          "Claim to end of finished attempts", s.attempt_durations)
         yield _histogram("ledger_verification_duration_seconds",
                          "Claim to verdict of finished verifications", s.verification_durations)
 
+
+    def _process(self) -> Iterator[Metric]:
+        """Processes not ready, the notification queue, this process's hub and requests."""
+        s = self.snapshot
         not_ready = GaugeMetricFamily("ledger_processes_not_ready",
                                       "Live processes that wait to start: their host or their "
                                       "configuration is not ready for them (the registry's "

@@ -21,9 +21,9 @@ from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from ledger.logs import get_logger
 from ledger.api.metrics import ProcessCounters
 from ledger.api.problems import PayloadTooLarge, problem_for
+from ledger.logs import get_logger
 
 #: Probes and scrapes are logged at debug: they would drown everything else.
 _QUIET = frozenset({"/livez", "/readyz", "/metrics"})

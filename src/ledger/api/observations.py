@@ -19,13 +19,13 @@ from typing import Annotated, Any, Literal
 from fastapi import APIRouter, Header, Path, Query, Response
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
-from ledger.db import bounds
-from ledger.errors import InvalidInput, NotFound
-from ledger.db.models import Observation, ObservationRecorded, SensorSummary
 from ledger.api import problems
 from ledger.api.campaigns import Name, Text
-from ledger.db.cursors import BIGINT_MAX
 from ledger.api.roles import Caller, CallerDep
+from ledger.db import bounds
+from ledger.db.cursors import BIGINT_MAX
+from ledger.db.models import Observation, ObservationRecorded, SensorSummary
+from ledger.errors import InvalidInput, NotFound
 
 router = APIRouter(tags=["observations"])
 

@@ -15,11 +15,11 @@ from typing import Annotated
 
 from fastapi import Depends, Request
 
+from ledger.api.auth import Principal, authenticate
 from ledger.db.database import Database, Session
-from ledger.errors import LedgerError, Unavailable
 from ledger.db.kernel import Kernel
 from ledger.db.reads import Reads
-from ledger.api.auth import Principal, authenticate
+from ledger.errors import LedgerError, Unavailable
 
 
 class RolePools:

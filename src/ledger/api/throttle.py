@@ -1,39 +1,6 @@
 """The HTTP API's throttles: failed authentications, and each credential's requests.
 
-Two limits, one mechanism (``Throttle``):
-
-- **Failed authentications** -- a bearer token or a sign-in token that is not
-  configured -- count against the client's address *and* against the
-  credential's prefix (its first ``PREFIX_CHARS`` characters: guesses at one
-  token share them, other tokens do not). While either is over
-  ``api_auth_failures_per_minute``, a *wrong* credential is answered 429 with
-  ``Retry-After`` instead of 401. A *valid* token or session is checked first
-  (in constant time, ``ledger.api.auth``) and never meets this throttle: the
-  address behind a NAT or an untrusted proxy is shared by everyone there, and
-  one anonymous caller would otherwise keep every sensor, operator and browser
-  of that address out. What this gives up: a throttled guesser still tells a
-  right token from a wrong one by the answer, so what bounds guessing is the
-  token's 256 random bits (``ledger token create``), not the throttle -- configure
-  no token a person chose.
-- **Requests per credential** -- every request a valid token makes, its
-  dashboard sessions' included, counts against the token (by name); over
-  ``api_requests_per_minute`` it is answered 429 naming that limit. One
-  greedy client (a runaway sensor, a script in a loop) then slows itself,
-  not the others.
-
-The client's address is the peer's, or, from a trusted proxy
-(``forwarded_allow_ips``), the one its ``X-Forwarded-For`` names (uvicorn's
-proxy-headers middleware, in ``ledger.api.app``); an IPv6 client counts by
-its /64, which one host usually has whole.
-
-``Throttle`` is the generic cell rate algorithm: ``limit`` events a key within
-``window_s`` as a burst, then one every ``window_s / limit`` -- one number a
-key (the instant its allowance is next full). Kept per server process (each
-process of a deployment throttles on its own) and bounded: at most
-``max_keys`` keys, the least recently counted forgotten first. Why not a
-library's (``limits``, slowapi's): its memory storage keeps every key until
-it expires, with no bound on their number, and the prefix of a wrong
-credential is whatever its sender chose -- one client could grow it at will.
+The design at length: docs/internals.md (``ledger.api.throttle``).
 """
 
 from __future__ import annotations

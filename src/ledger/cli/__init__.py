@@ -91,6 +91,9 @@ def main() -> None:
     failure is one line on stderr with a documented exit code (``failures``).
     Signals are the host's (``ledger.runtime.host``), also while a service
     starts: each command declares whether it is one (``service_command``)."""
+    from ledger.ops import faults
+
+    faults.plug_in()
     try:
         app()
     except KeyboardInterrupt:

@@ -12,14 +12,21 @@ from typing import TYPE_CHECKING
 import typer
 from rich.markup import escape
 
-from ledger.errors import InvalidInput, LedgerError, NotFound, OutcomeUnknown, Unavailable
 from ledger.cli.context import console, console_err, emit_json, iso_z, run, state
 from ledger.cli.knobs import option
 from ledger.cli.output import table
+from ledger.errors import InvalidInput, LedgerError, NotFound, OutcomeUnknown, Unavailable
 
 if TYPE_CHECKING:
     from ledger.db.kernel import Kernel
-    from ledger.db.models import Campaign, CampaignDetail, Opened, LimitWaiting, ProcessRow, SensorSummary
+    from ledger.db.models import (
+        Campaign,
+        CampaignDetail,
+        LimitWaiting,
+        Opened,
+        ProcessRow,
+        SensorSummary,
+    )
     from ledger.report import Report
 
 JSON_OPTION = option("json")
@@ -151,12 +158,12 @@ def _check_filters(states: list[str], classes: list[str], texts: dict[str, str |
     if unknown:
         raise InvalidInput(f"--state: unknown state {', '.join(unknown)} "
                            f"(one of {', '.join(STATES)})")
-    limits = [(option, value, 0, 500) for option, value in texts.items()]
+    limits = [(flag, value, 0, 500) for flag, value in texts.items()]
     limits += [("--search", search, 0, 200)] + [("--class", c, 1, 200) for c in classes]
-    for option, value, shortest, longest in limits:
+    for flag, value, shortest, longest in limits:
         if value is not None and not (shortest <= len(value) <= longest and "\x00" not in value):
             size = f"{shortest} to {longest}" if shortest else f"at most {longest}"
-            raise InvalidInput(f"{option}: {size} characters, no NUL")
+            raise InvalidInput(f"{flag}: {size} characters, no NUL")
 
 
 def show(

@@ -29,10 +29,10 @@ def sync(ctx: typer.Context, config: Path = CONFIG_OPTION) -> None:
     after checking every class's repository and base_ref and every sensor's
     observed ref: a misconfiguration registers nothing (exit 78); a remote
     out of reach now is a warning."""
+    from ledger.cli.campaigns import operator_identity
+    from ledger.cli.runtime import preflight
     from ledger.config import load_config
     from ledger.db.kernel import Kernel
-    from ledger.cli.runtime import preflight
-    from ledger.cli.campaigns import operator_identity
 
     cfg = load_config(config_path(ctx, config))
     # Every repository and ref checked before anything is registered.
@@ -83,8 +83,8 @@ def pause(ctx: typer.Context, name: str = NAME_ARGUMENT,
           as_json: bool = typer.Option(False, "--json", help="Print JSON.")) -> None:
     """Pause a class: workers claim none of its campaigns; attempts in flight
     finish (journaled with your identity). Exit 6 if it is not registered."""
-    from ledger.db.kernel import Kernel
     from ledger.cli.campaigns import operator_identity
+    from ledger.db.kernel import Kernel
 
     if reason is not None and len(reason) > 1000:
         raise typer.BadParameter("at most 1000 characters", param_hint="--reason")
@@ -107,8 +107,8 @@ def pause(ctx: typer.Context, name: str = NAME_ARGUMENT,
 def resume(ctx: typer.Context, name: str = NAME_ARGUMENT,
            as_json: bool = typer.Option(False, "--json", help="Print JSON.")) -> None:
     """Resume a paused class: its campaigns are claimed again."""
-    from ledger.db.kernel import Kernel
     from ledger.cli.campaigns import operator_identity
+    from ledger.db.kernel import Kernel
 
     async def go() -> ClassPause:
         async with state(ctx).database().session("operator") as s:

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import typer
 from rich.console import Console
+
 from ledger.settings import inherited_environment
 
 if TYPE_CHECKING:
@@ -85,8 +86,8 @@ class State:
                                     service=service or wait_s is not None)
         self.url = db.url
         if wait_s is not None or ready:
-            from ledger.errors import DatabaseMissing, LoginRefused, NotMigrated, SchemaMismatch
             from ledger.db.readiness import diagnose
+            from ledger.errors import DatabaseMissing, LoginRefused, NotMigrated, SchemaMismatch
 
             problem = diagnose(db.url, self.settings.role_prefix)
             if isinstance(problem, (DatabaseMissing, LoginRefused, NotMigrated, SchemaMismatch)):

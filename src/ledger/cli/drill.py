@@ -7,10 +7,10 @@ from typing import TYPE_CHECKING
 
 import typer
 
-from ledger.errors import ConfigError
 from ledger.cli.context import console, console_err, emit_json, run, state
 from ledger.cli.knobs import option
 from ledger.cli.output import table
+from ledger.errors import ConfigError
 
 if TYPE_CHECKING:
     from ledger.ops.drill import DrillReport

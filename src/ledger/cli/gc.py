@@ -8,9 +8,9 @@ from typing import TYPE_CHECKING
 
 import typer
 
-from ledger.runtime.commands import service_command
 from ledger.cli.context import console_err, emit_json, run, state
 from ledger.cli.runtime import CONFIG_OPTION, LOG_OPTION, config_path
+from ledger.runtime.commands import service_command
 
 if TYPE_CHECKING:
     from ledger.roles.gc import Collected
@@ -40,8 +40,8 @@ def gc(
     and digest either way."""
     from ledger import logs
     from ledger.config import load_config
-    from ledger.roles.gc import Collector, collect
     from ledger.db.reads import Reads
+    from ledger.roles.gc import Collector, collect
 
     logs.configure(log_level)
     st = state(ctx)

@@ -11,9 +11,9 @@ from typing import TYPE_CHECKING, Any
 
 import typer
 
-from ledger.runtime.commands import service_command
 from ledger.cli.context import iso_z, jsonable, run, state
 from ledger.cli.knobs import option
+from ledger.runtime.commands import service_command
 
 if TYPE_CHECKING:
     from ledger.db.hub import WakeSource
@@ -93,8 +93,8 @@ def tail_(
 
     logs.configure("warning")  # stdout is the journal; the hub's troubles go to stderr
     from ledger.db.hub import Hub, NullHub
-    from ledger.db.reads import Reads
     from ledger.db.models import Event
+    from ledger.db.reads import Reads
     from ledger.tail import tail
 
     async def go() -> None:
@@ -141,8 +141,8 @@ def trim(
     logs.configure()  # log lines go to stderr; stdout is the result
 
     async def go() -> int:
-        from ledger.runtime.host import serve
         from ledger.roles.trimmer import Trimmer
+        from ledger.runtime.host import serve
 
         async with state(ctx).database().session("operator") as s:
             trimmer = Trimmer(Kernel(s), older_than_s=seconds, interval_s=every or 3600.0)

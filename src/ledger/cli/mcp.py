@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-
 import typer
 
-from ledger.runtime.commands import service_command
-from ledger.errors import ConfigError
 from ledger.cli.context import run, state
 from ledger.cli.knobs import option
+from ledger.errors import ConfigError
+from ledger.runtime.commands import service_command
 from ledger.settings import environment
 
 
@@ -34,12 +33,12 @@ def mcp(
     if transport not in ("stdio", "http"):
         raise typer.BadParameter(f"stdio or http, not {transport!r}", param_hint="--transport")
     try:
-        from ledger.mcp_server import LedgerMCP
         import mcp as _sdk  # noqa: F401 -- the optional extra
+
+        from ledger.mcp_server import LedgerMCP
     except ImportError:
         raise ConfigError("ledger mcp needs the MCP SDK: pip install 'ledger[mcp]'") from None
     from ledger.api.auth import TokenTable
-
     from ledger.db.readiness import diagnose
 
     logs.configure(log_level)  # to stderr: on stdio, stdout is the protocol's

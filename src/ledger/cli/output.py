@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Sequence
+
 from ledger.settings import environment
 
 

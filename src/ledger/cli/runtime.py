@@ -8,16 +8,16 @@ missing one the command's exit code at once."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from contextlib import AsyncExitStack
 from pathlib import Path
-from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import typer
 
-from ledger.runtime.commands import service_command
 from ledger.cli.context import run, state
 from ledger.cli.knobs import option
+from ledger.runtime.commands import service_command
 
 if TYPE_CHECKING:
     from ledger.config import LedgerConfig
@@ -64,8 +64,8 @@ def preflight(cfg: LedgerConfig, source: Path, *, classes: list[str] | None = No
     refuse a misconfiguration (exit 78, one line naming the key), warn on
     stderr about a remote out of reach now and go on (each warning once, for
     a command that checks again while it waits: ``said``)."""
-    from ledger.roles import preflight as checks
     from ledger.cli.context import console_err
+    from ledger.roles import preflight as checks
 
     said = set() if said is None else said
 
@@ -99,7 +99,7 @@ def worker(
     from ledger.db.hub import listening
     from ledger.roles.services import ReaperOptions, worker_services
     from ledger.roles.worker import WorkerOptions
-    from ledger.runtime.startup import serve_when_ready
+    from ledger.runtime.host import serve_when_ready
 
     logs.configure(log_level)
     st = state(ctx)
@@ -145,7 +145,7 @@ def sensor_run(
     from ledger.db.kernel import Kernel
     from ledger.identity import process_identity
     from ledger.roles.sensors import Sensors
-    from ledger.runtime.startup import serve_when_ready
+    from ledger.runtime.host import serve_when_ready
 
     logs.configure(log_level)
     st = state(ctx)
@@ -200,12 +200,12 @@ def run_all(
     --trim-after the journal trimmer) in one process on one machine; a part that
     dies is restarted; SIGTERM stops them all, draining the worker."""
     from ledger import logs
+    from ledger.cli.journal import parse_duration
     from ledger.config import load_config
     from ledger.db.hub import listening
     from ledger.roles.services import ReaperOptions, RunOptions, one_machine
     from ledger.roles.worker import WorkerOptions
-    from ledger.cli.journal import parse_duration
-    from ledger.runtime.startup import serve_when_ready
+    from ledger.runtime.host import serve_when_ready
 
     logs.configure(log_level)
     st = state(ctx)

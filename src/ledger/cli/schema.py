@@ -40,8 +40,8 @@ def migrate(
     (docs/upgrading.md)."""
     import time
 
-    from ledger.db.readiness import connection_problem, create_missing_database, database_name
     from ledger.db import migrations
+    from ledger.db.readiness import connection_problem, create_missing_database, database_name
     from ledger.release import describe
 
     st = state(ctx)
@@ -105,8 +105,8 @@ def graph(
     """Draw the state machine from the database's transition table."""
     if fmt not in ("svg", "mermaid"):
         raise typer.BadParameter("--format must be svg or mermaid")
-    from ledger.machine import StateMachine
     from ledger.db.reads import Reads
+    from ledger.machine import StateMachine
 
     async def load() -> StateMachine:
         async with state(ctx).database().session("reader") as session:

@@ -9,10 +9,10 @@ import socket
 
 import typer
 
-from ledger.runtime.commands import service_command
-from ledger.errors import CannotListen, LedgerError
 from ledger.cli.context import console_err, state
 from ledger.cli.knobs import option
+from ledger.errors import CannotListen, LedgerError
+from ledger.runtime.commands import service_command
 
 token_app = typer.Typer(help="Bearer tokens of the HTTP API.", no_args_is_help=True)
 

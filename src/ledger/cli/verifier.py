@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import typer
 
-from ledger.runtime.commands import service_command
 from ledger.cli.context import console_err, run, state
 from ledger.cli.knobs import option
 from ledger.cli.runtime import HEALTH_OPTION, LISTEN_OPTION, START_OPTION, WAIT_OPTION
+from ledger.runtime.commands import service_command
 
 
 def register(app: typer.Typer) -> None:
@@ -38,8 +38,9 @@ def verifier(
     from ledger.db.hub import listening
     from ledger.db.kernel import Kernel
     from ledger.roles.verifier import Verifier
+    from ledger.runtime.host import serve_when_ready
     from ledger.runtime.service import Service
-    from ledger.runtime.startup import Standby, serve_when_ready
+    from ledger.runtime.startup import Standby
 
     logs.configure(log_level)
     settings = state(ctx).settings

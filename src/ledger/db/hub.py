@@ -1,43 +1,6 @@
 """Wake-ups (README "How it works"): NOTIFY is a hint, the rows are the truth.
 
-Channels (all payloads are ids):
-  ledger_ready      a campaign became claimable          (payload: campaign id)
-  ledger_cancel     a lease holder was fenced out        (payload: campaign id)
-  ledger_event      a campaign's journal grew            (payload: campaign id)
-  ledger_attempted  a candidate awaits a verifier         (payload: campaign id)
-  ledger_outbox     a side effect awaits a dispatcher     (payload: side effect id)
-
-A subscriber asks for a channel, optionally narrowed to one key (a campaign
-id): the hub demultiplexes in process. Every waiter also has a timeout (its poll
-tick), so a lost notification costs latency, never correctness. Subscribe
-*before* reading rows, so a wake-up between the read and the wait is kept.
-
-``Hub`` is one LISTEN connection per process, owned by a supervisor task that
-reconnects with backoff and wakes every subscriber after each (re)connect
-(notifications sent while it was away are lost, so everyone re-reads rows).
-A connection that looks up is not trusted to hear: at every connect and then
-every ``ping_s`` the hub sends a NOTIFY to itself and waits for it, each step
-with a deadline. The NOTIFY goes over a second connection of its own, as every
-real wake-up comes from another session: sent on the LISTEN connection itself
-it came back even through a transaction pooler, which hands that session's
-notifications to whichever client is running a transaction on it -- so the
-hub said it heard while no other session's NOTIFY ever reached it
-(tests/test_pooler.py). A miss -- a silent network path, a server that stopped
-answering, a pooler that lost the LISTEN -- drops the connection and
-reconnects; meanwhile every waiter polls on its tick. A hub that keeps not
-hearing (typically: its connection goes through a transaction pooler, which
-cannot keep a LISTEN) logs one warning naming the fix
-(``LEDGER_LISTEN_DATABASE_URL``, a direct connection), shows as ``deaf`` (in
-``/readyz`` and ``ledger_hub_deaf``) and the process runs on polling.
-
-Each round trip also reads ``pg_notification_queue_usage()``: a listener
-stalled inside a transaction makes the server keep every notification since,
-and a full queue fails every NOTIFY -- hence every open and every return to
-ready. Above ``NOTIFY_QUEUE_ALARM`` the hub logs a warning (once per episode).
-``NullHub`` is the hub of a process without LISTEN: waits simply time out.
-
-This is the one module outside ``ledger.db.database`` that touches psycopg: the
-asynchronous notification API has no place in the executor interface.
+The design at length: docs/internals.md (``ledger.db.hub``).
 """
 
 from __future__ import annotations
@@ -52,10 +15,10 @@ from typing import Any, Protocol
 import psycopg
 from psycopg import sql
 
+from ledger.backoff import backoff
 from ledger.db.database import Database, bounded
 from ledger.errors import Unavailable
 from ledger.logs import get_logger
-from ledger.backoff import backoff
 
 CHANNELS = ("ledger_ready", "ledger_cancel", "ledger_event", "ledger_attempted", "ledger_outbox")
 #: The hub's own channel: the round trip that proves it hears.

@@ -17,18 +17,16 @@ from datetime import datetime
 from typing import Any, TypeVar
 
 from psycopg.types.json import Jsonb
+from pydantic import TypeAdapter
 
 from ledger.db.database import Executor
-from ledger.errors import Forbidden, StaleLease
-
-T = TypeVar("T")
 from ledger.db.models import (
     ApprovalDecision,
     ApprovalExpired,
     AttemptRecord,
     AttemptRecorded,
-    ClassPause,
     Claim,
+    ClassPause,
     Lease,
     ObservationRecorded,
     Opened,
@@ -40,6 +38,9 @@ from ledger.db.models import (
     UsageResult,
     VerificationClaim,
 )
+from ledger.errors import Forbidden, StaleLease
+
+T = TypeVar("T")
 
 
 #: Kernel functions whose identical retry returns the first result (or does
@@ -114,6 +115,10 @@ class Leases:
 
 #: This process's leases (``Leases``), shared by every Kernel of the process.
 LEASES = Leases()
+
+
+_CLAIMS = TypeAdapter(list[Claim])
+_RECORDED = TypeAdapter(list[AttemptRecorded])
 
 
 class Kernel:
@@ -235,7 +240,7 @@ class Kernel:
         sent = time.monotonic()
         rows = await self._call("claim_campaigns", worker=worker, limit=limit,
                                 classes=list(classes) if classes is not None else None)
-        claims = [Claim.model_validate(r) for r in rows]
+        claims = _CLAIMS.validate_python(rows)  # one call for the batch, not one per row
         for claim in claims:
             LEASES.granted(("campaign", claim.campaign_id, claim.generation), sent, claim.lease_remaining_s)
         return claims
@@ -281,6 +286,7 @@ class Kernel:
             bundle=bundle, bundle_digest=bundle_digest, evidence_location=evidence_location,
             log_tail=log_tail, diff=diff, candidate_ref=candidate_ref,
         )
+        LEASES.ended(("campaign", campaign_id, generation))
         await self.executor.hint(_attempted_hints([campaign_id]))
         return attempt_no
 
@@ -291,7 +297,9 @@ class Kernel:
         items = [a if isinstance(a, AttemptRecord) else AttemptRecord.model_validate(a) for a in attempts]
         rows = await self._call("record_attempts",
                                 attempts=[i.model_dump(exclude_none=True) for i in items])
-        results = [AttemptRecorded.model_validate(r) for r in rows]
+        results = _RECORDED.validate_python(rows)
+        for result in results:  # over, recorded or stale (and no evictions for a busy batch worker)
+            LEASES.ended(("campaign", result.campaign_id, result.generation))
         await self.executor.hint(_attempted_hints([r.campaign_id for r in results if r.status == "recorded"]))
         return results
 
@@ -308,11 +316,13 @@ class Kernel:
     ) -> str:
         """Record a failed (or drained) attempt; returns the new state.
         Retrying the identical ending returns the same state."""
-        return await self._scalar_as(
+        state = await self._scalar_as(
             str, "fail_attempt", _timeout_s=LEASES.bound(("campaign", campaign_id, generation), timeout_s),
             campaign_id=campaign_id, generation=generation,
             reason=reason, fingerprint=fingerprint, retry_after_s=retry_after_s, drained=drained,
         )
+        LEASES.ended(("campaign", campaign_id, generation))
+        return state
 
     async def release_attempt(self, campaign_id: int, generation: int, reason: str, *,
                               retry_after_s: float | None = None,
@@ -678,27 +688,27 @@ class Kernel:
         return await self._scalar_as(datetime, function, holds=Jsonb(report.holds), **args)
 
     async def report_sensor_process(self, report: ProcessReport) -> datetime:
-        """A sensor process says it is alive and what it holds (``ledger.roles.registry``)."""
+        """A sensor process says it is alive and what it holds (``ledger.runtime.registry``)."""
         return await self._report("report_sensor_process", report)
 
     async def report_worker_process(self, report: ProcessReport) -> datetime:
-        """A worker process says it is alive and what it holds (``ledger.roles.registry``)."""
+        """A worker process says it is alive and what it holds (``ledger.runtime.registry``)."""
         return await self._report("report_worker_process", report)
 
     async def report_reaper_process(self, report: ProcessReport) -> datetime:
-        """A reaper says it is alive (``ledger.roles.registry``)."""
+        """A reaper says it is alive (``ledger.runtime.registry``)."""
         return await self._report("report_reaper_process", report)
 
     async def report_verifier_process(self, report: ProcessReport) -> datetime:
-        """A verifier says it is alive and what it holds (``ledger.roles.registry``)."""
+        """A verifier says it is alive and what it holds (``ledger.runtime.registry``)."""
         return await self._report("report_verifier_process", report)
 
     async def report_dispatcher_process(self, report: ProcessReport) -> datetime:
-        """A dispatcher says it is alive and what it holds (``ledger.roles.registry``)."""
+        """A dispatcher says it is alive and what it holds (``ledger.runtime.registry``)."""
         return await self._report("report_dispatcher_process", report)
 
     async def report_operator_process(self, report: ProcessReport) -> datetime:
-        """An operator-role service (the trimmer) says it is alive (``ledger.roles.registry``)."""
+        """An operator-role service (the trimmer) says it is alive (``ledger.runtime.registry``)."""
         return await self._report("report_operator_process", report)
 
     # --- the HTTP server's sign-ins and bulk jobs (operator role) -------------

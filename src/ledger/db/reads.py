@@ -16,26 +16,25 @@ from datetime import datetime
 from typing import Any
 
 from ledger.db.database import Executor
-from ledger.errors import InvalidInput, NotFound
 from ledger.db.models import (
     Approval,
+    ApprovalBacklog,
+    Attempt,
+    AttemptDiff,
     AttemptUsage,
+    Campaign,
+    CampaignClass,
+    CampaignDetail,
+    Claim,
+    ClassEvent,
+    ClassSummary,
     ClassUsage,
+    Event,
+    HourActivity,
     LimitBucket,
     LimitEvent,
     LimitKey,
     LimitWaiting,
-    ApprovalBacklog,
-    Attempt,
-    AttemptDiff,
-    Campaign,
-    CampaignClass,
-    CampaignDetail,
-    ClassEvent,
-    ClassSummary,
-    Claim,
-    Event,
-    HourActivity,
     Observation,
     ProcessRow,
     SecurityEvent,
@@ -47,6 +46,7 @@ from ledger.db.models import (
     WaitingApproval,
 )
 from ledger.db.named_queries import QUERIES as Q
+from ledger.errors import InvalidInput, NotFound
 
 #: The methods made of other reads (each of those a named query), not a query
 #: of their own; every other public method runs the named query of its name.
@@ -59,16 +59,23 @@ def _filters(*, states: Sequence[str] | None = None, classes: Sequence[str] | No
              search: str | None = None, ids: Sequence[int] | None = None,
              cursor: tuple[datetime, int] | None = None) -> dict[str, Any]:
     """The parameters of the campaign filter (``campaigns``, ``matching_*``):
-    each one unset is NULL, which disables it in the SQL."""
+    each one unset is NULL, which disables it in the SQL. ``search`` is a
+    literal substring of the objective key: its ``%``, ``_`` and ``\\`` are
+    escaped for ILIKE (whose escape character is the backslash)."""
     return {
         "states": list(states) if states else None,
         "classes": list(classes) if classes else None,
         "target": target, "objective_key": objective_key, "label": label,
-        "updated_since": updated_since, "search": search,
+        "updated_since": updated_since, "search": _literal(search) if search is not None else None,
         "ids": list(ids) if ids else None,
         "cursor_updated_at": cursor[0] if cursor else None,
         "cursor_id": cursor[1] if cursor else None,
     }
+
+
+def _literal(text: str) -> str:
+    """``text`` as an ILIKE pattern that matches itself only."""
+    return text.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
 
 
 class Reads:
@@ -395,7 +402,7 @@ class Reads:
     # --- operator controls ---------------------------------------------------------
 
     async def processes(self, limit: int = 500) -> list[ProcessRow]:
-        """The registry of processes (``ledger.roles.registry``): the live first."""
+        """The registry of processes (``ledger.runtime.registry``): the live first."""
         rows = await self.executor.fetch(Q["processes"], limit=limit)
         return [ProcessRow.model_validate(r) for r in rows]
 

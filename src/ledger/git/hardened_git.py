@@ -1,37 +1,7 @@
 """How Ledger runs git: never code that a repository, a user or the system
 configured.
 
-Git runs programs named by its configuration -- hooks (``core.hooksPath`` or
-``.git/hooks``), ``core.fsmonitor``, clean/smudge filters and merge drivers
-(picked by ``.gitattributes``, defined in config), diff textconv and external
-diff, credential helpers, ``core.sshCommand``, ``remote.*.uploadpack`` ... --
-and reads that configuration from the system (``/etc/gitconfig``), the user
-(``~/.gitconfig``, ``$XDG_CONFIG_HOME/git/config``), the repository
-(``.git/config`` and whatever it includes) and the command line. Whoever can
-write any of those can make Ledger's own git (the worker's commit, the
-verifier's checkout, the dispatcher's promotion, the sensor's, gc's) run their
-code. So every git call Ledger makes:
-
-* reads no system configuration (``GIT_CONFIG_NOSYSTEM``) and no user
-  configuration (``GIT_CONFIG_GLOBAL`` is ``/dev/null``, or the file the
-  operator names in ``LEDGER_GIT_CONFIG`` for credentials and transport
-  settings: a file Ledger's operator writes, never an agent);
-* overrides, at the command line's precedence (``GIT_CONFIG_COUNT``, which git
-  also hands to the git processes it starts, such as ``upload-pack`` on a
-  local remote), every program-valued key git knows: hooks point at
-  ``/dev/null``, fsmonitor is off, no pager, editor, askpass or credential
-  helper but the operator's, no ``ext::`` transport, no automatic gc;
-* and, per repository, lists the repository's own configuration (with its
-  includes) and blanks every key that names a program there too -- filter,
-  diff and merge drivers under any name, remote-side programs, signing
-  programs -- so a driver defined in ``.git/config`` and selected by a
-  ``.gitattributes`` in the tree never runs.
-
-The listing is cached per repository on its config file's size and mtime.
-``tests/test_hardened_git.py`` plants each of these (hooks of every kind, a
-fsmonitor, filters, textconv, merge drivers, an ``include.path``, a hooks
-path in a ``$HOME/.gitconfig`` and in a system config) and runs every git
-step of the loop against them: none runs.
+The design at length: docs/internals.md (``ledger.git.hardened_git``).
 """
 
 from __future__ import annotations
@@ -42,6 +12,7 @@ import subprocess
 import threading
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+
 from ledger import settings
 from ledger.settings import inherited_environment
 

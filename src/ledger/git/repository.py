@@ -32,8 +32,8 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from ledger.git import hardened_git
 from ledger.errors import LedgerError
+from ledger.git import hardened_git
 
 ZERO_SHA = "0" * 40
 #: The longest a transfer with a remote may take (fetch, ls-remote, push): a
@@ -712,17 +712,6 @@ def with_trailers(cwd: Path, message: str, trailers: Iterable[tuple[str, str]]) 
 
 def _one_line(value: str) -> str:
     return " ".join(str(value).split())[:500]
-
-
-def commit_all(worktree: Path, message: str, *, author: Identity = LEDGER,
-               committer: Identity = LEDGER) -> bool:
-    """Commit every change in ``worktree`` (new files included); ``False`` if clean."""
-    git(worktree, "add", "--all")
-    if not git(worktree, "status", "--porcelain"):
-        return False
-    git(worktree, "commit", "--quiet", "--no-verify", "--no-gpg-sign", "-F", "-",
-        env={**author.env("AUTHOR"), **committer.env("COMMITTER")}, input=message.encode())
-    return True
 
 
 def diff(worktree: Path, base: str, candidate: str) -> bytes:

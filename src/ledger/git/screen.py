@@ -1,30 +1,7 @@
 """The screen: what the verifier looks for in a candidate's diff before it runs
 anything -- non-test code reaching for the test machinery.
 
-A fix has no business importing pytest's internals, asking ``sys.modules``
-whether it is under test, asking where it runs (the working directory or
-its own path compared with something, an absolute path probed for
-existence, the host name, the user, ``/proc``, mounts, cgroups), ending the
-process with ``os._exit``, writing test reports, declaring entry points or
-adding ``.pth`` files, plugin manifests (``*.dist-info``, ``*.egg-info``),
-pytest configuration files, a ``sitecustomize``, a ``conftest.py`` outside
-the tests, compiled code, a module named like one of the standard library's,
-or a symbolic link that leaves the tree (an absolute target, ``..`` past the
-repository's root, into ``.git``). Each finding names its file and line;
-any finding refuses the candidate (with the reason), unless the class
-turned that rule off.
-
-Per class, ``acceptance.screen``: ``rules`` (default: every rule of
-``RULES``; ``[]`` turns the screen off), ``exempt`` (gitignore-style patterns
-of paths not screened, e.g. a package that really is a pytest plugin) and
-``extra`` rules of its own (``{name, pattern, paths}``: a regular expression
-for added lines, optionally only in paths matching ``paths``). Test code --
-the paths of ``TEST_PATHS`` -- is not screened for content: it is protected
-anyway, and a test may well import pytest.
-
-The screen reads the diff, it does not understand code: it catches the
-obvious reach, not a determined disguise (``getattr(sys, "mod" + "ules")``).
-The judge (``verifiers.judge``) and held-out tests are what stops the rest.
+The design at length: docs/internals.md (``ledger.git.screen``).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """The drill framework (``ledger drill``): fault-injection scenarios an
 operator runs against their own deployment.
 
-Each drill (in the top-level ``drills`` package) gets a throwaway database on
+Each drill (in ``ledger.drills``, the repository's drills/ folder) gets a throwaway database on
 the operator's server (or a throwaway cluster it starts itself, when it must
 restart the server), a workspace with a real git repository, and real
 ``ledger`` processes it starts, signals and kills. It narrates a timeline, checks
@@ -37,8 +37,8 @@ import psycopg
 from psycopg.rows import dict_row
 from rich.console import Console
 
-from ledger.db import migrations
 from ledger.config import LedgerConfig, load_config
+from ledger.db import migrations
 from ledger.db.database import Database, Session
 from ledger.db.embedded import create_database, drop_database
 from ledger.db.kernel import Kernel
@@ -496,7 +496,7 @@ def load_drills() -> dict[str, Drill]:
     """Every installed drill, by name, in their declared order.
 
     Drills are plugins of the ``ledger.drills`` entry-point group (the
-    ``drills`` package of this repository declares its list there), so the
+    ``ledger.drills`` package, the repository's drills/, declares its list there), so the
     library never imports the drills that are built on it.
     """
     from importlib.metadata import entry_points

@@ -35,6 +35,7 @@ from collections.abc import Mapping
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from urllib.parse import urlsplit
+
 from ledger.settings import inherited_environment
 
 #: How long a server may take to accept connections after starting.

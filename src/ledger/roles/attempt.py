@@ -4,52 +4,13 @@ alive by heartbeats, the candidate taken out, checked and published by the
 trusted worker, and exactly one ending written -- or nothing at all when the
 lease was lost.
 
-The workspace is the attempt's own clone (``Repository.seed_workspace``): its
-own ``.git``, configuration, hooks and refs, holding only the base's history
--- never a worktree of the user's repository, whose ``.git`` an attempt could
-rewrite. The command runs in a cell that sees that clone (``/cell/work``), a
-directory for what it hands back (``/cell/out``: the commit message), the
-campaign file (``/cell/campaign.json``) and nothing else of the host: not
-the worker's environment, data dir, configuration or repositories, no
-database and, by default, no network. When it exits, a second step in the
-same kind of cell commits what it left and writes its commits as a git
-bundle; the worker adds the bundle's objects to its own repository (every
-object checked by ``index-pack``; no ref of the attempt's is taken), checks
-that the result descends from the base, makes the candidate -- one commit of
-that tree on the base, with the command's message and Ledger's trailers --
-refuses it if it changes protected paths (``ledger.git.protection``), publishes
-it under ``refs/heads/ledger/<campaign>/<attempt>`` (on the remote, for a
-URL, read back before it counts) and records it with its evidence (bundle
-and diff) in the database. Nothing of the workspace is trusted: the bundle
-and the message file are read as regular files only, never through a link.
-
-What the cell saw the attempt try is a ``security_event`` and refuses the
-candidate: a process still running when the command exited (killed with the
-cell), the cell's monitor killed, Ledger's own secret in its output, or the
-user's repository configuration or Ledger's configuration changed while it
-ran.
-
-A fault that is not the attempt's own -- the repository or its remote
-unreachable, the candidate not published, a configuration error, the cell
-unavailable -- releases the lease without charging anything
-(``release_attempt``): the campaign waits, saying why, and is tried again.
-
-The lease keeper heartbeats every ``heartbeat_s`` and at once when the hub says
-the campaign was cancelled; a stale answer (reaped, abandoned) means *stand
-down*: the cell is killed, the workspace discarded, and nothing more is
-written for this attempt. The workspace is always removed.
-
-The holder also fences itself by its own clock (``ledger.roles.lease``): every call
-it makes is bounded by the lease's remaining time, a heartbeat that fails
-(the database restarting, a silent network) is retried until then, and if no
-renewal is confirmed before the local deadline it stands down exactly as if
-the database had said so. An ending whose reply was lost is retried (endings
-are idempotent) and, failing that, read back.
+The design at length: docs/internals.md (``ledger.roles.attempt``).
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import hashlib
 import json
 import os
@@ -63,31 +24,33 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from ledger.git import bundle as bundles
-from ledger.sandbox import cell as cells
-from ledger.git import protection, repository
+from ledger.backoff import backoff
 from ledger.config import ATTEMPT_PLACEHOLDERS, CampaignClassConfig
-from ledger.errors import ConfigError, LedgerError, RepeatedApproach, StaleLease, Unavailable
+from ledger.db.documents import InvalidDocument, Observation
 from ledger.db.hub import NullHub, WakeSource
+from ledger.db.kernel import Kernel
+from ledger.db.models import Claim
+from ledger.db.reads import Reads
+from ledger.errors import ConfigError, LedgerError, RepeatedApproach, StaleLease, Unavailable
+from ledger.git import bundle as bundles
+from ledger.git import protection, repository
+from ledger.git.repository import GitError, Identity, Repository
+from ledger.logs import get_logger
+from ledger.protocol import AttemptContext, PreviousAttempt
 from ledger.roles.journal import JournalWriter
+from ledger.roles.lease import LeaseClock
 from ledger.roles.sensors import Reobservation
 from ledger.roles.usage import UsageReporter
-from ledger.db.kernel import Kernel
-from ledger.roles.lease import LeaseClock
-from ledger.logs import get_logger
-from ledger.db.models import Claim
+from ledger.sandbox import cell as cells
 from ledger.sandbox.processes import (
     CommandResult,
     cell_environment,
     child_environment,
     run_command,
 )
-from ledger.protocol import AttemptContext
-from ledger.db.reads import Reads
 from ledger.sandbox.redaction import redactor
-from ledger.git.repository import GitError, Identity, Repository
 from ledger.settings import inherited_environment
-from ledger.backoff import backoff
+from ledger.verifiers.spec import AcceptanceSpec
 
 _LOG_TAIL = 16 * 1024
 #: Refused destinations recorded one security event each (the rest with the last).
@@ -142,12 +105,20 @@ class Workspace:
                 cells.Binding(self.out, cells.INSIDE_OUT, writable=True),
                 cells.Binding(self.campaign_file, f"{cells.INSIDE_ROOT}/campaign.json"))
 
-    def seen(self, sandboxed: bool) -> dict[str, str]:
+    def seen(self, sandboxed: bool) -> Seen:
         """The paths as the attempt command sees them."""
         if sandboxed:
-            return {"worktree": cells.INSIDE_WORK, "out": cells.INSIDE_OUT,
-                    "campaign_file": f"{cells.INSIDE_ROOT}/campaign.json"}
-        return {"worktree": str(self.work), "out": str(self.out), "campaign_file": str(self.campaign_file)}
+            return Seen(cells.INSIDE_WORK, cells.INSIDE_OUT, f"{cells.INSIDE_ROOT}/campaign.json")
+        return Seen(str(self.work), str(self.out), str(self.campaign_file))
+
+
+@dataclass(frozen=True)
+class Seen:
+    """An attempt's paths as its command sees them (in its cell, or not)."""
+
+    worktree: str
+    out: str
+    campaign_file: str
 
 
 def make_workdir(data_dir: Path, claim: Claim, repository_location: str) -> Workspace:
@@ -177,7 +148,7 @@ def remove_tree(path: Path) -> None:
                 os.unlink(name)
         except OSError:
             pass
-    shutil.rmtree(path, onerror=opened_up)  # noqa: deprecated in 3.12 for onexc; 3.11 is supported
+    shutil.rmtree(path, onerror=opened_up)  # onerror: deprecated in 3.12 for onexc, but 3.11 is supported
 
 
 def sweep_orphans(data_dir: Path) -> int:
@@ -358,7 +329,7 @@ class AttemptRun:
         self._kill()
 
     def _kill(self) -> None:
-        # Cancelling the command kills its whole process group (ledger.processes).
+        # Cancelling the command kills its whole process group (ledger.sandbox.processes).
         if self._command is not None and not self._command.done():
             self._command.cancel()
 
@@ -486,7 +457,7 @@ class AttemptRun:
         if len(diff) > self.cls.max_candidate_mb << 20:
             return await self._fail(f"the candidate's diff is {len(diff)} bytes, over the class's "
                                     f"max_candidate_mb ({self.cls.max_candidate_mb})", fingerprint)
-        if not self.acceptance.get("allow_protected_changes"):
+        if not self.spec.allow_protected_changes:
             touched = await asyncio.to_thread(
                 protection.Protection.of(self.acceptance).changes, repo.path, base, candidate)
             if touched:
@@ -505,12 +476,13 @@ class AttemptRun:
         observation has no age to judge: it is not re-observed before the
         start)."""
         after = self.cls.reobserve_after_s
-        started = self.claim.opening_observation.get("started_at")
-        if self.reobservation is None or not self.cls.reobserve_before_start or not isinstance(started, str):
+        if self.reobservation is None or not self.cls.reobserve_before_start:
             return False
         try:
-            opened = datetime.fromisoformat(started)
-        except ValueError:
+            opened = Observation.load(self.claim.opening_observation).started_at
+        except InvalidDocument:
+            return False
+        if opened is None:
             return False
         if opened.tzinfo is None:
             opened = opened.replace(tzinfo=timezone.utc)
@@ -560,12 +532,28 @@ class AttemptRun:
                       effect=result.effect, observation=result.observation_id, reason=result.reason)
         return "dismissed" if result.effect == "dismissed" else None
 
+    @functools.cached_property
+    def _criteria(self) -> AcceptanceSpec | None:
+        """The campaign's acceptance criteria, loaded once; ``None`` if it
+        has none with commands (a class registered without them)."""
+        try:
+            spec = AcceptanceSpec.stored(self.claim.acceptance_criteria)
+        except ValueError:
+            return None  # not a spec this release reads: the verifier refuses it
+        return spec if spec.commands else None
+
     @property
-    def acceptance(self) -> dict[str, Any]:
+    def spec(self) -> AcceptanceSpec:
         """What the candidate will be judged by: the campaign's acceptance
         criteria (as the verifier reads them), else the class's."""
-        criteria = self.claim.acceptance_criteria
-        return dict(criteria) if criteria.get("commands") else self.cls.acceptance.effective()
+        return self._criteria if self._criteria is not None else self.cls.acceptance
+
+    @property
+    def acceptance(self) -> dict[str, Any]:
+        """``spec`` as it is stored with the bundle (the criteria as the
+        campaign has them, else the class's, resolved)."""
+        return (dict(self.claim.acceptance_criteria) if self._criteria is not None
+                else self.cls.acceptance.effective())
 
     def _inspect(self, result: CommandResult) -> None:
         """What the cell saw the command try, kept for its security events."""
@@ -683,9 +671,9 @@ class AttemptRun:
         except TimeoutError:
             raise Unavailable("could not read the campaign within the lease") from None
         reasons = {v.attempt_id: v.reason for v in detail.verifications if v.status == "rejected"}
-        previous = [{"attempt_no": a.attempt_no, "outcome": a.outcome, "verdict": a.verdict,
-                     "failure_reason": a.failure_reason or reasons.get(a.id),
-                     "fingerprint": a.fingerprint}
+        previous = [PreviousAttempt(attempt_no=a.attempt_no, outcome=a.outcome, verdict=a.verdict,
+                                    failure_reason=a.failure_reason or reasons.get(a.id),
+                                    fingerprint=a.fingerprint)
                     for a in detail.attempts if a.attempt_no != c.attempt_no]
         seen = workspace.seen(self.sandboxed)
         return AttemptContext(  # the attempt protocol (ledger.protocol)
@@ -695,12 +683,12 @@ class AttemptRun:
             # held-out tests are the verifier's alone: not even where they are
             acceptance={k: v for k, v in self.acceptance.items() if k != "held_out"},
             protected=protection.patterns_of(self.acceptance),
-            allow_protected_changes=bool(self.acceptance.get("allow_protected_changes")),
-            commit_message_file=f"{seen['out']}/{MESSAGE_FILE}",
+            allow_protected_changes=self.spec.allow_protected_changes,
+            commit_message_file=f"{seen.out}/{MESSAGE_FILE}",
             base_ref=self.cls.base_ref,
-            base_sha=base, worktree=seen["worktree"], previous_attempts=previous,
-            refused_fingerprints=sorted({a["fingerprint"] for a in previous if a["fingerprint"]
-                                         and (a["outcome"] == "failed" or a["verdict"] == "rejected")}),
+            base_sha=base, worktree=seen.worktree, previous_attempts=previous,
+            refused_fingerprints=sorted({a.fingerprint for a in previous if a.fingerprint
+                                         and (a.outcome == "failed" or a.verdict == "rejected")}),
             sandboxed=self.sandboxed,
             network=self.cls.cell.network if self.sandboxed else "host",
         ).model_dump(mode="json", by_alias=True)
@@ -717,17 +705,17 @@ class AttemptRun:
         class's configuration cannot fill in."""
         c = self.claim
         seen = workspace.seen(self.sandboxed)
-        values = {"campaign_file": seen["campaign_file"], "worktree": seen["worktree"],
+        values = {"campaign_file": seen.campaign_file, "worktree": seen.worktree,
                   "campaign_id": str(c.campaign_id), "attempt_no": str(c.attempt_no)}
         try:
             argv = [arg.format(**values) for arg in self.cls.attempt_command]
         except (KeyError, IndexError, ValueError) as exc:
             raise ConfigError(f"class {self.cls.name}: attempt_command cannot be filled in ({exc!r}; "
                               f"known placeholders: {', '.join(sorted(ATTEMPT_PLACEHOLDERS))})") from None
-        protocol = dict(LEDGER_CAMPAIGN_FILE=seen["campaign_file"], LEDGER_CAMPAIGN_ID=str(c.campaign_id),
-                        LEDGER_ATTEMPT_NO=str(c.attempt_no), LEDGER_WORKTREE=seen["worktree"],
+        protocol = dict(LEDGER_CAMPAIGN_FILE=seen.campaign_file, LEDGER_CAMPAIGN_ID=str(c.campaign_id),
+                        LEDGER_ATTEMPT_NO=str(c.attempt_no), LEDGER_WORKTREE=seen.worktree,
                         LEDGER_OBJECTIVE=c.objective_key,
-                        LEDGER_COMMIT_MESSAGE_FILE=f"{seen['out']}/{MESSAGE_FILE}")
+                        LEDGER_COMMIT_MESSAGE_FILE=f"{seen.out}/{MESSAGE_FILE}")
         await self.journal.event("command.started", {"argv": argv, "sandboxed": self.sandboxed})
         stdin = json.dumps(context, default=str).encode()
         if self.sandboxed:
@@ -735,7 +723,7 @@ class AttemptRun:
             self._command = asyncio.create_task(run_command(
                 argv, "/", timeout_s=self.cls.attempt_timeout_s, tail_bytes=_LOG_TAIL, stdin=stdin,
                 on_output=self._output, redact=self.redactor,
-                cell=cells.CellSpec(self.cls.cell, workspace.bindings(), cwd=seen["worktree"], env=env)))
+                cell=cells.CellSpec(self.cls.cell, workspace.bindings(), cwd=seen.worktree, env=env)))
         else:
             env = {**child_environment(self.cls.attempt_environment), **protocol}
             self._command = asyncio.create_task(run_command(

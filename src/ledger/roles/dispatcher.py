@@ -1,105 +1,65 @@
-"""The outbox dispatcher ("intent before action"; README "What a lease guarantees").
+"""The outbox dispatcher ("intent before action"; README "What a lease guarantees"):
+claims recorded side-effect intents (``git.update_ref``, ``http.request``; their
+documents are ``ledger.db.documents``), carries each out with its precondition,
+reads the target back and records what it saw. A promotion whose target moved
+goes through its merge queue (``ledger.roles.merge_queue``).
 
-A side effect is first committed as an intent (``request_side_effect`` by a
-worker, the promotion ``accept`` writes with the verdict -- or, for a class
-that asks a person first, ``approve`` writes with the approval -- and the
-notice of an approval asked for: docs/approval.md). A dispatcher --
-any number of them, each acting as the ``dispatcher`` role -- claims one due
-intent at a time (``claim_side_effect``: SKIP LOCKED, its own lease), carries it
-out *with its precondition* and reads the target back before it records
-anything (``complete_side_effect``):
-
-``git.update_ref``
-    target = ref, payload = ``{"repository", "new"}``, precondition =
-    ``{"old": sha | null}``. A compare-and-swap (``git update-ref ref new old``);
-    the ref is then read back. When the ref is checked out in a work tree, the
-    work tree and index move with it if they are clean, and nothing moves if
-    they are not (``failed``: the campaign follows ``promote_failed``). A
-    promotion's payload also has ``landing`` (frozen by ``accept``): what
-    lands is then a commit built from the candidate -- its tree byte for byte,
-    its author and message, on the expected old commit, with the trailers
-    ``Ledger-Campaign``, ``Ledger-Attempt`` and ``Ledger-Verdict`` and the
-    class's committer at the verdict's time. It is deterministic, so the
-    read-back of a dispatcher that died after landing it finds it again.
-``http.request``
-    payload = ``{"method", "url", "body"?, "headers"?, "read_back"?: {"url",
-    "expect_status"}}``, sent with ``Idempotency-Key: <the intent's key>``;
-    success is what the read-back GET (or, without one, the response) shows.
-
-Every claim starts by reading the target back: a dispatcher that died between
-the action and the record left the effect in place, and its successor records
-``done`` without acting again. Just before acting, the dispatcher confirms
-(``confirm_side_effect``) that its claim is still its own and that the
-intent's generation is still live -- an intent whose lease holder lost its
-lease is cancelled there, never carried out -- and it never acts once its
-claim's lease has lapsed by its own clock (``ledger.roles.lease``). What remains is
-the moment between that confirmation and the action itself; the
-compare-and-swap (git) and the Idempotency-Key (HTTP) bound what a late
-action can do, and the read-back decides what is recorded. Outcomes: ``done`` (the target shows the effect),
-``conflict`` (the precondition failed: never retried blindly; a promotion
-whose target moved goes through its target's merge queue --
-``ledger.roles.merge_queue``: stacked with the candidates behind it and verified
-as a batch, or, alone, rebased onto it and sent back for verification when
-its change applies cleanly -- and otherwise goes back to ready, its attempt
-given back), ``retry`` (transient: network, 5xx, git lock contention;
-jittered backoff by tries) and ``failed`` (permanent, or out of tries; for a live promotion
-the kernel makes it a wait on a system fault and tries it again after a pause: it
-never sends the verified candidate back to be attempted).
-
-The dispatcher is a periodic service (``ledger.runtime.service.Loop``):
-``run_once`` drains what is due (tests call it directly) and ``run(stop)``
-repeats it, idling on the ``ledger_outbox`` channel of a ``WakeSource`` with the
-poll tick as timeout. It is cheap to embed in any process.
+The design at length: docs/internals.md (``ledger.roles.dispatcher``).
 """
 
 from __future__ import annotations
 
 import asyncio
 import re
-from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import httpx
 
-from ledger.git import bundle as bundles
-from ledger.ops import faults
 from ledger import tracing
-from ledger.git import repository as repositories
-from ledger.errors import StaleLease, Unavailable
+from ledger.backoff import backoff
+from ledger.db.documents import (
+    GitPayload,
+    GitPrecondition,
+    HttpPayload,
+    HttpPrecondition,
+    InvalidDocument,
+    PromotionTarget,
+)
 from ledger.db.hub import WakeSource
-from ledger.identity import process_identity
-from ledger.roles.registry import Registration, held, utcnow
-from ledger.settings import default
 from ledger.db.kernel import Kernel
-from ledger.roles.lease import LeaseClock
-from ledger.logs import get_logger
-from ledger.roles.merge_queue import MergeQueue
-from ledger.runtime.service import Loop
 from ledger.db.models import Campaign, SideEffectClaim
 from ledger.db.reads import Reads
-from ledger.backoff import backoff
-from ledger.git.repository import (
-    LEDGER,
-    GitError,
-    Identity,
-    RefMoved,
-    Repository,
-    SystemFault,
-    WorktreeDirty,
+from ledger.errors import StaleLease, Unavailable
+from ledger.git import bundle as bundles
+from ledger.git import repository as repositories
+from ledger.git.repository import GitError, RefMoved, Repository, SystemFault, WorktreeDirty
+from ledger.identity import process_identity
+from ledger.logs import get_logger
+from ledger.roles.lease import LeaseClock
+from ledger.roles.merge_queue import MergeQueue
+from ledger.roles.promotion import (
+    Dispatched,
+    GoAhead,
+    NotOurs,
+    Outcome,
+    Verdict,
+    done,
+    failed,
+    land,
+    waiting,
 )
+from ledger.runtime import seams
+from ledger.runtime.registry import Registration, held, utcnow
+from ledger.runtime.service import Loop
+from ledger.settings import default
 
 OUTBOX_CHANNEL = "ledger_outbox"
 #: The longest pause between retries of a promotion waiting on a system fault
 #: or on its target.
 WAIT_CAP_S = 300.0
 FAULT_AFTER_ACTION = "dispatcher.after_action"
-
-Outcome = Literal["done", "conflict", "retry", "failed"]
-#: What one dispatch did: an outcome recorded, or a promotion rebased (and
-#: sent back for verification instead of being recorded as a conflict).
-Dispatched = Outcome | Literal["rebased", "batched"]
 KINDS = ("git.update_ref", "http.request")
 
 _SHA = re.compile(r"^(?:[0-9a-f]{40}|[0-9a-f]{64})$")
@@ -108,37 +68,6 @@ _METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE"})
 # the same Idempotency-Key still in flight (IETF idempotency-key draft), 425,
 # 429 and every 5xx.
 _TRANSIENT_STATUSES = frozenset({408, 409, 425, 429})
-
-
-@dataclass(frozen=True)
-class Verdict:
-    """What one dispatch found; becomes one ``complete_side_effect`` call."""
-
-    outcome: Dispatched
-    result: dict[str, Any] = field(default_factory=dict)
-    error: str | None = None
-    #: a lower bound on the retry delay the target asked for (Retry-After)
-    retry_after_s: float | None = None
-
-
-class _NotOurs(Exception):
-    """Do not act and record nothing: the claim is no longer this dispatcher's,
-    or the intent's generation died (and the kernel cancelled it)."""
-
-
-def _done(**result: Any) -> Verdict:
-    return Verdict("done", result)
-
-
-def _failed(error: str, **result: Any) -> Verdict:
-    return Verdict("failed", result, error)
-
-
-def _waiting(error: str, *, on: str = "system_fault", **result: Any) -> Verdict:
-    """A retry for a reason that is not the candidate's (a remote that cannot
-    be reached, a dirty checkout of the target): retried with backoff for as
-    long as it takes, never turned into a failure, and the campaign says why."""
-    return Verdict("retry", {**result, "waiting_on": on}, error)
 
 
 class Dispatcher(Loop):
@@ -170,6 +99,7 @@ class Dispatcher(Loop):
         batch: int = 100,
         http_client: httpx.AsyncClient | None = None,
         data_dir: Path | None = None,
+        pause: seams.Pause | None = None,
     ):
         super().__init__(poll_s, hub=hub)
         if max_tries < 1:
@@ -196,9 +126,10 @@ class Dispatcher(Loop):
         #: promotion target is a plain conflict
         self.data_dir = data_dir
         self._http_client = http_client
+        #: awaited at the seams a drill may stop the process at (FAULT_AFTER_ACTION)
+        self.pause = pause if pause is not None else seams.installed()
         self._stop: asyncio.Event | None = None
-        self._lease = LeaseClock()  # of the claim being dispatched
-        self.queue = MergeQueue(self)
+        self.queue = MergeQueue(kernel, self.reads, self.identity)
         self.log = get_logger(self.name, dispatcher=self.identity)
         #: outcomes recorded by this dispatcher, for logs and tests
         self.recorded: dict[str, int] = {"done": 0, "conflict": 0, "retry": 0, "failed": 0}
@@ -251,28 +182,32 @@ class Dispatcher(Loop):
                             tries=claim.tries)
         lease = LeaseClock()
         lease.confirm(LeaseClock.now() if sent_at is None else sent_at, claim.lease_remaining_s)
-        self._lease = lease
         campaign = await self.reads.campaign(claim.campaign_id)
         return await tracing.traced(
-            "ledger.promotion" if claim.purpose == "promotion" else "ledger.side_effect",
+            tracing.PROMOTION_SPAN if claim.purpose == "promotion" else tracing.SIDE_EFFECT_SPAN,
             self.reads.executor, claim.campaign_id,
             {tracing.CAMPAIGN_CLASS: campaign.class_, tracing.GENERATION: claim.generation,
-             "ledger.side_effect.id": claim.side_effect_id, "ledger.side_effect.kind": claim.kind,
-             "ledger.side_effect.purpose": claim.purpose, "ledger.side_effect.tries": claim.tries,
-             "ledger.roles.dispatcher": self.identity},
+             tracing.SIDE_EFFECT_ID: claim.side_effect_id, tracing.SIDE_EFFECT_KIND: claim.kind,
+             tracing.SIDE_EFFECT_PURPOSE: claim.purpose, tracing.SIDE_EFFECT_TRIES: claim.tries,
+             tracing.DISPATCHER: self.identity},
             self._dispatch(claim, campaign, lease, log), context=campaign.trace_context, known=True)
 
     async def _dispatch(self, claim: SideEffectClaim, campaign: Campaign, lease: LeaseClock,
                         log: Any) -> Dispatched | None:
+        async def go_ahead(needed_s: float) -> None:
+            await self._go_ahead(claim, lease, needed_s=needed_s)
+
         try:
             kind: str = claim.kind  # typed as the known kinds; the guard below is for the rest
             if kind == "git.update_ref":
-                verdict = await self._git(claim, campaign)
+                verdict = await self._git(claim, campaign, go_ahead)
             elif kind == "http.request":
-                verdict = await self._http(claim, campaign)
+                verdict = await self._http(claim, campaign, go_ahead)
             else:  # the schema's CHECK makes this unreachable; say so if it is not
-                verdict = _failed(f"unknown side effect kind {claim.kind!r}")
-        except _NotOurs as exc:
+                verdict = failed(f"unknown side effect kind {claim.kind!r}")
+        except InvalidDocument as exc:
+            verdict = failed(str(exc))
+        except NotOurs as exc:
             log.warning("not carried out: " + str(exc))
             return None
         except Exception as exc:  # noqa: BLE001 -- a bug must not strand the claim
@@ -293,12 +228,12 @@ class Dispatcher(Loop):
         error = verdict.error
         retry_after = 0.0
         if outcome == "retry":
-            if claim.tries >= self.max_tries and not verdict.result.get("waiting_on"):
+            if claim.tries >= self.max_tries and not verdict.waiting_on:
                 outcome, error = "failed", f"gave up after {claim.tries} tries: {error}"
-            elif verdict.result.get("queue_wait_s") is not None:
+            elif verdict.queue_wait_s is not None:
                 # its turn in the merge queue: a verdict or a landing comes first
-                retry_after = float(verdict.result["queue_wait_s"])
-            elif verdict.result.get("waiting_on"):
+                retry_after = verdict.queue_wait_s
+            elif verdict.waiting_on:
                 # Waiting on a fault that is not the candidate's: the pause
                 # grows with the campaign's faults in a row (the kernel does
                 # not count such a retry as a try), up to WAIT_CAP_S.
@@ -309,7 +244,7 @@ class Dispatcher(Loop):
                 retry_after = max(backoff(claim.tries, base_s=self.backoff_base_s,
                                           cap_s=self.backoff_cap_s, jitter=0.2),
                                   min(verdict.retry_after_s or 0.0, self.backoff_cap_s))
-        result = {**verdict.result, "dispatcher": self.identity}
+        result = {**verdict.stored(), "dispatcher": self.identity}
         try:
             await self.kernel.complete_side_effect(claim.side_effect_id, claim.claim_token,
                                                    outcome, result=result, error=error,
@@ -330,107 +265,135 @@ class Dispatcher(Loop):
                already_applied=verdict.result.get("already_applied"))
         return outcome
 
-    async def _go_ahead(self, claim: SideEffectClaim, *, needed_s: float) -> None:
+    async def _go_ahead(self, claim: SideEffectClaim, lease: LeaseClock, *,
+                        needed_s: float) -> None:
         """Just before acting: confirm the claim and the intent's generation
-        (extending the claim's lease), and that enough of the lease is left
-        for the action by this dispatcher's own clock; else ``_NotOurs``."""
-        lease = self._lease
+        (extending the claim's ``lease``), and that enough of the lease is left
+        for the action by this dispatcher's own clock; else ``NotOurs``."""
         if lease.lapsed:
-            raise _NotOurs("the claim's lease lapsed by the dispatcher's own clock")
+            raise NotOurs("the claim's lease lapsed by the dispatcher's own clock")
         sent = LeaseClock.now()
         try:
             renewed = await self.kernel.confirm_side_effect(
                 claim.side_effect_id, claim.claim_token, lease_s=self.lease_s,
                 timeout_s=lease.remaining())
         except StaleLease as exc:
-            raise _NotOurs(exc.message) from exc
+            raise NotOurs(exc.message) from exc
         except Unavailable as exc:
-            raise _NotOurs(f"the claim could not be confirmed: {exc.message}") from exc
+            raise NotOurs(f"the claim could not be confirmed: {exc.message}") from exc
         lease.confirm(sent, renewed.lease_remaining_s)
         if lease.remaining() < needed_s:
-            raise _NotOurs(f"less than {needed_s:g}s of the claim's lease is left to act")
+            raise NotOurs(f"less than {needed_s:g}s of the claim's lease is left to act")
 
     def _gave_up(self, claim: SideEffectClaim) -> Verdict | None:
         # More claims than tries happen only when dispatchers died mid-dispatch
         # (every retry past max_tries is recorded as failed): a poison intent.
         if claim.tries > self.max_tries:
-            return _failed(f"gave up after {claim.tries} claims without a record "
+            return failed(f"gave up after {claim.tries} claims without a record "
                            "(dispatchers died while carrying it out)")
         return None
 
     # --- git.update_ref ----------------------------------------------------------
 
-    async def _git(self, claim: SideEffectClaim, campaign: Campaign) -> Verdict:
-        ref = claim.target
-        location = claim.payload.get("repository")
-        new = str(claim.payload.get("new") or "").lower()
-        if "old" not in claim.precondition:
-            return _failed("a git.update_ref intent needs precondition.old (a sha, or null for "
-                           "'the ref must not exist'); a blind ref update is never made")
-        old_raw = claim.precondition["old"]
-        old = str(old_raw).lower() if old_raw is not None else None
-        if not _SHA.match(new) or (old is not None and not _SHA.match(old)):
-            return _failed(f"payload.new and precondition.old must be full commit ids "
-                           f"(new={claim.payload.get('new')!r}, old={old_raw!r})")
-        if not isinstance(location, str) or not location:
-            return _failed("payload.repository is missing")
-        if claim.purpose != "promotion":
-            # The kernel judged the ref against the worker's authority profile,
-            # but the repository is the worker's choice: it must be the class's.
-            allowed = await self._class_repository(campaign)
-            if location != allowed:
-                return _failed(f"repository {location} is not the repository of class "
-                               f"{campaign.class_} ({allowed or 'none configured'})")
-        remote = "://" in location or location.startswith("git@")
+    async def _git(self, claim: SideEffectClaim, campaign: Campaign, go_ahead: GoAhead) -> Verdict:
+        """A ref's compare-and-swap: check the intent, read the target back,
+        build what lands, then act (or hand a moved target to the queue)."""
+        payload = GitPayload.load(claim.payload, what="payload")
+        precondition = GitPrecondition.of(claim.precondition)
+        refused = await self._refused_git(claim, campaign, payload, precondition)
+        if refused is not None:
+            return refused
+        assert payload.repository is not None
+        new, old = str(payload.new).lower(), precondition.old.lower() if precondition.old else None
+        remote = "://" in payload.repository or payload.repository.startswith("git@")
         if remote and self.data_dir is None:
-            return _waiting(f"{location} is a remote: this dispatcher needs a data dir for its "
-                            "cache of it (a configuration error)")
-        repo = Repository(location, cache_dir=self.data_dir / "repos" if self.data_dir else None)
-        candidate_ref = claim.payload.get("candidate_ref")
-        landing = claim.payload.get("landing") if claim.purpose == "promotion" else None
+            return waiting(f"{payload.repository} is a remote: this dispatcher needs a data dir "
+                           "for its cache of it (a configuration error)")
+        repo = Repository(payload.repository,
+                          cache_dir=self.data_dir / "repos" if self.data_dir else None)
+        landing = payload.landing if claim.purpose == "promotion" else None
         try:
-            # The remote is the truth: read the target there, bring the
-            # candidate (and the target's commit, a landing's parent) here.
-            current = await asyncio.to_thread(repo.remote_ref, ref)
-            fetch = [r for r in (ref if current else None,
-                                 candidate_ref if isinstance(candidate_ref, str) else None) if r]
-            await asyncio.to_thread(repo.fetch, *fetch)
+            current = await self._read_target(repo, claim.target, payload.candidate_ref)
         except GitError as exc:
-            return _waiting(f"cannot read {ref} of {location}: {exc.message}")
+            return waiting(f"cannot read {claim.target} of {payload.repository}: {exc.message}")
         landed: dict[str, Any] = {}
         if landing is not None:
             if not await asyncio.to_thread(repo.has_commit, new):
-                return _waiting(f"commit {new} is not in {location}"
-                                + (f" (fetched {candidate_ref})" if candidate_ref else ""), read_back=current)
+                return waiting(f"commit {new} is not in {payload.repository}"
+                               + (f" (fetched {payload.candidate_ref})" if payload.candidate_ref
+                                  else ""), read_back=current)
             try:
-                new_sha = await asyncio.to_thread(_land, repo, new, old, landing)
-            except (GitError, ValueError, TypeError, KeyError) as exc:
-                return _failed(f"cannot build the commit to land for {new}: {exc}", read_back=current)
+                new_sha = await asyncio.to_thread(land, repo, new, old, landing)
+            except (GitError, ValueError) as exc:
+                return failed(f"cannot build the commit to land for {new}: {exc}", read_back=current)
             landed = {"landed": new_sha, "candidate": new}
             new = new_sha
         # Read back FIRST: a dispatcher that died after acting left the effect.
         if current == new:
-            return _done(read_back=current, already_applied=True, **landed)
+            return done(read_back=current, already_applied=True, **landed)
         if campaign.state == "abandoned":
-            return _failed("campaign abandoned before the intent was carried out", read_back=current)
+            return failed("campaign abandoned before the intent was carried out", read_back=current)
         if current != old:
-            if claim.purpose == "promotion" and current is not None and landing is not None:
-                # in the merge queue: stacked with the candidates behind it, or landed with them
-                queued = await self.queue.moved(claim, campaign, repo, current)
-                if queued is not None:
-                    return queued
-            if claim.purpose == "promotion" and current is not None and old is not None:
-                # the candidate itself, not the commit that would have landed
-                candidate = str(claim.payload.get("new") or "").lower()
-                return await self._rebase(claim, campaign, repo, old, current, candidate)
-            return Verdict("conflict", {"read_back": current, "expected": old},
-                           f"{ref} is at {current or 'nothing'}, not the expected {old or 'nothing'}")
+            return await self._moved(claim, campaign, repo, payload, old, current, go_ahead)
         if (gave_up := self._gave_up(claim)) is not None:
             return gave_up
         if not await asyncio.to_thread(repo.has_commit, new):
-            return _waiting(f"commit {new} is not in {location}", read_back=current)
+            return waiting(f"commit {new} is not in {payload.repository}", read_back=current)
+        return await self._update_ref(repo, claim.target, new, old, go_ahead, landed)
 
-        await self._go_ahead(claim, needed_s=1.0)
+    async def _refused_git(self, claim: SideEffectClaim, campaign: Campaign, payload: GitPayload,
+                           precondition: GitPrecondition) -> Verdict | None:
+        """Why the intent cannot be carried out as written, if it cannot."""
+        if not precondition.given:
+            return failed("a git.update_ref intent needs precondition.old (a sha, or null for "
+                          "'the ref must not exist'); a blind ref update is never made")
+        new, old = (payload.new or "").lower(), precondition.old
+        if not _SHA.match(new) or (old is not None and not _SHA.match(old.lower())):
+            return failed(f"payload.new and precondition.old must be full commit ids "
+                          f"(new={payload.new!r}, old={old!r})")
+        if not payload.repository:
+            return failed("payload.repository is missing")
+        if claim.purpose != "promotion":
+            # The kernel judged the ref against the worker's authority profile,
+            # but the repository is the worker's choice: it must be the class's.
+            allowed = await self._class_repository(campaign)
+            if payload.repository != allowed:
+                return failed(f"repository {payload.repository} is not the repository of class "
+                              f"{campaign.class_} ({allowed or 'none configured'})")
+        return None
+
+    async def _read_target(self, repo: Repository, ref: str, candidate_ref: str | None) -> str | None:
+        """The target as the remote has it now -- the truth -- with the
+        candidate (and the target's commit, a landing's parent) fetched here."""
+        current = await asyncio.to_thread(repo.remote_ref, ref)
+        await asyncio.to_thread(repo.fetch, *[r for r in (ref if current else None, candidate_ref) if r])
+        return current
+
+    async def _moved(self, claim: SideEffectClaim, campaign: Campaign, repo: Repository,
+                     payload: GitPayload, old: str | None, current: str | None,
+                     go_ahead: GoAhead) -> Verdict:
+        """The target is not where the intent expects it: a promotion goes
+        through its target's merge queue, or is rebased alone; anything else
+        is a conflict."""
+        promotion = claim.purpose == "promotion" and current is not None
+        if promotion and payload.landing is not None:
+            assert current is not None
+            # in the merge queue: stacked with the candidates behind it, or landed with them
+            queued = await self.queue.moved(claim, payload.landing, repo, current, go_ahead)
+            if queued is not None:
+                return queued
+        if promotion and old is not None:
+            assert current is not None
+            # the candidate itself, not the commit that would have landed
+            return await self._rebase(claim, campaign, repo, old, current,
+                                      (payload.new or "").lower(), go_ahead)
+        return Verdict("conflict", {"read_back": current, "expected": old},
+                       f"{claim.target} is at {current or 'nothing'}, not the expected {old or 'nothing'}")
+
+    async def _update_ref(self, repo: Repository, ref: str, new: str, old: str | None,
+                          go_ahead: GoAhead, landed: dict[str, Any]) -> Verdict:
+        """The compare-and-swap itself, then the read-back that decides."""
+        await go_ahead(1.0)
         try:
             await asyncio.to_thread(repo.update_ref, ref, new, old)
         except RefMoved as exc:
@@ -442,9 +405,9 @@ class Dispatcher(Loop):
             # overwrite, and no fault of the candidate's. The promotion waits
             # (and is retried) until the checkout is clean; nothing is
             # re-attempted.
-            return _waiting(exc.message, on="target", read_back=current, **landed)
+            return waiting(exc.message, on="target", read_back=old, **landed)
         except SystemFault as exc:
-            return _waiting(exc.message, read_back=current)
+            return waiting(exc.message, read_back=old)
         except GitError as exc:
             # The ref is still at the expected commit (else RefMoved): another
             # writer held its lock. Transient.
@@ -452,20 +415,20 @@ class Dispatcher(Loop):
                            f"git update-ref failed although {ref} is still at {old} "
                            f"(another writer holds its lock): {exc.message}")
         else:
-            await faults.point(FAULT_AFTER_ACTION)
+            await self.pause(FAULT_AFTER_ACTION)
 
         try:
             after = await asyncio.to_thread(repo.remote_ref, ref)
         except GitError as exc:
             # The update is in; the next claim's read-back will see it.
-            return _waiting(f"read-back failed: {exc.message}")
+            return waiting(f"read-back failed: {exc.message}")
         if after != new:
             return Verdict("conflict", {"read_back": after, "expected": new},
                            f"{ref} moved to {after or 'nothing'} right after the update")
-        return _done(read_back=after, previous=old, **landed)
+        return done(read_back=after, previous=old, **landed)
 
     async def _rebase(self, claim: SideEffectClaim, campaign: Campaign, repo: Repository,
-                      base: str, onto: str, candidate: str) -> Verdict:
+                      base: str, onto: str, candidate: str, go_ahead: GoAhead) -> Verdict:
         """The promotion's target moved from ``base`` to ``onto``: replay the
         candidate onto it in the object database (``Repository.replay``),
         publish the result and send it back for verification -- or, when it
@@ -480,7 +443,7 @@ class Dispatcher(Loop):
         try:
             rebased = await asyncio.to_thread(repo.replay, base, onto, candidate)
         except GitError as exc:
-            return _waiting(f"cannot replay the candidate onto {onto}: {exc.message}")
+            return waiting(f"cannot replay the candidate onto {onto}: {exc.message}")
         if rebased is None:
             return Verdict("conflict", moved, f"{claim.target} moved to {onto} and the candidate "
                                               "does not apply onto it cleanly")
@@ -488,7 +451,7 @@ class Dispatcher(Loop):
         try:
             await asyncio.to_thread(repo.publish, ref, rebased)
         except GitError as exc:
-            return _waiting(f"cannot publish the rebased candidate: {exc.message}")
+            return waiting(f"cannot publish the rebased candidate: {exc.message}")
         frozen = bundles.Bundle.model_validate({
             **accepted.bundle, "attempt_no": attempt_no,
             "generation": claim.generation + 1, "worker": self.identity, "base_sha": onto,
@@ -496,8 +459,8 @@ class Dispatcher(Loop):
         try:
             diff = await asyncio.to_thread(repositories.diff, repo.path, onto, rebased)
         except GitError as exc:
-            return _waiting(f"cannot take the rebased candidate's diff: {exc.message}")
-        await self._go_ahead(claim, needed_s=1.0)
+            return waiting(f"cannot take the rebased candidate's diff: {exc.message}")
+        await go_ahead(1.0)
         await self.kernel.rebase_promotion(
             claim.side_effect_id, claim.claim_token, base_sha=onto, candidate_sha=rebased,
             bundle=frozen.model_dump(mode="json", by_alias=True),
@@ -505,36 +468,38 @@ class Dispatcher(Loop):
         return Verdict("rebased", {"onto": onto, "candidate": rebased, "attempt_no": attempt_no})
 
     async def _class_repository(self, campaign: Campaign) -> str | None:
-        repository = (await self.reads.campaign_class(campaign.class_)).promotion.get("repository")
-        return repository if isinstance(repository, str) else None
+        promotion = (await self.reads.campaign_class(campaign.class_)).promotion
+        return PromotionTarget.load(promotion, what="promotion").repository
 
     # --- http.request ------------------------------------------------------------
 
-    async def _http(self, claim: SideEffectClaim, campaign: Campaign) -> Verdict:
-        payload = claim.payload
-        method = str(payload.get("method") or "").upper()
+    async def _http(self, claim: SideEffectClaim, campaign: Campaign, go_ahead: GoAhead) -> Verdict:
+        if not isinstance(claim.payload.get("read_back"), (dict, type(None))):
+            return failed("payload.read_back must be an object {url, expect_status}")
+        payload = HttpPayload.load(claim.payload, what="payload")
+        precondition = HttpPrecondition.load(claim.precondition, what="precondition")
+        method = payload.method.upper()
         if method not in _METHODS:
-            return _failed(f"payload.method must be one of {', '.join(sorted(_METHODS))}")
-        url = payload.get("url") or claim.target
-        read_back = payload.get("read_back")
-        if read_back is not None and not isinstance(read_back, dict):
-            return _failed("payload.read_back must be an object {url, expect_status}")
-        check_url = (read_back or {}).get("url") or url
-        expect_status = int((read_back or {}).get("expect_status", 200))
+            return failed(f"payload.method must be one of {', '.join(sorted(_METHODS))}")
+        url = payload.url or claim.target
+        read_back = payload.read_back
+        check_url = (read_back.url if read_back else None) or url
+        expect_status = read_back.expect_status if read_back else 200
         # The kernel judged `target` against the authority profile; whatever we
         # contact must be on the same origin, or a worker could point the
         # payload anywhere.
         origin = _origin(claim.target)
         for candidate in (url, check_url):
             if origin is None or _origin(candidate) != origin:
-                return _failed(f"{candidate} is not on the origin of the authorised target "
-                               f"{claim.target} (http or https only)")
-        headers = httpx.Headers(payload.get("headers") or {})
+                return failed(f"{candidate} is not on the origin of the authorised target "
+                              f"{claim.target} (http or https only)")
+        headers = httpx.Headers(payload.headers)
         headers["Idempotency-Key"] = claim.idempotency_key  # never the payload's own
-        for key, header in (("if_match", "If-Match"), ("if_none_match", "If-None-Match")):
-            if claim.precondition.get(key) is not None:
-                headers[header] = str(claim.precondition[key])
-        body = payload.get("body")
+        for value, header in ((precondition.if_match, "If-Match"),
+                              (precondition.if_none_match, "If-None-Match")):
+            if value is not None:
+                headers[header] = str(value)
+        body = payload.body
         content = body.encode() if isinstance(body, str) else None
         json_body = body if body is not None and not isinstance(body, str) else None
 
@@ -546,18 +511,18 @@ class Dispatcher(Loop):
                 except httpx.HTTPError as exc:
                     return Verdict("retry", error=f"read-back GET {check_url}: {_describe(exc)}")
                 if seen == expect_status:
-                    return _done(read_back={"url": check_url, "status": seen}, already_applied=True)
+                    return done(read_back={"url": check_url, "status": seen}, already_applied=True)
             if campaign.state == "abandoned":
-                return _failed("campaign abandoned before the intent was carried out")
+                return failed("campaign abandoned before the intent was carried out")
             if (gave_up := self._gave_up(claim)) is not None:
                 return gave_up
-            await self._go_ahead(claim, needed_s=2 * self.http_timeout_s)
+            await go_ahead(2 * self.http_timeout_s)
             try:
                 response = await client.request(method, url, headers=headers, content=content,
                                                 json=json_body)
             except httpx.HTTPError as exc:
                 return Verdict("retry", error=f"{method} {url}: {_describe(exc)}")
-            await faults.point(FAULT_AFTER_ACTION)
+            await self.pause(FAULT_AFTER_ACTION)
 
             status = response.status_code
             result: dict[str, Any] = {"status": status}
@@ -567,9 +532,9 @@ class Dispatcher(Loop):
             if status == 412:
                 return Verdict("conflict", result, f"{method} {url}: precondition failed (412)")
             if not 200 <= status < 300:
-                return _failed(f"{method} {url} answered {status}: {response.text[:300]}", **result)
+                return failed(f"{method} {url} answered {status}: {response.text[:300]}", **result)
             if read_back is None:
-                return _done(**result)  # no read-back configured: the answer is all we see
+                return done(**result)  # no read-back configured: the answer is all we see
             try:
                 seen = (await client.get(check_url)).status_code
             except httpx.HTTPError as exc:
@@ -580,37 +545,13 @@ class Dispatcher(Loop):
                 # and resends with the same key only if it still does not show.
                 return Verdict("retry", result, f"read-back GET {check_url} answered {seen}, "
                                                 f"not {expect_status}")
-            return _done(**result)
+            return done(**result)
 
     def _client(self) -> httpx.AsyncClient | _Borrowed:
         if self._http_client is not None:
             return _Borrowed(self._http_client)
         # Redirects are not followed: they could leave the authorised origin.
         return httpx.AsyncClient(timeout=self.http_timeout_s, follow_redirects=False)
-
-
-def _land(repo: Repository, candidate: str, old: str | None, landing: dict[str, Any]) -> str:
-    """The commit a promotion lands: ``candidate``'s tree on ``old`` with
-    Ledger's trailers, committed as the class's committer at the verdict."""
-    # One Ledger-Verdict per verifier of the class's quorum, in its order.
-    verdicts = landing.get("verdicts") or [landing]
-    trailers = [("Ledger-Campaign", str(int(landing["campaign_id"]))),
-                ("Ledger-Attempt", str(int(landing["attempt_no"])))]
-    for each in verdicts:
-        verdict = f"accepted by {each['verifier']}"
-        if len(verdicts) > 1 and each.get("kind"):
-            verdict += f" [{each['kind']}]"
-        if each.get("model_family") not in (None, "", "none"):
-            verdict += f" (model family {each['model_family']})"
-        if each.get("summary"):
-            verdict += f": {each['summary']}"
-        trailers.append(("Ledger-Verdict", verdict))
-    committer = landing.get("committer") or {}
-    return repo.land(
-        candidate, old,
-        trailers=trailers,
-        committer=Identity(committer["name"], committer["email"]) if committer else LEDGER,
-        committed_at=int(landing["verified_at"]))
 
 
 class _Borrowed:

@@ -22,13 +22,13 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
-from ledger.roles.attempt import sweep_orphans
 from ledger.config import CampaignClassConfig, LedgerConfig
-from ledger.errors import NotFound
-from ledger.db.reads import Reads
-from ledger.runtime.service import Loop
 from ledger.db.models import Campaign
+from ledger.db.reads import Reads
+from ledger.errors import NotFound
 from ledger.git.repository import GitError, Repository
+from ledger.roles.attempt import sweep_orphans
+from ledger.runtime.service import Loop
 
 
 @dataclass

@@ -22,8 +22,8 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
-from ledger.errors import LedgerError, StaleLease, Unavailable
 from ledger.db.kernel import Kernel
+from ledger.errors import LedgerError, StaleLease, Unavailable
 from ledger.sandbox.processes import storable
 
 #: Largest output payload in one journal row; longer flushes are split. Large

@@ -1,30 +1,7 @@
 """Self-fencing by the holder's own clock (README "What a lease guarantees" and
 "When the database restarts, or the network goes quiet").
 
-The database judges every lease: a write from a holder whose
-``lease_expires_at`` has passed is refused, whoever else is running. But a
-holder that cannot reach the database (a silent path, a paused server) cannot
-learn that its lease lapsed, and would keep working -- an attempt command
-editing towards an objective that another worker has meanwhile claimed.
-So each holder also keeps a *local* deadline and stops on its own when it
-cannot confirm the lease before it.
-
-How the local deadline is derived, and why it is never later than the
-database's expiry: a renewal answers with the lease's remaining length ``L``
-measured by the database's clock at the statement, and that statement ran
-after the holder sent it. So the lease lasts at least until
-``sent + L`` in real time, where ``sent`` is the local monotonic time just
-before sending. The local clock may run at a slightly different rate from the
-database's (``DRIFT``, 1,000 ppm, ten times what ordinary quartz clocks and
-NTP-disciplined clocks show), and stopping takes a moment, so the holder stops
-at ``sent + L * (1 - DRIFT) - margin(L)``. The margin is 15 % of the lease,
-at most 5 s (9 s of slack out of a 60 s lease: 5 s of margin, 4 s of a
-heartbeat interval that may be late).
-
-The local clock only ever makes a holder stop *early*. It never makes a write
-acceptable: the database's clock still decides that. (A database server whose
-wall clock is stepped forward expires leases early by its own judgement; the
-fence holds, and the holder learns it at its next heartbeat.)
+The design at length: docs/internals.md (``ledger.roles.lease``).
 """
 
 from __future__ import annotations

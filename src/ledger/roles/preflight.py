@@ -30,9 +30,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from ledger.git import hardened_git
 from ledger.config import LedgerConfig
 from ledger.errors import ConfigError
+from ledger.git import hardened_git
 from ledger.git.repository import _is_local, _upload_pack
 from ledger.roles.sensors import observed_ref
 

@@ -10,9 +10,9 @@ process a moment ago, is left alone.
 
 from __future__ import annotations
 
-from ledger.identity import process_identity
 from ledger.db.kernel import Kernel
-from ledger.roles.registry import Registration
+from ledger.identity import process_identity
+from ledger.runtime.registry import Registration
 from ledger.runtime.service import Loop
 
 

@@ -1,36 +1,6 @@
 """Sensors: scheduled observations of targets (``ledger sensor run``).
 
-APScheduler's triggers do the calendar arithmetic (interval or cron); ticks
-are the trigger's fire times, aligned to the epoch, so every process on the
-same schedule computes the same ticks. Before running a check, a process claims
-its tick in the database (``claim_sensor_tick``): two sensor processes never
-both observe one tick. The first run of a sensor registers it
-(``register_sensor``); at every start it looks back: if the latest due tick
-since its registration was missed (nobody was running), it observes it once --
-missed runs are coalesced, never replayed in a burst, and a new sensor's first
-tick is the next one. Each observation is one kernel call
-(``record_observation``) that opens, regresses, confirms or dismisses.
-
-An observation has one of three outcomes (docs/sensors.md): green, red, or
-error -- the check's own failure (an exit code the sensor does not declare in
-``red_exit_codes``, a timeout, a kill, a checkout or a cell that could not be
-made, a pytest run the judge cannot trust; for a URL, a connection failure, a
-timeout or an undeclared 5xx). An error is recorded with its evidence and
-moves no campaign. ``open_after`` and ``confirm_after`` ask for that many reds
-(greens) in a row before one opens (closes) anything; the database counts
-them (``record_observation``).
-
-A command check runs like every command Ledger does not trust
-(``ledger.sandbox.processes``): its own process group, killed at the timeout, and an
-allow-listed environment (plus the sensor's ``environment`` extras), since
-after a promotion it runs code an agent wrote. A pytest command runs by the
-fixed judge, as the verifier's (``verifiers.judge``), and reports which tests
-failed and which passed (``details["tests"]``): when the observation opens a
-campaign, that is the baseline its candidates are held to (see
-``verifiers.pytest_report``); after a promotion, a green observation confirms
-only if the tests that failed at opening are among the passed ones
-(``record_observation``). A wrapper that writes a JUnit report to
-``$LEDGER_JUNIT_XML`` still reports failures (a baseline) but cannot confirm.
+The design at length: docs/internals.md (``ledger.roles.sensors``).
 """
 
 from __future__ import annotations
@@ -50,20 +20,27 @@ from apscheduler.triggers.base import BaseTrigger
 from apscheduler.triggers.cron import CronTrigger
 from apscheduler.triggers.interval import IntervalTrigger
 
-from verifiers.judge import Judge, JudgeSettings, files_of, read_stream, remove_bytecode
-from verifiers.pytest_report import PYTEST_EXIT_MEANING, pytest_command, read_report
-
-from ledger.sandbox import cell as cells
-from ledger.sandbox import guise as guises
 from ledger import tracing
 from ledger.config import CampaignClassConfig, LedgerConfig, SensorConfig
-from ledger.errors import ConfigError, LedgerError
+from ledger.db.documents import ObservationDetails
 from ledger.db.kernel import Kernel
-from ledger.logs import get_logger
 from ledger.db.models import ObservationRecorded
-from ledger.sandbox.processes import cell_environment, child_environment, run_command
-from ledger.roles.registry import Registration, held, utcnow
+from ledger.errors import ConfigError, LedgerError
 from ledger.git.repository import GitError, Repository
+from ledger.logs import get_logger
+from ledger.runtime.registry import Registration, held, utcnow
+from ledger.sandbox import cell as cells
+from ledger.sandbox import guise as guises
+from ledger.sandbox.processes import CommandResult, cell_environment, child_environment, run_command
+from ledger.verifiers.judge import (
+    Judge,
+    Judged,
+    JudgeSettings,
+    files_of,
+    read_stream,
+    remove_bytecode,
+)
+from ledger.verifiers.pytest_report import PYTEST_EXIT_MEANING, Report, pytest_command, read_report
 
 EPOCH = datetime(2000, 1, 1, tzinfo=timezone.utc)
 _OUTPUT_LIMIT = 8 * 1024
@@ -108,15 +85,17 @@ OUTCOMES = ("green", "red", "error")
 class Reading:
     """What a check saw."""
 
-    status: str  # green, red or error (details["error"] says why)
+    status: str  # green, red or error (details.error says why)
     started_at: datetime
     finished_at: datetime
+    #: what it saw, as the observation stores it (``ObservationDetails.stored``)
     details: dict[str, Any]
 
     @property
     def error(self) -> str | None:
         """Why the check could not tell (an error reading), else ``None``."""
-        return str(self.details.get("error") or "the check failed") if self.status == "error" else None
+        said = ObservationDetails.load(self.details).error
+        return (said or "the check failed") if self.status == "error" else None
 
 
 async def check(sensor: SensorConfig, *, repository: str | None = None, ref: str | None = None,
@@ -128,7 +107,7 @@ async def check(sensor: SensorConfig, *, repository: str | None = None, ref: str
     from the remote for a URL. A pytest command runs by the fixed judge
     (``judge``: its class's ``acceptance.pytest``), as the verifier's do:
     green needs exit 0 *and* a complete, consistent report from the judge,
-    and ``details["tests"]`` is what the judge saw."""
+    and ``details.tests`` is what the judge saw."""
     started = datetime.now(timezone.utc)
     t0 = time.monotonic()
     if sensor.command is not None:
@@ -137,13 +116,13 @@ async def check(sensor: SensorConfig, *, repository: str | None = None, ref: str
     else:
         details = await _probe(sensor)
         status = http_outcome(sensor, details)
-    details["duration_s"] = round(time.monotonic() - t0, 3)
-    return Reading(status, started, datetime.now(timezone.utc), details)
+    details.duration_s = round(time.monotonic() - t0, 3)
+    return Reading(status, started, datetime.now(timezone.utc), details.stored())
 
 
-def command_outcome(sensor: SensorConfig, details: dict[str, Any]) -> str:
+def command_outcome(sensor: SensorConfig, details: ObservationDetails) -> str:
     """green, red or error for a command check's ``details`` (an error's
-    reason goes to ``details["error"]``).
+    reason goes to ``details.error``).
 
     Exit 0 is green and an exit code of ``red_exit_codes`` red; anything
     else is the check's own failure: another exit code (2 of a check that
@@ -156,37 +135,35 @@ def command_outcome(sensor: SensorConfig, details: dict[str, Any]) -> str:
     the tree got in its way); an error for pytest's own codes (2 interrupted,
     3 internal error, 4 usage error, 5 no tests collected) and a judge that
     never started."""
-    if details.get("error"):
+    if details.error:
         return "error"
-    code = details.get("exit_code")
-    tests = details.get("tests")
-    judged = isinstance(tests, dict) and "judged" in tests
-    if judged:
-        assert isinstance(tests, dict)
-        if tests["judged"] is not True:
+    code = details.exit_code
+    tests = details.report()
+    if tests is not None and tests.judged is not None:
+        if tests.judged is not True:
             if code == 0 or code in sensor.red_exit_codes:
                 # pytest ran and reported, but not as the judge saw it: code
                 # of the observed tree (a plugin, an exit at import) got in
                 # the way -- the target's doing, so red, never green
                 return "red"
-            problems = "; ".join(str(p) for p in tests.get("problems", [])[:3])
-            details["error"] = (f"pytest exited {code} and the judge cannot trust the run"
+            problems = "; ".join(str(p) for p in tests.problems[:3])
+            details.error = (f"pytest exited {code} and the judge cannot trust the run"
                                 + (f": {problems}" if problems else ""))
             return "error"
         if code == 0:
             return "green"
-        collection_errors = [t for t in tests.get("failed", []) if "::" not in str(t)]
+        collection_errors = [t for t in tests.failed if "::" not in t]
         if code in sensor.red_exit_codes or (code == 2 and collection_errors):
             return "red"
         meaning = PYTEST_EXIT_MEANING.get(code) if isinstance(code, int) else None
-        details["error"] = (f"pytest exited {code}" + (f" ({meaning})" if meaning else "")
+        details.error = (f"pytest exited {code}" + (f" ({meaning})" if meaning else "")
                             + ": a run that says nothing of the tests' outcome")
         return "error"
     if code == 0:
         return "green"
     if code in sensor.red_exit_codes:
         return "red"
-    details["error"] = describe_exit(code, sensor.red_exit_codes, str(details.get("output", "")))
+    details.error = describe_exit(code, sensor.red_exit_codes, details.output or "")
     return "error"
 
 
@@ -216,148 +193,181 @@ def describe_exit(code: int | None, red: Sequence[int], output: str = "") -> str
     return said + (f": {lines[-1][:300]}" if lines else "")
 
 
-def http_outcome(sensor: SensorConfig, details: dict[str, Any]) -> str:
+def http_outcome(sensor: SensorConfig, details: ObservationDetails) -> str:
     """green, red or error for an HTTP probe's ``details``: ``expect_status``
     is green; a status of ``red_statuses`` red (by default any other status
     below 500); a connection failure, a timeout, a 5xx not declared red and
     any other status an error."""
-    if details.get("error"):
+    if details.error:
         return "error"
-    code = details.get("status_code")
+    code = details.status_code
     if code == sensor.expect_status:
         return "green"
     red = sensor.red_statuses
     if (code in red) if red is not None else (isinstance(code, int) and code < 500):
         return "red"
     if isinstance(code, int) and code >= 500 and (red is None or code not in red):
-        details["error"] = (f"the server answered {code}: its own failure, not a verdict on the "
+        details.error = (f"the server answered {code}: its own failure, not a verdict on the "
                             "target (declare it in red_statuses to count it red)")
     else:
-        details["error"] = (f"HTTP {code} is neither expect_status ({sensor.expect_status}) nor "
+        details.error = (f"HTTP {code} is neither expect_status ({sensor.expect_status}) nor "
                             "one of red_statuses")
     return "error"
 
 
 async def _run_command(sensor: SensorConfig, repository: str | None, ref: str | None,
-                       cache_dir: Path | None, settings: JudgeSettings) -> dict[str, Any]:
+                       cache_dir: Path | None, settings: JudgeSettings) -> ObservationDetails:
+    """Run a command check: in a fresh export of ``ref`` (when it observes
+    a repository), by the judge (a pytest command), in its cell (unless the
+    sensor opts out); what it saw."""
     assert sensor.command is not None
-    details: dict[str, Any] = {"command": sensor.command}
-    sandboxed = sensor.cell.sandbox
+    details = ObservationDetails(command=sensor.command)
     # A face of the sensor family's for the cell (none of the verifier's
     # runs looks like it), in a directory whose name says nothing.
     uids, names = cells.taken_accounts()
     guise = guises.draw("sensor", guises.project_name(repository), taken_uids=uids, taken_names=names) \
-        if sandboxed else None
+        if sensor.cell.sandbox else None
     with tempfile.TemporaryDirectory() as scratch:
         work, out = Path(scratch) / "work", Path(scratch) / "out"
         out.mkdir()
-        if repository is not None and ref is not None:
-            repo = Repository(repository, cache_dir=cache_dir)
-            try:
-                sha = await asyncio.to_thread(repo.resolve, ref)
-                await asyncio.to_thread(repo.export_tree, sha, work)
-            except GitError as exc:
-                details["error"] = f"cannot check out {ref} of {repository}: {exc.message}"
-                details["system_fault"] = True
-                return details
-            details.update(ref=ref, sha=sha)
-        else:
-            work.mkdir()
-        seen_work = guise.checkout if guise is not None else str(work)
-        seen_out = guise.outputs if guise is not None else str(out)
-        report = Path(seen_out) / "junit.xml"
-        pytest = pytest_command(sensor.command)
-        cwd = Path(sensor.cwd) if sensor.cwd and not sandboxed else work
-        judge: Judge | None = None
-        prepared = None
-        extras = list(sensor.environment)
-        argv = list(sensor.command)
-        if pytest is not None:
-            # the same fixed judge as the verifier's, on the observed tree's own
-            # configuration (what landed there passed the judge)
-            if cwd == work:
-                remove_bytecode(work)  # only an export of ours, never a directory of the user's
-            judge = Judge(settings, files_of(cwd), sandboxed=sandboxed)
-            prepared = judge.prepare(judge.interpreter(pytest), pytest[3:],
-                                     seen_work if sandboxed else str(cwd),
-                                     seen_root=guise.scratch if guise is not None else None)
-            argv = prepared.argv
-            extras = Judge.environment(extras)
-        try:
-            if sandboxed:
-                try:
-                    await asyncio.to_thread(cells.check_available)
-                except cells.SandboxUnavailable as exc:
-                    details["error"] = f"{exc.message} ({exc.hint})"
-                    details["system_fault"] = True
-                    return details
-                assert guise is not None
-                # A judged run is told nothing of Ledger's (no LEDGER_JUNIT_XML:
-                # it is for a wrapper's report, and the judge reads none)
-                env = cell_environment(extras) if judge is not None else \
-                    {**cell_environment(extras), JUNIT_VARIABLE: str(report)}
-                bindings = [cells.Binding(work, seen_work, writable=True),
-                            cells.Binding(out, seen_out, writable=True)]
-                policy = sensor.cell
-                if judge is not None:
-                    bindings.append(cells.Binding(judge.root, guise.scratch, writable=False))
-                    if judge.read_only():
-                        policy = policy.model_copy(update={"read_only": [*policy.read_only,
-                                                                          *judge.read_only()]})
-                spec = cells.CellSpec(policy, tuple(bindings), cwd=seen_work, env=env, guise=guise)
-                result = await run_command(argv, "/", timeout_s=sensor.timeout_s, tail_bytes=_OUTPUT_LIMIT,
-                                           cell=spec)
-            else:
-                env = {**child_environment(extras), JUNIT_VARIABLE: str(report)}
-                result = await run_command(argv, cwd, timeout_s=sensor.timeout_s, env=env,
-                                           tail_bytes=_OUTPUT_LIMIT)
-            judged = None
-            if prepared is not None:
-                raw = prepared.channel.close()
-                judged = read_stream(raw, connected=prepared.channel.connected,
-                                     overflow=prepared.channel.overflow, exit_code=result.exit_code,
-                                     wall_s=result.duration_s)
-        finally:
-            if prepared is not None:
-                prepared.channel.close(0.1)
-            if judge is not None:
-                judge.close()
+        if not await _checked_out(details, repository, ref, cache_dir, work):
+            return details
+        ran = await _run_check(sensor, settings, details, guise, work, out)
+        if ran is None:
+            return details
+        result, judged = ran
         # Only a wrapper's report is read from the outputs (it can open a
         # campaign, never confirm one: it has no judged passed ids).
-        tests = read_report(out / "junit.xml") if pytest is None else None
-    if result.error:
-        details["error"] = f"cannot start: {result.error}"
-    elif result.timed_out:
-        details["error"] = f"timed out after {sensor.timeout_s:g}s"
-    else:
-        details.update(exit_code=result.exit_code, output=result.output)
-    if result.leftovers:
-        details["leftovers"] = list(result.leftovers)
-    details["sandboxed"] = result.sandboxed
-    if result.limits:  # how its cell was limited (cgroup2, cgroup1 or rlimits), what it used
-        details["limits"] = result.limits
-    if judged is not None:
-        if judged.connected or result.exit_code == 0:
-            details["tests"] = judged.summary()
-        if not judged.connected and not result.timed_out and result.exit_code not in (None, 0):
-            details["error"] = "the judge did not start: " + result.output[-300:]
-            details["system_fault"] = True
-    elif tests is not None:
-        details["tests"] = tests.summary()
+        tests = read_report(out / "junit.xml") if pytest_command(sensor.command) is None else None
+    _record_run(details, sensor, result, judged, tests)
     return details
 
 
-async def _probe(sensor: SensorConfig) -> dict[str, Any]:
+async def _checked_out(details: ObservationDetails, repository: str | None, ref: str | None,
+                       cache_dir: Path | None, work: Path) -> bool:
+    """Export ``ref`` of ``repository`` to ``work`` (an empty ``work`` for a
+    check that observes none); ``False`` (the error said) if it cannot be."""
+    if repository is None or ref is None:
+        work.mkdir()
+        return True
+    repo = Repository(repository, cache_dir=cache_dir)
+    try:
+        sha = await asyncio.to_thread(repo.resolve, ref)
+        await asyncio.to_thread(repo.export_tree, sha, work)
+    except GitError as exc:
+        details.error = f"cannot check out {ref} of {repository}: {exc.message}"
+        details.system_fault = True
+        return False
+    details.ref, details.sha = ref, sha
+    return True
+
+
+async def _run_check(sensor: SensorConfig, settings: JudgeSettings, details: ObservationDetails,
+                     guise: guises.Guise | None, work: Path, out: Path
+                     ) -> tuple[CommandResult, Judged | None] | None:
+    """Run the check's command (by the judge, for pytest) in its cell or
+    not: its result and what the judge saw; ``None`` (the error said) when
+    its cell cannot be had."""
+    assert sensor.command is not None
+    sandboxed = sensor.cell.sandbox
+    seen_work = guise.checkout if guise is not None else str(work)
+    seen_out = guise.outputs if guise is not None else str(out)
+    report = Path(seen_out) / "junit.xml"
+    pytest = pytest_command(sensor.command)
+    cwd = Path(sensor.cwd) if sensor.cwd and not sandboxed else work
+    judge: Judge | None = None
+    prepared = None
+    extras = list(sensor.environment)
+    argv = list(sensor.command)
+    if pytest is not None:
+        # the same fixed judge as the verifier's, on the observed tree's own
+        # configuration (what landed there passed the judge)
+        if cwd == work:
+            remove_bytecode(work)  # only an export of ours, never a directory of the user's
+        judge = Judge(settings, files_of(cwd), sandboxed=sandboxed)
+        prepared = judge.prepare(judge.interpreter(pytest), pytest[3:],
+                                 seen_work if sandboxed else str(cwd),
+                                 seen_root=guise.scratch if guise is not None else None)
+        argv = prepared.argv
+        extras = Judge.environment(extras)
+    try:
+        if sandboxed:
+            try:
+                await asyncio.to_thread(cells.check_available)
+            except cells.SandboxUnavailable as exc:
+                details.error = f"{exc.message} ({exc.hint})"
+                details.system_fault = True
+                return None
+            assert guise is not None
+            # A judged run is told nothing of Ledger's (no LEDGER_JUNIT_XML:
+            # it is for a wrapper's report, and the judge reads none)
+            env = cell_environment(extras) if judge is not None else \
+                {**cell_environment(extras), JUNIT_VARIABLE: str(report)}
+            bindings = [cells.Binding(work, seen_work, writable=True),
+                        cells.Binding(out, seen_out, writable=True)]
+            policy = sensor.cell
+            if judge is not None:
+                bindings.append(cells.Binding(judge.root, guise.scratch, writable=False))
+                if judge.read_only():
+                    policy = policy.model_copy(update={"read_only": [*policy.read_only,
+                                                                      *judge.read_only()]})
+            spec = cells.CellSpec(policy, tuple(bindings), cwd=seen_work, env=env, guise=guise)
+            result = await run_command(argv, "/", timeout_s=sensor.timeout_s, tail_bytes=_OUTPUT_LIMIT,
+                                       cell=spec)
+        else:
+            env = {**child_environment(extras), JUNIT_VARIABLE: str(report)}
+            result = await run_command(argv, cwd, timeout_s=sensor.timeout_s, env=env,
+                                       tail_bytes=_OUTPUT_LIMIT)
+        judged = None
+        if prepared is not None:
+            raw = prepared.channel.close()
+            judged = read_stream(raw, connected=prepared.channel.connected,
+                                 overflow=prepared.channel.overflow, exit_code=result.exit_code,
+                                 wall_s=result.duration_s)
+    finally:
+        if prepared is not None:
+            prepared.channel.close(0.1)
+        if judge is not None:
+            judge.close()
+    return result, judged
+
+
+def _record_run(details: ObservationDetails, sensor: SensorConfig, result: CommandResult,
+                judged: Judged | None, tests: Report | None) -> None:
+    """What the run says, into ``details``."""
+    if result.error:
+        details.error = f"cannot start: {result.error}"
+    elif result.timed_out:
+        details.error = f"timed out after {sensor.timeout_s:g}s"
+    else:
+        details.exit_code, details.output = result.exit_code, result.output
+    if result.leftovers:
+        details.leftovers = list(result.leftovers)
+    details.sandboxed = result.sandboxed
+    if result.limits:  # how its cell was limited (cgroup2, cgroup1 or rlimits), what it used
+        details.limits = result.limits
+    if judged is not None:
+        if judged.connected or result.exit_code == 0:
+            details.tests = judged.summary()
+        if not judged.connected and not result.timed_out and result.exit_code not in (None, 0):
+            details.error = "the judge did not start: " + result.output[-300:]
+            details.system_fault = True
+    elif tests is not None:
+        details.tests = tests.summary()
+
+
+async def _probe(sensor: SensorConfig) -> ObservationDetails:
     try:
         async with httpx.AsyncClient(timeout=sensor.timeout_s) as client:
             response = await client.get(sensor.url)  # type: ignore[arg-type]
-        return {"url": sensor.url, "status_code": response.status_code,
-                "body": response.text[:_OUTPUT_LIMIT]}
+        return ObservationDetails(url=sensor.url, status_code=response.status_code,
+                                  body=response.text[:_OUTPUT_LIMIT])
     except httpx.TimeoutException as exc:
-        return {"url": sensor.url, "error": f"no answer within {sensor.timeout_s:g}s "
-                                            f"({str(exc) or type(exc).__name__})"}
+        return ObservationDetails(url=sensor.url, error=f"no answer within {sensor.timeout_s:g}s "
+                                                        f"({str(exc) or type(exc).__name__})")
     except httpx.HTTPError as exc:
-        return {"url": sensor.url, "error": f"cannot reach {sensor.url}: {str(exc) or type(exc).__name__}"}
+        return ObservationDetails(url=sensor.url, error=f"cannot reach {sensor.url}: "
+                                                        f"{str(exc) or type(exc).__name__}")
 
 
 def observed_ref(sensor: SensorConfig, cls: CampaignClassConfig | None) -> tuple[str, str] | None:
@@ -410,7 +420,7 @@ class Sensor:
         c = self.config
         result = await tracing.observation(
             self.kernel.executor, c.objective_key(), reading.status,
-            {tracing.CAMPAIGN_CLASS: c.campaign_class, "ledger.sensor": c.name},
+            {tracing.CAMPAIGN_CLASS: c.campaign_class, tracing.SENSOR: c.name},
             lambda context: self.kernel.record_observation(
                 c.name, c.objective_key(), c.target, reading.status,
                 reading.started_at, finished_at=reading.finished_at, details=reading.details,

@@ -17,18 +17,18 @@ from dataclasses import dataclass
 
 from ledger.config import LedgerConfig
 from ledger.db.database import Database
-from ledger.roles.dispatcher import Dispatcher
-from ledger.errors import ConfigError
 from ledger.db.hub import WakeSource
-from ledger.identity import process_identity
 from ledger.db.kernel import Kernel
+from ledger.errors import ConfigError
+from ledger.identity import process_identity
+from ledger.roles.dispatcher import Dispatcher
 from ledger.roles.reaper import Reaper
-from ledger.runtime.service import Service
 from ledger.roles.sensors import Sensors
-from ledger.settings import default
 from ledger.roles.trimmer import TRIM_INTERVAL_S, Trimmer
 from ledger.roles.verifier import Verifier
 from ledger.roles.worker import Worker, WorkerOptions
+from ledger.runtime.service import Service
+from ledger.settings import default
 
 
 @dataclass

@@ -1,46 +1,7 @@
 """The independent verifier (README "What a candidate is judged by"): claims attempted campaigns, checks
 each candidate on a fresh export of its tree, records a verdict.
 
-Independence comes from four places, none of them this module's good manners:
-the process acts as the ``verifier`` database role (a worker cannot record a
-verdict, a verifier cannot claim a campaign); the kernel never hands a verifier
-a campaign whose attempt its own identity made and refuses such a verdict
-(``SameIdentity``); the candidate is judged from the bundle recorded with the
-attempt in the database -- checked against its digest -- and fetched from
-where the worker published it (the class's repository, a remote for a URL:
-the verifier needs nothing of the worker's disk); and the acceptance
-commands run in a cell (``ledger.sandbox.cell``) on an export of the candidate's tree
-with no ``.git``, seeing neither the verifier's environment nor its files.
-
-One verification at a time per ``Verifier``: claim (SKIP LOCKED, a short lease
-of its own), heartbeat while checking, verdict. A heartbeat that finds the
-verification stale (the lease lapsed and another verifier took over, or the
-campaign moved) stops the check and writes nothing more. A check that cannot
-run for reasons outside the candidate (the remote unreachable, the candidate's
-ref gone, no sandbox on this host, an implementation crashing) is no verdict:
-the verification is released (``release_verification``), nothing is charged,
-and the campaign waits, saying why, to be verified again. Anything wrong
-*with the candidate or its bundle* is a rejection with evidence.
-
-What the candidate is judged by comes from the database, not from the bundle
-the worker wrote: the campaign's acceptance criteria (commands, protected
-paths, environment, cell) and its class's verifier, and the observation that
-opened the campaign (the tests that failed then, for the pytest verifier). In
-the exported tree the protected paths are as the base commit has them; a
-candidate that had changed them is rejected -- the verdict names the paths --
-even if its worker failed to refuse it.
-
-Before anything runs, the candidate's diff (as the repository has it) is
-screened for reaching into the test machinery (``ledger.git.screen``); pytest
-runs by the fixed judge on the base commit's configuration
-(``verifiers.judge``), each command in a cell with a face of its own
-(``ledger.sandbox.guise``); the class's held-out tests are staged outside
-the checkout, put there (read-only) for their own runs only, and must pass
-too -- a rejection by them names nothing of them (a count; the evidence
-has the rest). A class may require a quorum of verifier kinds
-(``verifiers``): each claim is for the next kind the quorum needs
-(``kinds`` says which this verifier gives), each verdict its own row, and the
-campaign is verified when all have accepted.
+The design at length: docs/internals.md (``ledger.roles.verifier``).
 """
 
 from __future__ import annotations
@@ -55,34 +16,36 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
-import verifiers
-from verifiers.judge import CONFIG_FILES
-from verifiers.pytest_report import pytest_command
-
-from ledger.git import bundle as bundles
-from ledger.sandbox import cell as cells
-from ledger.sandbox import guise as guises
-from ledger.ops import faults
-from ledger.git import protection
-from ledger import tracing
-from ledger.errors import LedgerError, StaleLease, Unavailable
+from ledger import tracing, verifiers
+from ledger.db.documents import ApprovalPolicy, InvalidDocument, Observation
 from ledger.db.hub import WakeSource
-from ledger.identity import process_identity
-from ledger.roles.registry import Registration, held, utcnow
-from ledger.settings import default
 from ledger.db.kernel import Kernel
-from ledger.roles.lease import LeaseClock
-from ledger.logs import get_logger
 from ledger.db.models import VerificationClaim
 from ledger.db.reads import Reads
-from ledger.runtime.service import Loop, Stopped
-from ledger.git.repository import GitError, Repository, file_at
-from ledger.git.repository import changed_paths, diff_lines
+from ledger.errors import LedgerError, StaleLease, Unavailable
+from ledger.git import bundle as bundles
+from ledger.git import protection
+from ledger.git.repository import GitError, Repository, changed_paths, diff_lines, file_at
 from ledger.git.repository import diff as repository_diff
 from ledger.git.screen import Screen
 from ledger.git.screen import describe as describe_findings
+from ledger.identity import process_identity
+from ledger.logs import get_logger
+from ledger.roles.lease import LeaseClock
+from ledger.runtime import seams
+from ledger.runtime.registry import Registration, held, utcnow
+from ledger.runtime.service import Loop, Stopped
+from ledger.sandbox import cell as cells
+from ledger.sandbox import guise as guises
+from ledger.settings import default
+from ledger.verifiers.judge import CONFIG_FILES
+from ledger.verifiers.pytest_report import pytest_command
+from ledger.verifiers.spec import AcceptanceSpec, HeldOut
 
 T = TypeVar("T")
+
+#: The seam before a verdict is recorded (a drill stops a verifier there).
+BEFORE_VERDICT = "verifier.before_verdict"
 
 Outcome = Literal["accepted", "rejected", "stale", "released"]
 #: How much of the diff a reviewer is shown.
@@ -132,6 +95,22 @@ class _Judgement:
     evidence: dict[str, Any]
 
 
+def _rejected(evidence: dict[str, Any], reason: str, **more: Any) -> _Judgement:
+    return _Judgement(False, reason, {**evidence, **more})
+
+
+@dataclass(frozen=True)
+class _Plan:
+    """What judges a candidate, read from its spec before anything runs."""
+
+    spec: AcceptanceSpec
+    acceptance: verifiers.Acceptance
+    screen: Screen
+    implementation: verifiers.Implementation
+    verifier_name: str
+    runs_commands: bool
+
+
 async def _blocking(fn: Callable[..., T], *args: Any) -> T:
     """Run blocking ``fn`` in a thread. If we are cancelled meanwhile, wait for
     the thread before re-raising: the caller's cleanup (removing the checkout)
@@ -172,6 +151,7 @@ class Verifier(Loop):
         work_dir: Path | None = None,
         kinds: Sequence[str] | None = None,
         needs_cell: bool = True,
+        pause: seams.Pause | None = None,
     ):
         super().__init__(poll_s, hub=hub)
         if lease_s <= 0:
@@ -182,6 +162,8 @@ class Verifier(Loop):
                              f"the lease ({lease_s}s), or every verification lapses mid-check")
         self.kernel = kernel
         self.reads = Reads(kernel.executor)
+        #: awaited at the seams a drill may stop the process at (BEFORE_VERDICT)
+        self.pause = pause if pause is not None else seams.installed()
         self.identity = identity or process_identity("verifier")
         self.model_family = model_family
         self.classes = list(classes) if classes else None
@@ -236,10 +218,10 @@ class Verifier(Loop):
         confirmed before its local deadline: ``ledger.roles.lease``), nothing written.
         ``sent_at`` is the local time the claim was sent (default: now)."""
         return await tracing.traced(
-            "ledger.verification", self.kernel.executor, claim.campaign_id,
+            tracing.VERIFICATION_SPAN, self.kernel.executor, claim.campaign_id,
             {tracing.CAMPAIGN_CLASS: claim.class_, tracing.GENERATION: claim.generation,
-             tracing.ATTEMPT_NO: claim.attempt_no, "ledger.verification.id": claim.verification_id,
-             "ledger.verification.kind": claim.kind, "ledger.roles.verifier": self.identity},
+             tracing.ATTEMPT_NO: claim.attempt_no, tracing.VERIFICATION_ID: claim.verification_id,
+             tracing.VERIFICATION_KIND: claim.kind, tracing.VERIFIER: self.identity},
             self._verify(claim, sent_at=sent_at))
 
     async def _verify(self, claim: VerificationClaim, *, sent_at: float | None) -> Outcome:
@@ -278,7 +260,7 @@ class Verifier(Loop):
                             error=release_error.message)
             self.verdicts["released"] += 1
             return "released"
-        await faults.point("verifier.before_verdict")
+        await self.pause(BEFORE_VERDICT)
         try:
             if lease.lapsed:
                 raise StaleLease("the verification lease lapsed by the verifier's own clock")
@@ -331,16 +313,35 @@ class Verifier(Loop):
             wait = self.heartbeat_s
 
     async def _check(self, claim: VerificationClaim) -> _Judgement:
-        """Everything between the claim and the verdict."""
+        """Everything between the claim and the verdict: the bundle opened,
+        the plan (spec, verifier, acceptance), the run on a fresh checkout,
+        the verdict."""
         evidence: dict[str, Any] = {
             "verifier": self.identity, "model_family": self.model_family,
             "attempt_no": claim.attempt_no, "worker": claim.worker,
             "bundle_digest": claim.bundle_digest, "candidate_sha": claim.candidate_sha,
         }
+        frozen = self._opened(claim, evidence)
+        if isinstance(frozen, _Judgement):
+            return frozen
+        plan = await self._plan(claim, frozen, evidence)
+        if isinstance(plan, _Judgement):
+            return plan
+        # (a name that says nothing: a cell's mounts show where they come from)
+        scratch = Path(await _blocking(tempfile.mkdtemp, None, None, self.work_dir))
+        try:
+            ran = await self._judge_checkout(claim, frozen, plan, scratch, evidence)
+        finally:
+            await _blocking(shutil.rmtree, scratch, True)
+        if isinstance(ran, _Judgement):
+            return ran
+        verdict, changed = ran
+        return await self._verdict(claim, verdict, changed, evidence)
 
-        def reject(reason: str, **more: Any) -> _Judgement:
-            return _Judgement(False, reason, {**evidence, **more})
-
+    def _opened(self, claim: VerificationClaim, evidence: dict[str, Any]
+                ) -> bundles.Bundle | _Judgement:
+        """The claim's bundle, verified against its digest and the claim;
+        else a rejection (or ``CheckFailed``: nothing to judge at all)."""
         try:
             frozen = bundles.verify(claim.bundle, claim.diff, claim.bundle_digest)
         except bundles.BundleTampered as exc:
@@ -348,9 +349,9 @@ class Verifier(Loop):
                 # Nothing to judge is no verdict on the candidate: the
                 # campaign waits, visibly, for someone to look.
                 raise CheckFailed(exc.message) from exc
-            return reject(f"bundle tampered: {exc.message}", bundle_error=exc.message)
+            return _rejected(evidence, f"bundle tampered: {exc.message}", bundle_error=exc.message)
         except ValueError as exc:  # the digest matched, but it is not a bundle
-            return reject(f"bundle unreadable: {exc}")
+            return _rejected(evidence, f"bundle unreadable: {exc}")
         mismatch = [f"{name} {mine!r} != {theirs!r}" for name, mine, theirs in (
             ("campaign", frozen.campaign_id, claim.campaign_id),
             ("attempt", frozen.attempt_no, claim.attempt_no),
@@ -358,16 +359,26 @@ class Verifier(Loop):
             ("base", frozen.base_sha, claim.base_sha or frozen.base_sha),
         ) if mine != theirs]
         if mismatch:
-            return reject("bundle does not describe this attempt: " + "; ".join(mismatch))
-        spec, verifier_name, baseline = await self._judged_by(claim, frozen)
+            return _rejected(evidence, "bundle does not describe this attempt: " + "; ".join(mismatch))
+        return frozen
+
+    async def _plan(self, claim: VerificationClaim, frozen: bundles.Bundle,
+                    evidence: dict[str, Any]) -> _Plan | _Judgement:
+        """What judges the candidate: the spec (loaded once, here), the
+        acceptance it makes, the screen and the verifier implementation."""
+        try:
+            spec, verifier_name, baseline = await self._judged_by(claim, frozen)
+        except ValueError as exc:
+            return _rejected(evidence, f"invalid acceptance spec: {exc}", kind=claim.kind,
+                             repository=frozen.repository, base_sha=frozen.base_sha)
         evidence.update(implementation=verifier_name, kind=claim.kind, repository=frozen.repository,
                         base_sha=frozen.base_sha, candidate_ref=claim.candidate_ref)
         runs_commands = verifier_name != "review"
         try:
             acceptance = verifiers.Acceptance.from_spec(spec, baseline, require_commands=runs_commands)
-            screen = Screen(spec.get("screen") or {})
+            screen = Screen(spec.screen.model_dump())
         except (verifiers.InvalidAcceptance, ValueError) as exc:
-            return reject(f"invalid acceptance spec: {exc}")
+            return _rejected(evidence, f"invalid acceptance spec: {exc}")
         try:
             implementation = verifiers.load(verifier_name)
         except verifiers.UnknownVerifier as exc:
@@ -379,84 +390,106 @@ class Verifier(Loop):
                 await _blocking(cells.check_available)
             except cells.SandboxUnavailable as exc:
                 raise CheckFailed(f"{exc.message} ({exc.hint})") from exc
+        return _Plan(spec, acceptance, screen, implementation, verifier_name, runs_commands)
 
-        # (a name that says nothing: a cell's mounts show where they come from)
-        scratch = Path(await _blocking(tempfile.mkdtemp, None, None, self.work_dir))
-        checkout = scratch / "checkout"
-        outputs = scratch / "out"
+    async def _judge_checkout(self, claim: VerificationClaim, frozen: bundles.Bundle, plan: _Plan,
+                   scratch: Path, evidence: dict[str, Any]
+                   ) -> tuple[verifiers.Verdict, list[protection.Change]] | _Judgement:
+        """Fetch the candidate, screen its diff, check out its tree (the
+        protected paths as the base has them) in ``scratch`` and run the
+        verifier on it: its verdict and the protected paths it changed."""
+        repo = await self._fetched(claim, frozen)
+        # Before anything runs: the diff as the repository has it (not as
+        # the worker recorded it), screened for reaching into the judge.
+        diff = await _blocking(repository_diff, repo.path, frozen.base_sha, frozen.candidate_sha)
+        screened = await self._screened(repo, frozen, plan, diff, evidence)
+        if isinstance(screened, _Judgement):
+            return screened
+        changed = screened
+        checkout, outputs = scratch / "checkout", scratch / "out"
         try:
-            repo = Repository(frozen.repository, cache_dir=self.cache_dir)
-            try:
-                refs = [r for r in (claim.candidate_ref,) if r]
-                await _blocking(repo.fetch, *refs)
-            except GitError as exc:
-                raise CheckFailed(f"cannot fetch the candidate: {exc.message}") from exc
-            if not await _blocking(repo.has_commit, frozen.candidate_sha):
-                # It was published before it was recorded: gone now is a
-                # fault of the repository (or of gc), never the candidate's.
-                raise CheckFailed(f"candidate commit {frozen.candidate_sha} is not in "
-                                  f"{frozen.repository} ({claim.candidate_ref or 'no published ref'})")
-            # Before anything runs: the diff as the repository has it (not as
-            # the worker recorded it), screened for reaching into the judge.
-            diff = await _blocking(repository_diff, repo.path, frozen.base_sha, frozen.candidate_sha)
-            findings = screen.findings(diff) if screen.enabled else []
-            protected = protection.Protection.of(spec)
-            touched = await _blocking(protected.changes, repo.path, frozen.base_sha, frozen.candidate_sha)
-            # what a class's approval policy asks about (docs/approval.md), measured here
-            # from the repository, never from what the worker recorded
-            evidence["change"] = await _blocking(_measured, repo.path, frozen.base_sha,
-                                                 frozen.candidate_sha, diff, touched)
-            changed: list[protection.Change] = []
-            if not spec.get("allow_protected_changes"):
-                changed = touched
-                evidence["protected_restored"] = [str(c) for c in changed]
-                # a protected path is restored and refused as such, below
-                findings = [f for f in findings if not protected.covers(f.path)]
-            evidence["screen"] = [f.evidence() for f in findings]
-            if findings:
-                return reject(describe_findings(findings))
-            try:
-                # The judge's tree: the candidate's, with the protected paths
-                # as the base has them; no .git (nothing in it to run).
-                await _blocking(lambda: repo.export_tree(
-                    frozen.candidate_sha, checkout, replace_from=frozen.base_sha,
-                    paths=sorted({c.path for c in changed})))
-            except GitError as exc:
-                raise CheckFailed(f"cannot check out the candidate: {exc.message}") from exc
-            outputs.mkdir()
-            evidence["checked_out_sha"] = frozen.candidate_sha
-            # pytest's configuration is the base's, never the candidate's
-            config_files = await _blocking(_config_files, repo.path, frozen.base_sha)
-            acceptance = dataclasses.replace(acceptance.with_outputs(outputs), config_files=config_files,
-                                             project=guises.project_name(frozen.repository))
-            held_out = spec.get("held_out")
-            if held_out and runs_commands:
-                acceptance = await _blocking(self._held_out, held_out, checkout, acceptance, scratch)
-                evidence["held_out"] = {"into": acceptance.held_out}
-            if not runs_commands:
-                acceptance = dataclasses.replace(acceptance, context=await self._context(
-                    claim, diff, evidence))
-            try:
-                verdict = await implementation.verify(checkout, acceptance)
-            except Exception as exc:
-                raise CheckFailed(f"verifier {verifier_name!r} failed: {exc!r}") from exc
-        finally:
-            await _blocking(shutil.rmtree, scratch, True)
+            # The judge's tree: the candidate's, with the protected paths
+            # as the base has them; no .git (nothing in it to run).
+            await _blocking(lambda: repo.export_tree(
+                frozen.candidate_sha, checkout, replace_from=frozen.base_sha,
+                paths=sorted({c.path for c in changed})))
+        except GitError as exc:
+            raise CheckFailed(f"cannot check out the candidate: {exc.message}") from exc
+        outputs.mkdir()
+        evidence["checked_out_sha"] = frozen.candidate_sha
+        # pytest's configuration is the base's, never the candidate's
+        config_files = await _blocking(_config_files, repo.path, frozen.base_sha)
+        acceptance = dataclasses.replace(plan.acceptance.with_outputs(outputs), config_files=config_files,
+                                         project=guises.project_name(frozen.repository))
+        if plan.spec.held_out is not None and plan.runs_commands:
+            acceptance = await _blocking(self._held_out, plan.spec.held_out, checkout, acceptance,
+                                         scratch)
+            evidence["held_out"] = {"into": acceptance.held_out}
+        if not plan.runs_commands:
+            acceptance = dataclasses.replace(acceptance, context=await self._context(
+                claim, diff, evidence))
+        try:
+            verdict = await plan.implementation.verify(checkout, acceptance)
+        except Exception as exc:
+            raise CheckFailed(f"verifier {plan.verifier_name!r} failed: {exc!r}") from exc
+        return verdict, changed
+
+    async def _fetched(self, claim: VerificationClaim, frozen: bundles.Bundle) -> Repository:
+        """The bundle's repository with the candidate in it (``CheckFailed``:
+        a fault of the repository, never the candidate's)."""
+        repo = Repository(frozen.repository, cache_dir=self.cache_dir)
+        try:
+            await _blocking(repo.fetch, *[r for r in (claim.candidate_ref,) if r])
+        except GitError as exc:
+            raise CheckFailed(f"cannot fetch the candidate: {exc.message}") from exc
+        if not await _blocking(repo.has_commit, frozen.candidate_sha):
+            # It was published before it was recorded: gone now is a
+            # fault of the repository (or of gc), never the candidate's.
+            raise CheckFailed(f"candidate commit {frozen.candidate_sha} is not in "
+                              f"{frozen.repository} ({claim.candidate_ref or 'no published ref'})")
+        return repo
+
+    async def _screened(self, repo: Repository, frozen: bundles.Bundle, plan: _Plan, diff: bytes,
+                        evidence: dict[str, Any]) -> list[protection.Change] | _Judgement:
+        """The screen's findings (a rejection if any) and the protected paths
+        the candidate changed (restored from the base, unless the spec allows
+        changing them), with the change measured for the approval policy."""
+        findings = plan.screen.findings(diff) if plan.screen.enabled else []
+        protected = protection.Protection.of(plan.spec.model_dump())
+        touched = await _blocking(protected.changes, repo.path, frozen.base_sha, frozen.candidate_sha)
+        # what a class's approval policy asks about (docs/approval.md), measured here
+        # from the repository, never from what the worker recorded
+        evidence["change"] = await _blocking(_measured, repo.path, frozen.base_sha,
+                                             frozen.candidate_sha, diff, touched)
+        changed: list[protection.Change] = []
+        if not plan.spec.allow_protected_changes:
+            changed = touched
+            evidence["protected_restored"] = [str(c) for c in changed]
+            # a protected path is restored and refused as such, below
+            findings = [f for f in findings if not protected.covers(f.path)]
+        evidence["screen"] = [f.evidence() for f in findings]
+        if findings:
+            return _rejected(evidence, describe_findings(findings))
+        return changed
+
+    async def _verdict(self, claim: VerificationClaim, verdict: verifiers.Verdict,
+                       changed: list[protection.Change], evidence: dict[str, Any]) -> _Judgement:
+        """The judgement the verifier's verdict makes, all things considered."""
         if verdict.accepted and verdict.evidence.get("needs_human") and not await self._asks_a_person(claim):
             # A verifier that cannot decide lets nothing through on its own:
             # only a class whose approval routes such a verdict to a person
             # (quorum_split, or always) takes it as an acceptance.
-            return reject(f"the {claim.kind} verifier asks for a person "
-                          f"({str(verdict.evidence['needs_human'])[:300]}), and class {claim.class_} "
-                          "asks none for that (approval: always, or when quorum_split)",
-                          **verdict.evidence)
+            return _rejected(evidence, f"the {claim.kind} verifier asks for a person "
+                             f"({str(verdict.evidence['needs_human'])[:300]}), and class {claim.class_} "
+                             "asks none for that (approval: always, or when quorum_split)",
+                             **verdict.evidence)
         if changed:
             # Judged with the base's tests, but it would land its own: never
             # accepted, whatever the run said (which the next attempt is told).
             outcome = "passed" if verdict.accepted else f"failed: {verdict.reason}"
-            return reject(f"the candidate changes protected paths: {protection.describe(changed)} "
-                          f"(with them restored from the base, the acceptance {outcome})",
-                          **verdict.evidence)
+            return _rejected(evidence, f"the candidate changes protected paths: "
+                             f"{protection.describe(changed)} (with them restored from the base, "
+                             f"the acceptance {outcome})", **verdict.evidence)
         evidence.update(verdict.evidence)
         if verdict.accepted:  # the landed commit's Ledger-Verdict trailer quotes it
             evidence.setdefault("summary", "acceptance passed")
@@ -465,14 +498,10 @@ class Verifier(Loop):
     async def _asks_a_person(self, claim: VerificationClaim) -> bool:
         """Whether the claim's class sends a verdict that asks for a person
         to one (its approval policy: always, or a quorum_split condition)."""
-        policy = (await self.reads.campaign_class(claim.class_)).approval
-        if policy.get("mode") == "always":
-            return True
-        conditions = policy.get("when") if policy.get("mode") == "when" else None
-        return isinstance(conditions, list) and any(
-            isinstance(c, dict) and c.get("quorum_split") for c in conditions)
+        policy = ApprovalPolicy.load((await self.reads.campaign_class(claim.class_)).approval)
+        return policy.asks_on_quorum_split()
 
-    def _held_out(self, spec: Any, checkout: Path, acceptance: verifiers.Acceptance,
+    def _held_out(self, spec: HeldOut, checkout: Path, acceptance: verifiers.Acceptance,
                   scratch: Path) -> verifiers.Acceptance:
         """Stage the class's held-out tests for their own commands (a copy of
         the verifier's, outside the checkout: put at ``into`` -- read-only,
@@ -482,30 +511,30 @@ class Verifier(Loop):
         is the verifier's to read: a directory of this host, or a repository
         fetched with this verifier's credentials. Not finding them is this
         host's fault, never the candidate's."""
-        into = str(spec.get("into") or "tests/held_out").strip("/")
-        subdir = str(spec.get("subdir") or "").strip("/")
+        into = spec.into.strip("/")
+        subdir = spec.subdir.strip("/")
         target = checkout / into
         if target.is_symlink() or target.is_file():
             target.unlink()
         elif target.exists():
             shutil.rmtree(target)
         staged = scratch / "held"
-        if spec.get("repository"):
-            source_repo = Repository(str(spec["repository"]), cache_dir=self.cache_dir)
+        if spec.repository:
+            source_repo = Repository(spec.repository, cache_dir=self.cache_dir)
             fetched = scratch / "fetched"
             try:
-                sha = source_repo.resolve(str(spec.get("ref") or "main"))
+                sha = source_repo.resolve(spec.ref)
                 source_repo.export_tree(sha, fetched)
             except GitError as exc:
                 raise CheckFailed(f"cannot fetch the held-out acceptance: {exc.message}") from exc
             source = fetched / subdir if subdir else fetched
         else:
-            source = Path(str(spec.get("path"))) / subdir if subdir else Path(str(spec.get("path")))
+            source = Path(str(spec.path)) / subdir if subdir else Path(str(spec.path))
         if not source.is_dir():
             raise CheckFailed(f"the held-out acceptance {source} is not a directory on this verifier")
         shutil.copytree(source, staged, symlinks=False)
         staged.chmod(0o755)
-        commands = [list(c) for c in spec.get("commands") or []]
+        commands = [list(c) for c in spec.commands]
         if not commands:
             first = next((c for c in acceptance.commands if pytest_command(c) is not None), None)
             if first is None:
@@ -535,21 +564,24 @@ class Verifier(Loop):
                 "verdicts": earlier, "screen": evidence.get("screen", [])}
 
     async def _judged_by(self, claim: VerificationClaim, frozen: bundles.Bundle
-                         ) -> tuple[dict[str, Any], str, verifiers.Baseline | None]:
-        """The acceptance spec, the verifier implementation and the baseline a
-        candidate is judged by: the campaign's criteria and its class's
-        verifier (what the operator registered), the bundle's only for a class
-        registered without acceptance commands; the baseline from the
-        observation that opened the campaign."""
+                         ) -> tuple[AcceptanceSpec, str, verifiers.Baseline | None]:
+        """The acceptance spec (loaded here, from the row), the verifier
+        implementation and the baseline a candidate is judged by: the
+        campaign's criteria and its class's verifier (what the operator
+        registered), the bundle's only for a class registered without
+        acceptance commands; the baseline from the observation that opened
+        the campaign. ``ValueError`` for a stored spec that is not one."""
         campaign = await self.reads.campaign(claim.campaign_id)
-        details = campaign.opening_observation.get("details")
-        tests = details.get("tests") if isinstance(details, dict) else None
-        baseline = verifiers.Baseline.from_tests(tests)
-        criteria = campaign.acceptance_criteria
-        if criteria.get("commands") or claim.kind == "review":
+        try:
+            opening = Observation.load(campaign.opening_observation)
+            baseline = verifiers.Baseline.from_tests(opening.details.tests)
+        except InvalidDocument:  # an observation not as this release writes them: no baseline
+            baseline = None
+        criteria = AcceptanceSpec.stored(campaign.acceptance_criteria)
+        if criteria.commands or claim.kind == "review":
             # the kind of the class's quorum this verification is for
-            return dict(criteria), claim.kind, baseline
-        return dict(frozen.acceptance), frozen.verifier, baseline
+            return criteria, claim.kind, baseline
+        return AcceptanceSpec.stored(frozen.acceptance), frozen.verifier, baseline
 
     # --- the loop ------------------------------------------------------------
 

@@ -23,24 +23,24 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from ledger.sandbox import cell as cells
 from ledger import tracing
-from ledger.roles.attempt import ENDING_PATIENCE_S, ENDING_TRY_S, AttemptRun, sweep_orphans
-from ledger.roles.sensors import Reobservation
+from ledger.backoff import backoff
 from ledger.config import LedgerConfig
 from ledger.db.database import Database
-from ledger.errors import ConfigError, LedgerError, OutcomeUnknown, StaleLease, Unavailable
 from ledger.db.hub import NullHub, WakeSource
-from ledger.identity import process_identity
 from ledger.db.kernel import Kernel
-from ledger.roles.lease import LeaseClock
-from ledger.logs import get_logger
 from ledger.db.models import Claim
 from ledger.db.reads import Reads
-from ledger.roles.registry import Registration, held, utcnow
-from ledger.settings import default
-from ledger.backoff import backoff
+from ledger.errors import ConfigError, LedgerError, OutcomeUnknown, StaleLease, Unavailable
+from ledger.identity import process_identity
+from ledger.logs import get_logger
+from ledger.roles.attempt import ENDING_PATIENCE_S, ENDING_TRY_S, AttemptRun, sweep_orphans
+from ledger.roles.lease import LeaseClock
+from ledger.roles.sensors import Reobservation
 from ledger.runtime import startup
+from ledger.runtime.registry import Registration, held, utcnow
+from ledger.sandbox import cell as cells
+from ledger.settings import default
 
 
 @dataclass

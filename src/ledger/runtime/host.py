@@ -1,44 +1,6 @@
 """The host: runs a set of services in one process until it is told to stop.
 
-Each service runs as a task named after it. SIGTERM and SIGINT are handled
-here and only here: the first asks every service to stop (``stop`` is set;
-the worker drains), later ones are logged and change nothing. The host
-watches every task it started: a service that raises -- or returns before it
-was asked to stop -- is handled by its policy:
-
-* ``fail`` (the default): the host stops the others, waits for them, and
-  raises that service's exception (the CLI turns a Ledger error into its
-  one-line message and exit code). A process manager restarts the process.
-* ``restart``: it is logged and run again after the shared ``backoff``
-  (``ledger run``, where one machine runs everything and a bug in one part
-  must not stop the rest).
-
-A start-up fault is neither (``ledger.runtime.startup``): a service that
-cannot start for a reason of its host or its configuration -- no cell, its
-classes not registered, its login refused, the schema not migrated -- waits,
-whatever the policy: before ``run`` the host waits for the service's
-``prepare`` (its start-up checks, where it has them) to pass, and a start-up
-fault that escapes ``run`` sends it back there. The cause is said once (one
-line, no traceback), the service's registry row says it is not ready, and it
-is re-checked with backoff; ``wait_for_start_s`` bounds the wait (then the
-host stops and raises it, as ``fail`` does). A Ledger error is logged without
-its traceback (``LEDGER_DEBUG=1`` adds it); a defect with it.
-
-When every service has returned, the host checks that nothing outlived them:
-no asyncio task that a service started (directly or through what it called;
-tasks of the code around the host are not its business) and no child process
-that was not there at start. What it finds is logged, cancelled or killed,
-and makes the exit code 70 (EX_SOFTWARE): a service that leaves work running
-behind its back is a defect even when everything else went well.
-
-Before the host runs, a service's process is still starting (importing,
-waiting for the database): a supervisor may stop it then, with nothing in
-flight, and that is a clean stop (exit 0), not death by signal. A command
-declares itself a service (``ledger.runtime.commands``; some only with an
-option, ``gc --every``, or without one, ``verifier --once``); when it is
-invoked as one, ``stop_cleanly_while_starting`` installs that SIGTERM handler,
-and the host puts it back when it is done. A one-shot command interrupted by
-SIGTERM must not exit 0 as if it had finished, so it gets none.
+The design at length: docs/internals.md (``ledger.runtime.host``).
 """
 
 from __future__ import annotations
@@ -48,7 +10,8 @@ import contextvars
 import os
 import signal
 import weakref
-from collections.abc import Coroutine, Iterable
+from collections.abc import Awaitable, Callable, Coroutine, Iterable
+from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -58,6 +21,7 @@ from ledger.backoff import backoff
 from ledger.errors import LedgerError
 from ledger.logs import get_logger
 from ledger.runtime import startup
+from ledger.runtime.health import serving_health
 from ledger.runtime.service import Service
 from ledger.settings import environment
 
@@ -370,3 +334,34 @@ def _stop_before_start(signum: int, frame: object) -> None:
 def stop_cleanly_while_starting() -> None:
     """Make a SIGTERM before the host runs a clean stop (exit 0): see the module."""
     signal.signal(signal.SIGTERM, _stop_before_start)
+
+
+async def serve_when_ready(build: Callable[[AsyncExitStack, startup.Standby], Awaitable[list[Service]]], *,
+                           name: str, role: str, policy: Any = "fail",
+                           wait_s: float | None = None, health: str | None = None) -> int:
+    """Build the services of a long-running command -- waiting out the start-up
+    faults the build meets (``Waiter``), each try's resources released -- and
+    run them on a host until a signal; returns its exit code. ``health``:
+    where ``/livez`` and ``/readyz`` answer meanwhile."""
+    standby = startup.Standby(role, name)
+    waiter = startup.Waiter(name, log=get_logger(name), wait_s=wait_s, report=standby.report)
+    stop = asyncio.Event()
+    async with serving_health(health), AsyncExitStack() as kept:
+        kept.push_async_callback(standby.close)
+        while True:
+            stack = AsyncExitStack()
+            try:
+                services = await build(stack, standby)
+            except Exception as exc:
+                await stack.aclose()
+                if startup.fault_of(exc) is None:
+                    raise
+                if not await waiter.failed(exc, stop):
+                    return 0
+                continue
+            break
+        waiter.succeeded()
+        standby.hand_over(services)
+        await standby.close()  # its row goes on in the service's own session
+        async with stack:
+            return await serve(services, name=name, policy=policy, wait_for_start_s=wait_s)

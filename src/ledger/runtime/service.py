@@ -15,13 +15,13 @@ import random
 from abc import ABC, abstractmethod
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
-from ledger.errors import LedgerError, Unavailable
-from ledger.db.hub import NullHub, Subscription, WakeSource
-from ledger.logs import get_logger
 from ledger.backoff import backoff
+from ledger.db.hub import NullHub, Subscription, WakeSource
+from ledger.errors import LedgerError, Unavailable
+from ledger.logs import get_logger
 
 if TYPE_CHECKING:
-    from ledger.roles.registry import Registration
+    from ledger.runtime.registry import Registration
 
 #: The pause after passes that could not reach the database starts here and
 #: stops here: the server may be back any moment, and a wake-up (a hint, or

@@ -1,31 +1,7 @@
 """Waiting to start: what a long-running service does when its host or its
 configuration is not ready for it, instead of dying and being restarted.
 
-A *start-up fault* is a cause outside the process that a restart cannot mend:
-no cell can be built (bubblewrap missing, user namespaces refused), ledger.toml
-does not parse, a class's repository is not there, the server refuses a
-role's login, the database does not exist or its schema is not (yet) the one
-this code needs (``FAULTS``). Its error carries the cause, the fix and the
-exit code.
-
-* A one-shot command raises it: one line with the cause and the fix, and its
-  documented exit code (``ledger.cli.failures``; 78 for configuration).
-* A long-running one (``ledger run``, ``worker``, ``verifier``, ``sensor run``,
-  ``dispatcher``) waits it out (``Waiter``): it says the cause once -- one
-  log line, no traceback unless ``LEDGER_DEBUG=1`` -- reports itself not
-  ready (its row in the registry of processes, where its role can still
-  write: the processes view, ``ledger status``, ``/readyz`` of ``ledger
-  serve``; and its own ``/readyz`` with ``--health``), re-checks with backoff
-  (``RECHECK_BASE_S`` doubling up to ``RECHECK_CAP_S``) and starts once the
-  cause is gone, saying so once. A new cause is said again. Nothing is
-  claimed while it waits, so nothing is charged. ``--wait-for-start`` bounds
-  the wait (then the cause's exit code); 0 makes it one-shot.
-
-Three places wait, each with a ``Waiter``: the command, for what it needs
-before its services exist (``serve_when_ready``: the database, ledger.toml,
-the repositories); the host, for each service's own start-up checks (its
-``prepare``: the worker's cell and classes, the verifier's and the sensors'
-cell) and for a start-up fault that escapes a service's ``run`` anyway.
+The design at length: docs/internals.md (``ledger.runtime.startup``).
 """
 
 from __future__ import annotations
@@ -54,7 +30,7 @@ from ledger.logs import get_logger
 
 if TYPE_CHECKING:
     from ledger.db.database import Database
-    from ledger.roles.registry import Registration
+    from ledger.runtime.registry import Registration
     from ledger.runtime.service import Service
 
 T = TypeVar("T")
@@ -232,7 +208,7 @@ class Standby:
         if self.registration is None:
             from ledger.db.kernel import Kernel
             from ledger.identity import process_identity
-            from ledger.roles.registry import Registration
+            from ledger.runtime.registry import Registration
 
             session = self.database.session(self.role, max_size=1)
             try:
@@ -271,37 +247,3 @@ def adopt_row(service: Any, role: str, since: datetime) -> bool:
         service.started_at = since
         return True
     return False
-
-
-async def serve_when_ready(build: Callable[[AsyncExitStack, Standby], Awaitable[list[Service]]], *,
-                           name: str, role: str, policy: Any = "fail",
-                           wait_s: float | None = None, health: str | None = None) -> int:
-    """Build the services of a long-running command -- waiting out the start-up
-    faults the build meets (``Waiter``), each try's resources released -- and
-    run them on a host until a signal; returns its exit code. ``health``:
-    where ``/livez`` and ``/readyz`` answer meanwhile."""
-    from ledger.runtime.health import serving_health
-    from ledger.runtime.host import serve
-
-    standby = Standby(role, name)
-    waiter = Waiter(name, log=get_logger(name), wait_s=wait_s, report=standby.report)
-    stop = asyncio.Event()
-    async with serving_health(health), AsyncExitStack() as kept:
-        kept.push_async_callback(standby.close)
-        while True:
-            stack = AsyncExitStack()
-            try:
-                services = await build(stack, standby)
-            except Exception as exc:
-                await stack.aclose()
-                if fault_of(exc) is None:
-                    raise
-                if not await waiter.failed(exc, stop):
-                    return 0
-                continue
-            break
-        waiter.succeeded()
-        standby.hand_over(services)
-        await standby.close()  # its row goes on in the service's own session
-        async with stack:
-            return await serve(services, name=name, policy=policy, wait_for_start_s=wait_s)

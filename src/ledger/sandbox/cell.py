@@ -1,67 +1,16 @@
 """The cell: where every command Ledger does not trust runs (attempt
 commands, acceptance commands, sensor checks).
 
-A cell is a bubblewrap sandbox (Debian's ``bubblewrap``; the kernel's
-namespaces through a small, audited setuid-free tool, rather than isolation
-written here), built fresh for each command:
-
-* **Its own PID namespace.** No process of Ledger's -- nor any other process
-  of the host -- is visible in its ``/proc``, so the worker's environment
-  (its database URL, its tokens) cannot be read from
-  ``/proc/<pid>/environ``; bubblewrap itself is started with an empty
-  environment for the same reason (its PID 1 is readable from inside), and
-  with its arguments on a descriptor (``--args``), so its command line shows
-  none of them. Every process of the command dies with the cell: a
-  double-forked ``setsid`` daemon included. The cell's first process
-  (``cell_init.py``, seen as ``/init``) lists what was still running when
-  the command exited, and that list is reported.
-* **Its own mount namespace**, on an empty, read-only root: the host's
-  ``/usr`` and ``/etc`` read-only -- in ``/etc`` only what any local user
-  may read, the rest hidden, and nothing whose name says ``ledger`` -- the
-  interpreter the cell's monitor runs under (and a virtual environment a
-  command names) and the directories a class lists (``cell.read_only``)
-  read-only, the command's own program and any file its command line names
-  read-only, a private ``/tmp`` and ``$HOME`` (tmpfs), and its workspace,
-  the only host directory it can write. Ledger's data directory,
-  configuration, evidence, other attempts, the user's repository and
-  ``$HOME`` are simply not there.
-* **Its own network namespace**: by default no network at all (only its own
-  loopback, where nothing of the host listens). ``network = "proxy"`` keeps
-  that, plus one way out: an HTTPS ``CONNECT`` proxy of the worker's that
-  lets through only the ``host:port`` patterns of ``cell.allow``, never to an
-  address of the host's own networks (``ledger.sandbox.egress``); what it refuses is
-  reported. ``network = "host"`` shares the host's network (everything the
-  host reaches, the database included: a last resort, logged).
-* **Its own user namespace** (uid 65534 inside, no capabilities, no further
-  user namespaces), IPC, UTS and cgroup namespaces, a new session (no
-  terminal injection), and ``--die-with-parent``.
-* **A face that is not Ledger's** for the cells that judge (``guise``, see
-  ``ledger.sandbox.guise``): the checkout at a path like a user's, an
-  ordinary host name, user, uid and home, drawn afresh for every run.
-* **Limits**: a cgroup of its own where the host offers one
-  (``ledger.sandbox.cgroups``: the whole cell's memory and processes, root
-  workers included, and its CPU time); memory (address space), CPU time,
-  file size, open files and no core dumps by ``setrlimit`` as well, processes
-  by ``setrlimit`` where the kernel counts them (a worker that is not root);
-  the workspace's growth by a watch that kills the cell at
-  ``cell.workspace_mb`` (``ledger.sandbox.quota``). Time: the caller's
-  timeout kills the cell. Which of these ran is in the command's record.
-
-A host without bubblewrap, or whose kernel refuses unprivileged namespaces,
-cannot start a service that needs cells (``SandboxUnavailable``, naming the
-package): it waits, not ready, until one can be built
-(``ledger.runtime.startup``). Running
-without the cell is a per-class, explicit opt-out (``cell.sandbox = false``),
-logged at every start and journaled with every attempt.
+The design at length: docs/internals.md (``ledger.sandbox.cell``).
 """
 
 from __future__ import annotations
 
 import contextlib
 import functools
+import grp
 import os
 import pwd
-import grp
 import resource
 import shutil
 import stat
@@ -69,8 +18,7 @@ import subprocess
 import sys
 import tempfile
 import threading
-import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, Literal
@@ -591,35 +539,3 @@ def _cell_args(argv: Sequence[str], spec: CellSpec, env: dict[str, str], scratch
     for key, value in env.items():
         args += ["--setenv", key, value]
     return args
-
-
-def inside_path(host: Path, bindings: Iterable[Binding]) -> str | None:
-    """Where the host path ``host`` is seen inside a cell with ``bindings``."""
-    for binding in bindings:
-        try:
-            rest = host.relative_to(binding.source)
-        except ValueError:
-            continue
-        return binding.target if str(rest) == "." else f"{binding.target}/{rest}"
-    return None
-
-
-def timed_probe(runs: int = 5) -> tuple[float, float]:
-    """The start-up cost of a cell: median seconds of ``true`` in a cell and
-    outside one (the figure docs/figures.md states)."""
-    import statistics
-    inside, outside = [], []
-    for _ in range(runs):
-        with tempfile.TemporaryFile() as report:
-            wrapped = wrap(["/bin/true"], CellSpec(CellPolicy(), cwd="/"), report.fileno())
-            try:
-                t0 = time.perf_counter()
-                subprocess.run(wrapped.argv, env=wrapped.env, pass_fds=wrapped.pass_fds,
-                               preexec_fn=wrapped.preexec, check=True)
-                inside.append(time.perf_counter() - t0)
-            finally:
-                wrapped.close()
-        t0 = time.perf_counter()
-        subprocess.run(["/bin/true"], check=True)
-        outside.append(time.perf_counter() - t0)
-    return statistics.median(inside), statistics.median(outside)

@@ -2,30 +2,7 @@
 processes bounded as a whole -- for a worker running as root too, whose
 processes ``RLIMIT_NPROC`` does not count -- and its CPU time counted.
 
-bubblewrap has no cgroup support of its own, so the worker makes the cgroup:
-before bubblewrap starts, the forked child writes itself into a fresh cgroup
-(``cell-<pid>-<n>``) that already has its limits; bubblewrap's cgroup
-namespace is then rooted there (inside, ``/proc/self/cgroup`` says ``/``),
-and everything the cell starts is counted in it. After the cell, what it
-used is read back (peak memory, out-of-memory kills, refused forks, CPU
-seconds), anything left in it killed, and the cgroup removed.
-
-Where, decided once per process (``host()``), in this order:
-
-* ``cgroup2``: the unified hierarchy, when Ledger's own cgroup -- or its
-  parent, the cgroup delegated to the service when the service itself runs
-  in a leaf below it (systemd's ``Delegate=yes`` with
-  ``DelegateSubgroup=``) -- is writable and has ``memory`` and ``pids``
-  available for its children: ``memory.max`` (and ``memory.swap.max = 0``),
-  ``pids.max``, CPU from ``cpu.stat``.
-* ``cgroup1``: the v1 ``memory`` and ``pids`` hierarchies, when Ledger's own
-  cgroups there are writable (root, or delegated): ``memory.limit_in_bytes``
-  (and ``memory.memsw.limit_in_bytes``), ``pids.max``, CPU from
-  ``cpuacct.usage`` where that hierarchy is writable too.
-* ``rlimits``: neither; the cell has its ``setrlimit`` limits only, and
-  ``mode_reason`` says why.
-
-Every cell records which mode ran (``CommandResult.limits["mode"]``).
+The design at length: docs/internals.md (``ledger.sandbox.cgroups``).
 """
 
 from __future__ import annotations

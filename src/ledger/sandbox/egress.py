@@ -1,33 +1,6 @@
 """Egress for cells that must reach named hosts (``cell.network = "proxy"``).
 
-An agent usually has to reach its model's API, and nothing else. A cell with
-``network = "proxy"`` still has no network of its own (its own network
-namespace, only a loopback); what it has is one way out: an HTTP ``CONNECT``
-proxy run by the trusted worker (this module) behind a Unix socket bound into
-the cell, and a forwarder in the cell's monitor (``cell_init``) that listens
-on the cell's ``127.0.0.1:3128`` and carries each connection to that socket.
-The command gets ``HTTPS_PROXY``/``HTTP_PROXY``/``ALL_PROXY`` pointing there.
-
-The proxy allows a ``CONNECT`` only to a ``host:port`` matching the class's
-``cell.allow`` patterns (``api.example.com:443``, ``*.example.com:443``); it
-resolves the name itself (the cell has no DNS) and refuses a name that
-resolves to an address of this host's own networks -- loopback, private,
-link-local (the cloud metadata address among them), shared, multicast,
-reserved, unspecified, and the same inside IPv6 (IPv4-mapped, -compatible,
-6to4, Teredo, NAT64) -- so an allowed name cannot be pointed at the
-database or the metadata service. An IP address, however it is spelt
-(``127.0.0.2``, ``127.1``, ``2130706433``, ``0x7f.0.0.1``,
-``[::ffff:127.0.0.1]``, ``[fe80::1%eth0]``), is never matched by a pattern
-with wildcards (``*:443`` matches names only): it goes through only when a
-pattern names that address and port exactly, and a pattern whose wildcards
-could only match addresses (``10.*:443``) is refused with the class's
-configuration. Everything it refuses is reported (``refused``), and the
-worker records each as a security event.
-
-What it cannot prevent, and docs/running/cell.md says: whatever the command sends *to
-an allowed host* (an agent's API is the one place it may talk to, so it can
-talk there about anything it read in its cell), and programs that ignore the
-proxy variables simply get no connection.
+The design at length: docs/internals.md (``ledger.sandbox.egress``).
 """
 
 from __future__ import annotations

@@ -22,8 +22,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import ctypes
+import dataclasses
 import os
 import re
 import signal

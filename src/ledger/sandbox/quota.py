@@ -1,27 +1,7 @@
 """The watch over a running cell: how much its workspace has grown, how much
 CPU time it has used, and the cell killed at either limit.
 
-A file-size limit is per file; a disk is filled by many files. The cell's
-writable directories (its workspace -- the attempt's clone, the judge's
-checkout -- and its outputs) are host directories on the worker's disk, the
-disk the worker, its data directory and, on one host, PostgreSQL live on.
-So while a command runs, a thread of the worker's watches them:
-
-* every ``tick_s`` it asks the filesystems how much space is free (one
-  ``statvfs`` each, cheap); space that went since the last count is an
-  upper bound of what the cell can have written since (other writers only
-  make it larger), so
-* when that bound could take the workspace past its allowance -- and at least
-  every ``recount_s`` regardless -- it counts exactly: the blocks allocated
-  under the directories (not following links, a hard-linked file once), and
-* past ``cell.workspace_mb`` over what they held when the command started,
-  it kills the cell. Between two looks the command may write what the disk
-  takes in a tick (tenths of a second); no single file can exceed the
-  allowance (the cell's ``RLIMIT_FSIZE`` is at most ``workspace_mb``).
-
-With a cgroup (``ledger.sandbox.cgroups``) it also reads the cell's CPU time
-and kills it past ``cell.cpu_s``; without one, ``RLIMIT_CPU`` bounds each
-process instead.
+The design at length: docs/internals.md (``ledger.sandbox.quota``).
 """
 
 from __future__ import annotations

@@ -23,6 +23,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Mapping
 from urllib.parse import unquote, urlsplit
+
 from ledger.settings import inherited_environment
 
 MARK = b"[redacted]"
@@ -66,11 +67,6 @@ class Redactor:
         self._pattern = re.compile(b"|".join(re.escape(v) for v in values)) if values else None
         self._held = b""
         self.redacted = 0
-
-    @property
-    def active(self) -> bool:
-        """Whether there is anything to redact."""
-        return self._pattern is not None
 
     def feed(self, chunk: bytes) -> bytes:
         """The part of ``held + chunk`` that can be released, redacted."""

@@ -411,16 +411,8 @@ DECLARE
     v_actor text := coalesce(nullif(current_setting('ledger.actor', true), ''), 'system');
     v_cancelled bigint[];
 BEGIN
-    IF v_name = 'record_attempt' THEN
-        -- The event describes the attempt it records, read from the row this
-        -- transaction just ended, by the lease holder it was recorded for:
-        -- so one UPDATE can record a whole batch (record_attempts).
-        SELECT jsonb_build_object('attempt_no', a.attempt_no, 'fingerprint', a.fingerprint,
-                                  'candidate_sha', a.candidate_sha, 'base_sha', a.base_sha)
-          INTO v_detail
-          FROM ledger.attempt a WHERE a.campaign_id = NEW.id AND a.generation = OLD.generation;
-        v_actor := coalesce(OLD.lease_owner, v_actor);
-    END IF;
+    -- (record_attempt names the attempt in its detail and its holder as the
+    -- actor; record_attempts is journaled by campaign_journal_batch.)
     -- A generation whose attempt is over without success, or that is
     -- superseded (a rebase), or a campaign abandoned, takes its pending
     -- intents with it: nothing a lost lease asked for is carried out later. Claimed intents are mid-dispatch; their

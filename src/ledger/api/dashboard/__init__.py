@@ -1,27 +1,6 @@
 """The operator's dashboard: server-rendered pages under ``/ui`` of ``ledger serve``.
 
-Pages, one router each (a module per group): the **board** and the autonomy
-chart (``board``), a **campaign** and an attempt (``campaign``), bulk action
-**previews** and confirmations (``bulk``), the per-**class** view
-(``classes``, where a class is also paused and resumed), the **approvals**
-that wait for a person and their decisions (``approvals``), the **workers**
-view of the registry of processes (``workers``) and **sign-in** (``signin``). What they share: the template
-environment and redirects (``render``), who is looking and the forms they post
-(``viewer``), the board's filter (``filters``).
-
-Everything is rendered from the same reads (``ledger.db.reads``) as the API, as the
-database role of the signed-in token, so a page can show and do exactly what
-that role may: a reader gets no action buttons, and the database refuses a
-reader's forged form anyway. Operator actions are recorded as
-``http:<token name>``, like the API's. Progressive enhancement is one small
-script (``static/dashboard.js``): it follows ``/ui/board/events`` or a
-campaign's journal stream (``/campaigns/{id}/events``) and swaps in fresh
-copies of the page's live regions, appends journal events and an attempt's
-output as they arrive, and pauses while the tab is hidden; it also gives the
-board keyboard navigation. Without it every page still works.
-
-The dashboard is its own (mounted) application: its routes are pages, not part
-of the API's OpenAPI contract, and its errors are pages, not problem+json.
+The design at length: docs/internals.md (``ledger.api.dashboard``).
 """
 
 from __future__ import annotations
@@ -35,16 +14,16 @@ from fastapi.responses import RedirectResponse, Response
 from fastapi.staticfiles import StaticFiles
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from ledger.config import LedgerConfig
-from ledger.errors import LedgerError
 from ledger.api.dashboard import approvals, board, bulk, campaign, classes, limits, signin, workers
 from ledger.api.dashboard.board import board_changes, sensor_rows
 from ledger.api.dashboard.render import HERE, Pages, describe, duration, pages_of
-from ledger.api.problems import TooManyRequests
 from ledger.api.dashboard.viewer import SignInRequired
+from ledger.api.problems import TooManyRequests
+from ledger.config import LedgerConfig
+from ledger.errors import LedgerError
 
 if TYPE_CHECKING:
-    from ledger.api.app import ApiState
+    from ledger.api.state import ApiState
 
 __all__ = ["board_changes", "create_dashboard", "describe", "duration", "sensor_rows"]
 

@@ -14,21 +14,21 @@ from fastapi import APIRouter, Request
 from fastapi.responses import HTMLResponse, Response
 from sse_starlette import EventSourceResponse, ServerSentEvent
 
-from ledger.db.bounds import ascii_int
-from ledger.bulk import ACTION_STATES
-from ledger.config import LedgerConfig, SensorConfig
-from ledger.errors import InvalidInput, LedgerError
-from ledger.db.hub import NullHub, Subscription
-from ledger.db.reads import Reads
-from ledger.db.models import Campaign, HourActivity, SensorSummary
-from ledger.report import autonomy_report
-from ledger.roles.sensors import next_tick, trigger_for
 from ledger.api.campaigns import encode_cursor
-from ledger.db.cursors import decode_cursor
 from ledger.api.charts import HourChart, autonomy_chart, hour_chart
 from ledger.api.dashboard.filters import BoardFilter
 from ledger.api.dashboard.render import STATES, Pages, pages_of
 from ledger.api.dashboard.viewer import viewer_of
+from ledger.bulk import ACTION_STATES
+from ledger.config import LedgerConfig, SensorConfig
+from ledger.db.bounds import ascii_int
+from ledger.db.cursors import decode_cursor
+from ledger.db.hub import NullHub, Subscription
+from ledger.db.models import Campaign, HourActivity, SensorSummary
+from ledger.db.reads import Reads
+from ledger.errors import InvalidInput, LedgerError
+from ledger.report import autonomy_report
+from ledger.roles.sensors import next_tick, trigger_for
 
 router = APIRouter()
 

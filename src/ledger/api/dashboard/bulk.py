@@ -13,15 +13,15 @@ from fastapi import APIRouter, Request
 from fastapi.responses import HTMLResponse, Response
 
 from ledger import bulk as bulk_actions
-from ledger.db.bounds import is_ascii_int
-from ledger.errors import InvalidInput
-from ledger.db.reads import Reads
-from ledger.db.models import Campaign
 from ledger.api import bulk_jobs
 from ledger.api.dashboard.campaign import extra_attempts
 from ledger.api.dashboard.filters import BoardFilter
 from ledger.api.dashboard.render import pages_of, redirect
 from ledger.api.dashboard.viewer import Viewer, read_form, viewer_of
+from ledger.db.bounds import is_ascii_int
+from ledger.db.models import Campaign
+from ledger.db.reads import Reads
+from ledger.errors import InvalidInput
 
 router = APIRouter()
 

@@ -10,12 +10,12 @@ from datetime import datetime, timezone
 from fastapi import APIRouter, Request
 from fastapi.responses import HTMLResponse, Response
 
-from ledger.db.bounds import ascii_int
-from ledger.errors import NotFound
-from ledger.db.cursors import BIGINT_MAX
-from ledger.api.timeline import campaign_timeline
 from ledger.api.dashboard.render import pages_of, redirect
 from ledger.api.dashboard.viewer import local_path, read_form, viewer_of
+from ledger.api.timeline import campaign_timeline
+from ledger.db.bounds import ascii_int
+from ledger.db.cursors import BIGINT_MAX
+from ledger.errors import NotFound
 
 router = APIRouter()
 

@@ -12,11 +12,11 @@ from datetime import datetime, timezone
 from fastapi import APIRouter, Request
 from fastapi.responses import HTMLResponse, Response
 
-from ledger.errors import InvalidInput
 from ledger.api.charts import hour_chart
-from ledger.api.dashboard.board import activity, bucket_labels, window_of, WINDOWS
+from ledger.api.dashboard.board import WINDOWS, activity, bucket_labels, window_of
 from ledger.api.dashboard.render import STATES, pages_of, redirect
 from ledger.api.dashboard.viewer import local_path, read_form, viewer_of
+from ledger.errors import InvalidInput
 
 router = APIRouter()
 

@@ -12,10 +12,10 @@ from urllib.parse import urlencode
 from fastapi import Request
 
 from ledger import bulk
+from ledger.api.dashboard.render import STATES
 from ledger.db.bounds import is_ascii_int
 from ledger.db.cursors import BIGINT_MAX
 from ledger.errors import InvalidInput
-from ledger.api.dashboard.render import STATES
 
 _FILTER_TEXT = re.compile(r"^[^\x00]{1,200}$")
 

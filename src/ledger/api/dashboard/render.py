@@ -18,8 +18,8 @@ from ledger.config import LedgerConfig
 from ledger.db.models import TERMINAL_STATES, Attempt, Campaign, Event, State
 
 if TYPE_CHECKING:
-    from ledger.api.app import ApiState
     from ledger.api.dashboard.viewer import Viewer
+    from ledger.api.state import ApiState
 
 HERE = Path(__file__).resolve().parents[1]  # ledger/api: templates/ and static/
 #: The states, in the machine's order (the ``State`` type is checked against

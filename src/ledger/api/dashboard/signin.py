@@ -6,12 +6,12 @@ from __future__ import annotations
 from fastapi import APIRouter, Request
 from fastapi.responses import HTMLResponse, Response
 
-from ledger.logs import get_logger
 from ledger.api import cookies
 from ledger.api.auth import client_of
-from ledger.api.problems import TooManyRequests
 from ledger.api.dashboard.render import THEME_COOKIE, THEMES, pages_of, redirect
 from ledger.api.dashboard.viewer import local_path, read_form, viewer_of
+from ledger.api.problems import TooManyRequests
+from ledger.logs import get_logger
 
 router = APIRouter()
 log = get_logger("dashboard")

@@ -7,11 +7,11 @@ from urllib.parse import parse_qs
 
 from fastapi import Request
 
-from ledger.errors import Forbidden, InvalidInput
-from ledger.db.kernel import Kernel
-from ledger.db.reads import Reads
 from ledger.api import cookies
 from ledger.api.auth import Principal, TokenTable, admit, check_token
+from ledger.db.kernel import Kernel
+from ledger.db.reads import Reads
+from ledger.errors import Forbidden, InvalidInput
 
 
 class SignInRequired(Exception):

@@ -1,4 +1,4 @@
-"""The workers view: every process of the registry (``ledger.roles.registry``) --
+"""The workers view: every process of the registry (``ledger.runtime.registry``) --
 which role, where, since when, when last seen, what it holds now and since
 when -- live ones first; a process that stopped reporting shows as gone."""
 
@@ -10,9 +10,9 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import HTMLResponse, Response
 
-from ledger.db.models import ProcessRow
 from ledger.api.dashboard.render import pages_of
 from ledger.api.dashboard.viewer import viewer_of
+from ledger.db.models import ProcessRow
 
 router = APIRouter()
 

@@ -36,7 +36,7 @@ SELECT c.id AS campaign_id, c.generation, a.attempt_no, c.lease_expires_at, c.cl
 -- A page of campaigns, newest change first. The order (updated_at DESC, id
 -- DESC) is total, so the (updated_at, id) cursor is deterministic. The filter
 -- is the same in matching_state_counts and matching_summary (tests/test_schema.py
--- holds the three equal). search is a pattern: its % and _ match anything.
+-- holds the three equal). search arrives escaped (Reads): a literal substring.
 SELECT *
   FROM ledger_api.campaigns c
  WHERE (%(states)s::text[] IS NULL OR c.state = ANY (%(states)s::text[]))

@@ -27,10 +27,10 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
 
-from ledger.errors import LedgerError
 from ledger.db.kernel import Kernel
-from ledger.logs import get_logger
 from ledger.db.models import ProcessReport
+from ledger.errors import LedgerError
+from ledger.logs import get_logger
 
 #: The longest pause between two reports, whatever the service's own tick.
 MAX_INTERVAL_S = 10.0
