@@ -43,7 +43,8 @@ from bench.harness import (
 )
 from ledger import logs
 
-SECTIONS = ("compare", "cost", "cycle", "peers", "wake", "scale", "heartbeat", "journal", "fair", "rowcost", "cell")
+SECTIONS = ("compare", "cost", "cycle", "peers", "wake", "scale", "heartbeat", "journal", "fair", "rowcost", "cell",
+            "limits")
 RESULTS = Path(__file__).parent / "results"
 
 

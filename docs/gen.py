@@ -230,7 +230,8 @@ def configuration_page() -> str:
               config.SensorConfig: "sensors", CellPolicy: "cell",
               config.PytestJudge: "acceptance-pytest", config.ScreenSettings: "acceptance-screen",
               config.ScreenRule: "acceptance-screen-extra", config.HeldOut: "acceptance-held-out",
-              config.Review: "acceptance-review"}
+              config.Review: "acceptance-review", config.ResourceLimits: "limits",
+              config.KeyLimits: "keys"}
     nested = [(CellPolicy, "`cell` (of a class, its `acceptance` or a sensor)", "cell"),
               (config.PytestJudge, "`acceptance.pytest`", "acceptance-pytest"),
               (config.ScreenSettings, "`acceptance.screen`", "acceptance-screen"),
@@ -258,7 +259,7 @@ def configuration_page() -> str:
         "`LEDGER_` and the knob's name in capitals.",
         "## `ledger.toml`",
         paragraphs(config, 1, 2),
-        "The file has two tables of tables, `[classes.NAME]` and `[sensors.NAME]`; a name matches "
+        "The file has tables of tables: `[classes.NAME]` and `[sensors.NAME]`, and for limits `[limits.RESOURCE]` and `[keys.\"KIND:VALUE\"]` ([limits](../limits.md)); a class or sensor name matches "
         f"{code(config.NAME)}. Unknown keys are refused (exit 78, naming the key).",
         "```toml\n" + (inspect.getdoc(config) or "").split("Example::")[1].split("\n\n")[1]
         .replace("\n    ", "\n").strip() + "\n```",
@@ -281,6 +282,12 @@ def configuration_page() -> str:
         doc(config.SensorConfig) + " Exactly one schedule (`every_s` or `cron`) and one check "
         "(`command` or `url`).",
         table(headers, model_rows(config.SensorConfig, models, skip=("name",))),
+        "### `[limits.RESOURCE]` {#limits}",
+        doc(config.ResourceLimits) + " A resource is named like a class; see [limits](../limits.md).",
+        table(headers, model_rows(config.ResourceLimits, models)),
+        "### `[keys.\"KIND:VALUE\"]` {#keys}",
+        doc(config.KeyLimits) + " A key matches " + code(config.LIMIT_KEY) + ".",
+        table(headers, model_rows(config.KeyLimits, models)),
         *nested_parts,
         "## Environment",
         "### Settings",
@@ -463,6 +470,12 @@ def protocol_page() -> str:
               [(md(when), md(then)) for when, then in protocol.EXIT_STATUS]),
         "A lease that is lost meanwhile (the campaign abandoned, the worker partitioned away) "
         "kills the command's process group; nothing more is written for the attempt.",
+        "## Reporting usage {#usage}",
+        doc(protocol.UsageReport) + f" A line is `{protocol.USAGE_PREFIX.strip()} {{...}}` on a line "
+        f"of its own, at most {protocol.USAGE_LINE_BYTES} bytes; at most {protocol.USAGE_REPORTS:,} "
+        "are taken from one attempt. Budgets and rate limits: [limits](../limits.md).",
+        table(headers, rows(protocol.UsageReport)),
+        "```\nLEDGER_USAGE {\"tokens_in\": 1200, \"tokens_out\": 300, \"requests\": 1, \"cost\": 0.004}\n```",
     ]) + "\n"
 
 

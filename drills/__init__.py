@@ -19,6 +19,7 @@ from .heartbeat_race import HeartbeatRace
 from .hostile import HostileAgent
 from .intake import Intake
 from .kill_worker import KillWorker
+from .limits import Limits
 from .load import Load
 from .lost_doorbell import LostDoorbell
 from .machines import Machines
@@ -35,4 +36,4 @@ from .zombie_worker import ZombieWorker
 ALL = [Intake(), SecondAttemptDiffers(), KillWorker(), ZombieWorker(), FrozenWorker(), HeartbeatRace(), BadPatch(),
        ForbiddenWrite(), LostDoorbell(), DatabaseRestart(), DispatcherCrash(), StopMidAttempt(),
        Drain(), VerifierCrash(), Partition(), GamingAgent(), HostileAgent(), Load(), Failover(), Patroni(),
-       Machines(), MergeQueue(), Approval(), Chaos(), Upgrade()]
+       Machines(), MergeQueue(), Approval(), Limits(), Chaos(), Upgrade()]

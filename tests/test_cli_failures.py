@@ -41,6 +41,8 @@ SAMPLES: dict[str, list[str]] = {
     "names": ["intake"],  # drill: a drill that uses the given server
     "role": ["reader"],
     "older_than": ["--older-than", "1d"],
+    "key": ["repo:app"],  # limits set
+    "resource": ["model-a"],  # limits bucket
 }
 #: Commands that never touch a database: they must still work.
 OFFLINE = {("token", "create")}

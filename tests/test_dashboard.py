@@ -529,3 +529,40 @@ async def test_the_workers_view_marks_a_process_that_waits_to_start(ui: Ui, acto
     await worker.report_worker_process(report.model_copy(update={"not_ready": None}))
     page = (await ui.client.get("/ui/workers")).text
     assert "data-not-ready" not in page and 'data-status="live"' in page
+
+
+# --- the limits view ----------------------------------------------------------------
+
+
+async def test_the_limits_view_and_api_show_and_change_limits_live(ui: Ui, actors: Actors) -> None:
+    """Each key against its cap, each bucket, usage; an operator's change over
+    HTTP is journaled with the token's name; a bad figure is a problem+json
+    422 naming it."""
+    op = await actors("operator")
+    await op.register_class("test", lease_seconds=30)
+    await op.set_class_limits("test", limit_keys=["class"], resources=["model-a"], max_cost=2.0)
+    await op.set_bucket("model-a", requests_per_minute=60)
+    await op.set_limit("class:test", max_leased=1)
+    await (await actors("sensor")).open_campaign("test", "limits-view", "t")
+    claim = await (await actors("worker")).claim_campaign("w", ["test"])
+    assert claim is not None
+    await (await actors("worker")).report_usage(claim.campaign_id, claim.generation, tokens_in=7, cost=0.5, key="k")
+    await ui.sign_in("reader")
+    page = (await ui.client.get("/ui/limits")).text
+    assert 'data-key="class:test" class="at-cap"' in page and "1 / 1" in page
+    assert 'data-resource="model-a"' in page and 'data-class="test"' in page
+    auth = {"Authorization": f"Bearer {ui.tokens['operator']}"}
+    r = await ui.client.put("/limits/keys/class:test", json={"max_leased": 3}, headers=auth)
+    assert r.status_code == 200 and r.json()["max_leased"] == 3
+    r = await ui.client.put("/limits/keys/class:test", json={"max_leased": -1}, headers=auth)
+    assert r.status_code == 422 and "max_leased must be" in r.json()["detail"]
+    assert r.headers["content-type"].startswith("application/problem+json")
+    r = await ui.client.put("/limits/buckets/model-a", json={"requests_per_minute": 120}, headers=auth)
+    assert r.status_code == 200 and r.json()["requests_per_minute"] == 120
+    shown = (await ui.client.get("/limits", headers=auth)).json()
+    assert [e["actor"] for e in shown["events"]][:2] == ["http:operator-tok"] * 2
+    assert shown["usage"][0]["cost"] == 0.5
+    r = await ui.client.post(f"/campaigns/{claim.campaign_id}/budget", json={"max_cost": 0.1}, headers=auth)
+    assert r.status_code == 422 and "raise it above 0.5" in r.json()["detail"]
+    r = await ui.client.post(f"/campaigns/{claim.campaign_id}/budget", json={"max_cost": 9}, headers=auth)
+    assert r.status_code == 200 and r.json() == {"campaign_id": claim.campaign_id, "state": "leased"}

@@ -378,6 +378,19 @@ async def test_every_numeric_argument_refuses_nan_infinity_and_out_of_range(acto
         ("merge_queue_stack", "p_suspect"): lambda x: dispatcher.merge_queue_stack(
             1, 1, base_sha="a" * 40, members=[1], generations=[1], stack=["a" * 40], changes=[{}],
             suspect=_int(x), bundle={}, bundle_digest="d", diff=b"", candidate_ref="r"),
+        # limits (docs/limits.md)
+        ("set_limit", "p_max_leased"): lambda x: op.set_limit("repo:x", max_leased=_int(x)),
+        ("set_limit", "p_max_verifying"): lambda x: op.set_limit("repo:x", max_verifying=_int(x)),
+        ("set_limit", "p_max_cost_per_day"): lambda x: op.set_limit("repo:x", max_cost_per_day=x),
+        ("set_limit", "p_weight"): lambda x: op.set_limit("repo:x", weight=_int(x)),
+        ("set_bucket", "p_requests_per_minute"): lambda x: op.set_bucket("m", requests_per_minute=x),
+        ("set_bucket", "p_tokens_per_minute"): lambda x: op.set_bucket("m", tokens_per_minute=x),
+        ("set_class_limits", "p_max_cost"): lambda x: op.set_class_limits(test_class, max_cost=x),
+        ("raise_budget", "p_max_cost"): lambda x: op.raise_budget(cid, x),
+        ("report_usage", "p_tokens_in"): lambda x: worker.report_usage(cid, gen, tokens_in=_int(x)),
+        ("report_usage", "p_tokens_out"): lambda x: worker.report_usage(cid, gen, tokens_out=_int(x)),
+        ("report_usage", "p_requests"): lambda x: worker.report_usage(cid, gen, requests=_int(x)),
+        ("report_usage", "p_cost"): lambda x: worker.report_usage(cid, gen, cost=x),
     }
     # The registry's report functions, one per role: the same two numbers each.
     reporters = {"sensor": sensor.report_sensor_process, "worker": worker.report_worker_process,

@@ -160,6 +160,8 @@ VIEW_MODELS: dict[str, type[BaseModel]] = {
     "classes": models.CampaignClass, "states": models.StateRow,
     "transitions": models.TransitionRow, "class_events": models.ClassEvent,
     "processes": models.ProcessRow, "approvals": models.Approval,
+    "limit_keys": models.LimitKey, "limit_buckets": models.LimitBucket,
+    "attempt_usage": models.AttemptUsage, "limit_events": models.LimitEvent,
 }
 
 

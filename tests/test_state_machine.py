@@ -50,7 +50,11 @@ TRANSITIONS = {
     ("exhaust", "ready", "exhausted", "system"),
     ("reopen", "exhausted", "ready", "operator"),
     *{("abandon", s, "abandoned", "operator")
-      for s in ("ready", "leased", "attempted", "verified", "awaiting_approval", "exhausted")},
+      for s in ("ready", "leased", "attempted", "verified", "awaiting_approval", "exhausted",
+                "budget_exhausted")},
+    # budgets (docs/limits.md)
+    ("exhaust_budget", "ready", "budget_exhausted", "system"),
+    ("raise_budget", "budget_exhausted", "ready", "operator"),
     # approval before promotion (docs/approval.md)
     ("request_approval", "verified", "awaiting_approval", "system"),
     ("approve", "awaiting_approval", "verified", "operator"),
@@ -155,6 +159,15 @@ async def _exhausted(d: Driver) -> dict:
     return {"cid": await d.exhausted()}
 
 
+async def _budget_exhausted(d: Driver) -> dict:
+    await (await d.k("operator")).set_class_limits(d.class_, max_cost=1.0)
+    cid, gen = await d.leased()
+    worker = await d.k("worker")
+    await worker.report_usage(cid, gen, tokens_in=10, cost=1.5, key="u1")
+    await worker.fail_attempt(cid, gen, "it broke")
+    return {"cid": cid}
+
+
 async def _as(d: Driver, role: str) -> Kernel:
     return await d.k(role)
 
@@ -253,6 +266,11 @@ async def act_deny(d: Driver, s: dict, role: str) -> int:
     return s["cid"]
 
 
+async def act_raise_budget(d: Driver, s: dict, role: str) -> int:
+    await (await _as(d, role)).raise_budget(s["cid"], 5.0, operator="operator-1", reason="worth it")
+    return s["cid"]
+
+
 async def act_abandon(d: Driver, s: dict, role: str) -> int:
     await (await _as(d, role)).abandon(s["cid"], "no longer needed")
     return s["cid"]
@@ -285,10 +303,12 @@ CASES = [
     Case("approve", "awaiting_approval", "operator", APPROVING_CLASS, _verified, act_approve),
     Case("deny", "awaiting_approval", "operator", APPROVING_CLASS, _verified, act_deny),
     Case("abandon", "awaiting_approval", "operator", APPROVING_CLASS, _verified, act_abandon),
+    Case("raise_budget", "budget_exhausted", "operator", "test", _budget_exhausted, act_raise_budget),
+    Case("abandon", "budget_exhausted", "operator", "test", _budget_exhausted, act_abandon),
 ]
 #: Transitions no role asks for: they follow from another one inside the
 #: kernel (tests/test_approval.py covers the approval ones).
-SYSTEM_ONLY = {("exhaust", "ready"), ("request_approval", "verified"),
+SYSTEM_ONLY = {("exhaust", "ready"), ("request_approval", "verified"), ("exhaust_budget", "ready"),
                ("approve_on_timeout", "awaiting_approval"), ("deny_on_timeout", "awaiting_approval"),
                ("abandon_on_timeout", "awaiting_approval")}
 

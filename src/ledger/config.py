@@ -182,6 +182,37 @@ class ApprovalWhen(_Strict):
     when: list[ApprovalCondition] = Field(min_length=1, max_length=32)
 
 
+#: A limit key: KIND:VALUE (``repo:app``, ``tenant:acme``).
+LIMIT_KEY = r"^[a-z][a-z0-9_.-]{0,31}:[^\s]{1,200}$"
+#: A class's key template: ``class``, ``repo``, a label's name (``tenant``) or a key.
+LIMIT_TEMPLATE = r"^[a-z][a-z0-9_.-]{0,31}(:[^\s]{1,200})?$"
+
+
+class KeyLimits(_Strict):
+    """``[keys."KIND:VALUE"]``: the caps of one limit key, across every class
+    whose campaigns are counted under it (docs/limits.md)."""
+
+    max_leased: int | None = Field(None, ge=0, le=1_000_000, description=(
+        "campaigns under this key leased at once (an agent running); unset: no cap"))
+    max_verifying: int | None = Field(None, ge=0, le=1_000_000, description=(
+        "campaigns under this key in verification at once; unset: no cap"))
+    max_cost_per_day: float | None = Field(None, ge=0, le=1e9, description=(
+        "spend reported under this key per UTC day; once reached its campaigns wait for the next day"))
+    weight: int = Field(1, ge=1, le=1000, description=(
+        "this key's share of claims among the keys of one class (fair claims)"))
+
+
+class ResourceLimits(_Strict):
+    """``[limits.RESOURCE]``: a named resource's rates (a model provider),
+    shared by every class that says it uses it (``uses``)."""
+
+    requests_per_minute: float | None = Field(None, gt=0, le=1_000_000, description=(
+        "attempts started per minute (each claim takes one request); unset: not limited"))
+    tokens_per_minute: float | None = Field(None, ge=1, le=1e10, description=(
+        "tokens reported per minute (in + out); a claim waits while the reported tokens are ahead "
+        "of this rate; unset: not limited"))
+
+
 class CampaignClassConfig(_Strict):
     """One campaign class."""
 
@@ -245,7 +276,62 @@ class CampaignClassConfig(_Strict):
         "a URL a notice is POSTed to for each candidate that starts waiting (a chat webhook; sent "
         "by the dispatcher with an Idempotency-Key)"))
 
+    limit_keys: list[str] = Field(default_factory=list, max_length=16, description=(
+        "the keys its campaigns are counted under for caps and budgets: class (class:NAME), repo "
+        "(repo:NAME of the target), a label's name such as tenant (each label tenant:VALUE the "
+        "campaign was opened with), or a key such as team:infra (docs/limits.md)"))
+    uses: list[str] = Field(default_factory=list, max_length=8, description=(
+        "the rate-limited resources its attempts use ([limits.RESOURCE]): a claim waits until each "
+        "has room"))
+    max_cost: float | None = Field(None, gt=0, le=1e9, description=(
+        "each campaign's budget, in the currency unit its agents report: once its attempts reported "
+        "this much it is not started again (budget_exhausted) until an operator raises it"))
+    max_cost_per_day: float | None = Field(None, ge=0, le=1e9, description=(
+        "the class's spend per UTC day (the key class:NAME): once reached its campaigns wait for the "
+        "next day"))
+    fair_key: str | None = Field(None, pattern=r"^[a-z][a-z0-9_.-]{0,31}$", description=(
+        "the key template its claims are fair across, such as tenant: the key with the fewest leases "
+        "for its weight ([keys.KEY] weight) is claimed from first, so a tenant with a long backlog "
+        "cannot hold up another's first campaign by more than one claim round"))
+    max_leased: int | None = Field(None, ge=0, le=1_000_000, description=(
+        "the class's campaigns leased at once (the key class:NAME)"))
+    max_verifying: int | None = Field(None, ge=0, le=1_000_000, description=(
+        "the class's campaigns in verification at once (the key class:NAME)"))
+
     _attempt_environment = field_validator("attempt_environment")(_extras)
+
+    @field_validator("limit_keys")
+    @classmethod
+    def _limit_keys(cls, value: list[str]) -> list[str]:
+        for template in value:
+            if not re.fullmatch(LIMIT_TEMPLATE, template):
+                raise ValueError(f"limit_keys: {template!r} is not class, repo, a label name such as "
+                                 "tenant, or a key such as team:infra")
+        return value
+
+    @field_validator("uses")
+    @classmethod
+    def _uses(cls, value: list[str]) -> list[str]:
+        for resource in value:
+            if not re.fullmatch(NAME, resource):
+                raise ValueError(f"uses: {resource!r} is not a resource name (like a class name)")
+        return value
+
+    def limit_templates(self) -> list[str]:
+        """The key templates as the database keeps them (``class`` added when
+        the class has caps or a day budget of its own)."""
+        templates = list(dict.fromkeys(self.limit_keys))
+        if (self.max_leased is not None or self.max_verifying is not None
+                or self.max_cost_per_day is not None) and "class" not in templates:
+            templates.append("class")
+        return templates
+
+    def class_key(self) -> KeyLimits | None:
+        """The caps of the key ``class:NAME``, if the class sets any."""
+        if self.max_leased is None and self.max_verifying is None and self.max_cost_per_day is None:
+            return None
+        return KeyLimits(max_leased=self.max_leased, max_verifying=self.max_verifying,
+                         max_cost_per_day=self.max_cost_per_day)
 
     @field_validator("approval", mode="before")
     @classmethod
@@ -477,6 +563,31 @@ class LedgerConfig(_Strict):
 
     classes: dict[str, CampaignClassConfig] = Field(default_factory=dict)
     sensors: dict[str, SensorConfig] = Field(default_factory=dict)
+    #: ``[limits.RESOURCE]``: rate-limited resources
+    limits: dict[str, ResourceLimits] = Field(default_factory=dict)
+    #: ``[keys."KIND:VALUE"]``: caps and budgets of limit keys
+    keys: dict[str, KeyLimits] = Field(default_factory=dict)
+
+    def key_limits(self) -> dict[str, KeyLimits]:
+        """Every key's caps: the ``[keys]`` tables and the classes' own
+        (``class:NAME``; a ``[keys."class:NAME"]`` table wins)."""
+        found = {f"class:{name}": key for name, cls in self.classes.items()
+                 if (key := cls.class_key()) is not None}
+        return {**found, **self.keys}
+
+    async def sync_limits(self, kernel: Any, operator: str | None = None) -> None:
+        """Set every bucket, key and class's limits (after the classes are
+        registered): ``ledger classes sync``."""
+        for resource, rates in sorted(self.limits.items()):
+            await kernel.set_bucket(resource, requests_per_minute=rates.requests_per_minute,
+                                    tokens_per_minute=rates.tokens_per_minute, operator=operator)
+        for key, caps in sorted(self.key_limits().items()):
+            await kernel.set_limit(key, max_leased=caps.max_leased, max_verifying=caps.max_verifying,
+                                   max_cost_per_day=caps.max_cost_per_day, weight=caps.weight,
+                                   operator=operator)
+        for name, cls in sorted(self.classes.items()):
+            await kernel.set_class_limits(name, limit_keys=cls.limit_templates(), resources=cls.uses,
+                                          max_cost=cls.max_cost, fair_key=cls.fair_key, operator=operator)
 
     def campaign_class(self, name: str) -> CampaignClassConfig:
         """A class by name, or ``ConfigError``."""
@@ -494,7 +605,11 @@ def parse_config(data: dict[str, Any], source: str = "config") -> LedgerConfig:
         raw_sensors = data.get("sensors", {})
         if not isinstance(raw_classes, dict) or not isinstance(raw_sensors, dict):
             raise ConfigError(f"{source}: [classes] and [sensors] must be tables")
-        unknown = set(data) - {"classes", "sensors"}
+        unknown = set(data) - {"classes", "sensors", "limits", "keys"}
+        raw_limits = data.get("limits", {})
+        raw_keys = data.get("keys", {})
+        if not isinstance(raw_limits, dict) or not isinstance(raw_keys, dict):
+            raise ConfigError(f"{source}: [limits] and [keys] must be tables")
         if unknown:
             raise ConfigError(f"{source}: unknown top-level keys: {', '.join(sorted(unknown))}")
         where_prefix = ""
@@ -506,8 +621,22 @@ def parse_config(data: dict[str, Any], source: str = "config") -> LedgerConfig:
         for name, body in raw_sensors.items():
             where_prefix = f"sensors.{name}."
             sensors[name] = SensorConfig(name=name, **body)
+        limits = {}
+        for name, body in raw_limits.items():
+            where_prefix = f"limits.{name}."
+            if not re.fullmatch(NAME, name):
+                raise ConfigError(f"{source}: limits.{name}: a resource is named like a class "
+                                  "(lowercase letters, digits, _ . -)")
+            limits[name] = ResourceLimits(**body)
+        keys = {}
+        for name, body in raw_keys.items():
+            where_prefix = f"keys.{name}."
+            if not re.fullmatch(LIMIT_KEY, name):
+                raise ConfigError(f"{source}: keys.{name}: a limit key is KIND:VALUE, such as "
+                                  "repo:app or tenant:acme")
+            keys[name] = KeyLimits(**body)
         where_prefix = ""
-        config = LedgerConfig(classes=classes, sensors=sensors)
+        config = LedgerConfig(classes=classes, sensors=sensors, limits=limits, keys=keys)
     except ValidationError as exc:
         first = exc.errors()[0]
         where = where_prefix + ".".join(str(p) for p in first["loc"])
@@ -516,6 +645,11 @@ def parse_config(data: dict[str, Any], source: str = "config") -> LedgerConfig:
                           ) from exc
     except TypeError as exc:
         raise ConfigError(f"{source}: {exc}") from exc
+    for each in config.classes.values():
+        unknown_resources = sorted(set(each.uses) - set(config.limits))
+        if unknown_resources:
+            raise ConfigError(f"{source}: classes.{each.name}.uses: {', '.join(unknown_resources)} "
+                              "has no [limits.RESOURCE] table")
     for sensor in config.sensors.values():
         # A sensor's campaign is attempted on, and promoted onto, its class's
         # repository: a target elsewhere would fix (and move) the wrong one.

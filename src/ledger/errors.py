@@ -205,6 +205,17 @@ class ObjectiveConflict(LedgerError):
     exit_code = 11
 
 
+class LimitReached(LedgerError):
+    """A limit key was at its cap (of leases or of verifications) or a rate
+    bucket was empty at the write: raised inside a claim that lost the last
+    slot to a concurrent one (the claim catches it and moves on); seen
+    outside only from a direct write of the counters' rows."""
+
+    slug = "limit-reached"
+    http_status = 429
+    exit_code = 18
+
+
 class CannotListen(LedgerError):
     """A server could not listen where it was told: the port is already in use,
     or the address is not one of this machine's (or needs privileges)."""
@@ -237,6 +248,7 @@ SQLSTATES: dict[str, type[LedgerError]] = {
     "LG011": ObjectiveConflict,
     "LG012": SchemaMismatch,
     "LG013": CodeTooOld,
+    "LG014": LimitReached,
     "25006": ReadOnly,  # read_only_sql_transaction: connected to a standby
     "42501": Forbidden,  # insufficient_privilege: the role may not call this
     "22P02": InvalidInput,  # invalid_text_representation

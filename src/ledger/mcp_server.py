@@ -40,6 +40,7 @@ from pydantic import BaseModel, Field
 from ledger import bulk
 from ledger.api.auth import Principal, TokenTable
 from ledger.api.campaigns import NO_NUL, BulkResult, CampaignFilter, CampaignPage, encode_cursor
+from ledger.api.limits import Limits
 from ledger.api.roles import RolePools
 from ledger.db.cursors import BIGINT_MAX, decode_cursor
 from ledger.db.database import Database
@@ -346,6 +347,19 @@ class LedgerMCP:
             self.principal(ctx)
             result: WaitingApprovals = await self._read(
                 lambda reads: self._waiting(reads, class_name, limit))
+            return result
+
+        @tool(annotations=READING)
+        async def show_limits(ctx: Context) -> Limits:
+            """Limits and budgets (docs/limits.md): each key's leases and verifications
+            against its caps and today's spend, each rate bucket's rates and how long a
+            claim would wait on it, usage per class, the latest changes and who made them."""
+            self.principal(ctx)
+
+            async def go(reads: Reads) -> Limits:
+                return Limits(keys=await reads.limit_keys(), buckets=await reads.limit_buckets(),
+                              usage=await reads.usage_by_class(), events=await reads.limit_events(50))
+            result: Limits = await self._read(go)
             return result
 
     def _register_approvals(self) -> None:

@@ -92,6 +92,35 @@ class AttemptContext(BaseModel):
                     "`cell.allow` hosts, through `HTTPS_PROXY`) or `host`.")
 
 
+#: The prefix of a usage line: ``LEDGER_USAGE {"tokens_in": 1200, ...}`` on a
+#: line of its own, on the command's standard output or error.
+USAGE_PREFIX = "LEDGER_USAGE "
+#: The longest usage line read (a longer one is refused, whole).
+USAGE_LINE_BYTES = 4096
+#: The most usage lines taken from one attempt (later ones are refused).
+USAGE_REPORTS = 10000
+
+
+class UsageReport(BaseModel):
+    """What the attempt used since its previous report (increments, not
+    totals): one JSON object after ``LEDGER_USAGE `` on a line of its own,
+    printed as it goes and at its end. Ledger adds it to the attempt's usage,
+    the campaign's spend (against the class's ``max_cost``), the day's spend of
+    each of its limit keys, and the token buckets of the resources the class
+    ``uses``. A line that is not this -- not JSON, an unknown field, a
+    negative, fractional or absurd figure, a string for a number -- is
+    refused as a whole, journaled as ``usage.refused`` with the reason, and
+    nothing else of the attempt is lost."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    tokens_in: int = Field(0, ge=0, le=1_000_000_000, description="Input (prompt) tokens.")
+    tokens_out: int = Field(0, ge=0, le=1_000_000_000, description="Output (completion) tokens.")
+    requests: int = Field(0, ge=0, le=1_000_000, description="Requests made to the provider.")
+    cost: float = Field(0.0, ge=0, le=1_000_000, allow_inf_nan=False,
+                        description="What it cost, in the currency unit of the class's budgets.")
+
+
 #: The placeholders an ``attempt_command`` argument may contain (``str.format``).
 PLACEHOLDERS: dict[str, str] = {
     "campaign_file": "the path of `campaign.json`",

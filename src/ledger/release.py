@@ -18,7 +18,7 @@ from typing import NamedTuple
 RELEASE = "0.3.0"
 #: The schema revision this code was written for: the newest it knows. Held
 #: equal to the migrations' head by tests/test_upgrade.py.
-SCHEMA = "0010_lean_cycle"
+SCHEMA = "0011_limits"
 
 
 class Release(NamedTuple):

@@ -343,6 +343,20 @@ class OptionKnobs:
                               "--abandon")
     approvals_class: str | None = knob(None, "Only this class's.", "--class")
     approvals_limit: int = knob(100, "At most this many, oldest first.", "--limit", ge=1, le=1000)
+    # limits (docs/limits.md); the database checks every figure's range
+    limit_max_leased: int | None = knob(None, "Campaigns under the key leased at once (unset: no cap).",
+                                        "--max-leased")
+    limit_max_verifying: int | None = knob(None, "Campaigns under the key in verification at once "
+                                                 "(unset: no cap).", "--max-verifying")
+    limit_max_cost_per_day: float | None = knob(None, "Cost reported under the key per UTC day "
+                                                      "(unset: no budget).", "--max-cost-per-day")
+    limit_weight: int = knob(1, "The key's share of claims among the keys of a class.", "--weight")
+    bucket_requests_per_minute: float | None = knob(None, "Attempts started per minute (unset: not "
+                                                          "limited).", "--requests-per-minute")
+    bucket_tokens_per_minute: float | None = knob(None, "Tokens reported per minute (unset: not "
+                                                        "limited).", "--tokens-per-minute")
+    budget_max_cost: float = knob(0.0, "The campaign's new budget (above what it spent).", "--max-cost")
+    budget_reason: str | None = knob(None, "Why (kept in the journal with your identity).", "--reason")
     # the demo and the drills
     demo_ui: bool = knob(False, "Also serve the dashboard (prints its URL and a token), and keep "
                                 "serving it after the loop closes, until Ctrl-C.", "--ui")

@@ -46,6 +46,7 @@ from ledger.api import (
     dashboard,
     events,
     health,
+    limits,
     metrics,
     observations,
     problems,
@@ -116,7 +117,8 @@ def create_app(database: Database, tokens: TokenTable,
     )
     app.state.ledger = state
     problems.install(app)
-    for module in (campaigns, approvals, bulk_jobs, classes, events, observations, metrics, health, problems):
+    for module in (campaigns, approvals, bulk_jobs, classes, limits, events, observations, metrics, health,
+                   problems):
         app.include_router(module.router)
     # Mounted, not included: pages are not part of the API's OpenAPI contract.
     app.mount("/ui", dashboard.create_dashboard(state, config))

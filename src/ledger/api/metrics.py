@@ -27,7 +27,7 @@ from prometheus_client.registry import Collector
 from ledger.api import problems
 from ledger.api.roles import CallerDep
 from ledger.db.hub import Hub
-from ledger.db.models import ProcessRow
+from ledger.db.models import ClassUsage, LimitBucket, LimitKey, ProcessRow
 from ledger.db.reads import Reads
 
 router = APIRouter(tags=["metrics"])
@@ -42,6 +42,8 @@ STANDARD_METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "
                               "TRACE", "CONNECT"})
 #: Why a campaign waits (``campaign.waiting_on``), each a label of the waiting gauge.
 WAITING_REASONS = ("system_fault", "target")
+#: The most limit keys a scrape reports (those with a cap or a budget, by name).
+LIMIT_KEYS = 1000
 #: The sensors whose streak of errors a scrape reports (by name).
 SENSOR_LIMIT = 1000
 #: An observation's outcomes, each a label of the sensors' counter.
@@ -76,6 +78,12 @@ class Snapshot:
     approval_decisions: dict[tuple[str, str], int] = field(default_factory=dict)
     #: role -> live processes that wait to start (ledger.runtime.startup)
     not_ready: dict[str, int] = field(default_factory=dict)
+    #: limits (docs/limits.md): the keys with a cap or a budget, the buckets,
+    #: usage per class, campaigns waiting on a limit per (class, kind)
+    limit_keys: list[LimitKey] = field(default_factory=list)
+    limit_buckets: list[LimitBucket] = field(default_factory=list)
+    usage: list[ClassUsage] = field(default_factory=list)
+    limits_waiting: dict[tuple[str, str], int] = field(default_factory=dict)
     read_s: float = 0.0
 
 
@@ -131,6 +139,13 @@ async def read_snapshot(reads: Reads) -> Snapshot:
         approvals={b.class_: (b.waiting, b.oldest_age_s) for b in await reads.approval_backlog()},
         approval_decisions=await reads.approval_decisions(),
         not_ready=_by_role(await reads.processes_not_ready()),
+        # only keys an operator capped or budgeted: a label's values are not a bounded set
+        limit_keys=[k for k in await reads.limit_keys()
+                    if k.max_leased is not None or k.max_verifying is not None
+                    or k.max_cost_per_day is not None][:LIMIT_KEYS],
+        limit_buckets=await reads.limit_buckets(),
+        usage=await reads.usage_by_class(),
+        limits_waiting={(w.class_, w.kind): w.campaigns for w in await reads.limits_waiting()},
     )
     snapshot.read_s = time.perf_counter() - started
     return snapshot
@@ -156,6 +171,51 @@ class LedgerCollector(Collector):
         self.snapshot = snapshot
         self.hub = hub
         self.process = process
+
+    def _limits(self) -> Iterator[Metric]:
+        """Limits and usage (docs/limits.md)."""
+        s = self.snapshot
+        leased = GaugeMetricFamily("ledger_limit_leased", "Campaigns leased under each capped key",
+                                   labels=["key"])
+        cap = GaugeMetricFamily("ledger_limit_max_leased", "Each key's cap of leases (absent: none)",
+                                labels=["key"])
+        verifying = GaugeMetricFamily("ledger_limit_verifying",
+                                      "Campaigns in verification under each capped key", labels=["key"])
+        spent = GaugeMetricFamily("ledger_limit_cost_today", "Cost reported today (UTC) under each key",
+                                  labels=["key"])
+        for k in s.limit_keys:
+            leased.add_metric([k.key], k.leased)
+            verifying.add_metric([k.key], k.verifying)
+            spent.add_metric([k.key], k.cost_today)
+            if k.max_leased is not None:
+                cap.add_metric([k.key], k.max_leased)
+        yield from (leased, cap, verifying, spent)
+        taken = CounterMetricFamily("ledger_bucket_requests", "Requests each resource's bucket gave out",
+                                    labels=["resource"])
+        tokens = CounterMetricFamily("ledger_bucket_tokens", "Tokens reported against each resource",
+                                     labels=["resource"])
+        wait = GaugeMetricFamily("ledger_bucket_wait_seconds",
+                                 "How long a claim would wait on each resource now", labels=["resource"])
+        for b in s.limit_buckets:
+            taken.add_metric([b.resource], b.requests)
+            tokens.add_metric([b.resource], b.tokens)
+            wait.add_metric([b.resource], max(b.request_wait_s, b.token_wait_s))
+        yield from (taken, tokens, wait)
+        used = CounterMetricFamily("ledger_usage_tokens", "Tokens the attempts reported, per class",
+                                   labels=["class", "direction"])
+        cost = CounterMetricFamily("ledger_usage_cost", "Cost the attempts reported, per class",
+                                   labels=["class"])
+        for u in s.usage:
+            used.add_metric([u.class_, "in"], u.tokens_in)
+            used.add_metric([u.class_, "out"], u.tokens_out)
+            cost.add_metric([u.class_], u.cost)
+        yield from (used, cost)
+        held = GaugeMetricFamily("ledger_campaigns_waiting_on_limits",
+                                 "Ready campaigns held back by a limit (kind: limit, rate, budget)",
+                                 labels=["class", "kind"])
+        for (cls, kind), count in sorted(s.limits_waiting.items()):
+            held.add_metric([cls, kind], count)
+        yield held
 
     def collect(self) -> Iterator[Metric]:
         """Yield every metric family."""
@@ -210,6 +270,7 @@ class LedgerCollector(Collector):
             for by in ("operator", "system"):
                 decisions.add_metric([decision, by], s.approval_decisions.get((decision, by), 0))
         yield decisions
+        yield from self._limits()
         yield GaugeMetricFamily("ledger_oldest_ready_age_seconds",
                                 "Age of the oldest ready campaign (0: none is ready)",
                                 value=s.oldest_ready_age_s or 0.0)

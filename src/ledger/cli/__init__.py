@@ -21,6 +21,7 @@ from ledger.cli import (
     drill,
     gc,
     journal,
+    limits,
     logins,
     mcp,
     runtime,
@@ -77,6 +78,7 @@ journal.register(app)
 verifier.register(app)
 runtime.register(app)
 classes.register(app)
+limits.register(app)
 serve.register(app)
 drill.register(app)
 gc.register(app)

@@ -19,7 +19,14 @@ from ledger.errors import InvalidInput, LedgerError, NotFound, OutcomeUnknown, U
 
 if TYPE_CHECKING:
     from ledger.db.kernel import Kernel
-    from ledger.db.models import Campaign, CampaignDetail, Opened, ProcessRow, SensorSummary
+    from ledger.db.models import (
+        Campaign,
+        CampaignDetail,
+        LimitWaiting,
+        Opened,
+        ProcessRow,
+        SensorSummary,
+    )
     from ledger.report import Report
 
 JSON_OPTION = option("json")
@@ -185,6 +192,12 @@ def show(
         since = f" for {_ago(c.waiting_since).removesuffix(' ago')}" if c.waiting_since else ""
         console.print(f"[bold]waiting on {why}[/]{since} ({c.fault_count} in a row, nothing charged): "
                       f"{escape(c.waiting_reason or '')}", highlight=False)
+    if c.waiting_for:
+        console.print(f"[bold]waiting_for: {escape(c.waiting_for)}[/] (nothing charged)", highlight=False)
+    if c.limit_keys or c.max_cost is not None or c.cost_spent:
+        budget = f"{c.cost_spent:g}/{c.max_cost:g}" if c.max_cost is not None else f"{c.cost_spent:g}"
+        console.print(f"limits: keys {', '.join(c.limit_keys) or '-'}; resources "
+                      f"{', '.join(c.resources) or '-'}; spent {budget}", highlight=False)
     if c.last_failure_reason:
         console.print(f"last failure: {c.last_failure_reason}")
     if detail.attempts:
@@ -228,13 +241,13 @@ def status(
     from ledger.db.reads import Reads
 
     async def go() -> tuple[dict[str, int], datetime | None, list[Campaign], list[SensorSummary],
-                            list[ProcessRow]]:
+                            list[ProcessRow], list[LimitWaiting]]:
         async with state(ctx).database().session("reader") as s:
             reads = Reads(s)
             return (await reads.state_counts(), await reads.oldest_ready(),
                     await reads.leases_expiring(expiring_within), await reads.sensor_summaries(1000),
-                    await reads.processes_not_ready())
-    counts, oldest, expiring, sensors, waiting = run(go())
+                    await reads.processes_not_ready(), await reads.limits_waiting())
+    counts, oldest, expiring, sensors, waiting, limited = run(go())
     if as_json:
         emit_json({"states": counts, "oldest_ready": oldest,
                    "leases_expiring": [{"campaign_id": c.id, "lease_owner": c.lease_owner,
@@ -247,7 +260,9 @@ def status(
                                for x in sensors],
                    "not_ready": [{"role": p.role, "service": p.service, "host": p.host,
                                   "pid": p.pid, "started_at": p.started_at,
-                                  "not_ready": p.not_ready} for p in waiting]})
+                                  "not_ready": p.not_ready} for p in waiting],
+                   "waiting_on_limits": [{"class": w.class_, "kind": w.kind, "campaigns": w.campaigns,
+                                          "waiting_for": w.example} for w in limited]})
         return
     t = table("state", "campaigns")
     for name, n in counts.items():
@@ -268,6 +283,11 @@ def status(
                       f"{_ago(x.last_error_at)}: {x.last_error}" if x.last_error_at else "-",
                       style="red" if x.consecutive_errors else "")
         t.print()
+    if limited:
+        held = table("class", "campaigns", "waiting_for", title="waiting on limits (nothing charged)")
+        for w in limited:
+            held.add_row(w.class_, str(w.campaigns), w.example)
+        held.print()
     if waiting:
         waits = table("role", "service", "host", "pid", "up since", "why",
                       title="processes not ready (waiting to start)")

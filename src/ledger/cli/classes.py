@@ -29,6 +29,7 @@ def sync(ctx: typer.Context, config: Path = CONFIG_OPTION) -> None:
     after checking every class's repository and base_ref and every sensor's
     observed ref: a misconfiguration registers nothing (exit 78); a remote
     out of reach now is a warning."""
+    from ledger.cli.campaigns import operator_identity
     from ledger.cli.runtime import preflight
     from ledger.config import load_config
     from ledger.db.kernel import Kernel
@@ -43,6 +44,11 @@ def sync(ctx: typer.Context, config: Path = CONFIG_OPTION) -> None:
             for name, cls in sorted(cfg.classes.items()):
                 await kernel.register_class(name, **cls.registration())
                 console_err.print(f"registered class {name}")
+            # limits (docs/limits.md): buckets, keys' caps, each class's keys and budget
+            await cfg.sync_limits(kernel, operator=operator_identity())
+            if cfg.limits or cfg.keys or any(c.limit_keys or c.uses or c.max_cost for c in cfg.classes.values()):
+                console_err.print(f"set limits: {len(cfg.limits)} resource(s), "
+                                  f"{len(cfg.key_limits())} key(s)")
 
     run(go())
 

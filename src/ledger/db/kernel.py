@@ -35,6 +35,7 @@ from ledger.db.models import (
     Reobserved,
     SideEffectClaim,
     SideEffectRequested,
+    UsageResult,
     VerificationClaim,
 )
 from ledger.errors import Forbidden, StaleLease
@@ -55,6 +56,7 @@ IDEMPOTENT = frozenset({
     "merge_queue_view", "merge_queue_freeze", "merge_queue_landed", "merge_queue_dissolve",
     "reobserve",
     "approve", "deny", "expire_approvals",
+    "set_limit", "set_bucket", "set_class_limits", "report_usage",
 })
 # (rebase_promotion is not: a retry after its commit finds the promotion
 # no longer claimed; the dispatcher then reads the campaign back.)
@@ -359,6 +361,18 @@ class Kernel:
                                      campaign_id=campaign_id, generation=generation, action=action,
                                      reason=reason, details=details or {})
 
+    async def report_usage(self, campaign_id: int, generation: int, *, tokens_in: int = 0,
+                           tokens_out: int = 0, requests: int = 0, cost: float = 0.0,
+                           key: str | None = None, timeout_s: float | None = None) -> UsageResult:
+        """Add what the attempt reported it used (increments; fenced; every
+        figure range-checked, ``InvalidInput`` naming the one refused). With
+        ``key``, a retried report counts once. Says the campaign's spend
+        against its budget."""
+        rows = await self._call("report_usage", _timeout_s=timeout_s, campaign_id=campaign_id,
+                                generation=generation, tokens_in=tokens_in, tokens_out=tokens_out,
+                                requests=requests, cost=cost, key=key)
+        return UsageResult.model_validate(rows[0])
+
     async def refuse_candidate(self, campaign_id: int, generation: int, reason: str, *,
                                fingerprint: str, paths: Sequence[str],
                                timeout_s: float | None = None) -> str:
@@ -609,6 +623,36 @@ class Kernel:
         rows = await self._call("deny", campaign_id=campaign_id, operator=operator, reason=reason,
                                 abandon=abandon)
         return ApprovalDecision.model_validate(rows[0])
+
+    async def set_limit(self, key: str, *, max_leased: int | None = None,
+                        max_verifying: int | None = None, max_cost_per_day: float | None = None,
+                        weight: int = 1, operator: str | None = None) -> None:
+        """Set a limit key's caps (``None`` lifts one); journaled with the operator."""
+        await self._call("set_limit", key=key, max_leased=max_leased, max_verifying=max_verifying,
+                         max_cost_per_day=max_cost_per_day, weight=weight, operator=operator)
+
+    async def set_bucket(self, resource: str, *, requests_per_minute: float | None = None,
+                         tokens_per_minute: float | None = None, operator: str | None = None) -> None:
+        """Set a resource's rates (``None``: not limited); journaled with the operator."""
+        await self._call("set_bucket", resource=resource, requests_per_minute=requests_per_minute,
+                         tokens_per_minute=tokens_per_minute, operator=operator)
+
+    async def set_class_limits(self, name: str, *, limit_keys: Sequence[str] = (),
+                               resources: Sequence[str] = (), max_cost: float | None = None,
+                               fair_key: str | None = None, operator: str | None = None) -> None:
+        """Set a class's key templates, resources, per-campaign budget and the
+        key template its claims are fair across (open campaigns follow at once)."""
+        args: dict[str, Any] = {"class": name, "limit_keys": list(limit_keys),
+                                "resources": list(resources), "max_cost": max_cost, "fair_key": fair_key,
+                                "operator": operator}
+        await self._call("set_class_limits", **args)
+
+    async def raise_budget(self, campaign_id: int, max_cost: float, *, operator: str | None = None,
+                           reason: str | None = None) -> str:
+        """Raise a campaign's budget above what it spent; a budget_exhausted one
+        goes back to ready. Returns its state."""
+        return await self._scalar_as(str, "raise_budget", campaign_id=campaign_id, max_cost=max_cost,
+                                     operator=operator, reason=reason)
 
     async def register_class(self, name: str, **settings: Any) -> None:
         """Create or update a campaign class (see ``ledger_api.register_class``)."""

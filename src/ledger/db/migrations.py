@@ -70,6 +70,7 @@ SCHEMA_FILES: tuple[str, ...] = (
     "outbox.sql",           # side_effect
     "merge_queue.sql",      # promotions waiting in order per target; merge batches
     "approval.sql",         # approval before promotion: the approvals, their invariants
+    "limits.sql",           # caps per key, rate buckets, usage and budgets
     "security_event.sql",
     "web.sql",              # browser sessions, bulk jobs
     "class_event.sql",      # what operators did to a class (pause, resume)

@@ -10,7 +10,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 #: A campaign's state, in display order. ledger.state (state_machine.sql) is
 #: the source; tests/test_schema.py checks these three against it.
 State = Literal["ready", "leased", "attempted", "verified", "awaiting_approval", "exhausted",
-                "confirmed", "dismissed", "abandoned"]
+                "budget_exhausted", "confirmed", "dismissed", "abandoned"]
 STATES: tuple[State, ...] = get_args(State)
 TERMINAL_STATES: frozenset[str] = frozenset({"confirmed", "dismissed", "abandoned"})
 OPEN_STATES: tuple[State, ...] = tuple(s for s in STATES if s not in TERMINAL_STATES)
@@ -68,6 +68,17 @@ class Campaign(_Row):
     #: the W3C trace context of the open (``traceparent``, ``tracestate``;
     #: ``None``: opened untraced), which every step's span joins (ledger.tracing)
     trace_context: dict[str, str] | None = None
+    #: limits (docs/limits.md): the keys it is counted under, the rate-limited
+    #: resources its attempts use, its budget (None: none) and what its
+    #: attempts reported they cost
+    limit_keys: list[str] = Field(default_factory=list)
+    resources: list[str] = Field(default_factory=list)
+    max_cost: float | None = None
+    cost_spent: float = 0.0
+    #: its key of the class's fair_key template (fair claims), or None
+    fair_key: str | None = None
+    #: what its limits hold it back by, in words ("limit repo:app 8/8"); None: nothing
+    waiting_for: str | None = None
 
     @property
     def is_terminal(self) -> bool:
@@ -230,6 +241,12 @@ class CampaignClass(_Row):
     #: whether a person approves a verified candidate before its promotion
     #: (``{}``: never; see ``ledger.config.ApprovalPolicy``)
     approval: Document = Field(default_factory=dict)
+    #: limits: key templates, resources used, each campaign's budget
+    limit_keys: list[str] = Field(default_factory=list)
+    resources: list[str] = Field(default_factory=list)
+    max_cost: float | None = None
+    #: the key template its claims are fair across (None: claim order alone)
+    fair_key: str | None = None
 
     @property
     def heartbeat_s(self) -> float:
@@ -611,3 +628,93 @@ class ClassSummary(BaseModel):
     confirm_p95_s: float | None
     oldest_ready_age_s: float | None
     days: int
+
+
+class LimitKey(_Row):
+    """One limit key: its caps, its use and today's spend (``ledger_api.limit_keys``)."""
+
+    key: str
+    max_leased: int | None
+    max_verifying: int | None
+    max_cost_per_day: float | None
+    weight: int
+    leased: int
+    verifying: int
+    cost_today: float
+    cost_total: float
+    updated_at: datetime
+    updated_by: str | None
+
+
+class LimitBucket(_Row):
+    """One rate-limited resource (``ledger_api.limit_buckets``): its rates,
+    what it gave out, and how long a claim would wait on it now."""
+
+    resource: str
+    requests_per_minute: float | None
+    tokens_per_minute: float | None
+    requests: int
+    tokens: int
+    request_wait_s: float
+    token_wait_s: float
+    updated_at: datetime
+    updated_by: str | None
+
+
+class AttemptUsage(_Row):
+    """What one attempt reported it used (``ledger_api.attempt_usage``)."""
+
+    campaign_id: int
+    generation: int
+    attempt_no: int
+    class_: str = Field(alias="class")
+    tokens_in: int
+    tokens_out: int
+    requests: int
+    cost: float
+    reports: int
+    first_at: datetime
+    last_at: datetime
+
+
+class LimitEvent(_Row):
+    """A change of the limits, journaled (``ledger_api.limit_events``)."""
+
+    id: int
+    at: datetime
+    type: str
+    subject: str
+    actor: str
+    actor_role: str
+    detail: Document
+
+
+class UsageResult(_Row):
+    """What ``report_usage`` says: the campaign's spend against its budget."""
+
+    cost_spent: float
+    max_cost: float | None
+    over_budget: bool
+
+
+class ClassUsage(_Row):
+    """Usage reported by one class's attempts (``Reads.usage_by_class``)."""
+
+    class_: str = Field(alias="class")
+    tokens_in: int
+    tokens_out: int
+    requests: int
+    cost: float
+    cost_today: float
+    attempts: int
+
+
+class LimitWaiting(_Row):
+    """How many ready campaigns of a class wait on one kind of limit
+    (``limit``, ``rate``, ``budget``)."""
+
+    class_: str = Field(alias="class")
+    kind: str
+    campaigns: int
+    #: one of their reasons, in words ("limit repo:app 8/8")
+    example: str

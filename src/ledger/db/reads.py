@@ -21,14 +21,20 @@ from ledger.db.models import (
     ApprovalBacklog,
     Attempt,
     AttemptDiff,
+    AttemptUsage,
     Campaign,
     CampaignClass,
     CampaignDetail,
     Claim,
     ClassEvent,
     ClassSummary,
+    ClassUsage,
     Event,
     HourActivity,
+    LimitBucket,
+    LimitEvent,
+    LimitKey,
+    LimitWaiting,
     Observation,
     ProcessRow,
     SecurityEvent,
@@ -404,6 +410,31 @@ class Reads:
         """The live processes that wait to start, and why (``ProcessRow.not_ready``)."""
         rows = await self.executor.fetch(Q["processes_not_ready"], limit=limit)
         return [ProcessRow.model_validate(r) for r in rows]
+
+    async def limit_keys(self) -> list[LimitKey]:
+        """Every limit key: its caps, its use, today's spend."""
+        return [LimitKey.model_validate(r) for r in await self.executor.fetch(Q["limit_keys"])]
+
+    async def limit_buckets(self) -> list[LimitBucket]:
+        """Every rate-limited resource: its rates, what it gave out, the wait now."""
+        return [LimitBucket.model_validate(r) for r in await self.executor.fetch(Q["limit_buckets"])]
+
+    async def limit_events(self, limit: int = 50) -> list[LimitEvent]:
+        """Changes of the limits, newest first (who set what)."""
+        return [LimitEvent.model_validate(r) for r in await self.executor.fetch(Q["limit_events"], limit=limit)]
+
+    async def campaign_usage(self, campaign_id: int) -> list[AttemptUsage]:
+        """What each attempt of a campaign reported it used."""
+        rows = await self.executor.fetch(Q["campaign_usage"], campaign_id=campaign_id)
+        return [AttemptUsage.model_validate(r) for r in rows]
+
+    async def usage_by_class(self) -> list[ClassUsage]:
+        """Usage per class, in all and today (UTC)."""
+        return [ClassUsage.model_validate(r) for r in await self.executor.fetch(Q["usage_by_class"])]
+
+    async def limits_waiting(self) -> list[LimitWaiting]:
+        """How many ready campaigns of each class wait on each kind of limit."""
+        return [LimitWaiting.model_validate(r) for r in await self.executor.fetch(Q["limits_waiting"])]
 
     async def class_events(self, name: str, limit: int = 20) -> list[ClassEvent]:
         """What operators did to a class (pause, resume), newest first."""

@@ -240,6 +240,7 @@ class DrillContext:
         operator = await self.kernel("operator")
         for name, cls in config.classes.items():
             await operator.register_class(name, **cls.registration())
+        await config.sync_limits(operator, operator="drill")
 
     def env(self, **extra: str) -> dict[str, str]:
         """The environment of the drill's processes."""

@@ -40,6 +40,7 @@ from ledger.protocol import AttemptContext, PreviousAttempt
 from ledger.roles.journal import JournalWriter
 from ledger.roles.lease import LeaseClock
 from ledger.roles.sensors import Reobservation
+from ledger.roles.usage import UsageReporter
 from ledger.sandbox import cell as cells
 from ledger.sandbox.processes import (
     CommandResult,
@@ -254,6 +255,8 @@ class AttemptRun:
                               generation=claim.generation, worker=identity)
         self.journal = JournalWriter(kernel, claim.campaign_id, claim.generation,
                                      limit_bytes=cls.log_limit_bytes, budget=self.lease.remaining)
+        #: the usage the command reports (LEDGER_USAGE lines: ledger.protocol.UsageReport)
+        self.usage = UsageReporter(kernel, claim.campaign_id, claim.generation, self.journal.event)
         self.stood_down = asyncio.Event()
         self.self_fenced = False
         self._command: asyncio.Task[CommandResult] | None = None
@@ -690,6 +693,11 @@ class AttemptRun:
             network=self.cls.cell.network if self.sandboxed else "host",
         ).model_dump(mode="json", by_alias=True)
 
+    def _output(self, data: bytes) -> None:
+        """The command's output: to the journal, and its usage lines read."""
+        self.journal.output(data)
+        self.usage.feed(data)
+
     async def _run_command(self, workspace: Workspace, context: dict[str, Any]
                            ) -> tuple[int | None, str | None, CommandResult]:
         """Run the attempt command in its cell; returns (exit code, failure
@@ -714,13 +722,13 @@ class AttemptRun:
             env = {**cell_environment(self.cls.attempt_environment), **protocol}
             self._command = asyncio.create_task(run_command(
                 argv, "/", timeout_s=self.cls.attempt_timeout_s, tail_bytes=_LOG_TAIL, stdin=stdin,
-                on_output=self.journal.output, redact=self.redactor,
+                on_output=self._output, redact=self.redactor,
                 cell=cells.CellSpec(self.cls.cell, workspace.bindings(), cwd=seen.worktree, env=env)))
         else:
             env = {**child_environment(self.cls.attempt_environment), **protocol}
             self._command = asyncio.create_task(run_command(
                 argv, workspace.work, timeout_s=self.cls.attempt_timeout_s, env=env,
-                tail_bytes=_LOG_TAIL, stdin=stdin, on_output=self.journal.output,
+                tail_bytes=_LOG_TAIL, stdin=stdin, on_output=self._output,
                 redact=self.redactor))
         try:
             result = await self._command
@@ -728,6 +736,7 @@ class AttemptRun:
             if self.stood_down.is_set():
                 raise StoodDown from None
             raise
+        await self.usage.drain()  # every usage line it printed is in before its ending
         self.log_tail = result.output
         self._check()
         exited: dict[str, Any] = {

@@ -14,7 +14,7 @@ from fastapi.responses import RedirectResponse, Response
 from fastapi.staticfiles import StaticFiles
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from ledger.api.dashboard import approvals, board, bulk, campaign, classes, signin, workers
+from ledger.api.dashboard import approvals, board, bulk, campaign, classes, limits, signin, workers
 from ledger.api.dashboard.board import board_changes, sensor_rows
 from ledger.api.dashboard.render import HERE, Pages, describe, duration, pages_of
 from ledger.api.dashboard.viewer import SignInRequired
@@ -65,6 +65,6 @@ def create_dashboard(state: ApiState, config: LedgerConfig | None = None) -> Fas
     ui.add_exception_handler(LedgerError, _on_ledger_error)
     ui.add_exception_handler(RequestValidationError, _on_invalid)
     ui.add_exception_handler(StarletteHTTPException, _on_http)
-    for module in (signin, board, campaign, approvals, bulk, classes, workers):
+    for module in (signin, board, campaign, approvals, bulk, classes, workers, limits):
         ui.include_router(module.router)
     return ui

@@ -38,6 +38,7 @@ LANES: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     ("attempted", "Attempted", ("attempted",)), ("verified", "Verified", ("verified",)),
     ("awaiting_approval", "Awaiting approval", ("awaiting_approval",)),
     ("exhausted", "Exhausted", ("exhausted",)),
+    ("budget_exhausted", "Budget exhausted", ("budget_exhausted",)),
     ("closed", "Recently closed", ("confirmed", "dismissed", "abandoned")),
 )
 LANE_SIZE = 6

@@ -6,6 +6,7 @@
 --   LG004 not found       LG005 duplicate objective  LG006 repeated approach
 --   LG007 invalid input   LG008 same identity        LG009 immutable record
 --   LG010 idempotency key reused with another request
+--   LG014 limit reached (a claim lost a key's last slot: limits.sql)
 
 -- A numeric argument within [p_min, p_max]; NaN and the infinities are out
 -- of every range (NaN compares greater than every number in PostgreSQL).

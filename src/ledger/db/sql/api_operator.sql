@@ -505,3 +505,249 @@ BEGIN
     RETURN (SELECT s.value FROM ledger.server_secret s WHERE s.name = p_name);
 END
 $$;
+
+-- Limits (limits.sql): a key's caps, set live. NULL lifts a cap; every
+-- figure is range-checked here, with its name. Journaled (limit_event)
+-- with the operator and the figures before and after.
+CREATE OR REPLACE FUNCTION ledger_api.set_limit(
+        p_key text, p_max_leased integer DEFAULT NULL, p_max_verifying integer DEFAULT NULL,
+        p_max_cost_per_day double precision DEFAULT NULL, p_weight integer DEFAULT 1,
+        p_operator text DEFAULT NULL)
+    RETURNS void
+    LANGUAGE plpgsql
+    SECURITY DEFINER
+    SET search_path = pg_catalog, pg_temp
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_before ledger.limit_key;
+BEGIN
+    IF p_key IS NULL OR p_key !~ '^[a-z][a-z0-9_.-]{0,31}:[^[:space:]]{1,200}$' THEN
+        RAISE EXCEPTION 'a limit key is KIND:VALUE (KIND lowercase, 1 to 32 characters; VALUE 1 to 200 '
+                        'characters without spaces), such as repo:app or tenant:acme, not %',
+            coalesce(quote_literal(p_key), 'NULL') USING ERRCODE = 'LG007';
+    END IF;
+    PERFORM ledger.check_range('max_leased', p_max_leased, 0, 1000000, true);
+    PERFORM ledger.check_range('max_verifying', p_max_verifying, 0, 1000000, true);
+    PERFORM ledger.check_range('max_cost_per_day', p_max_cost_per_day, 0, 1000000000, true);
+    PERFORM ledger.check_range('weight', p_weight, 1, 1000);
+    PERFORM ledger.check_length('operator', coalesce(p_operator, 'operator'), 1, 200);
+    SELECT * INTO v_before FROM ledger.limit_key k WHERE k.key = p_key;
+    INSERT INTO ledger.limit_key AS k (key, max_leased, max_verifying, max_cost_per_day, weight,
+                                       updated_at, updated_by)
+    VALUES (p_key, p_max_leased, p_max_verifying, p_max_cost_per_day, p_weight, ledger.now(),
+            coalesce(p_operator, 'operator'))
+    ON CONFLICT (key) DO UPDATE
+       SET max_leased = excluded.max_leased, max_verifying = excluded.max_verifying,
+           max_cost_per_day = excluded.max_cost_per_day, weight = excluded.weight,
+           updated_at = excluded.updated_at, updated_by = excluded.updated_by;
+    -- the cap split among the key's shards (limits.sql), the remainder to the first
+    INSERT INTO ledger.limit_shard (key, shard) SELECT p_key, s FROM generate_series(0, 7) s
+    ON CONFLICT DO NOTHING;
+    INSERT INTO ledger.limit_given (key, shard, lane)
+    SELECT p_key, s, l FROM generate_series(0, 7) s, generate_series(0, 7) l
+    ON CONFLICT DO NOTHING;
+    UPDATE ledger.limit_shard s
+       SET max_leased = CASE WHEN p_max_leased IS NULL THEN NULL
+                             ELSE p_max_leased / 8 + (s.shard < p_max_leased % 8)::integer END
+     WHERE s.key = p_key;
+    IF v_before.key IS NULL OR (v_before.max_leased, v_before.max_verifying, v_before.max_cost_per_day,
+                                v_before.weight)
+                               IS DISTINCT FROM (p_max_leased, p_max_verifying, p_max_cost_per_day, p_weight) THEN
+        PERFORM ledger.limit_journal('limit.set', p_key, p_operator, 'operator',
+                    jsonb_build_object('max_leased', p_max_leased, 'max_verifying', p_max_verifying,
+                                       'max_cost_per_day', p_max_cost_per_day, 'weight', p_weight,
+                                       'before', CASE WHEN v_before.key IS NULL THEN NULL ELSE
+                                           jsonb_build_object('max_leased', v_before.max_leased,
+                                                              'max_verifying', v_before.max_verifying,
+                                                              'max_cost_per_day', v_before.max_cost_per_day,
+                                                              'weight', v_before.weight) END));
+        PERFORM pg_notify('ledger_ready', '0');  -- a raised cap may free waiting campaigns
+    END IF;
+END
+$$;
+
+-- A named resource's rates, set live (NULL: that rate is not limited).
+-- Journaled with the operator; a bucket set again keeps its state.
+CREATE OR REPLACE FUNCTION ledger_api.set_bucket(
+        p_resource text, p_requests_per_minute double precision DEFAULT NULL,
+        p_tokens_per_minute double precision DEFAULT NULL, p_operator text DEFAULT NULL)
+    RETURNS void
+    LANGUAGE plpgsql
+    SECURITY DEFINER
+    SET search_path = pg_catalog, pg_temp
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_before ledger.limit_bucket;
+BEGIN
+    IF p_resource IS NULL OR p_resource !~ '^[a-z0-9][a-z0-9_.-]{0,62}$' THEN
+        RAISE EXCEPTION 'a resource is named like a class (lowercase letters, digits, _ . -, 1 to 63), not %',
+            coalesce(quote_literal(p_resource), 'NULL') USING ERRCODE = 'LG007';
+    END IF;
+    PERFORM ledger.check_range('requests_per_minute', p_requests_per_minute, 0.001, 1000000, true);
+    PERFORM ledger.check_range('tokens_per_minute', p_tokens_per_minute, 1, 10000000000, true);
+    PERFORM ledger.check_length('operator', coalesce(p_operator, 'operator'), 1, 200);
+    SELECT * INTO v_before FROM ledger.limit_bucket b WHERE b.resource = p_resource;
+    -- one shard below 600 requests a minute, at most 8 above (limits.sql)
+    INSERT INTO ledger.limit_bucket AS b (resource, requests_per_minute, tokens_per_minute, shards,
+                                          updated_at, updated_by)
+    VALUES (p_resource, p_requests_per_minute, p_tokens_per_minute,
+            least(8, greatest(1, floor(coalesce(p_requests_per_minute, 0) / 600)))::smallint, ledger.now(),
+            coalesce(p_operator, 'operator'))
+    ON CONFLICT (resource) DO UPDATE
+       SET requests_per_minute = excluded.requests_per_minute,
+           tokens_per_minute = excluded.tokens_per_minute, shards = excluded.shards,
+           -- a lifted rate owes nothing
+           token_tat = CASE WHEN excluded.tokens_per_minute IS NULL THEN '-infinity' ELSE b.token_tat END,
+           updated_at = excluded.updated_at, updated_by = excluded.updated_by;
+    INSERT INTO ledger.limit_bucket_shard (resource, shard) SELECT p_resource, s FROM generate_series(0, 7) s
+    ON CONFLICT DO NOTHING;
+    IF p_requests_per_minute IS NULL THEN
+        UPDATE ledger.limit_bucket_shard s SET request_tat = '-infinity' WHERE s.resource = p_resource;
+    END IF;
+    IF v_before.resource IS NULL
+       OR (v_before.requests_per_minute, v_before.tokens_per_minute)
+          IS DISTINCT FROM (p_requests_per_minute, p_tokens_per_minute) THEN
+        PERFORM ledger.limit_journal('bucket.set', p_resource, p_operator, 'operator',
+                    jsonb_build_object('requests_per_minute', p_requests_per_minute,
+                                       'tokens_per_minute', p_tokens_per_minute,
+                                       'before', CASE WHEN v_before.resource IS NULL THEN NULL ELSE
+                                           jsonb_build_object('requests_per_minute', v_before.requests_per_minute,
+                                                              'tokens_per_minute', v_before.tokens_per_minute) END));
+    END IF;
+END
+$$;
+
+-- A class's limits (ledger classes sync): the key templates its campaigns
+-- are counted under, the resources its attempts use, each campaign's
+-- budget. Campaigns still open take the new keys and resources at once
+-- (the counters follow: limits.sql), and the new budget unless an operator
+-- gave one its own. Journaled when anything changed.
+CREATE OR REPLACE FUNCTION ledger_api.set_class_limits(
+        p_class text, p_limit_keys text[] DEFAULT '{}', p_resources text[] DEFAULT '{}',
+        p_max_cost double precision DEFAULT NULL, p_operator text DEFAULT NULL,
+        p_fair_key text DEFAULT NULL)
+    RETURNS void
+    LANGUAGE plpgsql
+    SECURITY DEFINER
+    SET search_path = pg_catalog, pg_temp
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_class ledger.campaign_class;
+    v_keys text[] := coalesce(p_limit_keys, '{}');
+    v_resources text[] := coalesce(p_resources, '{}');
+    v_c record;
+    v_new text[];
+BEGIN
+    SELECT * INTO v_class FROM ledger.campaign_class cc WHERE cc.name = p_class FOR UPDATE;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'campaign class % is not registered (run: ledger classes sync)', p_class
+            USING ERRCODE = 'LG004';
+    END IF;
+    IF cardinality(v_keys) > 16 OR EXISTS (
+           SELECT 1 FROM unnest(v_keys) t
+            WHERE t IS NULL OR NOT (t ~ '^[a-z][a-z0-9_.-]{0,31}$'
+                                    OR t ~ '^[a-z][a-z0-9_.-]{0,31}:[^[:space:]]{1,200}$')) THEN
+        RAISE EXCEPTION 'limit_keys are at most 16 of: class, repo, a label name (tenant), or a key (team:infra)'
+            USING ERRCODE = 'LG007';
+    END IF;
+    IF cardinality(v_resources) > 8 OR EXISTS (
+           SELECT 1 FROM unnest(v_resources) r WHERE r IS NULL OR r !~ '^[a-z0-9][a-z0-9_.-]{0,62}$') THEN
+        RAISE EXCEPTION 'resources are at most 8 names (lowercase letters, digits, _ . -)'
+            USING ERRCODE = 'LG007';
+    END IF;
+    PERFORM ledger.check_range('max_cost', p_max_cost, 0.000001, 1000000000, true);
+    IF p_fair_key IS NOT NULL AND p_fair_key !~ '^[a-z][a-z0-9_.-]{0,31}$' THEN
+        RAISE EXCEPTION 'fair_key is the name of a key template (class, repo, or a label name such as tenant)'
+            USING ERRCODE = 'LG007';
+    END IF;
+    IF p_fair_key IS NOT NULL AND NOT p_fair_key = ANY (v_keys) THEN
+        v_keys := v_keys || p_fair_key;  -- counted, so that its leases order the keys
+    END IF;
+    IF (v_class.limit_keys, v_class.resources, v_class.max_cost, v_class.fair_key)
+       IS NOT DISTINCT FROM (v_keys, v_resources, p_max_cost, p_fair_key) THEN
+        RETURN;
+    END IF;
+    UPDATE ledger.campaign_class cc
+       SET limit_keys = v_keys, resources = v_resources, max_cost = p_max_cost, fair_key = p_fair_key,
+           updated_at = ledger.now()
+     WHERE cc.name = p_class;
+    FOR v_c IN SELECT c.id, c.target, c.labels, c.max_cost FROM ledger.campaign c
+                WHERE c.class = p_class AND c.state NOT IN ('confirmed', 'dismissed', 'abandoned')
+                ORDER BY c.id FOR NO KEY UPDATE LOOP
+        v_new := ledger.resolve_limit_keys(v_keys, p_class, v_c.target, v_c.labels);
+        IF p_fair_key IS NOT NULL THEN
+            v_new := ARRAY(SELECT DISTINCT k FROM unnest(v_new || ledger.resolve_fair_key(
+                               p_fair_key, p_class, v_c.target, v_c.labels)) k ORDER BY k);
+        END IF;
+        PERFORM ledger.ensure_limit_keys(v_new);
+        UPDATE ledger.campaign c
+           SET limit_keys = v_new, resources = v_resources,
+               fair_key = ledger.resolve_fair_key(p_fair_key, p_class, v_c.target, v_c.labels),
+               max_cost = CASE WHEN c.max_cost IS NOT DISTINCT FROM v_class.max_cost THEN p_max_cost
+                               ELSE c.max_cost END
+         WHERE c.id = v_c.id;
+    END LOOP;
+    PERFORM ledger.limit_journal('class.limits_set', 'class:' || p_class, p_operator, 'operator',
+                jsonb_build_object('limit_keys', to_jsonb(v_keys), 'resources', to_jsonb(v_resources),
+                                   'max_cost', p_max_cost, 'fair_key', p_fair_key,
+                                   'before', jsonb_build_object('limit_keys', to_jsonb(v_class.limit_keys),
+                                                                'resources', to_jsonb(v_class.resources),
+                                                                'max_cost', v_class.max_cost)));
+END
+$$;
+
+-- An operator raises a campaign's budget: max_cost becomes p_max_cost
+-- (above what it spent, or LG007 says by how much); a budget_exhausted
+-- campaign goes back to ready (raise_budget), any other open one just
+-- keeps the new figure. Journaled with the operator and the figures.
+CREATE OR REPLACE FUNCTION ledger_api.raise_budget(p_campaign_id bigint, p_max_cost double precision,
+                                                   p_operator text DEFAULT NULL,
+                                                   p_reason text DEFAULT NULL)
+    RETURNS text
+    LANGUAGE plpgsql
+    SECURITY DEFINER
+    SET search_path = pg_catalog, pg_temp
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_c ledger.campaign;
+    v_detail jsonb;
+BEGIN
+    IF p_campaign_id IS NULL THEN
+        RAISE EXCEPTION 'a campaign id is required' USING ERRCODE = 'LG007';
+    END IF;
+    PERFORM ledger.check_range('max_cost', p_max_cost, 0.000001, 1000000000);
+    PERFORM ledger.check_length('operator', coalesce(p_operator, 'operator'), 1, 200);
+    IF p_reason IS NOT NULL THEN
+        PERFORM ledger.check_length('reason', p_reason, 1, 4000);
+    END IF;
+    SELECT * INTO v_c FROM ledger.campaign c WHERE c.id = p_campaign_id FOR UPDATE;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'campaign % does not exist', p_campaign_id USING ERRCODE = 'LG004';
+    END IF;
+    IF v_c.state IN ('confirmed', 'dismissed', 'abandoned') THEN
+        RAISE EXCEPTION 'campaign % is %: its budget is closed', p_campaign_id, v_c.state
+            USING ERRCODE = 'LG002';
+    END IF;
+    IF p_max_cost <= v_c.cost_spent THEN
+        RAISE EXCEPTION 'campaign % has spent %: a budget of % would leave nothing (raise it above %)',
+            p_campaign_id, v_c.cost_spent, p_max_cost, v_c.cost_spent USING ERRCODE = 'LG007';
+    END IF;
+    v_detail := jsonb_build_object('max_cost', p_max_cost, 'was', v_c.max_cost,
+                                   'cost_spent', v_c.cost_spent, 'reason', p_reason);
+    IF v_c.state = 'budget_exhausted' THEN
+        PERFORM ledger.begin_transition('raise_budget', 'operator', coalesce(p_operator, 'operator'), v_detail);
+        UPDATE ledger.campaign c SET state = 'ready', max_cost = p_max_cost, next_attempt_at = ledger.now()
+         WHERE c.id = p_campaign_id;
+        PERFORM ledger.end_transition();
+    ELSE
+        UPDATE ledger.campaign c SET max_cost = p_max_cost WHERE c.id = p_campaign_id;
+        PERFORM ledger.append_event(p_campaign_id, 'budget.raised', coalesce(p_operator, 'operator'), v_detail);
+    END IF;
+    PERFORM ledger.limit_journal('budget.raised', 'campaign:' || p_campaign_id, p_operator, 'operator', v_detail);
+    RETURN CASE WHEN v_c.state = 'budget_exhausted' THEN 'ready' ELSE v_c.state END;
+END
+$$;

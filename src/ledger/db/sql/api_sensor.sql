@@ -24,6 +24,8 @@ DECLARE
     v_seat text;
     v_acceptance jsonb;
     v_labels text[];
+    v_keys text[];
+    v_fair text;
     v_differs jsonb;
 BEGIN
     SELECT * INTO v_class FROM ledger.campaign_class cc WHERE cc.name = p_class;
@@ -42,17 +44,26 @@ BEGIN
     v_seat := coalesce(p_seat, CASE v_class.seat_policy WHEN 'target' THEN p_target END);
     v_acceptance := coalesce(p_acceptance, v_class.acceptance);
     v_labels := coalesce(p_labels, '{}');
+    -- the keys it is counted under (limits.sql): the class's templates, its labels
+    v_keys := ledger.resolve_limit_keys(v_class.limit_keys, p_class, p_target, v_labels);
+    v_fair := ledger.resolve_fair_key(v_class.fair_key, p_class, p_target, v_labels);
+    IF v_fair IS NOT NULL AND NOT v_fair = ANY (v_keys) THEN
+        v_keys := ARRAY(SELECT DISTINCT k FROM unnest(v_keys || v_fair) k ORDER BY k);
+    END IF;
+    IF cardinality(v_keys) > 0 THEN
+        PERFORM ledger.ensure_limit_keys(v_keys);
+    END IF;
     FOR i IN 1..3 LOOP
         PERFORM ledger.begin_transition('open', 'sensor', p_sensor,
                                         jsonb_build_object('observation', coalesce(p_observation, '{}')));
         INSERT INTO ledger.campaign AS c
                (class, objective_key, target, desired_state, opening_observation, state,
                 max_attempts, next_attempt_at, acceptance_criteria, seat, priority, labels,
-                created_at, updated_at, trace_context)
+                created_at, updated_at, trace_context, limit_keys, resources, max_cost, fair_key)
         VALUES (p_class, p_objective_key, p_target, coalesce(p_desired_state, '{}'),
                 coalesce(p_observation, '{}'), 'ready', v_class.max_attempts, ledger.now(),
                 v_acceptance, v_seat, coalesce(p_priority, 0), v_labels, ledger.now(), ledger.now(),
-                p_trace_context)
+                p_trace_context, v_keys, v_class.resources, v_class.max_cost, v_fair)
         ON CONFLICT (objective_key) WHERE c.state NOT IN ('confirmed', 'dismissed', 'abandoned')
         DO NOTHING
         RETURNING c.id INTO v_id;

@@ -81,6 +81,10 @@ BEGIN
                             WHERE a.campaign_id = c.id AND a.generation = c.generation
                               AND a.worker = p_verifier)
            AND (p_kinds IS NULL OR ledger.next_verifier(c.id, c.generation, c.class) = ANY (p_kinds))
+           -- limits (limits.sql): no key of it at its cap of verifications
+           AND (cardinality(c.limit_keys) = 0 OR NOT EXISTS (
+                    SELECT 1 FROM ledger.limit_key k
+                     WHERE k.key = ANY (c.limit_keys) AND k.verifying >= k.max_verifying))
          ORDER BY c.priority DESC, c.updated_at, c.id
          LIMIT 1
            FOR UPDATE OF c SKIP LOCKED;
@@ -101,10 +105,14 @@ BEGIN
             USING ERRCODE = 'LG002';
     END IF;
     v_expires := v_now + make_interval(secs => p_lease_s);
-    INSERT INTO ledger.verification (campaign_id, attempt_id, generation, verifier, kind, model_family,
-                                     claimed_at, lease_expires_at, lease_s)
-    VALUES (v_c.id, v_a.id, v_c.generation, p_verifier, v_kind, p_model_family, v_now, v_expires, p_lease_s)
-    RETURNING id INTO v_id;
+    BEGIN
+        INSERT INTO ledger.verification (campaign_id, attempt_id, generation, verifier, kind, model_family,
+                                         claimed_at, lease_expires_at, lease_s)
+        VALUES (v_c.id, v_a.id, v_c.generation, p_verifier, v_kind, p_model_family, v_now, v_expires, p_lease_s)
+        RETURNING id INTO v_id;
+    EXCEPTION WHEN SQLSTATE 'LG014' THEN
+        RETURN;  -- another verifier took the last slot of one of its keys a moment ago
+    END;
     PERFORM ledger.append_event(v_c.id, 'verification.started', p_verifier,
                 jsonb_build_object('verification_id', v_id, 'attempt_no', v_a.attempt_no,
                                    'model_family', p_model_family, 'kind', v_kind));

@@ -76,6 +76,9 @@ DECLARE
     v_attempt_no integer;
     v_turns text[];
     v_class text;
+    v_fair text;
+    v_key text;
+    v_resources text[];
 BEGIN
     IF p_worker IS NULL OR length(p_worker) NOT BETWEEN 1 AND 200 THEN
         RAISE EXCEPTION 'worker identity must be 1 to 200 characters' USING ERRCODE = 'LG007';
@@ -87,6 +90,45 @@ BEGIN
         BEGIN
             PERFORM ledger.begin_transition('claim', 'worker', p_worker);
             FOREACH v_class IN ARRAY v_turns LOOP
+                SELECT cc.fair_key, cc.resources INTO v_fair, v_resources
+                  FROM ledger.campaign_class cc WHERE cc.name = v_class;
+                IF cardinality(v_resources) > 0 AND NOT ledger.buckets_open(v_resources, v_now) THEN
+                    CONTINUE;  -- its rate bucket is empty: none of its campaigns can start now
+                END IF;
+                IF v_fair IS NOT NULL THEN
+                    -- fair across its keys (limits.sql): the key with the
+                    -- fewest leases for its weight first, each key's head
+                    FOR v_key IN SELECT fk.fair_key FROM ledger.fair_keys(v_class) fk LOOP
+                        UPDATE ledger.campaign c
+                           SET state = 'leased',
+                               generation = c.generation + 1,
+                               lease_owner = p_worker,
+                               leased_at = v_now,
+                               lease_expires_at = v_now + make_interval(secs => (
+                                   SELECT cc.lease_seconds FROM ledger.campaign_class cc WHERE cc.name = c.class))
+                         WHERE c.id = (
+                               SELECT r.id FROM ledger.campaign r
+                                WHERE r.class = v_class AND r.fair_key = v_key
+                                  AND NOT EXISTS (SELECT 1 FROM ledger.campaign_class p  -- paused: skipped
+                                                   WHERE p.name = v_class AND p.paused_at IS NOT NULL)
+                                  AND r.state = 'ready'
+                                  AND r.next_attempt_at <= v_now
+                                  AND (r.seat IS NULL OR NOT EXISTS (
+                                           SELECT 1 FROM ledger.campaign s
+                                            WHERE s.seat = r.seat AND s.state = 'leased'))
+                                  -- limits, as below
+                                  AND (r.limit_keys = '{}' OR ledger.limits_open(r.limit_keys, '{}', v_now))
+                                  AND (r.max_cost IS NULL OR r.cost_spent < r.max_cost)
+                                ORDER BY r.priority DESC, r.created_at, r.id
+                                LIMIT 1
+                                  -- (NO KEY UPDATE: see below)
+                                  FOR NO KEY UPDATE SKIP LOCKED)
+                        RETURNING c.* INTO v_c;
+                        EXIT WHEN FOUND;
+                    END LOOP;
+                    EXIT WHEN v_c.id IS NOT NULL;
+                    CONTINUE;
+                END IF;
                 UPDATE ledger.campaign c
                    SET state = 'leased',
                        generation = c.generation + 1,
@@ -104,6 +146,15 @@ BEGIN
                           AND (r.seat IS NULL OR NOT EXISTS (
                                    SELECT 1 FROM ledger.campaign s
                                     WHERE s.seat = r.seat AND s.state = 'leased'))
+                          -- limits (limits.sql): no key at its cap or over
+                          -- today's budget (its class's buckets are tested
+                          -- above, once), its own budget not spent; taking
+                          -- the slots in the trigger makes it atomic. (An
+                          -- equality the column's statistics answer, not
+                          -- cardinality() = 0, whose default selectivity made
+                          -- the planner leave campaign_claim_order.)
+                          AND (r.limit_keys = '{}' OR ledger.limits_open(r.limit_keys, '{}', v_now))
+                          AND (r.max_cost IS NULL OR r.cost_spent < r.max_cost)
                         ORDER BY r.priority DESC, r.created_at, r.id
                         LIMIT 1
                           -- NO KEY UPDATE is all this UPDATE needs (no key column
@@ -117,8 +168,9 @@ BEGIN
                 EXIT WHEN FOUND;
             END LOOP;
             EXIT;
-        EXCEPTION WHEN unique_violation THEN
-            -- another worker leased a campaign of the same seat a moment ago
+        EXCEPTION WHEN unique_violation OR SQLSTATE 'LG014' THEN
+            -- another worker leased a campaign of the same seat a moment ago,
+            -- or took the last slot of one of its keys (limits.sql)
             v_c := NULL;
         END;
     END LOOP;
@@ -174,39 +226,86 @@ BEGIN
         BEGIN
             PERFORM ledger.begin_batch_transition('claim', 'worker', p_worker);
             WITH turn AS (
-                SELECT t.name, t.pos, cc.weight
+                SELECT t.name, t.pos, cc.weight, cc.fair_key
                   FROM unnest(v_turns) WITH ORDINALITY AS t(name, pos)
                   JOIN ledger.campaign_class cc ON cc.name = t.name
                  WHERE cc.paused_at IS NULL  -- a paused class is skipped (pause_class)
+                   -- so is one whose rate bucket is empty (limits.sql)
+                   AND (cardinality(cc.resources) = 0 OR ledger.buckets_open(cc.resources, v_now))
             ), picked AS (
                 -- the batch per class and up to ten more, so that campaigns
                 -- sharing a seat with a better one can be left out and the
                 -- batch still fill; no more than that: each row locked here
                 -- is one every other claimer must skip (twice the batch cost
                 -- eight claimers of 100 a fifth of their rate)
-                SELECT h.id, h.seat, h.priority, h.created_at, turn.pos, turn.weight
+                SELECT h.id, h.seat, h.priority, h.created_at, turn.pos, turn.weight, h.limit_keys,
+                       h.resources, NULL::double precision AS fair_rank
                   FROM turn CROSS JOIN LATERAL (
-                       SELECT r.id, r.seat, r.priority, r.created_at FROM ledger.campaign r
+                       SELECT r.id, r.seat, r.priority, r.created_at, r.limit_keys, r.resources
+                         FROM ledger.campaign r
                         WHERE r.class = turn.name
                           AND r.state = 'ready'
                           AND r.next_attempt_at <= v_now
                           AND (r.seat IS NULL OR NOT EXISTS (
                                    SELECT 1 FROM ledger.campaign s
                                     WHERE s.seat = r.seat AND s.state = 'leased'))
+                          AND (r.limit_keys = '{}' OR ledger.limits_open(r.limit_keys, '{}', v_now))
+                          AND (r.max_cost IS NULL OR r.cost_spent < r.max_cost)
                         ORDER BY r.priority DESC, r.created_at, r.id
                         LIMIT p_limit + least(p_limit, 10)
                           FOR NO KEY UPDATE SKIP LOCKED) h
+                 WHERE turn.fair_key IS NULL
+                UNION ALL
+                -- a class fair across its keys (limits.sql): each key's heads,
+                -- the k-th of a key of weight w ranked at (k - 1) / w, ties
+                -- in ledger.fair_keys's order (fewest leases for the weight first)
+                SELECT h.id, h.seat, h.priority, h.created_at, turn.pos, turn.weight, h.limit_keys,
+                       h.resources, (h.k - 1)::double precision / fk.weight + fk.ord * 1e-6
+                  FROM turn CROSS JOIN LATERAL ledger.fair_keys(turn.name) WITH ORDINALITY AS fk(key, weight, ord)
+                 CROSS JOIN LATERAL (
+                       SELECT x.*, row_number() OVER (ORDER BY x.priority DESC, x.created_at, x.id) AS k
+                         FROM (SELECT r.id, r.seat, r.priority, r.created_at, r.limit_keys, r.resources
+                                 FROM ledger.campaign r
+                                WHERE r.class = turn.name AND r.fair_key = fk.key
+                                  AND r.state = 'ready'
+                                  AND r.next_attempt_at <= v_now
+                                  AND (r.seat IS NULL OR NOT EXISTS (
+                                           SELECT 1 FROM ledger.campaign s
+                                            WHERE s.seat = r.seat AND s.state = 'leased'))
+                                  AND (r.limit_keys = '{}' OR ledger.limits_open(r.limit_keys, '{}', v_now))
+                                  AND (r.max_cost IS NULL OR r.cost_spent < r.max_cost)
+                                ORDER BY r.priority DESC, r.created_at, r.id
+                                LIMIT p_limit
+                                  FOR NO KEY UPDATE SKIP LOCKED) x) h
+                 WHERE turn.fair_key IS NOT NULL
             ), one_per_seat AS (
-                SELECT p.id, p.pos, p.weight,
+                SELECT p.id, p.pos, p.weight, p.limit_keys, p.resources,
                        row_number() OVER (PARTITION BY p.pos
-                                          ORDER BY p.priority DESC, p.created_at, p.id) AS k
+                                          ORDER BY p.fair_rank NULLS FIRST, p.priority DESC, p.created_at,
+                                                   p.id) AS k
                   FROM (SELECT p.*, row_number() OVER (
                                         PARTITION BY coalesce(p.seat, p.id::text)
                                         ORDER BY p.pos, p.priority DESC, p.created_at, p.id) AS n
                           FROM picked p) p
                  WHERE p.n = 1
+            ), limited AS (
+                -- limits (limits.sql): each capped key's candidates in the
+                -- batch's order, so that no more are taken than it has room
+                -- for, and one per rate-limited resource
+                SELECT o.id, row_number() OVER (PARTITION BY u.key
+                                                ORDER BY (o.k - 1)::double precision / o.weight, o.pos, o.id) AS n,
+                       u.room
+                  FROM one_per_seat o
+                 CROSS JOIN LATERAL (
+                       SELECT k.key, k.max_leased - ledger.leased_under(k.key) AS room FROM ledger.limit_key k
+                        WHERE k.key = ANY (o.limit_keys) AND k.max_leased IS NOT NULL
+                       UNION ALL
+                       SELECT 'resource:' || b.resource, 1 FROM ledger.limit_bucket b
+                        WHERE b.resource = ANY (o.resources) AND b.requests_per_minute IS NOT NULL) u
+                 WHERE cardinality(o.limit_keys) > 0 OR cardinality(o.resources) > 0
             ), fair AS (
                 SELECT o.id FROM one_per_seat o
+                 WHERE NOT EXISTS (SELECT 1 FROM limited l WHERE l.id = o.id AND l.n > l.room)
                  ORDER BY (o.k - 1)::double precision / o.weight, o.pos
                  LIMIT p_limit
             ), leased AS (
@@ -230,7 +329,7 @@ BEGIN
             )
             SELECT coalesce(array_agg(s.campaign_id), '{}') INTO v_ids FROM started s;
             EXIT;
-        EXCEPTION WHEN unique_violation THEN
+        EXCEPTION WHEN unique_violation OR SQLSTATE 'LG014' THEN
             v_ids := '{}';  -- a seat was leased by another worker a moment ago: try again
         END;
     END LOOP;
@@ -933,5 +1032,90 @@ BEGIN
                 jsonb_build_object('side_effect_id', v_id, 'kind', p_kind, 'target', p_target));
     PERFORM pg_notify('ledger_outbox', v_id::text);
     RETURN QUERY SELECT v_id, 'requested'::text, 'pending'::text;
+END
+$$;
+
+-- What the attempt reported it used (the attempt protocol's usage lines):
+-- tokens in and out, requests, cost in the agents' currency unit, as
+-- increments. Fenced by generation and liveness like every write of the
+-- lease holder; every figure range-checked (a negative, absurd or missing
+-- one is refused with its name, LG007, and nothing of it is kept); at most
+-- 10000 reports per attempt. Summed per attempt (attempt_usage), per
+-- campaign (cost_spent) and per key per UTC day (limit_key.day_cost); the
+-- tokens push the buckets of the resources the campaign uses. With p_key, a
+-- report whose reply was lost and is sent again is counted once. Journaled
+-- (usage.reported). Says what the campaign has spent against its budget.
+CREATE OR REPLACE FUNCTION ledger_api.report_usage(
+        p_campaign_id bigint, p_generation bigint, p_tokens_in bigint DEFAULT 0,
+        p_tokens_out bigint DEFAULT 0, p_requests bigint DEFAULT 0, p_cost double precision DEFAULT 0,
+        p_key text DEFAULT NULL)
+    RETURNS TABLE (cost_spent numeric, max_cost numeric, over_budget boolean)
+    LANGUAGE plpgsql
+    SECURITY DEFINER
+    SET search_path = pg_catalog, pg_temp
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_now timestamptz := ledger.now();
+    v_c ledger.campaign := ledger.lease_row(p_campaign_id, p_generation);
+    v_u ledger.attempt_usage;
+    v_attempt_no integer;
+    v_tokens bigint;
+    v_spent numeric;
+    v_day date := (v_now AT TIME ZONE 'UTC')::date;
+    v_cost numeric;
+BEGIN
+    PERFORM ledger.check_range('tokens_in', p_tokens_in, 0, 1000000000);
+    PERFORM ledger.check_range('tokens_out', p_tokens_out, 0, 1000000000);
+    PERFORM ledger.check_range('requests', p_requests, 0, 1000000);
+    PERFORM ledger.check_range('cost', p_cost, 0, 1000000);
+    v_cost := round(p_cost::numeric, 9);
+    IF p_key IS NOT NULL AND length(p_key) NOT BETWEEN 1 AND 200 THEN
+        RAISE EXCEPTION 'a usage report key is 1 to 200 characters' USING ERRCODE = 'LG007';
+    END IF;
+    SELECT * INTO v_u FROM ledger.attempt_usage u
+     WHERE u.campaign_id = p_campaign_id AND u.generation = p_generation FOR UPDATE;
+    IF FOUND AND p_key IS NOT NULL AND v_u.last_key = p_key THEN
+        RETURN QUERY SELECT v_c.cost_spent, v_c.max_cost, coalesce(v_c.cost_spent >= v_c.max_cost, false);  -- retried
+        RETURN;
+    END IF;
+    PERFORM ledger.check_live(v_c, p_generation);
+    IF coalesce(v_u.reports, 0) >= 10000 THEN
+        RAISE EXCEPTION 'attempt of campaign % reported usage 10000 times: no more are taken', p_campaign_id
+            USING ERRCODE = 'LG007';
+    END IF;
+    SELECT a.attempt_no INTO v_attempt_no FROM ledger.attempt a
+     WHERE a.campaign_id = p_campaign_id AND a.generation = p_generation;
+    INSERT INTO ledger.attempt_usage AS u (campaign_id, generation, attempt_no, class, tokens_in, tokens_out,
+                                           requests, cost, reports, last_key, first_at, last_at)
+    VALUES (p_campaign_id, p_generation, v_attempt_no, v_c.class, p_tokens_in, p_tokens_out, p_requests,
+            v_cost, 1, p_key, v_now, v_now)
+    ON CONFLICT (campaign_id, generation) DO UPDATE
+       SET tokens_in = u.tokens_in + excluded.tokens_in, tokens_out = u.tokens_out + excluded.tokens_out,
+           requests = u.requests + excluded.requests, cost = u.cost + excluded.cost,
+           reports = u.reports + 1, last_key = excluded.last_key, last_at = excluded.last_at;
+    UPDATE ledger.campaign c SET cost_spent = c.cost_spent + v_cost
+     WHERE c.id = p_campaign_id
+    RETURNING c.cost_spent INTO v_spent;
+    IF cardinality(v_c.limit_keys) > 0 THEN
+        UPDATE ledger.limit_key k
+           SET day_cost = CASE WHEN k.day = v_day THEN k.day_cost + v_cost ELSE v_cost END,
+               day = v_day, cost_total = k.cost_total + v_cost
+         WHERE k.key = ANY (v_c.limit_keys);
+    END IF;
+    v_tokens := p_tokens_in + p_tokens_out;
+    IF v_tokens > 0 AND cardinality(v_c.resources) > 0 THEN
+        UPDATE ledger.limit_bucket b
+           SET token_tat = CASE WHEN b.tokens_per_minute IS NULL THEN b.token_tat
+                                ELSE greatest(b.token_tat, v_now)
+                                     + make_interval(secs => v_tokens * 60.0 / b.tokens_per_minute) END,
+               tokens = b.tokens + v_tokens
+         WHERE b.resource = ANY (v_c.resources);
+    END IF;
+    PERFORM ledger.append_event(p_campaign_id, 'usage.reported', v_c.lease_owner,
+                jsonb_build_object('attempt_no', v_attempt_no, 'tokens_in', p_tokens_in,
+                                   'tokens_out', p_tokens_out, 'requests', p_requests, 'cost', v_cost,
+                                   'cost_spent', v_spent, 'max_cost', v_c.max_cost));
+    RETURN QUERY SELECT v_spent, v_c.max_cost, coalesce(v_spent >= v_c.max_cost, false);
 END
 $$;

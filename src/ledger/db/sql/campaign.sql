@@ -64,7 +64,22 @@ CREATE TABLE IF NOT EXISTS ledger.campaign_class (
     -- (approval.sql): {} or {"mode": "never"} never; {"mode": "always"}; or
     -- {"mode": "when", "when": [conditions]}, with "timeout_s", "on_timeout"
     -- and "notify" (checked by ledger.check_approval_policy at registration)
-    approval        jsonb NOT NULL DEFAULT '{}' CHECK (jsonb_typeof(approval) = 'object')
+    approval        jsonb NOT NULL DEFAULT '{}' CHECK (jsonb_typeof(approval) = 'object'),
+    -- limits (limits.sql): the templates of the keys its campaigns are
+    -- counted under ('class', 'repo', a label's name such as 'tenant', or a
+    -- key such as 'team:infra'), the rate-limited resources its attempts
+    -- use, and each campaign's budget (max_cost, in the currency unit the
+    -- agents report; NULL: none)
+    limit_keys      text[] NOT NULL DEFAULT '{}'
+                    CONSTRAINT campaign_class_limit_keys_check
+                    CHECK (cardinality(limit_keys) <= 16 AND array_position(limit_keys, NULL) IS NULL),
+    resources       text[] NOT NULL DEFAULT '{}'
+                    CONSTRAINT campaign_class_resources_check
+                    CHECK (cardinality(resources) <= 8 AND array_position(resources, NULL) IS NULL),
+    max_cost        numeric CONSTRAINT campaign_class_max_cost_check CHECK (max_cost > 0 AND max_cost <= 1000000000),
+    -- the key template its claims are fair across (fair claims: the key
+    -- with the fewest leases for its weight goes first), such as 'tenant'
+    fair_key        text CONSTRAINT campaign_class_fair_key_check CHECK (fair_key ~ '^[a-z][a-z0-9_.-]{0,31}$')
 );
 
 CREATE TABLE IF NOT EXISTS ledger.campaign (
@@ -122,7 +137,20 @@ CREATE TABLE IF NOT EXISTS ledger.campaign (
     -- (ledger.tracing). Written once, by the open (ledger.open_campaign,
     -- which checks its form there rather than by a CHECK every UPDATE would
     -- pay for); nothing changes it afterwards. Added by 0003_trace_context.
-    trace_context       jsonb
+    trace_context       jsonb,
+    -- limits (limits.sql), set at the open from the class and the labels:
+    -- the keys it is counted under, the resources its attempts use, its
+    -- budget (NULL: none) and what its attempts reported they cost, summed
+    -- (the API checks every figure; ledger.report_usage)
+    limit_keys          text[] NOT NULL DEFAULT '{}',
+    resources           text[] NOT NULL DEFAULT '{}',
+    max_cost            numeric,
+    cost_spent          numeric NOT NULL DEFAULT 0,
+    -- its key of the class's fair_key template (tenant:acme), or NULL
+    fair_key            text,
+    -- while leased: the shard of each of its limit_keys its lease holds
+    -- (limits.sql, ledger.take_slot), in the order of limit_keys
+    limit_shards        smallint[]
     -- leased, and only then, with an owner and an expiry (campaign_lease_iff_leased)
 );
 
@@ -140,6 +168,11 @@ CREATE UNIQUE INDEX IF NOT EXISTS campaign_one_lease_per_seat ON ledger.campaign
 -- class's head, so the class leads the index.
 CREATE INDEX IF NOT EXISTS campaign_claim_order ON ledger.campaign (class, priority DESC, created_at, id)
     WHERE state = 'ready';
+-- Fair claims across the keys of a class (limits.sql, ledger.fair_keys):
+-- the keys with ready work by a skip scan, then each key's head in claim order.
+CREATE INDEX IF NOT EXISTS campaign_fair_order
+    ON ledger.campaign (class, fair_key, priority DESC, created_at, id)
+    WHERE state = 'ready' AND fair_key IS NOT NULL;
 
 -- Whose turn it is: one number per claim, shared by every claimer. A
 -- sequence, not a counter row: nextval takes no lock that lasts to commit,

@@ -50,6 +50,10 @@ BEGIN
                 ('register_class', 'operator'), ('trim_journal', 'operator'),
                 ('pause_class', 'operator'), ('resume_class', 'operator'),
                 ('approve', 'operator'), ('deny', 'operator'),
+                -- limits (api_operator.sql, api_worker.sql)
+                ('set_limit', 'operator'), ('set_bucket', 'operator'),
+                ('set_class_limits', 'operator'), ('raise_budget', 'operator'),
+                ('report_usage', 'worker'),
                 -- the registry of processes (process.sql): each role reports itself
                 ('report_sensor_process', 'sensor'), ('report_worker_process', 'worker'),
                 ('report_reaper_process', 'reaper'), ('report_verifier_process', 'verifier'),

@@ -51,9 +51,10 @@ INSERT INTO ledger.state (name, is_terminal, position, description) VALUES
     ('verified',  false, 4, 'the candidate passed independent verification'),
     ('awaiting_approval', false, 5, 'verified; its class asks a person before it is promoted (nothing is leased while it waits)'),
     ('exhausted', false, 6, 'attempts used up; a human decides'),
-    ('confirmed', true,  7, 'a scheduled observation after promotion was green'),
-    ('dismissed', true,  8, 'the target turned green with nothing of ours in flight'),
-    ('abandoned', true,  9, 'an operator stopped the campaign')
+    ('budget_exhausted', false, 7, 'its reported cost reached its budget (max_cost): not started again until an operator raises it'),
+    ('confirmed', true,  8, 'a scheduled observation after promotion was green'),
+    ('dismissed', true,  9, 'the target turned green with nothing of ours in flight'),
+    ('abandoned', true,  10, 'an operator stopped the campaign')
 ON CONFLICT DO NOTHING;
 
 INSERT INTO ledger.actor (name, db_role, description) VALUES
@@ -97,7 +98,11 @@ INSERT INTO ledger.transition (name, from_state, to_state, owner_role, attempt_c
     ('abandon',        'awaiting_approval', 'abandoned', 'operator', 0, 'bumps generation (a denial that stops the campaign)'),
     ('approve_on_timeout', 'awaiting_approval', 'verified', 'system', 0, 'no decision in time, and the class approves then: its promotion is queued'),
     ('deny_on_timeout', 'awaiting_approval', 'ready', 'system', 0, 'no decision in time: denied, as the class says'),
-    ('abandon_on_timeout', 'awaiting_approval', 'abandoned', 'system', 0, 'no decision in time: abandoned, as the class says; bumps generation')
+    ('abandon_on_timeout', 'awaiting_approval', 'abandoned', 'system', 0, 'no decision in time: abandoned, as the class says; bumps generation'),
+    -- budgets (limits.sql): a campaign whose reported cost reached its max_cost
+    ('exhaust_budget', 'ready',     'budget_exhausted', 'system', 0, 'its reported cost reached max_cost: not started again (the figures are journaled)'),
+    ('raise_budget',   'budget_exhausted', 'ready', 'operator', 0, 'an operator raised max_cost above what was spent: attempted again'),
+    ('abandon',        'budget_exhausted', 'abandoned', 'operator', 0, 'bumps generation')
 ON CONFLICT DO NOTHING;
 
 -- Declares which transition the next state change is, who performs it and what
