@@ -8,6 +8,7 @@ import ast
 import inspect
 import json
 import re
+from datetime import datetime, timezone
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -18,6 +19,7 @@ from ledger import interface, tracing
 from ledger.api import metrics
 from ledger.cli import campaigns as cli_campaigns
 from ledger.cli.failures import EXIT_CODES
+from ledger.db import models
 from ledger.errors import LedgerError
 from test_cli import ledger as run_ledger
 
@@ -73,7 +75,16 @@ def test_the_metric_families_are_the_listed_ones() -> None:
         side_effects={("git.update_ref", "pending"): 0}, attempt_durations=one,
         verification_durations=one, waiting={("c", "target"): 0},
         sensor_outcomes={("s", "error"): 0}, sensor_errors={"s": 0}, approvals={"c": (0, 0.0)},
-        approval_decisions={("approved", "operator"): 0}, not_ready={"worker": 0})
+        approval_decisions={("approved", "operator"): 0}, not_ready={"worker": 0},
+        limit_keys=[models.LimitKey(key="repo:app", max_leased=1, max_verifying=None, max_cost_per_day=None,
+                                    weight=1, leased=0, verifying=0, cost_today=0.0, cost_total=0.0,
+                                    updated_at=datetime.now(timezone.utc), updated_by=None)],
+        limit_buckets=[models.LimitBucket(resource="m", requests_per_minute=60.0, tokens_per_minute=None,
+                                          requests=0, tokens=0, request_wait_s=0.0, token_wait_s=0.0,
+                                          updated_at=datetime.now(timezone.utc), updated_by=None)],
+        usage=[models.ClassUsage.model_validate({"class": "c", "tokens_in": 0, "tokens_out": 0, "requests": 0,
+                                                 "cost": 0.0, "cost_today": 0.0, "attempts": 0})],
+        limits_waiting={("c", "limit"): 0})
     hub = SimpleNamespace(reconnects=0, connected=True, deaf=False, misses=0, dropped=0)
     process = metrics.ProcessCounters()
     process.count_request("GET", "/status", 200, 0.01)

@@ -57,11 +57,21 @@ METRICS: dict[str, frozenset[str]] = {
     "ledger_http_requests_total": frozenset({"method", "route", "status"}),
     "ledger_http_request_duration_seconds": frozenset({"method", "route"}),
     "ledger_metrics_read_seconds": frozenset(),
+    "ledger_limit_leased": frozenset({"key"}),
+    "ledger_limit_max_leased": frozenset({"key"}),
+    "ledger_limit_verifying": frozenset({"key"}),
+    "ledger_limit_cost_today": frozenset({"key"}),
+    "ledger_bucket_requests_total": frozenset({"resource"}),
+    "ledger_bucket_tokens_total": frozenset({"resource"}),
+    "ledger_bucket_wait_seconds": frozenset({"resource"}),
+    "ledger_usage_tokens_total": frozenset({"class", "direction"}),
+    "ledger_usage_cost_total": frozenset({"class"}),
+    "ledger_campaigns_waiting_on_limits": frozenset({"class", "kind"}),
 }
 
 #: The exit codes of ``ledger`` (their meanings: ``ledger --help``,
 #: docs/reference/errors.md).
-EXIT_CODES = frozenset({0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17,
+EXIT_CODES = frozenset({0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18,
                         69, 70, 74, 75, 78, 130})
 
 _CAMPAIGN = frozenset({
@@ -71,6 +81,7 @@ _CAMPAIGN = frozenset({
     "evidence_location", "seat", "priority", "labels", "event_seq", "promoted_at",
     "promoted_sha", "created_at", "updated_at", "closed_at", "fault_count", "trace_context",
     "waiting_on", "waiting_reason", "waiting_since",
+    "limit_keys", "resources", "max_cost", "cost_spent", "fair_key", "waiting_for",
 })
 
 #: The fields of ``--json`` output, per command (a list's: of each item;
@@ -81,11 +92,13 @@ CLI_JSON: dict[str, frozenset[str]] = {
     "show": frozenset({"campaign", "attempts", "verifications", "side_effects",
                        "observations", "approvals"}),
     "show.campaign": _CAMPAIGN,
-    "status": frozenset({"states", "oldest_ready", "leases_expiring", "sensors", "not_ready"}),
+    "status": frozenset({"states", "oldest_ready", "leases_expiring", "sensors", "not_ready",
+                         "waiting_on_limits"}),
     "status.leases_expiring": frozenset({"campaign_id", "lease_owner", "lease_expires_at"}),
     "status.sensors": frozenset({"sensor", "last_outcome", "effect", "observed_at",
                                  "campaign_id", "consecutive_errors", "last_error",
                                  "last_error_at"}),
     "status.not_ready": frozenset({"role", "service", "host", "pid", "started_at",
                                    "not_ready"}),
+    "status.waiting_on_limits": frozenset({"class", "kind", "campaigns", "waiting_for"}),
 }

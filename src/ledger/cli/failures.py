@@ -46,6 +46,7 @@ EXIT_CODES: tuple[tuple[int, str], ...] = (
     (15, "the database server refused the login (user, password, or pg_hba.conf)"),
     (16, "cannot listen: the port is already in use, or the address is not this machine's"),
     (17, "a migration failed and was rolled back (the database stays at the revision before it)"),
+    (18, "a limit key was at its cap or a rate bucket empty at the write (a claim moves on; LimitReached)"),
     (69, "the database server cannot be reached, or is read-only"),
     (70, "internal error (a bug: rerun with LEDGER_DEBUG=1 and report it), or a service left a task or child process running at exit"),
     (74, "a file could not be read or written"),
